@@ -1,0 +1,31 @@
+# `make demo` and `make test` work on a fresh machine: they create or refresh .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test test-all bench lint
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,spark]"
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m pgjournal.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m ""
+
+bench: setup
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
+	$(PY) -m bench all $(BENCH_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .

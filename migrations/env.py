@@ -1,0 +1,45 @@
+"""Alembic environment: online against a DSN, offline (``--sql``) for any dialect."""
+
+from __future__ import annotations
+
+import psycopg
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from pgjournal.migrate import VERSION_TABLE, migration_dialect
+from pgjournal.schema import metadata
+
+config = context.config
+
+
+def _dsn() -> str:
+    from pgjournal.dsn import resolve_dsn
+
+    return config.attributes.get("dsn") or context.get_x_argument(as_dictionary=True).get("dsn") or resolve_dsn()
+
+
+def run_offline() -> None:
+    context.configure(
+        url="postgresql+psycopg://",
+        target_metadata=metadata,
+        literal_binds=True,
+        version_table=VERSION_TABLE,
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations(dialect=migration_dialect())
+
+
+def run_online() -> None:
+    dsn = _dsn()
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
+        with context.begin_transaction():
+            context.run_migrations(dialect=migration_dialect())
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

@@ -1,0 +1,30 @@
+"""Core tables: event_journal, snapshot, projection offset store and management.
+
+The tables are built from :mod:`pgjournal.schema` as it stands at this revision. A later revision that
+changes one of them must first freeze this file (copy the definitions here) before editing the model;
+``tests/test_migrations.py`` fails if head and the model disagree.
+
+Revision ID: 0001
+Revises:
+"""
+
+from alembic import op
+
+from pgjournal.dialects import Dialect
+from pgjournal.schema import CORE_TABLES
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade(dialect: Dialect) -> None:
+    for table in CORE_TABLES:
+        for statement in dialect.create_table(table):
+            op.execute(statement)
+
+
+def downgrade(dialect: Dialect) -> None:
+    for table in reversed(CORE_TABLES):
+        op.execute(f"DROP TABLE IF EXISTS {table.name} CASCADE")

@@ -1,0 +1,102 @@
+"""Reads by persistence id: its events in sequence order, its highest sequence number, all persistence ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
+from .polling import LiveQuery
+from .slices import entity_type_of, slice_for_persistence_id
+from .validation import check_persistence_id, check_positive, check_seq_nr
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+MAX_SEQ_NR = 2**63 - 1
+
+EVENTS_BY_PID = f"""
+SELECT {EVENT_COLUMNS} FROM {{table}}
+WHERE persistence_id = %s AND slice = %s AND seq_nr >= %s AND seq_nr <= %s AND deleted = false
+ORDER BY seq_nr LIMIT %s"""
+HIGHEST_SEQ_NR = "SELECT COALESCE(MAX(seq_nr), 0) FROM {table} WHERE persistence_id = %s AND slice = %s"
+PERSISTENCE_IDS = """
+SELECT DISTINCT persistence_id FROM event_journal WHERE persistence_id > %s ORDER BY persistence_id LIMIT %s"""
+
+
+def _check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -> tuple[str, int, int]:
+    pid = check_persistence_id(persistence_id)
+    check_seq_nr(from_seq_nr, "from_seq_nr")
+    to = MAX_SEQ_NR if to_seq_nr is None else check_seq_nr(to_seq_nr, "to_seq_nr")
+    return pid, max(from_seq_nr, 1), to
+
+
+class ByPersistenceId:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def highest_seq_nr(self, persistence_id: str) -> int:
+        """The highest sequence number written (logically deleted events count), 0 when none."""
+        pid = check_persistence_id(persistence_id)
+        with self._journal.connection() as conn:
+            slice_ = slice_for_persistence_id(pid)
+            sql = HIGHEST_SEQ_NR.format(table=self._journal.dialect.event_table(slice_))
+            row = conn.execute(sql, (pid, slice_)).fetchone()
+        return int(row[0]) if row else 0
+
+    def _page(self, pid: str, from_seq_nr: int, to_seq_nr: int, source: Source) -> list[EventEnvelope]:
+        limit = self._journal.settings.buffer_size
+        with self._journal.connection() as conn:
+            slice_ = slice_for_persistence_id(pid)
+            sql = EVENTS_BY_PID.format(table=self._journal.dialect.event_table(slice_))
+            rows = conn.execute(sql, (pid, slice_, from_seq_nr, to_seq_nr, limit)).fetchall()
+        return [envelope_from_row(row, self._journal.serializers, source=source) for row in rows]
+
+    def current(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+                ) -> Iterator[EventEnvelope]:
+        """Events up to the highest sequence number seen when the query starts, in pages."""
+        pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
+        to = min(to, self.highest_seq_nr(pid))
+        while start <= to:
+            page = self._page(pid, start, to, Source.QUERY)
+            if not page:
+                return
+            yield from page
+            start = page[-1].seq_nr + 1
+
+    def live(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+             ) -> LiveQuery[EventEnvelope]:
+        """Events from ``from_seq_nr`` on, polling for new ones until ``to_seq_nr`` or ``close()``."""
+        pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
+        next_seq_nr = start
+        query: LiveQuery[EventEnvelope]
+
+        def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
+            nonlocal next_seq_nr
+            page = self._page(pid, next_seq_nr, to, Source.NOTIFIED if notified else Source.QUERY)
+            if page:
+                next_seq_nr = page[-1].seq_nr + 1
+            if next_seq_nr > to:
+                query.close()
+            return page, len(page)
+
+        query = self._journal.live_query(poll, entity_types={entity_type_of(pid)})
+        return query
+
+    def persistence_ids(self, after: str | None = None, limit: int | None = None) -> Iterator[str]:
+        """Every persistence id once, in order, keyset-paged; ``limit`` caps the total."""
+        if after is not None:
+            check_persistence_id(after)
+        if limit is not None:
+            check_positive(limit, "limit")
+        page_size = self._journal.settings.buffer_size
+        last, left = after or "", limit
+        while left is None or left > 0:
+            size = page_size if left is None else min(page_size, left)
+            with self._journal.connection() as conn:
+                page = [row[0] for row in conn.execute(PERSISTENCE_IDS, (last, size)).fetchall()]
+            yield from page
+            if len(page) < size:
+                return
+            last = page[-1]
+            left = None if left is None else left - len(page)

@@ -1,0 +1,221 @@
+"""The ``pgjournal`` command line (Typer + Rich). Every error is a one-line message, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .dsn import mask_dsn
+from .errors import JournalError
+from .journal import Journal
+from .offsets import format_timestamp
+from .slices import slice_ranges
+
+app = typer.Typer(
+    help="pgjournal: an event journal for PostgreSQL, YugabyteDB and CockroachDB.\n\n"
+    "With no --dsn and no PGJOURNAL_DSN, a private PostgreSQL (embedded) is started and reused.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
+app.add_typer(server_app, name="server")
+
+console = Console()
+errors = Console(stderr=True)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
+                 show_envvar=True),
+]
+
+
+def fail(message: str, code: int = 1) -> None:
+    errors.print(f"[bold red]error:[/] {mask_dsn(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Turn pgjournal errors into a clear message and exit code 1 (passwords masked)."""
+    try:
+        yield
+    except JournalError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
+    with reported(), Journal.open(dsn, **settings) as journal:
+        yield journal
+
+
+@app.command()
+def migrate(
+    dsn: DsnOption = None,
+    sql: Annotated[bool, typer.Option("--sql", help="Print the DDL instead of running it.")] = False,
+    dialect: Annotated[str, typer.Option(help="postgres, yugabyte or cockroach.")] = "postgres",
+) -> None:
+    """Create or upgrade the schema (Alembic `upgrade head`), or print its DDL for review."""
+    from . import migrate as migrations
+    from .dsn import resolve_dsn
+
+    with reported():
+        if sql:
+            sys.stdout.write(migrations.upgrade_sql(dialect))
+            return
+        resolved = resolve_dsn(dsn)
+        migrations.upgrade(resolved, dialect)
+    console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {mask_dsn(resolved)}")
+
+
+@app.command()
+def append(
+    persistence_id: Annotated[str, typer.Argument(help="For example Cart|42 (entity type Cart).")],
+    events: Annotated[list[str], typer.Argument(help="Events as JSON, one argument each.")],
+    expected_seq_nr: Annotated[int | None, typer.Option(help="Highest seq nr you expect (0: new).")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="Tag every event (repeatable).")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Append events (JSON) to a persistence id, atomically."""
+    try:
+        decoded = [json.loads(text) for text in events]
+    except json.JSONDecodeError as exc:
+        fail(f"events must be JSON: {exc}")
+    with open_journal(dsn) as journal:
+        written = journal.append(persistence_id, decoded, expected_seq_nr=expected_seq_nr, tags=tag or ())
+    table = Table("persistence id", "seq nr", "slice", "db timestamp")
+    for env in written:
+        table.add_row(env.persistence_id, str(env.seq_nr), str(env.slice), format_timestamp(env.db_timestamp))
+    console.print(table)
+
+
+@app.command()
+def events(
+    persistence_id: str,
+    from_seq_nr: Annotated[int, typer.Option("--from", help="First sequence number.")] = 1,
+    to_seq_nr: Annotated[int | None, typer.Option("--to", help="Last sequence number.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep waiting for new events.")] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Print the events of one persistence id as JSON lines."""
+    with open_journal(dsn) as journal:
+        query = journal.query
+        stream = (query.events_by_persistence_id if follow else query.current_events_by_persistence_id)(
+            persistence_id, from_seq_nr, to_seq_nr
+        )
+        try:
+            for env in stream:
+                print_envelope(env)
+        except KeyboardInterrupt:
+            pass
+
+
+def print_envelope(env: Any) -> None:
+    event = env.event if not isinstance(env.event, bytes) else {"$bytes": env.event.hex()}
+    record = {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
+              "timestamp": format_timestamp(env.db_timestamp), "event": event}
+    if env.tags:
+        record["tags"] = list(env.tags)
+    if getattr(env, "source", "query") != "query":
+        record["source"] = str(env.source)
+    sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+@app.command("persistence-ids")
+def persistence_ids(
+    after: Annotated[str | None, typer.Option(help="Start after this persistence id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    dsn: DsnOption = None,
+) -> None:
+    """List persistence ids in order (keyset paged)."""
+    with open_journal(dsn) as journal:
+        for pid in journal.query.current_persistence_ids(after=after, limit=limit):
+            sys.stdout.write(pid + "\n")
+
+
+@app.command()
+def info(dsn: DsnOption = None) -> None:
+    """Counts per entity type and a histogram of events over 8 slice ranges."""
+    with open_journal(dsn) as journal, journal.connection() as conn:
+        per_type = conn.execute(
+            "SELECT entity_type, count(*), count(DISTINCT persistence_id), min(db_timestamp), max(db_timestamp) "
+            "FROM event_journal WHERE NOT deleted GROUP BY entity_type ORDER BY entity_type"
+        ).fetchall()
+        per_slice = dict(conn.execute(
+            "SELECT slice / 128, count(*) FROM event_journal WHERE NOT deleted GROUP BY 1"
+        ).fetchall())
+        snapshots = conn.execute("SELECT count(*) FROM snapshot").fetchone()
+    console.print(f"journal on {mask_dsn(journal.dsn)}")
+    table = Table("entity type", "events", "persistence ids", "first", "last", title="Events per entity type")
+    for entity_type, count, pids, first, last in per_type:
+        table.add_row(entity_type or "(none)", f"{count:,}", f"{pids:,}", format_timestamp(first),
+                      format_timestamp(last))
+    console.print(table)
+    total = sum(per_slice.values()) or 1
+    histogram = Table("slices", "events", "", title="Events per slice range")
+    for i, (lo, hi) in enumerate(slice_ranges(8)):
+        count = per_slice.get(i, 0)
+        histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
+    console.print(histogram)
+    console.print(f"snapshots: {snapshots[0] if snapshots else 0:,}")
+
+
+@app.command()
+def slices(n: Annotated[int, typer.Argument(help="Number of ranges (a divisor of 1024).")] = 4) -> None:
+    """Show the slice ranges for N consumers."""
+    with reported():
+        ranges = slice_ranges(n)
+    table = Table("range", "min slice", "max slice", "--slices")
+    for i, (lo, hi) in enumerate(ranges):
+        table.add_row(str(i), str(lo), str(hi), f"{lo}-{hi}")
+    console.print(table)
+
+
+@server_app.command("status")
+def server_status() -> None:
+    """Is the embedded server running, where, and on which port."""
+    from .embedded import EmbeddedServer
+
+    status = EmbeddedServer.default().status()
+    table = Table("running", "pid", "port", "version", "data directory", "dsn")
+    table.add_row("yes" if status.running else "no", str(status.pid or "-"), str(status.port or "-"),
+                  status.version or "-", str(status.data_dir), status.dsn if status.running else "-")
+    console.print(table)
+
+
+@server_app.command("start")
+def server_start() -> None:
+    """Start the embedded server (or find it running)."""
+    from .embedded import EmbeddedServer
+
+    with reported():
+        server = EmbeddedServer.default().ensure_running()
+    console.print(f"running: {server.dsn}")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the embedded server."""
+    from .embedded import EmbeddedServer
+
+    with reported():
+        stopped = EmbeddedServer.default().stop()
+    console.print("stopped" if stopped else "was not running")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

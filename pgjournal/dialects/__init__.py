@@ -1,0 +1,26 @@
+"""Everything that differs between PostgreSQL, YugabyteDB and CockroachDB, in one place."""
+
+from __future__ import annotations
+
+from ..errors import ConfigurationError
+from .base import Dialect
+from .cockroach import CockroachDialect
+from .postgres import PostgresDialect
+from .yugabyte import YugabyteDialect
+
+DIALECTS: dict[str, type[Dialect]] = {
+    "postgres": PostgresDialect,
+    "yugabyte": YugabyteDialect,
+    "cockroach": CockroachDialect,
+}
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect called ``name`` (``postgres``, ``yugabyte`` or ``cockroach``)."""
+    try:
+        return DIALECTS[name]()
+    except (KeyError, TypeError):
+        raise ConfigurationError(f"dialect must be one of {', '.join(DIALECTS)}, got {name!r}") from None
+
+
+__all__ = ["DIALECTS", "Dialect", "get_dialect"]

@@ -1,0 +1,41 @@
+"""The dialect interface and the DDL every dialect starts from (PostgreSQL's)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Index, Table
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+_PG = postgresql.dialect()
+
+
+class Dialect:
+    """PostgreSQL-compatible SQL with hooks for what a distributed database does differently."""
+
+    name = "postgres"
+    #: LISTEN/NOTIFY wake-ups for live queries.
+    supports_notify = True
+    #: ``pg_stat_activity`` tells when the oldest writing transaction started.
+    supports_visibility_horizon = True
+    #: SQLSTATEs after which a whole transaction may simply be run again.
+    retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01"})
+
+    # -- queries -------------------------------------------------------------------------------------
+
+    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, list[int]]:
+        """SQL (with ``%s`` placeholders) that keeps ``slice`` in ``min_slice..max_slice``, and its params."""
+        return "slice BETWEEN %s AND %s", [min_slice, max_slice]
+
+    def event_table(self, slice_: int) -> str:
+        """The table to read or write one persistence id's events in (its slice is known)."""
+        return "event_journal"
+
+    # -- DDL -----------------------------------------------------------------------------------------
+
+    def create_table(self, table: Table) -> list[str]:
+        return [str(CreateTable(table).compile(dialect=_PG)).strip()] + [
+            self.create_index(index) for index in sorted(table.indexes, key=lambda i: i.name or "")
+        ]
+
+    def create_index(self, index: Index) -> str:
+        return str(CreateIndex(index).compile(dialect=_PG)).strip()

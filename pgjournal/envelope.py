@@ -1,0 +1,62 @@
+"""What readers receive: an event with its persistence id, sequence number, slice, time and offset."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .offsets import TimestampOffset
+from .serialization import SerializerRegistry
+
+
+class Source(enum.StrEnum):
+    """How an envelope reached the reader."""
+
+    #: Read by the regular query (a poll on the refresh interval, or a catch-up page).
+    QUERY = "query"
+    #: Read by a poll that a writer's signal triggered.
+    NOTIFIED = "notified"
+    #: Found by the backtracking query: it committed after the main cursor had passed its timestamp.
+    BACKTRACKING = "backtracking"
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    persistence_id: str
+    seq_nr: int
+    slice: int
+    entity_type: str
+    db_timestamp: datetime
+    offset: TimestampOffset
+    event: Any
+    tags: tuple[str, ...] = ()
+    metadata: Any = None
+    source: Source = Source.QUERY
+
+
+#: Column list that :func:`envelope_from_row` expects, in order.
+EVENT_COLUMNS = (
+    "slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest, "
+    "event_payload, tags, meta_ser_id, meta_ser_manifest, meta_payload"
+)
+
+
+def envelope_from_row(
+    row: Sequence[Any],
+    serializers: SerializerRegistry,
+    *,
+    offset: TimestampOffset | None = None,
+    source: Source = Source.QUERY,
+    read_timestamp: datetime | None = None,
+) -> EventEnvelope:
+    """Decode one row selected with :data:`EVENT_COLUMNS`."""
+    slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row
+    where = f" of {pid!r} seq_nr {seq_nr}"
+    event = serializers.deserialize(ser_id, manifest, payload, where=where)
+    metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta, where=where)
+    if offset is None:
+        offset = TimestampOffset(ts, read_timestamp or ts, {pid: seq_nr})
+    return EventEnvelope(pid, seq_nr, slice_, entity_type, ts, offset, event, tuple(tags or ()), metadata, source)

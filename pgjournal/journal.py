@@ -1,0 +1,178 @@
+"""The entry point: ``with Journal.open() as journal: journal.append(...); journal.query...``."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from . import migrate as migrations
+from .by_pid import ByPersistenceId
+from .dialects import Dialect, get_dialect
+from .dsn import mask_dsn, resolve_dsn
+from .envelope import EventEnvelope
+from .errors import DatabaseUnavailable
+from .notify import Signals
+from .polling import LiveQuery, Poll, T
+from .query import Query
+from .serialization import SerializerRegistry
+from .settings import Settings
+from .slices import slice_for_persistence_id
+from .snapshots import SelectedSnapshot, SnapshotStore
+from .validation import check_persistence_id, check_seq_nr
+from .write import EventWriter
+
+DELETE_EVENTS = """
+UPDATE {table} SET deleted = true
+WHERE persistence_id = %s AND slice = %s AND seq_nr <= %s AND deleted = false"""
+
+
+def connect(dsn: str, timeout: float) -> psycopg.Connection:
+    """One autocommit connection, with an unreachable server reported as :class:`DatabaseUnavailable`."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(timeout)))
+    except psycopg.OperationalError as exc:
+        reason = " ".join(str(exc).split()) or exc.__class__.__name__
+        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
+
+
+class Journal:
+    """An event journal on one database. Thread-safe; open one per process and share it."""
+
+    def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.serializers = serializers
+        self.dialect: Dialect = get_dialect(settings.dialect)
+        self.writer_id = settings.writer_id or uuid.uuid4().hex
+        self.signals = Signals(dsn) if settings.uses_notifications else None
+        self._pool = ConnectionPool(
+            dsn,
+            min_size=settings.pool_min_size,
+            max_size=settings.pool_max_size,
+            kwargs={"autocommit": True},
+            timeout=settings.connect_timeout,
+            name="pgjournal",
+            open=False,
+        )
+        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
+        self.by_pid = ByPersistenceId(self)
+        self.snapshots = SnapshotStore(self)
+        self.query = Query(self)
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str | None = None,
+        *,
+        serializers: SerializerRegistry | None = None,
+        migrate: bool = False,
+        **settings: Any,
+    ) -> Journal:
+        """Connect (to the embedded server when no DSN is given or set) and check the schema.
+
+        ``migrate=True`` upgrades the schema first; otherwise an unmigrated database raises
+        :class:`~pgjournal.errors.SchemaNotMigrated`.
+        """
+        loaded = Settings.load(**settings)
+        resolved = resolve_dsn(dsn)
+        with connect(resolved, loaded.connect_timeout) as conn:
+            if migrate:
+                migrations.upgrade(resolved, loaded.dialect)
+            migrations.check_schema(conn)
+        journal = cls(resolved, loaded, serializers or SerializerRegistry())
+        journal._pool.open(wait=False)
+        return journal
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.signals is not None:
+            self.signals.close()
+        self._pool.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Journal({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
+        try:
+            conn = self._pool.getconn()
+        except PoolTimeout:
+            raise DatabaseUnavailable(
+                f"no connection to {mask_dsn(self.dsn)} within {self.settings.connect_timeout}s"
+            ) from None
+        try:
+            yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None) -> LiveQuery[T]:
+        """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on."""
+        return LiveQuery(
+            poll,
+            buffer_size=self.settings.buffer_size,
+            refresh_interval=self.settings.refresh_interval,
+            subscribe=self.signals.subscribe(entity_types) if self.signals else None,
+        )
+
+    def migrate(self) -> None:
+        migrations.upgrade(self.dsn, self.settings.dialect)
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        persistence_id: str,
+        events: Iterable[Any],
+        *,
+        expected_seq_nr: int | None = None,
+        tags: Iterable[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """Append ``events`` atomically after ``expected_seq_nr`` (the highest sequence number the caller
+        has seen, 0 for a new persistence id; ``None``: after whatever is there).
+
+        Raises :class:`~pgjournal.errors.ConcurrencyConflict` when another writer got there first; then
+        nothing of the batch is written.
+        """
+        return self._writer.append(
+            persistence_id, events, expected_seq_nr=expected_seq_nr, tags=tags, metadata=metadata
+        )
+
+    def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(to_seq_nr, "to_seq_nr")
+        with self.connection() as conn:
+            slice_ = slice_for_persistence_id(pid)
+            sql = DELETE_EVENTS.format(table=self.dialect.event_table(slice_))
+            return conn.execute(sql, (pid, slice_, to_seq_nr)).rowcount
+
+    def highest_seq_nr(self, persistence_id: str) -> int:
+        return self.by_pid.highest_seq_nr(persistence_id)
+
+    # -- snapshots -----------------------------------------------------------------------------------
+
+    def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
+                      tags: Iterable[str] = ()) -> None:
+        self.snapshots.save(persistence_id, seq_nr, snapshot, metadata=metadata, tags=tags)
+
+    def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
+                      max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        return self.snapshots.load(persistence_id, max_seq_nr=max_seq_nr, max_timestamp=max_timestamp)
+
+    def delete_snapshot(self, persistence_id: str) -> None:
+        self.snapshots.delete(persistence_id)

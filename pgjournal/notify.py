@@ -1,0 +1,116 @@
+"""Wake-up signals for live queries (PostgreSQL LISTEN/NOTIFY), always sent *after* the write committed.
+
+``NOTIFY`` inside a writing transaction takes a cluster-wide lock across the commit flush and serialises
+writers, so a writer only records that an entity type changed; a background thread sends one coalesced
+``pg_notify`` per entity type in its own tiny transaction. A listener thread wakes the live queries that
+care. Signals are a latency optimisation only: a lost one means a query waits for its next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import psycopg
+
+CHANNEL = "pgjournal_events"
+_log = logging.getLogger(__name__)
+
+
+class Signals:
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._lock = threading.Condition()
+        self._pending: set[str] = set()
+        self._subscribers: dict[threading.Event, frozenset[str] | None] = {}
+        self._closed = False
+        self._sender: threading.Thread | None = None
+        self._listener: threading.Thread | None = None
+
+    # -- writers -------------------------------------------------------------------------------------
+
+    def written(self, _slice: int, entity_type: str) -> None:
+        """Record that ``entity_type`` got events; the sender thread notifies soon after."""
+        with self._lock:
+            self._pending.add(entity_type)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, name="pgjournal-notify", daemon=True)
+                self._sender.start()
+            self._lock.notify()
+
+    def _send_loop(self) -> None:
+        conn: psycopg.Connection | None = None
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._lock.wait()
+                if not self._pending:
+                    break  # closed, and everything recorded has been sent
+                batch, self._pending = self._pending, set()
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self._dsn, autocommit=True)
+                with conn.pipeline():
+                    for entity_type in batch:
+                        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, entity_type))
+            except psycopg.Error as exc:  # best effort: readers still poll
+                _log.debug("notification lost: %s", exc.__class__.__name__)
+                conn = None
+                time.sleep(0.1)
+        if conn is not None:
+            conn.close()
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def subscribe(self, entity_types: Iterable[str] | None = None) -> Callable[[threading.Event], Callable[[], None]]:
+        """A ``subscribe`` hook for :class:`~pgjournal.polling.LiveQuery` (``None``: every entity type)."""
+        wanted = None if entity_types is None else frozenset(entity_types)
+
+        def attach(event: threading.Event) -> Callable[[], None]:
+            with self._lock:
+                self._subscribers[event] = wanted
+                if self._listener is None:
+                    self._listener = threading.Thread(target=self._listen_loop, name="pgjournal-listen",
+                                                      daemon=True)
+                    self._listener.start()
+            return lambda: self._detach(event)
+
+        return attach
+
+    def _detach(self, event: threading.Event) -> None:
+        with self._lock:
+            self._subscribers.pop(event, None)
+
+    def _wake(self, entity_type: str | None) -> None:
+        with self._lock:
+            for event, wanted in self._subscribers.items():
+                if entity_type is None or wanted is None or entity_type in wanted:
+                    event.set()
+
+    def _listen_loop(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._wake(None)  # anything sent while we were not listening is caught by a poll now
+                    backoff = 0.1
+                    while not self._closed:
+                        for note in conn.notifies(timeout=0.5):
+                            self._wake(note.payload)
+            except psycopg.Error as exc:
+                _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for thread in (self._sender, self._listener):
+            if thread is not None:
+                with contextlib.suppress(RuntimeError):
+                    thread.join(timeout=2)

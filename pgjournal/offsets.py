@@ -1,0 +1,126 @@
+"""Offsets: where a reader is, with a stable string form for storage and the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+from .errors import InvalidArgument
+
+
+class _NoOffset:
+    """The start of a stream."""
+
+    _instance: _NoOffset | None = None
+
+    def __new__(cls) -> _NoOffset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NoOffset"
+
+    def __str__(self) -> str:
+        return "none"
+
+    def __reduce__(self) -> str:
+        return "NoOffset"
+
+
+NoOffset = _NoOffset()
+
+
+def format_timestamp(ts: datetime) -> str:
+    """ISO 8601 in UTC with microseconds and a ``Z``: ``2026-11-21T16:01:02.123456Z``."""
+    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str, what: str = "timestamp") -> datetime:
+    try:
+        ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except (ValueError, AttributeError):
+        raise InvalidArgument(f"{what} must be ISO 8601 like 2026-11-21T16:01:02.123456Z, got {text!r}") from None
+    if ts.tzinfo is None:
+        raise InvalidArgument(f"{what} must carry a time zone (Z or +hh:mm), got {text!r}")
+    return ts.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class TimestampOffset:
+    """A position in an ``events_by_slices`` stream.
+
+    ``timestamp`` is the ``db_timestamp`` of the last event consumed; ``seen`` holds, for every persistence
+    id consumed *at exactly that timestamp*, its sequence number, so resuming skips those and nothing else.
+    ``read_timestamp`` is the database clock when the row was read (lag = read - timestamp).
+    """
+
+    timestamp: datetime
+    read_timestamp: datetime | None = None
+    seen: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timestamp, datetime) or self.timestamp.tzinfo is None:
+            raise InvalidArgument(f"TimestampOffset.timestamp must be a timezone-aware datetime, "
+                                  f"got {self.timestamp!r}")
+        object.__setattr__(self, "seen", MappingProxyType(dict(self.seen)))
+
+    def __str__(self) -> str:
+        body: dict[str, Any] = {"ts": format_timestamp(self.timestamp)}
+        if self.read_timestamp is not None:
+            body["read"] = format_timestamp(self.read_timestamp)
+        if self.seen:
+            body["seen"] = dict(sorted(self.seen.items()))
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TimestampOffset):
+            return NotImplemented
+        return (self.timestamp, self.read_timestamp, dict(self.seen)) == (
+            other.timestamp, other.read_timestamp, dict(other.seen))
+
+    def __hash__(self) -> int:
+        return hash((self.timestamp, tuple(sorted(self.seen.items()))))
+
+    @classmethod
+    def parse(cls, text: str) -> TimestampOffset:
+        """Parse the form ``str()`` produces, or a bare ISO 8601 timestamp (nothing seen at it)."""
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidArgument(f"offset must be a non-empty string, got {text!r}")
+        if not text.lstrip().startswith("{"):
+            return cls(parse_timestamp(text, "offset timestamp"))
+        try:
+            body = json.loads(text)
+            ts = parse_timestamp(body["ts"], "offset timestamp")
+            read = parse_timestamp(body["read"], "offset read timestamp") if "read" in body else None
+            seen = body.get("seen", {})
+            if not isinstance(seen, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                for k, v in seen.items()
+            ):
+                raise ValueError("seen must map persistence ids to sequence numbers >= 1")
+            extra = set(body) - {"ts", "read", "seen"}
+            if extra:
+                raise ValueError(f"unknown field(s) {', '.join(sorted(extra))}")
+        except InvalidArgument:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidArgument(
+                f'malformed timestamp offset {text!r} ({exc}); expected {{"ts":"2026-11-21T16:01:02.123456Z",'
+                '"seen":{"pid":1}} or an ISO 8601 timestamp'
+            ) from None
+        return cls(ts, read, seen)
+
+
+Offset = _NoOffset | TimestampOffset
+
+
+def parse_offset(text: str) -> Offset:
+    """``none`` (or empty) for the start, else a :class:`TimestampOffset` string."""
+    if text is None or text.strip().lower() in ("", "none", "nooffset"):
+        return NoOffset
+    return TimestampOffset.parse(text)

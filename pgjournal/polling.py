@@ -1,0 +1,82 @@
+"""The one live-polling loop, shared by every live query (by persistence id, by slices, by tag).
+
+A query supplies ``poll(notified) -> (items, rows_read)``; the loop yields the items and decides when to
+poll again, as Akka does: a nearly full page (>= 90 % of the buffer) polls again at once, a nearly empty
+one (<= 10 %) waits ``refresh_interval``, anything between waits half of it. A writer's signal ends the
+wait early; a lost signal costs only latency.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+Poll = Callable[[bool], tuple[list[T], int]]
+Subscribe = Callable[[threading.Event], Callable[[], None]]
+
+
+class LiveQuery(Generic[T]):
+    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+
+    def __init__(
+        self,
+        poll: Poll[T],
+        *,
+        buffer_size: int,
+        refresh_interval: float,
+        subscribe: Subscribe | None = None,
+    ) -> None:
+        self._poll = poll
+        self._buffer_size = buffer_size
+        self._refresh_interval = refresh_interval
+        self._pending: deque[T] = deque()
+        self._closed = False
+        self._wakeup = threading.Event()
+        self._unsubscribe = subscribe(self._wakeup) if subscribe else None
+        self._delay = 0.0
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        while not self._pending:
+            if self._closed:
+                raise StopIteration
+            if self._delay:
+                self._wakeup.wait(self._delay)
+                if self._closed:
+                    raise StopIteration
+            notified = self._wakeup.is_set()
+            self._wakeup.clear()
+            items, rows = self._poll(notified)
+            self._pending.extend(items)
+            self._delay = self.delay_after(rows)
+        return self._pending.popleft()
+
+    def delay_after(self, rows: int) -> float:
+        if rows >= 0.9 * self._buffer_size:
+            return 0.0
+        if rows <= 0.1 * self._buffer_size:
+            return self._refresh_interval
+        return self._refresh_interval / 2
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> LiveQuery[T]:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

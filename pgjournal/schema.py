@@ -1,0 +1,111 @@
+"""The table model (SQLAlchemy Core), the single source for migrations and schema checks.
+
+Column names and types follow the Akka/Pekko Persistence R2DBC schema so that journals written by those
+plugins can be read here and the other way round. Physical layout (partitioning, hash sharding, split
+points) is the dialect's business: see :mod:`pgjournal.dialects`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
+
+metadata = MetaData()
+TIMESTAMPTZ = TIMESTAMP(timezone=True)
+
+
+def _meta_columns() -> list[Column]:
+    return [
+        Column("meta_ser_id", Integer),
+        Column("meta_ser_manifest", String(255)),
+        Column("meta_payload", LargeBinary),
+    ]
+
+
+event_journal = Table(
+    "event_journal",
+    metadata,
+    Column("slice", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMPTZ, nullable=False),
+    Column("event_ser_id", Integer, nullable=False),
+    Column("event_ser_manifest", String(255), nullable=False),
+    Column("event_payload", LargeBinary, nullable=False),
+    Column("deleted", Boolean, nullable=False, server_default="false"),
+    Column("writer", String(255), nullable=False),
+    Column("adapter_manifest", String(255)),
+    Column("tags", ARRAY(Text)),
+    *_meta_columns(),
+    # The slice is a function of the persistence id, so (persistence_id, seq_nr) is unique on its own;
+    # the slice is part of the key only because a table partitioned by slice needs it there.
+    PrimaryKeyConstraint("persistence_id", "seq_nr", "slice", name="event_journal_pkey"),
+)
+# Time-ordered within an entity type; slices are filtered inside the index, so a page of a slice range
+# is an ordered index range scan instead of a sort of the whole range.
+Index(
+    "event_journal_slice_idx",
+    event_journal.c.entity_type,
+    event_journal.c.db_timestamp,
+    event_journal.c.seq_nr,
+    event_journal.c.slice,
+)
+
+snapshot = Table(
+    "snapshot",
+    metadata,
+    Column("slice", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMPTZ),
+    Column("write_timestamp", BigInteger, nullable=False),
+    Column("ser_id", Integer, nullable=False),
+    Column("ser_manifest", String(255), nullable=False),
+    Column("snapshot", LargeBinary, nullable=False),
+    Column("tags", ARRAY(Text)),
+    *_meta_columns(),
+    PrimaryKeyConstraint("persistence_id", name="snapshot_pkey"),
+)
+Index("snapshot_slice_idx", snapshot.c.slice, snapshot.c.entity_type, snapshot.c.db_timestamp)
+
+projection_timestamp_offset_store = Table(
+    "projection_timestamp_offset_store",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("timestamp_offset", TIMESTAMPTZ, nullable=False),
+    Column("timestamp_consumed", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint(
+        "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
+        name="projection_timestamp_offset_store_pkey",
+    ),
+)
+
+projection_management = Table(
+    "projection_management",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("last_updated", BigInteger, nullable=False),
+    PrimaryKeyConstraint("projection_name", "projection_key", name="projection_management_pkey"),
+)
+
+CORE_TABLES = (event_journal, snapshot, projection_timestamp_offset_store, projection_management)

@@ -1,0 +1,122 @@
+"""Settings, parsed and checked in one place. Every setting can come from ``PGJOURNAL_<NAME>``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigurationError
+
+ENV_PREFIX = "PGJOURNAL_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Defaults follow Akka Persistence R2DBC; durations are seconds."""
+
+    #: ``postgres``, ``yugabyte`` or ``cockroach``: the SQL and DDL flavour.
+    dialect: str = "postgres"
+    #: Use no PostgreSQL-only feature (notifications, visibility horizon): the YugabyteDB/CockroachDB path.
+    portable: bool = False
+    pool_min_size: int = 1
+    pool_max_size: int = 16
+    #: Seconds to wait for a connection before the server counts as unreachable.
+    connect_timeout: float = 10.0
+    #: Rows per query page.
+    buffer_size: int = 1000
+    #: Live queries poll at least this often.
+    refresh_interval: float = 3.0
+    #: Live queries read only rows older than the database clock minus this.
+    behind_current_time: float = 0.1
+    backtracking_enabled: bool = True
+    #: How far behind the main cursor backtracking re-reads.
+    backtracking_window: float = 120.0
+    #: Backtracking reads only rows older than the database clock minus this.
+    backtracking_behind_current_time: float = 10.0
+    #: Writers signal live queries after commit (PostgreSQL LISTEN/NOTIFY; off in portable mode).
+    notify: bool = True
+    #: Identifies this Journal's writes in the ``writer`` column; a random id when not set.
+    writer_id: str = ""
+    #: How often an append with ``expected_seq_nr=None`` or a serialization failure is tried again.
+    append_retries: int = 5
+
+    def __post_init__(self) -> None:
+        from .dialects import get_dialect
+
+        get_dialect(self.dialect)
+        positive = ("pool_min_size", "pool_max_size", "buffer_size")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"setting {name} must be a positive integer, got {value!r}")
+        if self.pool_min_size > self.pool_max_size:
+            raise ConfigurationError(
+                f"setting pool_min_size ({self.pool_min_size}) exceeds pool_max_size ({self.pool_max_size})"
+            )
+        if isinstance(self.append_retries, bool) or not isinstance(self.append_retries, int) or (
+            self.append_retries < 0
+        ):
+            raise ConfigurationError(f"setting append_retries must be an integer >= 0, got {self.append_retries!r}")
+        durations = ("connect_timeout", "refresh_interval", "behind_current_time", "backtracking_window",
+                     "backtracking_behind_current_time")
+        for name in durations:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+                raise ConfigurationError(f"setting {name} must be a number of seconds >= 0, got {value!r}")
+        if self.refresh_interval <= 0:
+            raise ConfigurationError(f"setting refresh_interval must be > 0 seconds, got {self.refresh_interval!r}")
+        if not isinstance(self.writer_id, str) or len(self.writer_id) > 255:
+            raise ConfigurationError(f"setting writer_id must be a string of at most 255 characters, got "
+                                     f"{self.writer_id!r}")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Defaults, then ``PGJOURNAL_<NAME>`` variables, then ``overrides`` (``None`` means: not given)."""
+        unknown = sorted(set(overrides) - set(cls.names()))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(cls.names())}"
+            )
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            raw = os.environ.get(ENV_PREFIX + field.name.upper())
+            if raw is not None:
+                values[field.name] = _parse(field.name, field.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def uses_notifications(self) -> bool:
+        from .dialects import get_dialect
+
+        return self.notify and not self.portable and get_dialect(self.dialect).supports_notify
+
+
+def _parse(name: str, type_name: Any, raw: str) -> Any:
+    kind = str(type_name)
+    try:
+        if kind == "bool":
+            lowered = raw.strip().lower()
+            if lowered in _TRUE | _FALSE:
+                return lowered in _TRUE
+            raise ValueError
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"environment variable {ENV_PREFIX + name.upper()}={raw!r} is not a valid {kind}"
+        ) from None
+    return raw

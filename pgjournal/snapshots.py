@@ -1,0 +1,97 @@
+"""Snapshots: the latest state of a persistence id at a sequence number (one row per persistence id)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .slices import entity_type_of, slice_for_persistence_id
+from .validation import check_persistence_id, check_seq_nr, check_tags
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+# A snapshot never replaces a newer one; db_timestamp is that of the event it was taken at.
+UPSERT = """
+INSERT INTO snapshot (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id,
+    ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload)
+VALUES (%(slice)s, %(entity_type)s, %(pid)s::varchar, %(seq_nr)s::bigint,
+    (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
+     AND seq_nr = %(seq_nr)s),
+    %(write_timestamp)s, %(ser_id)s, %(manifest)s, %(payload)s, %(tags)s::text[],
+    %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s)
+ON CONFLICT (persistence_id) DO UPDATE SET seq_nr = excluded.seq_nr, db_timestamp = excluded.db_timestamp,
+    write_timestamp = excluded.write_timestamp, ser_id = excluded.ser_id, ser_manifest = excluded.ser_manifest,
+    snapshot = excluded.snapshot, tags = excluded.tags, meta_ser_id = excluded.meta_ser_id,
+    meta_ser_manifest = excluded.meta_ser_manifest, meta_payload = excluded.meta_payload
+WHERE snapshot.seq_nr <= excluded.seq_nr"""
+SELECT = """
+SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, tags,
+    meta_ser_id, meta_ser_manifest, meta_payload
+FROM snapshot WHERE persistence_id = %s AND seq_nr <= %s
+    AND (%s::timestamptz IS NULL OR db_timestamp <= %s::timestamptz)"""
+DELETE = "DELETE FROM snapshot WHERE persistence_id = %s"
+
+
+@dataclass(frozen=True)
+class SelectedSnapshot:
+    persistence_id: str
+    seq_nr: int
+    #: ``db_timestamp`` of the event at ``seq_nr`` (``None`` if that event was not found when saved).
+    db_timestamp: datetime | None
+    #: When the snapshot was written, epoch milliseconds.
+    write_timestamp: int
+    snapshot: Any
+    metadata: Any = None
+    tags: tuple[str, ...] = ()
+
+
+class SnapshotStore:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def save(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
+             tags: Iterable[str] = ()) -> None:
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(seq_nr, "seq_nr", minimum=1)
+        tag_list = check_tags(tags)
+        serializers = self._journal.serializers
+        encoded = serializers.serialize(snapshot)
+        meta = serializers.serialize(metadata) if metadata is not None else None
+        slice_ = slice_for_persistence_id(pid)
+        params = {
+            "slice": slice_, "entity_type": entity_type_of(pid), "pid": pid, "seq_nr": seq_nr,
+            "write_timestamp": int(time.time() * 1000), "ser_id": encoded.ser_id, "manifest": encoded.manifest,
+            "payload": encoded.payload, "tags": list(tag_list) or None,
+            "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
+            "meta_payload": meta.payload if meta else None,
+        }
+        with self._journal.connection() as conn:
+            conn.execute(UPSERT.format(table=self._journal.dialect.event_table(slice_)), params)
+
+    def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
+             max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        """The stored snapshot if it meets the criteria (at most ``max_seq_nr``, taken at or before
+        ``max_timestamp``), else ``None``."""
+        pid = check_persistence_id(persistence_id)
+        max_seq = 2**63 - 1 if max_seq_nr is None else check_seq_nr(max_seq_nr, "max_seq_nr")
+        with self._journal.connection() as conn:
+            row = conn.execute(SELECT, (pid, max_seq, max_timestamp, max_timestamp)).fetchone()
+        if row is None:
+            return None
+        pid, seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row
+        serializers = self._journal.serializers
+        where = f" of snapshot {pid!r} seq_nr {seq_nr}"
+        return SelectedSnapshot(
+            pid, seq_nr, db_ts, write_ts, serializers.deserialize(ser_id, manifest, payload, where=where),
+            None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta, where=where),
+            tuple(tags or ()),
+        )
+
+    def delete(self, persistence_id: str) -> None:
+        pid = check_persistence_id(persistence_id)
+        with self._journal.connection() as conn:
+            conn.execute(DELETE, (pid,))

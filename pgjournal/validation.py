@@ -1,0 +1,65 @@
+"""Checks of user input before anything reaches the database; each error names the value and the rule."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import InvalidArgument, InvalidPersistenceId
+
+MAX_NAME_LENGTH = 255
+
+
+def check_persistence_id(persistence_id: Any) -> str:
+    if not isinstance(persistence_id, str):
+        raise InvalidPersistenceId(f"persistence id must be a string, got {type(persistence_id).__name__} "
+                                   f"{persistence_id!r}")
+    if not persistence_id:
+        raise InvalidPersistenceId("persistence id must not be empty")
+    if len(persistence_id) > MAX_NAME_LENGTH:
+        raise InvalidPersistenceId(
+            f"persistence id must be at most {MAX_NAME_LENGTH} characters, got {len(persistence_id)}: "
+            f"{persistence_id[:40]!r}..."
+        )
+    if "\x00" in persistence_id:
+        raise InvalidPersistenceId(f"persistence id must not contain NUL characters, got {persistence_id!r}")
+    try:
+        persistence_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPersistenceId(f"persistence id must be valid Unicode (no lone surrogates), got "
+                                   f"{persistence_id!r}") from None
+    return persistence_id
+
+
+def check_name(value: Any, what: str) -> str:
+    """A tag, entity type or projection name: a non-empty string of at most 255 characters without NUL."""
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH or "\x00" in value:
+        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters "
+                              f"without NUL, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} must be valid Unicode (no lone surrogates), got {value!r}") from None
+    return value
+
+
+def check_tags(tags: Iterable[str] | str) -> tuple[str, ...]:
+    if isinstance(tags, str):
+        raise InvalidArgument(f"tags must be a collection of strings, not a single string {tags!r}")
+    try:
+        items = tuple(tags)
+    except TypeError:
+        raise InvalidArgument(f"tags must be a collection of strings, got {tags!r}") from None
+    return tuple(dict.fromkeys(check_name(tag, "tag") for tag in items))
+
+
+def check_seq_nr(value: Any, what: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value >= 2**63:
+        raise InvalidArgument(f"{what} must be an integer from {minimum} to 2**63-1, got {value!r}")
+    return value
+
+
+def check_positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
+    return value

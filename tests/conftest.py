@@ -1,0 +1,81 @@
+"""A real PostgreSQL for every test that touches SQL: ``PGJOURNAL_TEST_DSN`` when set, else the embedded
+server. Each test gets a fresh database cloned from a migrated template (``CREATE DATABASE ... TEMPLATE``)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import psycopg.conninfo
+import pytest
+
+from pgjournal import Journal
+from pgjournal.embedded import EmbeddedServer
+from pgjournal.migrate import upgrade
+
+TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
+# Short polls keep live tests quick; semantics do not depend on them.
+FAST = {"refresh_interval": 0.2, "behind_current_time": 0.05, "backtracking_behind_current_time": 1.0}
+
+
+def database_dsn(server_dsn: str, name: str) -> str:
+    return psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> str:
+    """A DSN to a database on the test server whose user may create databases."""
+    dsn = os.environ.get(TEST_DSN_ENV)
+    if dsn:
+        return dsn
+    return EmbeddedServer.default().ensure_running().dsn
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    name = f"pgjournal_tpl_{os.getpid()}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    upgrade(database_dsn(server_dsn, name))
+    yield name
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fresh_database(server_dsn: str, template: str) -> Iterator[str]:
+    name = f"pgjournal_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield database_dsn(server_dsn, name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    yield from _fresh_database(server_dsn, template_db)
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database with no schema at all."""
+    yield from _fresh_database(server_dsn, "template0")
+
+
+@pytest.fixture
+def journal(dsn: str) -> Iterator[Journal]:
+    with Journal.open(dsn, **FAST) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["default", "portable"])
+def mode_journal(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
+    """The same journal in default mode and in portable mode (no PostgreSQL-only features)."""
+    with Journal.open(dsn, portable=request.param == "portable", **FAST) as opened:
+        yield opened
