@@ -1,0 +1,103 @@
+"""python -m bench SCENARIO|all [--quick] [--dsn DSN] [--rounds N] [--json] [--plot]"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from pgjournal.dsn import mask_dsn, resolve_dsn
+
+from .harness import Outcome, Scenario, run_scenario
+
+# Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
+SCENARIO_MODULES = ["bench.append"]
+
+
+def load_scenarios() -> dict[str, Scenario]:
+    found: dict[str, Scenario] = {}
+    for module_name in SCENARIO_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            Console(stderr=True).print(f"[yellow]skipping {module_name}: {exc}[/]")
+            continue
+        for scenario in module.SCENARIOS:
+            found[scenario.name] = scenario
+    return found
+
+
+def render(outcome: Outcome, console: Console) -> None:
+    scenario = outcome.scenario
+    better = "lower is better" if scenario.lower_is_better else "higher is better"
+    table = Table("contender", "min", "median", "max", "ours ÷ this" if not scenario.lower_is_better else
+                  "this ÷ ours", title=f"{scenario.name}: {scenario.metric} ({better})",
+                  caption=scenario.description)
+    ratios = outcome.ratios()
+    for name, values in outcome.values.items():
+        ratio = "" if name == "ours" else f"{ratios[name]:.2f}×"
+        table.add_row(name, f"{min(values):,.1f}", f"{outcome.median(name):,.1f}", f"{max(values):,.1f}", ratio,
+                      style="bold" if name == "ours" else None)
+    console.print(table)
+    for note in outcome.notes:
+        console.print(f"  [dim]{note}[/]")
+
+
+def plot(outcomes: list[Outcome], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(outcomes), figsize=(4 * len(outcomes), 3.5), squeeze=False)
+    for ax, outcome in zip(axes[0], outcomes, strict=True):
+        names = list(outcome.values)
+        ax.bar(names, [outcome.median(n) for n in names], color=["tab:blue"] + ["tab:gray"] * (len(names) - 1))
+        ax.set_title(outcome.scenario.name)
+        ax.set_ylabel(outcome.scenario.metric)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    scenarios = load_scenarios()
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenario", nargs="+", help=f"one of: all, {', '.join(scenarios)}")
+    parser.add_argument("--quick", action="store_true", help="small data, 3 rounds: a smoke run under a minute")
+    parser.add_argument("--dsn", help="server to run on (default: the embedded PostgreSQL)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per contender (default 3)")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object per scenario run")
+    parser.add_argument("--plot", metavar="PNG", help="write a bar chart of the medians")
+    args = parser.parse_args(argv)
+    names = list(scenarios) if args.scenario == ["all"] else args.scenario
+    unknown = [n for n in names if n not in scenarios]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from all, {', '.join(scenarios)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    dsn = resolve_dsn(args.dsn)
+    console = Console(stderr=args.json)
+    console.print(f"[dim]server: {mask_dsn(dsn)}; {'quick' if args.quick else 'full'} mode; {args.rounds} rounds[/]")
+    outcomes = []
+    with console.status("starting") as status:
+        for name in names:
+            outcome = run_scenario(scenarios[name], dsn, quick=args.quick, rounds=args.rounds,
+                                   progress=lambda m: status.update(m))
+            render(outcome, console)
+            outcomes.append(outcome)
+    if args.plot:
+        plot(outcomes, args.plot)
+        console.print(f"plot written to {args.plot}")
+    if args.json:
+        summaries = [o.summary() for o in outcomes]
+        sys.stdout.write(json.dumps(summaries[0] if len(summaries) == 1 else summaries) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Scenarios, interleaved rounds, results as JSON lines, a Rich table, an optional plot.
+
+A scenario measures *contenders* ("ours" and one or more references) on the same data. Rounds are
+interleaved (ours, ref, ours, ref, ...) so machine noise hits all alike. Each contender returns the
+scenario's metric for one round (higher is better unless ``lower_is_better``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+
+from pgjournal.migrate import upgrade
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+Contender = Callable[["Context", Any], float]
+
+
+@dataclass
+class Scenario:
+    name: str
+    metric: str
+    description: str
+    #: Called once per scenario run with a fresh migrated database; returns state passed to contenders.
+    setup: Callable[[Context], Any]
+    #: "ours" first, then the references, each measuring one round.
+    contenders: dict[str, Contender]
+    lower_is_better: bool = False
+    #: Called after the rounds (drop helper tables, close pools).
+    teardown: Callable[[Context, Any], None] | None = None
+
+
+@dataclass
+class Context:
+    dsn: str
+    quick: bool
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        """Something worth printing beside the figures (a plan, a page count)."""
+        self.notes.append(text)
+
+
+@contextmanager
+def scratch_database(server_dsn: str) -> Iterator[str]:
+    """A fresh migrated database, dropped afterwards."""
+    name = f"pgjournal_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
+    try:
+        upgrade(dsn)
+        yield dsn
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    values: dict[str, list[float]]
+    notes: list[str]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values[name])
+
+    def ratios(self) -> dict[str, float]:
+        ours = self.median("ours")
+        out = {}
+        for name in self.values:
+            if name == "ours":
+                continue
+            ref = self.median(name)
+            if self.scenario.lower_is_better:
+                out[name] = ref / ours if ours else float("inf")
+            else:
+                out[name] = ours / ref if ref else float("inf")
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name,
+            "metric": self.scenario.metric,
+            "ours": round(self.median("ours"), 3),
+            "references": {k: round(self.median(k), 3) for k in self.values if k != "ours"},
+            "ratios": {k: round(v, 3) for k, v in self.ratios().items()},
+            "rounds": len(self.values["ours"]),
+        }
+
+
+def run_scenario(scenario: Scenario, server_dsn: str, *, quick: bool, rounds: int,
+                 progress: Callable[[str], None] = lambda _m: None) -> Outcome:
+    values: dict[str, list[float]] = {name: [] for name in scenario.contenders}
+    with scratch_database(server_dsn) as dsn:
+        ctx = Context(dsn, quick)
+        state = scenario.setup(ctx)
+        try:
+            for round_no in range(1, rounds + 1):
+                for name, contender in scenario.contenders.items():
+                    progress(f"{scenario.name}: round {round_no}/{rounds}, {name}")
+                    value = contender(ctx, state)
+                    values[name].append(value)
+                    _record(scenario, name, round_no, value, quick)
+        finally:
+            if scenario.teardown is not None:
+                scenario.teardown(ctx, state)
+    return Outcome(scenario, values, ctx.notes)
+
+
+def _record(scenario: Scenario, name: str, round_no: int, value: float, quick: bool) -> None:
+    RESULTS_DIR.mkdir(exist_ok=True)
+    line = {"time": time.time(), "scenario": scenario.name, "contender": name, "round": round_no,
+            "metric": scenario.metric, "value": value, "quick": quick, "host": platform.node()}
+    with open(RESULTS_DIR / f"{time.strftime('%Y%m%d')}.jsonl", "a") as out:
+        out.write(json.dumps(line) + "\n")
