@@ -8,6 +8,8 @@ within a persistence id. A primary-key clash means another writer was first: not
 from __future__ import annotations
 
 import functools
+import random
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -126,8 +128,13 @@ class EventWriter:
                 with self._journal.connection() as conn:
                     rows = self._run(conn, sql, params)
             except psycopg.errors.UniqueViolation:
-                if expected is None and attempt <= retries:
-                    continue  # no expectation was stated: number after the new highest
+                if expected is None:
+                    # No expectation was stated: number after the new highest. Each clash means another
+                    # append committed, so this always ends; past append_retries, back off a little (with
+                    # jitter) so a convoy of writers on one persistence id spreads out.
+                    if attempt > retries:
+                        time.sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
+                    continue
                 raise self._conflict(pid, expected) from None
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
                 if attempt <= retries and exc.sqlstate in self._journal.dialect.retryable_sqlstates:
