@@ -1,0 +1,61 @@
+"""Recovery: the latest usable snapshot, then the later events in pages of ``buffer_size`` (bounded memory).
+
+A snapshot records the entity type and the entity's ``snapshot_version`` in its metadata. One of another
+type or version, one that cannot be decoded, or one :meth:`Entity.from_snapshot` rejects is ignored with a
+warning, and the entity replays from its first event: a stale snapshot costs time, never correctness.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import SerializationError
+from .model import Entity, Recovered
+
+if TYPE_CHECKING:
+    from ..journal import Journal
+
+S = TypeVar("S")
+_log = logging.getLogger("pgjournal.entity")
+
+
+def snapshot_metadata(entity: Entity[Any]) -> dict[str, Any]:
+    return {"entity": entity.name, "version": entity.snapshot_version}
+
+
+def _from_snapshot(journal: Journal, entity: Entity[S], pid: str) -> tuple[S, int] | None:
+    try:
+        selected = journal.load_snapshot(pid)
+    except SerializationError as exc:
+        _log.warning("ignoring the snapshot of %r: %s; replaying all events", pid, exc)
+        return None
+    if selected is None:
+        return None
+    wanted = snapshot_metadata(entity)
+    if selected.metadata != wanted:
+        _log.warning("ignoring the snapshot of %r at seq_nr %d: it is %r, this entity reads %r; replaying all "
+                     "events", pid, selected.seq_nr, selected.metadata, wanted)
+        return None
+    try:
+        return entity.from_snapshot(selected.snapshot), selected.seq_nr
+    except Exception as exc:
+        _log.warning("ignoring the snapshot of %r at seq_nr %d: from_snapshot failed (%s: %s); replaying all "
+                     "events", pid, selected.seq_nr, exc.__class__.__name__, exc)
+        return None
+
+
+def recover(journal: Journal, entity: Entity[S], pid: str) -> Recovered[S]:
+    """The current state of ``pid`` as stored: snapshot (if usable) plus the events after it."""
+    snapshot = _from_snapshot(journal, entity, pid)
+    state, seq_nr = snapshot if snapshot is not None else (entity.new_state(), 0)
+    replayed = 0
+    for envelope in journal.query.current_events_by_persistence_id(pid, seq_nr + 1):
+        state = entity.apply(state, envelope.event)
+        seq_nr = envelope.seq_nr
+        replayed += 1
+    if replayed == 0:
+        # Events after the snapshot may all be deleted (delete_events): their numbers stay taken, and the
+        # next append must come after them.
+        seq_nr = max(seq_nr, journal.highest_seq_nr(pid))
+    return Recovered(state, seq_nr, snapshot[1] if snapshot is not None else None, replayed)

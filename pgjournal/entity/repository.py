@@ -1,0 +1,251 @@
+"""``EntityRepository(journal, Cart).handle("cart-1", AddItem(...))``: recover, decide, persist, answer.
+
+Consistency: within a process, commands to one entity run one at a time (a per-entity lock shared by every
+repository on the same Journal); across processes, optimistic concurrency decides: each append states the
+sequence number the decision was based on, and a :class:`~pgjournal.ConcurrencyConflict` drops the cached
+state, recovers and runs the command handler again (bounded, with jittered backoff).
+
+Write failures are honest: an exception from :meth:`EntityRepository.handle` means nothing of the command
+was written, except :class:`~pgjournal.WriteOutcomeUnknown`, raised only when the repository could not find
+out within ``unknown_outcome_timeout`` seconds. When an append loses its connection mid-commit, the
+repository appends the same events with the same expected sequence number again: that either writes them
+(the first attempt did not commit) or conflicts, and then the writer of the next sequence number tells
+whose events are there. The retried append also waits for a first attempt still in flight (the primary key
+is locked), so a late commit cannot slip past the check.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import psycopg
+
+from ..errors import ConcurrencyConflict, ConfigurationError, DatabaseUnavailable, InvalidArgument, WriteOutcomeUnknown
+from ..slices import slice_for_persistence_id
+from ..validation import check_persistence_id, check_tags
+from .breaker import CircuitBreaker, is_unavailability
+from .cache import KeyedLocks, LruCache
+from .errors import ConflictRetriesExhausted
+from .model import CommandResult, Entity, Recovered, effect_of
+from .recovery import recover, snapshot_metadata
+
+if TYPE_CHECKING:
+    from ..journal import Journal
+
+S = TypeVar("S")
+_log = logging.getLogger("pgjournal.entity")
+
+WRITER_OF = "SELECT writer FROM {table} WHERE persistence_id = %s AND slice = %s AND seq_nr = %s"
+
+
+@dataclass
+class _Shared:
+    """Per-Journal state every repository on it shares: entity locks and the default breaker."""
+
+    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+
+
+_shared: weakref.WeakKeyDictionary[Journal, _Shared] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def _shared_for(journal: Journal) -> _Shared:
+    with _shared_lock:
+        found = _shared.get(journal)
+        if found is None:
+            found = _shared[journal] = _Shared()
+        return found
+
+
+def _check_count(value: Any, what: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class EntityRepository(Generic[S]):
+    """Commands in, events persisted, replies out, for one entity type. Thread-safe; share one per process.
+
+    ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (``None``: never).
+    ``cache_size``: recent entities kept in memory (LRU). ``max_conflict_retries``: how often a command is
+    re-run after losing a race before :class:`ConflictRetriesExhausted`. ``breaker``: the circuit breaker
+    (default: one shared by all repositories on ``journal``).
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        entity: Entity[S] | type[Entity[S]],
+        *,
+        snapshot_every: int | None = 100,
+        cache_size: int = 1000,
+        max_conflict_retries: int = 20,
+        unknown_outcome_timeout: float = 30.0,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        from .model import check_entity_name
+
+        self.journal = journal
+        self.entity: Entity[S] = entity() if isinstance(entity, type) else entity
+        self.name = check_entity_name(self.entity)
+        if snapshot_every is not None:
+            _check_count(snapshot_every, "snapshot_every", minimum=1)
+        self.snapshot_every = snapshot_every
+        self.max_conflict_retries = _check_count(max_conflict_retries, "max_conflict_retries", minimum=0)
+        if isinstance(unknown_outcome_timeout, bool) or not isinstance(unknown_outcome_timeout, int | float) or (
+                unknown_outcome_timeout < 0):
+            raise ConfigurationError(f"unknown_outcome_timeout must be a number of seconds >= 0, got "
+                                     f"{unknown_outcome_timeout!r}")
+        self.unknown_outcome_timeout = float(unknown_outcome_timeout)
+        self._tags = check_tags(self.entity.tags)
+        self._cache: LruCache[Recovered[S]] = LruCache(_check_count(cache_size, "cache_size", minimum=0))
+        shared = _shared_for(journal)
+        self._locks = shared.locks
+        self.breaker = breaker if breaker is not None else shared.breaker
+        for cls in self.entity.types:
+            journal.serializers.register(cls, f"{self.name}.{cls.__name__}")
+
+    def __repr__(self) -> str:
+        return f"EntityRepository({self.name!r}, breaker={self.breaker.state})"
+
+    # -- public API ----------------------------------------------------------------------------------
+
+    def persistence_id(self, entity_id: str) -> str:
+        if not isinstance(entity_id, str) or not entity_id:
+            raise InvalidArgument(f"entity id of {self.name!r} must be a non-empty string, got {entity_id!r}")
+        return check_persistence_id(f"{self.name}|{entity_id}")
+
+    def handle(self, entity_id: str, command: Any) -> CommandResult[S]:
+        """Run ``command`` against the current state of ``entity_id`` and persist its events.
+
+        Returns once the events are written. Raises what the command handler raised (a
+        :class:`DomainError`: nothing written), :class:`ConflictRetriesExhausted`, :class:`CircuitOpen` or
+        :class:`~pgjournal.DatabaseUnavailable` (nothing written), or :class:`~pgjournal.WriteOutcomeUnknown`.
+        """
+        pid = self.persistence_id(entity_id)
+        with self.breaker.guard(), self._locks.hold(pid):
+            try:
+                return self._handle_locked(entity_id, pid, command)
+            except BaseException as exc:
+                self._cache.drop(pid)  # the handler may have mutated the cached state; recover next time
+                if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
+                    raise DatabaseUnavailable(
+                        f"command {type(command).__name__} for {pid!r} was not applied and nothing was written: "
+                        f"{' '.join(str(exc).split()) or exc.__class__.__name__}") from exc
+                raise
+
+    def load(self, entity_id: str) -> Recovered[S]:
+        """The entity's state as stored now (snapshot + replay, bypassing and refreshing the cache)."""
+        pid = self.persistence_id(entity_id)
+        with self.breaker.guard(), self._locks.hold(pid):
+            recovered = recover(self.journal, self.entity, pid)
+            self._cache.put(pid, recovered)
+            return recovered
+
+    def evict(self, entity_id: str | None = None) -> None:
+        """Forget the cached state of ``entity_id`` (of every entity when ``None``)."""
+        if entity_id is None:
+            self._cache.clear()
+        else:
+            self._cache.drop(self.persistence_id(entity_id))
+
+    def status(self) -> dict[str, object]:
+        """Cache fill and breaker state, for logs and health checks."""
+        return {"entity": self.name, "cached": len(self._cache), "breaker": self.breaker.status()}
+
+    # -- the command loop ----------------------------------------------------------------------------
+
+    def _handle_locked(self, entity_id: str, pid: str, command: Any) -> CommandResult[S]:
+        attempt = 0
+        while True:
+            current = self._cache.get(pid)
+            if current is None:
+                current = recover(self.journal, self.entity, pid)
+            effect = effect_of(self.entity, command, self.entity.handle(current.state, command))
+            if not effect.events:
+                self._cache.put(pid, current)
+                return CommandResult(entity_id, effect.reply, current.state, current.seq_nr)
+            state = current.state
+            for event in effect.events:
+                state = self.entity.apply(state, event)
+            seq_nr = current.seq_nr + len(effect.events)
+            try:
+                self._append(pid, effect.events, current.seq_nr)
+            except ConcurrencyConflict as conflict:
+                self._cache.drop(pid)
+                attempt += 1
+                if attempt > self.max_conflict_retries:
+                    raise ConflictRetriesExhausted(pid, current.seq_nr + 1, attempt, conflict.actual_seq_nr) from None
+                _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1, attempt)
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                continue
+            self._cache.put(pid, Recovered(state, seq_nr))
+            self._maybe_snapshot(pid, current.seq_nr, seq_nr, state)
+            return CommandResult(entity_id, effect.reply, state, seq_nr, effect.events)
+
+    def _append(self, pid: str, events: Iterable[Any], expected: int) -> None:
+        """Append, or raise: ConcurrencyConflict (someone else's events are there: nothing of ours written),
+        another error (nothing written) or WriteOutcomeUnknown (could not find out in time)."""
+        events = tuple(events)
+        try:
+            self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags)
+        except WriteOutcomeUnknown as unknown:
+            _log.warning("append to %r after seq_nr %d lost its connection: finding out whether it was written",
+                         pid, expected)
+            self._settle_unknown(pid, events, expected, unknown)
+
+    def _settle_unknown(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown) -> None:
+        deadline = time.monotonic() + self.unknown_outcome_timeout
+        pause = 0.05
+        last: BaseException = unknown
+        while True:
+            try:
+                try:
+                    self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags)
+                    _log.info("append to %r after seq_nr %d: the first attempt had not been written; now it is",
+                              pid, expected)
+                    return
+                except ConcurrencyConflict:
+                    if self._written_by_us(pid, expected + 1):
+                        _log.info("append to %r after seq_nr %d: the first attempt had been written", pid, expected)
+                        return
+                    raise
+            except (WriteOutcomeUnknown, DatabaseUnavailable, psycopg.OperationalError) as exc:
+                last = exc
+            if time.monotonic() + pause > deadline:
+                raise WriteOutcomeUnknown(
+                    f"the connection was lost while appending {len(events)} event(s) to {pid!r} after sequence "
+                    f"number {expected}, and the database did not answer within {self.unknown_outcome_timeout}s "
+                    f"to tell whether they were written ({last.__class__.__name__}). Check with "
+                    f"load({pid.partition('|')[2]!r}) before sending the command again"
+                ) from last
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _written_by_us(self, pid: str, seq_nr: int) -> bool:
+        """Was ``seq_nr`` of ``pid`` written by this Journal? While we hold the entity's lock, no other
+        thread of this process appends to it, and writer ids are unique per Journal."""
+        slice_ = slice_for_persistence_id(pid)
+        sql = WRITER_OF.format(table=self.journal.dialect.event_table(slice_))
+        with self.journal.connection() as conn:
+            row = conn.execute(sql, (pid, slice_, seq_nr)).fetchone()
+        return row is not None and row[0] == self.journal.writer_id
+
+    def _maybe_snapshot(self, pid: str, before: int, after: int, state: S) -> None:
+        every = self.snapshot_every
+        if every is None or after // every == before // every:
+            return
+        try:
+            self.journal.save_snapshot(pid, after, self.entity.to_snapshot(state),
+                                       metadata=snapshot_metadata(self.entity))
+        except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
+            _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,
+                         exc.__class__.__name__, exc)
