@@ -12,6 +12,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate as migrations
+from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
@@ -85,6 +86,7 @@ class Journal:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             migrations.check_schema(conn)
+            check_bucket_size(conn, loaded.tag_bucket_size)
         journal = cls(resolved, loaded, serializers or SerializerRegistry())
         journal._pool.open(wait=False)
         return journal

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -10,6 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import InvalidArgument
+
+_UUID_FORM = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
 class _NoOffset:
@@ -116,11 +120,55 @@ class TimestampOffset:
         return cls(ts, read, seen)
 
 
-Offset = _NoOffset | TimestampOffset
+@dataclass(frozen=True, order=False)
+class TimeBasedUUID:
+    """A position in an ``events_by_tag`` stream: a version 1 TimeUUID (exclusive: the stream resumes after
+    it). Offsets compare in Cassandra's TimeUUID order; the string form is the UUID's."""
+
+    value: uuid.UUID
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, uuid.UUID) or self.value.version != 1:
+            raise InvalidArgument(f"TimeBasedUUID needs a version 1 (time-based) UUID, got {self.value!r}")
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        from .timeuuid import order_key
+
+        return order_key(self.value)
+
+    def __lt__(self, other: TimeBasedUUID) -> bool:
+        return self.key < other.key
+
+    def __le__(self, other: TimeBasedUUID) -> bool:
+        return self.key <= other.key
+
+    def __gt__(self, other: TimeBasedUUID) -> bool:
+        return self.key > other.key
+
+    def __ge__(self, other: TimeBasedUUID) -> bool:
+        return self.key >= other.key
+
+    @classmethod
+    def parse(cls, text: str) -> TimeBasedUUID:
+        try:
+            value = uuid.UUID(text.strip())
+        except (ValueError, AttributeError):
+            raise InvalidArgument(f"time-based UUID offset must look like 8f14e45f-ceea-11ef-8000-0123456789ab, "
+                                  f"got {text!r}") from None
+        return cls(value)
+
+
+Offset = _NoOffset | TimestampOffset | TimeBasedUUID
 
 
 def parse_offset(text: str) -> Offset:
-    """``none`` (or empty) for the start, else a :class:`TimestampOffset` string."""
+    """``none`` (or empty) for the start, a UUID for a :class:`TimeBasedUUID`, else a :class:`TimestampOffset`."""
     if text is None or text.strip().lower() in ("", "none", "nooffset"):
         return NoOffset
+    if _UUID_FORM.match(text.strip()):
+        return TimeBasedUUID.parse(text)
     return TimestampOffset.parse(text)

@@ -20,7 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, UUID
 
 metadata = MetaData()
 TIMESTAMPTZ = TIMESTAMP(timezone=True)
@@ -109,3 +109,61 @@ projection_management = Table(
 )
 
 CORE_TABLES = (event_journal, snapshot, projection_timestamp_offset_store, projection_management)
+
+# -- Cassandra-compatible tag path (revision 0002) -----------------------------------------------------
+# ``timestamp`` is the event's TimeUUID. PostgreSQL orders UUIDs bytewise, not in Cassandra's TimeUUID
+# order, so that order is kept in ``ts_time`` (100 ns ticks) and ``ts_lsb`` (low bytes as a signed key, see
+# pgjournal.timeuuid) and the key clusters on them where Cassandra clusters on ``timestamp``.
+tag_views = Table(
+    "tag_views",
+    metadata,
+    Column("tag_name", String(255), nullable=False),
+    Column("timebucket", BigInteger, nullable=False),
+    Column("ts_time", BigInteger, nullable=False),
+    Column("ts_lsb", BigInteger, nullable=False),
+    Column("timestamp", UUID(as_uuid=True), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("tag_pid_sequence_nr", BigInteger, nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    Column("writer_uuid", String(255), nullable=False),
+    Column("ser_id", Integer, nullable=False),
+    Column("ser_manifest", String(255), nullable=False),
+    Column("event_manifest", String(255), nullable=False, server_default=""),
+    Column("event", LargeBinary, nullable=False),
+    *_meta_columns(),
+    PrimaryKeyConstraint("tag_name", "timebucket", "ts_time", "ts_lsb", "persistence_id", "tag_pid_sequence_nr",
+                         name="tag_views_pkey"),
+)
+# A persistence id's rows in a tag: the gap search looks up exactly the missing numbers, and reconciliation
+# deletes a persistence id's tag view without scanning every bucket.
+Index("tag_views_pid_idx", tag_views.c.tag_name, tag_views.c.persistence_id, tag_views.c.tag_pid_sequence_nr)
+
+tag_write_progress = Table(
+    "tag_write_progress",
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("tag", String(255), nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    Column("tag_pid_sequence_nr", BigInteger, nullable=False),
+    Column("offset", UUID(as_uuid=True), nullable=False),
+    PrimaryKeyConstraint("persistence_id", "tag", name="tag_write_progress_pkey"),
+)
+
+tag_scanning = Table(
+    "tag_scanning",
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    PrimaryKeyConstraint("persistence_id", name="tag_scanning_pkey"),
+)
+
+# Settings fixed once tagged data exists (the bucket size).
+tag_settings = Table(
+    "tag_settings",
+    metadata,
+    Column("name", String(255), nullable=False),
+    Column("value", String(255), nullable=False),
+    PrimaryKeyConstraint("name", name="tag_settings_pkey"),
+)
+
+TAG_TABLES = (tag_views, tag_write_progress, tag_scanning, tag_settings)

@@ -30,8 +30,12 @@ class Settings:
     buffer_size: int = 1000
     #: Live queries poll at least this often.
     refresh_interval: float = 3.0
-    #: Live queries read only rows older than the database clock minus this.
+    #: Live queries read only rows older than the database clock minus this (portable mode; on PostgreSQL
+    #: the visibility horizon replaces it, see ``horizon_margin``).
     behind_current_time: float = 0.1
+    #: With the visibility horizon (PostgreSQL, not portable): the clock margin kept besides the oldest open
+    #: transaction, covering the instant between a transaction taking its timestamp and announcing it.
+    horizon_margin: float = 0.01
     backtracking_enabled: bool = True
     #: How far behind the main cursor backtracking re-reads.
     backtracking_window: float = 120.0
@@ -43,6 +47,25 @@ class Settings:
     writer_id: str = ""
     #: How often an append with ``expected_seq_nr=None`` or a serialization failure is tried again.
     append_retries: int = 5
+    # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
+    #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
+    tag_bucket_size: str = "Hour"
+    #: Where an events_by_tag query without offset starts: yyyyMMdd'T'HH:mm in UTC (Hour/Day: shorter forms).
+    tag_first_time_bucket: str = "20151120T00:00"
+    #: events_by_tag reads only events older than now minus this.
+    tag_eventual_consistency_delay: float = 5.0
+    #: How long events_by_tag searches for a missing tag sequence number before MissingEventsError.
+    tag_gap_timeout: float = 10.0
+    #: How long a persistence id met for the first time with a tag sequence number > 1 is searched for its
+    #: lower numbers (live queries started in the current bucket); 0: accept it at once.
+    tag_new_persistence_id_scan_timeout: float = 0.2
+    #: Short back track: every interval seconds, re-read the last period seconds behind the cursor.
+    tag_back_track_interval: float = 1.0
+    tag_back_track_period: float = 5.0
+    #: Long back track: every long interval seconds over the long period (seconds, or "max": from the start
+    #: of the previous bucket).
+    tag_back_track_long_interval: float = 120.0
+    tag_back_track_long_period: float | str = "max"
 
     def __post_init__(self) -> None:
         from .dialects import get_dialect
@@ -61,7 +84,8 @@ class Settings:
             self.append_retries < 0
         ):
             raise ConfigurationError(f"setting append_retries must be an integer >= 0, got {self.append_retries!r}")
-        durations = ("connect_timeout", "refresh_interval", "behind_current_time", "backtracking_window",
+        durations = ("connect_timeout", "refresh_interval", "behind_current_time", "horizon_margin",
+                     "backtracking_window",
                      "backtracking_behind_current_time")
         for name in durations:
             value = getattr(self, name)
@@ -69,9 +93,39 @@ class Settings:
                 raise ConfigurationError(f"setting {name} must be a number of seconds >= 0, got {value!r}")
         if self.refresh_interval <= 0:
             raise ConfigurationError(f"setting refresh_interval must be > 0 seconds, got {self.refresh_interval!r}")
+        self._check_tag_settings()
         if not isinstance(self.writer_id, str) or len(self.writer_id) > 255:
             raise ConfigurationError(f"setting writer_id must be a string of at most 255 characters, got "
                                      f"{self.writer_id!r}")
+
+    def _check_tag_settings(self) -> None:
+        from .buckets import BucketSize, parse_first_time_bucket
+
+        parse_first_time_bucket(self.tag_first_time_bucket, BucketSize.parse(self.tag_bucket_size))
+        tag_durations = ("tag_eventual_consistency_delay", "tag_gap_timeout", "tag_new_persistence_id_scan_timeout",
+                         "tag_back_track_interval", "tag_back_track_period", "tag_back_track_long_interval")
+        for name in tag_durations:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+                raise ConfigurationError(f"setting {name} must be a number of seconds >= 0, got {value!r}")
+        if self.tag_back_track_long_period_seconds is None and not (
+                isinstance(self.tag_back_track_long_period, str)
+                and self.tag_back_track_long_period.strip().lower() == "max"):
+            raise ConfigurationError(f"setting tag_back_track_long_period must be a number of seconds >= 0 or "
+                                     f"'max', got {self.tag_back_track_long_period!r}")
+
+    @property
+    def tag_back_track_long_period_seconds(self) -> float | None:
+        """The long back-track period in seconds; ``None`` for "max" (from the start of the previous bucket)."""
+        value = self.tag_back_track_long_period
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+            return None
+        return float(value)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -109,6 +109,10 @@ class EventWriter:
                           payloads=[e.payload for e in encoded])
         sql = insert_sql(self._journal.dialect.event_table(slice_), after_latest=expected_seq_nr is None,
                          single=len(encoded) == 1)
+        if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
+            from .tag_write import prepare
+
+            sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
         rows = self._execute(pid, sql, params)
         if self._after_commit is not None:
             self._after_commit(slice_, entity_type)
