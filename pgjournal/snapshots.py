@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .errors import InvalidArgument
 from .slices import entity_type_of, slice_for_persistence_id
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
@@ -32,7 +33,8 @@ SELECT = """
 SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, tags,
     meta_ser_id, meta_ser_manifest, meta_payload
 FROM snapshot WHERE persistence_id = %s AND seq_nr <= %s
-    AND (%s::timestamptz IS NULL OR db_timestamp <= %s::timestamptz)"""
+    AND (%s::timestamptz IS NULL
+         OR COALESCE(db_timestamp, to_timestamp(write_timestamp / 1000.0)) <= %s::timestamptz)"""
 DELETE = "DELETE FROM snapshot WHERE persistence_id = %s"
 
 
@@ -75,9 +77,12 @@ class SnapshotStore:
     def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
              max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
         """The stored snapshot if it meets the criteria (at most ``max_seq_nr``, taken at or before
-        ``max_timestamp``), else ``None``."""
+        ``max_timestamp``), else ``None``. The time of a snapshot is that of its event, or when it was saved
+        if that event was not found."""
         pid = check_persistence_id(persistence_id)
         max_seq = 2**63 - 1 if max_seq_nr is None else check_seq_nr(max_seq_nr, "max_seq_nr")
+        if max_timestamp is not None and (not isinstance(max_timestamp, datetime) or max_timestamp.tzinfo is None):
+            raise InvalidArgument(f"max_timestamp must be a timezone-aware datetime, got {max_timestamp!r}")
         with self._journal.connection() as conn:
             row = conn.execute(SELECT, (pid, max_seq, max_timestamp, max_timestamp)).fetchone()
         if row is None:
