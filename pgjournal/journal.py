@@ -14,10 +14,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from . import migrate as migrations
 from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
+from .by_slices import BySlices
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
 from .errors import DatabaseUnavailable
+from .horizon import can_see_all_transactions
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
 from .query import Query
@@ -52,6 +54,9 @@ class Journal:
         self.dialect: Dialect = get_dialect(settings.dialect)
         self.writer_id = settings.writer_id or uuid.uuid4().hex
         self.signals = Signals(dsn) if settings.uses_notifications else None
+        #: Live and current queries bound reads by the oldest open transaction (PostgreSQL, not portable,
+        #: and only when this role can see every session's transaction start).
+        self.uses_visibility_horizon = False
         self._pool = ConnectionPool(
             dsn,
             min_size=settings.pool_min_size,
@@ -63,6 +68,7 @@ class Journal:
         )
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
         self.by_pid = ByPersistenceId(self)
+        self.by_slices = BySlices(self)
         self.snapshots = SnapshotStore(self)
         self.query = Query(self)
 
@@ -87,7 +93,11 @@ class Journal:
                 migrations.upgrade(resolved, loaded.dialect)
             migrations.check_schema(conn)
             check_bucket_size(conn, loaded.tag_bucket_size)
+            sees_all = can_see_all_transactions(conn)
         journal = cls(resolved, loaded, serializers or SerializerRegistry())
+        journal.uses_visibility_horizon = (
+            not loaded.portable and journal.dialect.supports_visibility_horizon and sees_all
+        )
         journal._pool.open(wait=False)
         return journal
 

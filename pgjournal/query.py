@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .envelope import EventEnvelope
+from .offsets import NoOffset, Offset
 from .polling import LiveQuery
 
 if TYPE_CHECKING:
@@ -28,3 +29,16 @@ class Query:
 
     def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000) -> Iterator[str]:
         return self._journal.by_pid.persistence_ids(after, limit)
+
+    def current_events_by_slices(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+    ) -> Iterator[EventEnvelope]:
+        """Events of ``entity_type`` in slices ``min_slice..max_slice`` after ``offset``, up to the tail seen
+        when the query starts; each once, per persistence id in sequence order."""
+        return self._journal.by_slices.current(entity_type, min_slice, max_slice, offset)
+
+    def events_by_slices(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+    ) -> LiveQuery[EventEnvelope]:
+        """Like :meth:`current_events_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
+        return self._journal.by_slices.live(entity_type, min_slice, max_slice, offset)

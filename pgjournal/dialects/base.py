@@ -22,9 +22,12 @@ class Dialect:
 
     # -- queries -------------------------------------------------------------------------------------
 
-    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, list[int]]:
-        """SQL (with ``%s`` placeholders) that keeps ``slice`` in ``min_slice..max_slice``, and its params."""
-        return "slice BETWEEN %s AND %s", [min_slice, max_slice]
+    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, object]]:
+        """SQL (named placeholders) that keeps ``slice`` in ``min_slice..max_slice``, and its parameters.
+
+        ``BETWEEN`` lets PostgreSQL prune the slice-range partitions at plan time.
+        """
+        return "slice BETWEEN %(min_slice)s AND %(max_slice)s", {"min_slice": min_slice, "max_slice": max_slice}
 
     def event_table(self, slice_: int) -> str:
         """The table to read or write one persistence id's events in (its slice is known)."""

@@ -12,10 +12,9 @@ class CockroachDialect(Dialect):
     supports_notify = False
     supports_visibility_horizon = False
 
-    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, list[int]]:
-        # An IN list becomes one index span per slice instead of a filtered range.
-        slices = list(range(min_slice, max_slice + 1))
-        return f"slice IN ({', '.join(['%s'] * len(slices))})", slices
+    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, object]]:
+        # A list of slices becomes one index span per slice instead of a filtered range.
+        return "slice = ANY(%(slices)s)", {"slices": list(range(min_slice, max_slice + 1))}
 
     def create_table(self, table: Table) -> list[str]:
         statements = super().create_table(table)

@@ -1,0 +1,293 @@
+"""events_by_slices: the events of one entity type in a slice range, in (db_timestamp, seq_nr) order.
+
+The *main* cursor pages forward by ``(db_timestamp, seq_nr, persistence_id)`` up to a safe bound: on
+PostgreSQL the visibility horizon (start of the oldest open transaction, see :mod:`pgjournal.horizon`),
+so it never passes a transaction that may still commit; in portable mode the clock minus
+``behind_current_time``. A slower *backtracking* cursor re-reads a window behind it and finds events that
+committed after the main cursor passed their timestamp.
+
+Every envelope goes through one gate: per persistence id, an event is delivered once, and only after its
+predecessor. A duplicate is dropped; an event whose predecessor was not delivered yet has the missing
+events loaded by persistence id and delivered first (marked as backtracked). So a consumer sees each
+event exactly once, in sequence order per persistence id, even when transactions commit out of order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
+from .errors import InvalidArgument
+from .horizon import Horizon, read_horizon
+from .offsets import NoOffset, Offset, TimestampOffset
+from .polling import LiveQuery
+from .slices import check_slice_range
+from .validation import check_name
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .journal import Journal
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
+PAGE = """
+SELECT {columns} FROM event_journal
+WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
+  AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
+  AND NOT (db_timestamp = %(from_ts)s AND (
+        (seq_nr, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
+     OR seq_nr <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[]) AS s(pid, seq)
+                            WHERE s.pid = persistence_id), 0)))
+ORDER BY db_timestamp, seq_nr, persistence_id
+LIMIT %(limit)s"""
+# The predecessors of events whose persistence ids this query has not met yet.
+PREDECESSORS = """
+SELECT e.persistence_id, e.seq_nr, e.db_timestamp FROM event_journal AS e
+JOIN unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, slice, seq)
+  ON e.persistence_id = u.pid AND e.slice = u.slice AND e.seq_nr = u.seq - 1
+WHERE NOT e.deleted"""
+MISSING = f"""
+SELECT {EVENT_COLUMNS} FROM {{table}}
+WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr > %(after)s AND seq_nr < %(before)s
+  AND db_timestamp >= %(floor)s AND deleted = false
+ORDER BY seq_nr"""
+
+
+@dataclass
+class _Cursor:
+    """A position in (db_timestamp, seq_nr, persistence_id) order, plus what the offset says was consumed
+    at exactly ``ts``."""
+
+    ts: datetime
+    seen: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    last_pid: str = ""
+
+    def params(self) -> dict[str, Any]:
+        return {"from_ts": self.ts, "last_seq": self.last_seq, "last_pid": self.last_pid,
+                "seen_pids": list(self.seen), "seen_seqs": list(self.seen.values())}
+
+    def advance(self, pid: str, seq_nr: int, ts: datetime, *, track_seen: bool) -> None:
+        if ts != self.ts:
+            self.ts, self.seen = ts, {}
+        if track_seen:
+            self.seen[pid] = max(seq_nr, self.seen.get(pid, 0))
+        self.last_seq, self.last_pid = seq_nr, pid
+
+
+class SliceQuery:
+    """The state of one events_by_slices query: cursors, the delivered map and the gate."""
+
+    def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset) -> None:
+        self.journal = journal
+        self.settings = journal.settings
+        self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
+        check_slice_range(min_slice, max_slice)
+        slices_sql, self.slice_params = journal.dialect.slice_condition(min_slice, max_slice)
+        self.page_sql = PAGE.format(columns=EVENT_COLUMNS, slices=slices_sql)
+        self.start = _start_offset(offset)
+        self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
+        self.read_timestamp = self.start.read_timestamp or self.start.timestamp
+        #: Highest sequence number delivered per persistence id, with its timestamp (for eviction).
+        self.delivered: dict[str, tuple[int, datetime]] = {}
+        #: Persistence ids whose last delivery was before this were forgotten (they cannot come back).
+        self.forgotten_before = EPOCH
+        self.window = timedelta(seconds=self.settings.backtracking_window)
+        self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
+        self.use_horizon = journal.uses_visibility_horizon
+        # Backtracking state
+        self.backtracking: _Cursor | None = None
+        self.bt_until = EPOCH
+        self.bt_resume: datetime | None = None
+        self.idle_polls = 0
+        self.rows_since_backtracking = 0
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def horizon(self, conn: psycopg.Connection) -> Horizon:
+        behind = self.settings.horizon_margin if self.use_horizon else self.settings.behind_current_time
+        return read_horizon(conn, behind=behind, use_transactions=self.use_horizon,
+                            longest_transaction=self.settings.backtracking_behind_current_time)
+
+    def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime) -> list[tuple[Any, ...]]:
+        params = {"entity_type": self.entity_type, "until": until, "limit": self.settings.buffer_size,
+                  **self.slice_params, **cursor.params()}
+        # Never a generic plan: it cannot prune partitions or use the bounds, and was measured ~9x slower.
+        return conn.execute(self.page_sql, params, prepare=False).fetchall()
+
+    def main_page(self, source: Source) -> tuple[list[EventEnvelope], int]:
+        with self.journal.connection() as conn:
+            horizon = self.horizon(conn)
+            rows = self.fetch(conn, self.main, horizon.safe)
+            self.read_timestamp = horizon.now
+            out = self.gate(conn, rows, source, main=True)
+        self.after_main(len(rows), horizon)
+        return out, len(rows)
+
+    def backtracking_page(self) -> tuple[list[EventEnvelope], int]:
+        assert self.backtracking is not None
+        with self.journal.connection() as conn:
+            rows = self.fetch(conn, self.backtracking, self.bt_until)
+            out = self.gate(conn, rows, Source.BACKTRACKING, main=False)
+        if len(rows) < self.settings.buffer_size:
+            self.bt_resume = self.bt_until
+            self.backtracking = None
+        return out, len(rows)
+
+    # -- the gate ------------------------------------------------------------------------------------
+
+    def gate(self, conn: psycopg.Connection, rows: list[tuple[Any, ...]], source: Source, *, main: bool
+             ) -> list[EventEnvelope]:
+        """Deliver each row once, after its predecessor; advance the cursors."""
+        predecessors = self._predecessors_of_unknown(conn, rows)
+        out: list[EventEnvelope] = []
+        for row in rows:
+            slice_, pid, seq_nr, ts = row[0], row[2], row[3], row[4]
+            cursor = self.main if main else self.backtracking
+            assert cursor is not None
+            cursor.advance(pid, seq_nr, ts, track_seen=main)
+            if ts < self.start.timestamp or (ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0)):
+                continue  # consumed before this query started (only backtracking can meet these)
+            known = self.delivered.get(pid)
+            if known is not None and seq_nr <= known[0]:
+                continue  # a duplicate (backtracking, or a replayed gap)
+            after = known[0] if known is not None else self._delivered_up_to(pid, seq_nr, predecessors)
+            if after is None or seq_nr > after + 1:
+                out.extend(self._fill(conn, pid, slice_, after, seq_nr))
+            out.append(self._envelope(row, source))
+        return out
+
+    def _delivered_up_to(self, pid: str, seq_nr: int, predecessors: dict[str, tuple[int, datetime]]
+                         ) -> int | None:
+        """For a persistence id not met yet: the sequence number known delivered before this query (or
+        forgotten), ``None`` when its predecessor still has to be delivered."""
+        if seq_nr == 1 or pid not in predecessors:
+            return seq_nr - 1
+        prev_seq, prev_ts = predecessors[pid]
+        if prev_ts < max(self.start.timestamp, self.forgotten_before):
+            return prev_seq
+        if prev_ts == self.start.timestamp and self.start.seen.get(pid, 0) >= prev_seq:
+            return prev_seq
+        return None
+
+    def _predecessors_of_unknown(self, conn: psycopg.Connection, rows: list[tuple[Any, ...]]
+                                 ) -> dict[str, tuple[int, datetime]]:
+        first: dict[str, tuple[int, int]] = {}
+        for row in rows:
+            pid, seq_nr = row[2], row[3]
+            if seq_nr > 1 and pid not in self.delivered and pid not in first:
+                first[pid] = (row[0], seq_nr)
+        if not first:
+            return {}
+        params = {"pids": list(first), "slices": [s for s, _ in first.values()],
+                  "seqs": [q for _, q in first.values()]}
+        return {pid: (seq, ts) for pid, seq, ts in conn.execute(PREDECESSORS, params).fetchall()}
+
+    def _fill(self, conn: psycopg.Connection, pid: str, slice_: int, after: int | None, before: int
+              ) -> list[EventEnvelope]:
+        """Load and deliver the events of ``pid`` between what was delivered and ``before``."""
+        floor = EPOCH if after is not None else max(self.start.timestamp, self.forgotten_before)
+        params = {"pid": pid, "slice": slice_, "after": after or 0, "before": before, "floor": floor}
+        sql = MISSING.format(table=self.journal.dialect.event_table(slice_))
+        out = []
+        for row in conn.execute(sql, params).fetchall():
+            seq_nr, ts = row[3], row[4]
+            if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
+                continue  # consumed before this query started
+            out.append(self._envelope(row, Source.BACKTRACKING))
+        return out
+
+    def _envelope(self, row: tuple[Any, ...], source: Source) -> EventEnvelope:
+        pid, seq_nr, ts = row[2], row[3], row[4]
+        self.delivered[pid] = (seq_nr, ts)
+        offset = TimestampOffset(self.main.ts, self.read_timestamp, self.main.seen)
+        return envelope_from_row(row, self.journal.serializers, offset=offset, source=source)
+
+    # -- scheduling ----------------------------------------------------------------------------------
+
+    def after_main(self, rows: int, horizon: Horizon) -> None:
+        self.rows_since_backtracking += rows
+        self.idle_polls = self.idle_polls + 1 if rows == 0 else 0
+        self._forget(self.main.ts - self.window - self.bt_behind)
+        if not self.settings.backtracking_enabled or self.backtracking is not None:
+            return
+        behind = self.bt_resume is None or self.main.ts - self.bt_resume > self.window / 2
+        if self.idle_polls >= 5 or self.rows_since_backtracking >= 3 * self.settings.buffer_size or behind:
+            self.start_backtracking(horizon)
+
+    def start_backtracking(self, horizon: Horizon) -> None:
+        earliest = self.main.ts - self.window
+        start = earliest - self.bt_behind if self.bt_resume is None else max(self.bt_resume, earliest)
+        start = max(start, self.start.timestamp)
+        self.bt_until = min(self.main.ts + timedelta(microseconds=1), horizon.now - self.bt_behind)
+        if start >= self.bt_until:
+            return
+        self.backtracking = _Cursor(start)
+        self.idle_polls = self.rows_since_backtracking = 0
+
+    def _forget(self, before: datetime) -> None:
+        if before <= self.forgotten_before:
+            return
+        self.delivered = {pid: v for pid, v in self.delivered.items() if v[1] >= before}
+        self.forgotten_before = before
+
+
+def _start_offset(offset: Offset) -> TimestampOffset:
+    if offset is NoOffset or offset is None:
+        return TimestampOffset(EPOCH)
+    if isinstance(offset, TimestampOffset):
+        return offset
+    raise InvalidArgument(f"events_by_slices takes NoOffset or a TimestampOffset, got {offset!r}")
+
+
+class BySlices:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                ) -> Iterator[EventEnvelope]:
+        """Events up to the safe bound seen when the query starts, then one backtracking pass."""
+        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
+        with self._journal.connection() as conn:
+            horizon = query.horizon(conn)
+        return self._current(query, horizon)
+
+    def _current(self, query: SliceQuery, horizon: Horizon) -> Iterator[EventEnvelope]:
+        buffer_size = self._journal.settings.buffer_size
+        while True:
+            with self._journal.connection() as conn:
+                rows = query.fetch(conn, query.main, horizon.safe)
+                query.read_timestamp = horizon.now
+                page = query.gate(conn, rows, Source.QUERY, main=True)
+            query._forget(query.main.ts - query.window - query.bt_behind)
+            yield from page
+            if len(rows) < buffer_size:
+                break
+        if not self._journal.settings.backtracking_enabled:
+            return
+        # Late commits below the bound that the main pages passed: one backtracking pass catches them.
+        query.backtracking = _Cursor(max(query.start.timestamp, query.main.ts - query.window - query.bt_behind))
+        query.bt_until = horizon.safe
+        while query.backtracking is not None:
+            page, _ = query.backtracking_page()
+            yield from page
+
+    def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+             ) -> LiveQuery[EventEnvelope]:
+        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
+
+        def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
+            if query.backtracking is None:
+                return query.main_page(Source.NOTIFIED if notified else Source.QUERY)
+            late, rows = query.backtracking_page()
+            if query.backtracking is not None:
+                return late, rows
+            fresh, rows = query.main_page(Source.NOTIFIED if notified else Source.QUERY)
+            return late + fresh, rows
+
+        return self._journal.live_query(poll, entity_types={entity_type})
