@@ -41,7 +41,8 @@ NoOffset = _NoOffset()
 
 def format_timestamp(ts: datetime) -> str:
     """ISO 8601 in UTC with microseconds and a ``Z``: ``2026-11-21T16:01:02.123456Z``."""
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat, not strftime: strftime("%Y") does not zero-pad years before 1000, which parse would reject.
+    return ts.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_timestamp(text: str, what: str = "timestamp") -> datetime:
@@ -167,8 +168,10 @@ Offset = _NoOffset | TimestampOffset | TimeBasedUUID
 
 def parse_offset(text: str) -> Offset:
     """``none`` (or empty) for the start, a UUID for a :class:`TimeBasedUUID`, else a :class:`TimestampOffset`."""
-    if text is None or text.strip().lower() in ("", "none", "nooffset"):
+    if text is None or (isinstance(text, str) and text.strip().lower() in ("", "none", "nooffset")):
         return NoOffset
+    if not isinstance(text, str):
+        raise InvalidArgument(f"offset must be a string, got {type(text).__name__} {text!r}")
     if _UUID_FORM.match(text.strip()):
         return TimeBasedUUID.parse(text)
     return TimestampOffset.parse(text)
