@@ -10,6 +10,7 @@ from .offsets import NoOffset, Offset
 from .polling import LiveQuery
 
 if TYPE_CHECKING:
+    from .by_tag import TagEnvelope
     from .journal import Journal
 
 
@@ -42,3 +43,16 @@ class Query:
     ) -> LiveQuery[EventEnvelope]:
         """Like :meth:`current_events_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
         return self._journal.by_slices.live(entity_type, min_slice, max_slice, offset)
+
+    def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
+        """Events tagged ``tag`` after ``offset`` (a :class:`~pgjournal.offsets.TimeBasedUUID` or ``NoOffset``:
+        from ``tag_first_time_bucket``) up to now minus ``tag_eventual_consistency_delay``; Cassandra semantics."""
+        from .by_tag import ByTag
+
+        return ByTag(self._journal).current(tag, offset)
+
+    def events_by_tag(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
+        """Like :meth:`current_events_by_tag`, but keeps polling; ``close()`` (or ``with``) stops it."""
+        from .by_tag import ByTag
+
+        return ByTag(self._journal).live(tag, offset)

@@ -1,0 +1,409 @@
+"""``events_by_tag``: the Cassandra plugin's events-by-tag semantics on the ``tag_views`` table.
+
+The stream reads rows in TimeUUID order (Cassandra's: ``ts_time, ts_lsb``) across the time buckets from
+the offset (exclusive) or from ``tag_first_time_bucket``, and only rows older than the upper bound:
+``now - tag_eventual_consistency_delay`` (on PostgreSQL, outside portable mode, also no later than the start
+of the oldest open transaction minus that delay, so a commit held open is waited for instead of passed).
+One keyset query walks every bucket up to the current one, so empty buckets cost nothing.
+
+Per persistence id the stream remembers the last ``tag_pid_sequence_nr`` delivered and so delivers each
+event once and per persistence id in order:
+
+* a lower number is a duplicate and dropped;
+* a higher one than expected is a gap: the missing numbers are looked up (by an index on
+  ``(tag_name, persistence_id, tag_pid_sequence_nr)``, never before the query's start offset) and delivered
+  first; while any is missing the stream waits, and after ``tag_gap_timeout`` fails with
+  :class:`MissingTaggedEventsError` naming tag, persistence id and numbers (more than 5000 missing: at once);
+* a persistence id met for the first time must start at 1 for a query from ``NoOffset``. With an offset its
+  first number is accepted when the row's bucket is in the past (or the scan timeout is 0); in the current
+  bucket its lower numbers are searched for ``tag_new_persistence_id_scan_timeout``, then it is accepted.
+  A query starting in the current bucket first scans it once for each persistence id's lowest number.
+
+Back tracking re-reads, every ``tag_back_track_interval``, the last ``tag_back_track_period`` behind the
+cursor, and every ``tag_back_track_long_interval`` the ``tag_back_track_long_period`` ("max": from the start
+of the previous bucket), without payloads; rows the stream has not delivered (late commits) are loaded and
+delivered. Each envelope's ``offset`` is the stream position after it (a late event carries the cursor's
+position, not its own older TimeUUID), so resuming from any offset neither repeats nor skips what the
+cursor had passed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from .buckets import BucketSize, parse_first_time_bucket
+from .envelope import Source
+from .errors import InvalidArgument, MissingEventsError, SerializationError
+from .horizon import visibility_horizon
+from .offsets import NoOffset, Offset, TimeBasedUUID
+from .polling import LiveQuery
+from .slices import entity_type_of, slice_for_persistence_id
+from .tag_write import bucket_size
+from .timeuuid import UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
+from .validation import check_name
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+MAX_MISSING = 5000
+_MIN_LSB = -(2**63)
+_MAX_LSB = 2**63 - 1
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_COLUMNS = ("ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event, "
+            "meta_ser_id, meta_ser_manifest, meta_payload, writer_uuid")
+PAGE = f"""
+SELECT {_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND timebucket <= %s AND ts_time <= %s
+ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
+# Back tracking: keys only; the few rows the stream has not delivered are loaded by LOAD.
+KEYS = """
+SELECT ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr FROM tag_views
+WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND (timebucket, ts_time, ts_lsb) <= (%s, %s, %s)
+ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
+LOAD = f"""
+SELECT {_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr = ANY(%s)
+  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
+ORDER BY tag_pid_sequence_nr"""
+MISSING = f"""
+SELECT {_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr >= %s AND tag_pid_sequence_nr < %s
+  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
+ORDER BY tag_pid_sequence_nr"""
+LOWEST_IN_BUCKET = """
+SELECT persistence_id, min(tag_pid_sequence_nr) FROM tag_views
+WHERE tag_name = %s AND timebucket = %s AND (ts_time, ts_lsb) > (%s, %s)
+GROUP BY persistence_id"""
+
+
+class MissingTaggedEventsError(MissingEventsError):
+    """Tag sequence numbers of a persistence id stayed missing in an ``events_by_tag`` stream."""
+
+    def __init__(self, tag: str, persistence_id: str, missing: Sequence[int], reason: str) -> None:
+        self.tag = tag
+        self.persistence_id = persistence_id
+        self.missing = sorted(missing)
+        shown = ", ".join(map(str, self.missing[:20])) + (", ..." if len(self.missing) > 20 else "")
+        super().__init__(f"events_by_tag {tag!r}: persistence id {persistence_id!r} is missing tag_pid_sequence_nr "
+                         f"{shown} ({len(self.missing)} event(s)) {reason}")
+
+
+class TagEnvelope:
+    """An event read by tag. ``offset`` is where the stream stands after it (see the module docstring);
+    ``timestamp`` is the event's own TimeUUID and ``db_timestamp`` its time (the writer's clock)."""
+
+    __slots__ = ("_lsb", "_pos", "_ticks", "event", "metadata", "persistence_id", "seq_nr", "source", "tag",
+                 "tag_pid_sequence_nr", "writer_uuid")
+
+    def __init__(self, tag: str, persistence_id: str, seq_nr: int, tag_pid_sequence_nr: int, ticks: int, lsb: int,
+                 pos: tuple[int, int], event: Any, metadata: Any, writer_uuid: str, source: Source) -> None:
+        self.tag = tag
+        self.persistence_id = persistence_id
+        self.seq_nr = seq_nr
+        self.tag_pid_sequence_nr = tag_pid_sequence_nr
+        self._ticks = ticks
+        self._lsb = lsb
+        self._pos = pos
+        self.event = event
+        self.metadata = metadata
+        self.writer_uuid = writer_uuid
+        self.source = source
+
+    @property
+    def timestamp(self) -> uuid.UUID:
+        return from_key(self._ticks, self._lsb)
+
+    @property
+    def offset(self) -> TimeBasedUUID:
+        return TimeBasedUUID(from_key(*self._pos))
+
+    @property
+    def db_timestamp(self) -> datetime:
+        return _UNIX_EPOCH + timedelta(microseconds=(self._ticks - UUID_EPOCH_OFFSET) // 10)
+
+    @property
+    def slice(self) -> int:
+        return slice_for_persistence_id(self.persistence_id)
+
+    @property
+    def entity_type(self) -> str:
+        return entity_type_of(self.persistence_id)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return (self.tag,)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TagEnvelope):
+            return NotImplemented
+        return (self.tag, self.persistence_id, self.tag_pid_sequence_nr, self._ticks, self._lsb) == (
+            other.tag, other.persistence_id, other.tag_pid_sequence_nr, other._ticks, other._lsb)
+
+    def __hash__(self) -> int:
+        return hash((self.tag, self.persistence_id, self.tag_pid_sequence_nr))
+
+    def __repr__(self) -> str:
+        return (f"TagEnvelope(tag={self.tag!r}, persistence_id={self.persistence_id!r}, seq_nr={self.seq_nr}, "
+                f"tag_pid_sequence_nr={self.tag_pid_sequence_nr}, timestamp={self.timestamp}, "
+                f"event={self.event!r}, source={self.source.value})")
+
+
+@dataclass
+class _Gap:
+    """A persistence id whose next numbers are missing; ``pending`` rows wait behind them."""
+
+    pid: str
+    missing: set[int]
+    deadline: float
+    fail: bool  # gap (fail at the deadline) or a new persistence id's scan (accept at the deadline)
+    pending: list[tuple[Any, ...]]
+    waited: float
+
+
+def _ticks_of(dt: datetime) -> int:
+    return (dt - _UNIX_EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
+
+
+class TagStream:
+    """The state of one events_by_tag query; ``poll()`` returns the next envelopes."""
+
+    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool) -> None:
+        self._journal = journal
+        self._tag = check_name(tag, "tag")
+        settings = journal.settings
+        self._size: BucketSize = bucket_size(journal)
+        self._delay = settings.tag_eventual_consistency_delay
+        self._gap_timeout = settings.tag_gap_timeout
+        self._scan_timeout = settings.tag_new_persistence_id_scan_timeout
+        self._limit = settings.buffer_size
+        self._live = live
+        if offset is NoOffset or offset is None:
+            first = parse_first_time_bucket(settings.tag_first_time_bucket, self._size)
+            self._start = (ticks_of_ms(first) - 1, _MAX_LSB)
+            self._using_offset = False
+        elif isinstance(offset, TimeBasedUUID):
+            self._start = offset.key
+            self._using_offset = True
+        else:
+            raise InvalidArgument(f"events_by_tag needs a TimeBasedUUID offset or NoOffset, got {offset!r}")
+        self._pos: tuple[int, int] = self._start
+        self._seen: dict[str, int] = {}
+        self._gap: _Gap | None = None
+        now = time.monotonic()
+        self._next_short = now + settings.tag_back_track_interval
+        self._next_long = now + settings.tag_back_track_long_interval
+        self._short_interval = settings.tag_back_track_interval
+        self._long_interval = settings.tag_back_track_long_interval
+        self._short_period = settings.tag_back_track_period
+        self._long_period = settings.tag_back_track_long_period_seconds
+        self._upper: int | None = None  # fixed for a current query
+        self._initial_scan_done = False
+        self.exhausted = False
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _bucket(self, ticks: int) -> int:
+        return self._size.bucket_of(ms_of_ticks(ticks))
+
+    def _bound(self, key: tuple[int, int]) -> tuple[int, int, int]:
+        return self._bucket(key[0]), key[0], key[1]
+
+    def _upper_bound(self, conn: psycopg.Connection) -> int:
+        if self._upper is not None:
+            return self._upper
+        use_transactions = getattr(self._journal, "uses_visibility_horizon", False)
+        safe = visibility_horizon(conn, behind=0.0, use_transactions=use_transactions)
+        upper = _ticks_of(safe) - round(self._delay * 10_000_000)
+        if not self._live:
+            self._upper = upper
+        return upper
+
+    def _decode(self, row: Sequence[Any], pos: tuple[int, int], source: Source) -> TagEnvelope:
+        ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, meta_manifest, meta, writer = row
+        serializers = self._journal.serializers
+        try:
+            event = serializers.deserialize(ser_id, manifest, payload)
+            metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta)
+        except SerializationError:
+            where = f" of {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
+            event = serializers.deserialize(ser_id, manifest, payload, where=where)
+            metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta,
+                                                                             where=where)
+        return TagEnvelope(self._tag, pid, seq_nr, tag_seq, ticks, lsb, pos, event, metadata, writer, source)
+
+    def _in_current_bucket(self, ticks: int) -> bool:
+        return self._bucket(ticks) >= self._size.bucket_of(int(time.time() * 1000))
+
+    # -- delivery ------------------------------------------------------------------------------------
+
+    def _deliver_rows(self, rows: list[tuple[Any, ...]], source: Source, out: list[TagEnvelope]) -> None:
+        """Deliver rows of one pid in tag sequence order, skipping what was delivered already."""
+        for row in sorted(rows, key=lambda r: r[3]):
+            pid, tag_seq = row[2], row[3]
+            if tag_seq <= self._seen.get(pid, 0):
+                continue
+            key = (row[0], row[1])
+            if key > self._pos:
+                self._pos = key
+            self._seen[pid] = tag_seq
+            out.append(self._decode(row, self._pos, source))
+
+    def _missing_rows(self, conn: psycopg.Connection, pid: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
+        return conn.execute(MISSING, (self._tag, pid, lo, hi, *self._bound(self._start))).fetchall()
+
+    def _check_row(self, conn: psycopg.Connection, row: tuple[Any, ...], source: Source,
+                   out: list[TagEnvelope]) -> bool:
+        """Handle one row in stream order; False when the stream must wait (a gap is open)."""
+        pid, tag_seq = row[2], row[3]
+        last = self._seen.get(pid)
+        if last is not None:
+            if tag_seq <= last:
+                return True  # duplicate
+            if tag_seq == last + 1:
+                self._deliver_rows([row], source, out)
+                return True
+            return self._open_gap(conn, pid, last + 1, row, fail=True, timeout=self._gap_timeout, source=source,
+                                  out=out)
+        if tag_seq == 1:
+            self._deliver_rows([row], source, out)
+            return True
+        if self._using_offset and (self._scan_timeout == 0 or not self._in_current_bucket(row[0])):
+            self._seen[pid] = tag_seq - 1  # its earlier events are before the offset
+            self._deliver_rows([row], source, out)
+            return True
+        if self._using_offset:
+            return self._open_gap(conn, pid, 1, row, fail=False, timeout=self._scan_timeout, source=source, out=out)
+        return self._open_gap(conn, pid, 1, row, fail=True, timeout=self._gap_timeout, source=source, out=out)
+
+    def _open_gap(self, conn: psycopg.Connection, pid: str, first_missing: int, row: tuple[Any, ...], *, fail: bool,
+                  timeout: float, source: Source, out: list[TagEnvelope]) -> bool:
+        wanted = set(range(first_missing, row[3]))
+        if fail and len(wanted) > MAX_MISSING:
+            raise MissingTaggedEventsError(self._tag, pid, sorted(wanted),
+                                           f"(more than {MAX_MISSING} missing: not searched)")
+        self._gap = _Gap(pid, wanted, time.monotonic() + timeout, fail, [row], timeout)
+        return self._search_gap(conn, source, out)
+
+    def _search_gap(self, conn: psycopg.Connection, source: Source, out: list[TagEnvelope]) -> bool:
+        gap = self._gap
+        assert gap is not None
+        found = self._missing_rows(conn, gap.pid, min(gap.missing), max(gap.missing) + 1)
+        found = [r for r in found if r[3] in gap.missing]
+        gap.missing -= {r[3] for r in found}
+        gap.pending.extend(found)
+        if gap.missing and time.monotonic() < gap.deadline:
+            return False
+        if gap.missing and gap.fail:
+            self._gap = None
+            raise MissingTaggedEventsError(self._tag, gap.pid, sorted(gap.missing),
+                                           f"after waiting tag_gap_timeout ({gap.waited}s)")
+        # Found everything, or a new persistence id whose scan time is up: deliver from the lowest found.
+        self._gap = None
+        pending = sorted({r[3]: r for r in gap.pending}.values(), key=lambda r: r[3])
+        if gap.missing and pending:
+            self._seen.setdefault(gap.pid, pending[0][3] - 1)
+        self._deliver_rows(pending, source, out)
+        return True
+
+    # -- the main cursor and back tracking -----------------------------------------------------------
+
+    def _initial_scan(self, conn: psycopg.Connection) -> None:
+        """Starting from an offset in the current bucket: learn each persistence id's lowest number in it."""
+        self._initial_scan_done = True
+        if not (self._using_offset and self._live and self._scan_timeout > 0 and self._in_current_bucket(
+                self._start[0])):
+            return
+        rows = conn.execute(LOWEST_IN_BUCKET, (self._tag, self._bucket(self._start[0]), *self._start)).fetchall()
+        for pid, lowest in rows:
+            self._seen.setdefault(pid, lowest - 1)
+
+    def poll(self, notified: bool = False) -> tuple[list[TagEnvelope], int]:
+        out: list[TagEnvelope] = []
+        source = Source.NOTIFIED if notified else Source.QUERY
+        with self._journal.connection() as conn:
+            if not self._initial_scan_done:
+                self._initial_scan(conn)
+            if self._gap is not None and not self._search_gap(conn, Source.BACKTRACKING, out):
+                return out, 0
+            upper = self._upper_bound(conn)
+            if upper <= self._pos[0]:
+                self.exhausted = True
+                return out, 0
+            rows = conn.execute(PAGE, (self._tag, *self._bound(self._pos), self._bucket(upper), upper,
+                                       self._limit)).fetchall()
+            for row in rows:
+                if not self._check_row(conn, row, source, out):
+                    break  # a gap: wait, and re-read from here
+                key = (row[0], row[1])
+                if key > self._pos:
+                    self._pos = key
+            if len(rows) < self._limit and self._gap is None:
+                self.exhausted = True
+                if self._live:
+                    self._back_track(conn, out)
+        return out, len(rows)
+
+    def _back_track(self, conn: psycopg.Connection, out: list[TagEnvelope]) -> None:
+        now = time.monotonic()
+        period: float | None
+        if now >= self._next_long:
+            self._next_long = now + self._long_interval
+            self._next_short = now + self._short_interval
+            period = self._long_period
+        elif now >= self._next_short:
+            self._next_short = now + self._short_interval
+            period = self._short_period
+        else:
+            return
+        if period is None:  # "max": from the start of the previous bucket
+            start = (ticks_of_ms(self._bucket(self._pos[0]) - self._size.millis) - 1, _MAX_LSB)
+        else:
+            start = (self._pos[0] - round(period * 10_000_000), _MIN_LSB)
+        start = max(start, self._start)
+        end = self._pos
+        while start < end and self._gap is None:
+            keys = conn.execute(KEYS, (self._tag, *self._bound(start), *self._bound(end), self._limit)).fetchall()
+            late: dict[str, list[int]] = {}
+            for _ticks, _lsb, pid, tag_seq in keys:
+                if tag_seq > self._seen.get(pid, 0):
+                    late.setdefault(pid, []).append(tag_seq)
+            for pid, numbers in late.items():
+                rows = conn.execute(LOAD, (self._tag, pid, numbers, *self._bound(self._start))).fetchall()
+                for row in rows:
+                    if not self._check_row(conn, row, Source.BACKTRACKING, out):
+                        return  # a gap opened: the next poll continues the search
+            if len(keys) < self._limit:
+                return
+            start = (keys[-1][0], keys[-1][1])
+
+
+class ByTag:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def current(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
+        """Events with ``tag`` after ``offset`` up to now minus the eventual consistency delay (at start)."""
+        stream = TagStream(self._journal, tag, offset, live=False)
+        return self._drain(stream)
+
+    def _drain(self, stream: TagStream) -> Iterator[TagEnvelope]:
+        while True:
+            items, _rows = stream.poll()
+            yield from items
+            if stream.exhausted and stream._gap is None:
+                return
+            if not items and stream._gap is not None:
+                time.sleep(min(0.05, max(0.001, stream._gap.deadline - time.monotonic())))
+
+    def live(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
+        """Events with ``tag`` after ``offset``, polling for new ones until ``close()``."""
+        stream = TagStream(self._journal, tag, offset, live=True)
+        return self._journal.live_query(stream.poll, entity_types=None)
