@@ -1,0 +1,156 @@
+"""Torture: 8 writers (some holding their transaction open up to 2 s, so their events commit 'in the past'),
+live consumers on slice_ranges(4) and on the full range, restarted from their last offset at random. Every
+consumer must see every event of its range exactly once, in sequence order per persistence id."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+from pgjournal import ConcurrencyConflict, Journal, NoOffset, slice_for_persistence_id, slice_ranges
+from pgjournal.offsets import Offset
+from pgjournal.write import insert_sql
+
+from conftest import FAST
+
+ENTITY = "Torture"
+
+
+@dataclass
+class Consumer:
+    min_slice: int
+    max_slice: int
+    restarts: bool
+    delivered: list[tuple[str, int]] = field(default_factory=list)
+    offset: Offset = NoOffset
+    restart_count: int = 0
+    error: BaseException | None = None
+
+
+def fast_writer(journal: Journal, stop: threading.Event, rng: random.Random, pids: list[str]) -> None:
+    while not stop.is_set():
+        pid = rng.choice(pids)
+        try:
+            journal.append(pid, [{"w": "fast"}] * rng.randint(1, 3))
+        except ConcurrencyConflict:
+            pass
+        time.sleep(rng.uniform(0, 0.01))
+
+
+def slow_writer(dsn: str, stop: threading.Event, rng: random.Random, pids: list[str]) -> None:
+    """Own persistence ids; each append runs in a transaction held open 0-2 s before it commits."""
+    highest = dict.fromkeys(pids, 0)
+    with psycopg.connect(dsn) as conn:
+        while not stop.is_set():
+            pid = rng.choice(pids)
+            slice_ = slice_for_persistence_id(pid)
+            count = rng.randint(1, 3)
+            conn.execute("SELECT 1")  # the transaction and its CURRENT_TIMESTAMP start now
+            time.sleep(rng.uniform(0, 2.0))
+            conn.execute(insert_sql("event_journal", after_latest=False, single=False), {
+                "slice": slice_, "entity_type": ENTITY, "pid": pid, "writer": "slow", "tags": None,
+                "expected": highest[pid], "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
+                "ser_ids": [33] * count, "manifests": [""] * count, "payloads": [b'{"w":"slow"}'] * count})
+            conn.commit()
+            highest[pid] += count
+
+
+def consume(journal: Journal, consumer: Consumer, stop: threading.Event, rng: random.Random) -> None:
+    try:
+        while not stop.is_set():
+            live = journal.query.events_by_slices(ENTITY, consumer.min_slice, consumer.max_slice, consumer.offset)
+            run_for = rng.uniform(0.5, 2.5) if consumer.restarts else 10**6
+            timer = threading.Timer(run_for, live.close)
+            timer.start()
+            stopper = threading.Thread(target=lambda lv=live: (stop.wait(), lv.close()), daemon=True)
+            stopper.start()
+            for envelope in live:
+                consumer.delivered.append((envelope.persistence_id, envelope.seq_nr))
+                consumer.offset = envelope.offset
+            timer.cancel()
+            consumer.restart_count += 1
+    except BaseException as exc:  # reported by the test
+        consumer.error = exc
+
+
+def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
+    rng = random.Random(7)
+    restarts = settings.pop("restarts", True)
+    config = {**FAST, "buffer_size": 50, **settings}
+    with Journal.open(dsn, **config) as journal:
+        consumers = [Consumer(lo, hi, bool(restarts)) for lo, hi in slice_ranges(4)]
+        consumers.append(Consumer(0, 1023, bool(restarts)))
+        stop_writers, stop_consumers = threading.Event(), threading.Event()
+        threads = [threading.Thread(target=consume, args=(journal, c, stop_consumers, random.Random(i)))
+                   for i, c in enumerate(consumers)]
+        shared_pids = [f"{ENTITY}|fast-{i}" for i in range(40)]
+        threads += [threading.Thread(target=fast_writer, args=(journal, stop_writers, random.Random(100 + i),
+                                                                shared_pids)) for i in range(6)]
+        threads += [threading.Thread(target=slow_writer, args=(dsn, stop_writers, random.Random(200 + i),
+                                                                [f"{ENTITY}|slow-{i}-{k}" for k in range(5)]))
+                    for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop_writers.set()
+        for t in threads[len(consumers):]:
+            t.join(10)
+        with psycopg.connect(dsn) as conn:
+            written = conn.execute("SELECT persistence_id, seq_nr FROM event_journal WHERE entity_type = %s",
+                                   (ENTITY,)).fetchall()
+        expected = [{(p, s) for p, s in written if c.min_slice <= slice_for_persistence_id(p) <= c.max_slice}
+                    for c in consumers]
+        deadline = time.time() + 30
+        while time.time() < deadline and any(set(c.delivered) != e for c, e in zip(consumers, expected, strict=True)):
+            time.sleep(0.2)
+        stop_consumers.set()
+        for t in threads[: len(consumers)]:
+            t.join(10)
+    assert len(written) > 200, "the writers wrote too little to prove anything"
+    for consumer, wanted in zip(consumers, expected, strict=True):
+        assert consumer.error is None, consumer.error
+        label = f"consumer {consumer.min_slice}-{consumer.max_slice}"
+        assert len(consumer.delivered) == len(set(consumer.delivered)), f"{label} got duplicates"
+        missing = wanted - set(consumer.delivered)
+        assert not missing, f"{label} missed {len(missing)} events, e.g. {sorted(missing)[:5]}"
+        assert set(consumer.delivered) == wanted
+        last: dict[str, int] = {}
+        for pid, seq_nr in consumer.delivered:
+            assert seq_nr == last.get(pid, 0) + 1, f"{label}: {pid} seq {seq_nr} after {last.get(pid, 0)}"
+            last[pid] = seq_nr
+        if consumer.restarts:
+            assert consumer.restart_count >= 2
+    return consumers
+
+
+def test_torture_default_mode(dsn: str) -> None:
+    """PostgreSQL: the visibility horizon keeps the main cursor behind every open transaction (shorter than
+    backtracking_behind_current_time), so restarts from an offset are exact."""
+    run_torture(dsn, 8, backtracking_behind_current_time=3.0)
+
+
+def test_torture_portable_mode(dsn: str) -> None:
+    """Portable: exact across restarts when behind_current_time exceeds the longest writing transaction."""
+    run_torture(dsn, 8, portable=True, behind_current_time=2.5, backtracking_behind_current_time=3.0)
+
+
+def test_torture_portable_backtracking(dsn: str) -> None:
+    """Portable with a short behind_current_time: the main cursor passes open transactions and
+    backtracking must find their events; the gate keeps per-pid order. (No restarts: a restart treats
+    what lies before its offset as consumed.)"""
+    run_torture(dsn, 8, portable=True, behind_current_time=0.05, backtracking_behind_current_time=2.5,
+                restarts=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("portable", [False, True])
+def test_torture_long(dsn: str, portable: bool) -> None:
+    settings: dict[str, object] = {"backtracking_behind_current_time": 3.0}
+    if portable:
+        settings.update(portable=True, behind_current_time=2.5)
+    run_torture(dsn, 60, **settings)
