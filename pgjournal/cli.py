@@ -119,7 +119,7 @@ def events(
             pass
 
 
-def print_envelope(env: Any) -> None:
+def print_envelope(env: Any, *, with_offset: bool = False) -> None:
     event = env.event if not isinstance(env.event, bytes) else {"$bytes": env.event.hex()}
     record = {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
               "timestamp": format_timestamp(env.db_timestamp), "event": event}
@@ -127,6 +127,8 @@ def print_envelope(env: Any) -> None:
         record["tags"] = list(env.tags)
     if getattr(env, "source", "query") != "query":
         record["source"] = str(env.source)
+    if with_offset:
+        record["offset"] = str(env.offset)
     sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 
@@ -179,6 +181,32 @@ def slices(n: Annotated[int, typer.Argument(help="Number of ranges (a divisor of
     for i, (lo, hi) in enumerate(ranges):
         table.add_row(str(i), str(lo), str(hi), f"{lo}-{hi}")
     console.print(table)
+
+
+@app.command()
+def tail(
+    entity_type: Annotated[str, typer.Argument(help="Entity type (the text before | in persistence ids).")],
+    slices_range: Annotated[str, typer.Option("--slices", help="Slice range, e.g. 0-255.")] = "0-1023",
+    from_offset: Annotated[str | None, typer.Option("--from", help="Offset string or ISO timestamp.")] = None,
+    current: Annotated[bool, typer.Option("--current", help="Stop at the tail instead of following.")] = False,
+    portable: Annotated[bool, typer.Option(help="Portable mode (no PostgreSQL-only features).")] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Print the events of a slice range as JSON lines (with their offsets), following live."""
+    from .offsets import parse_offset
+    from .slices import parse_slice_range
+
+    with reported():
+        lo, hi = parse_slice_range(slices_range)
+        offset = parse_offset(from_offset or "")
+    with open_journal(dsn, portable=portable) as journal, reported():
+        query = journal.query
+        stream = (query.current_events_by_slices if current else query.events_by_slices)(entity_type, lo, hi, offset)
+        try:
+            for env in stream:
+                print_envelope(env, with_offset=True)
+        except KeyboardInterrupt:
+            pass
 
 
 @server_app.command("status")
