@@ -11,7 +11,10 @@ from .errors import ConfigurationError
 
 DSN_ENV = "PGJOURNAL_DSN"
 
-_URL_PASSWORD = re.compile(r"(?P<head>postgres(?:ql)?://[^:/@?#\s]*:)(?P<pw>[^@/?#\s]*)(?=@)")
+# libpq reads the password of a URL up to the '@' ('?' and '#' included); an unencoded '/' is masked too.
+_URL_PASSWORD = re.compile(r"(?P<head>postgres(?:ql)?://[^:/@?#\s]*:)(?P<pw>[^@\s]*)(?=@)")
+# The whole password-ish part of a (possibly malformed) URL DSN: up to its last '@'.
+_URL_SECRET = re.compile(r"^\s*postgres(?:ql)?://[^:/@?#\s]*:(?P<pw>.+)@", re.DOTALL)
 _KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&#\s]*)", re.IGNORECASE)
 
@@ -23,6 +26,18 @@ def mask_dsn(text: str) -> str:
     return text
 
 
+def redact(text: str, dsn: str) -> str:
+    """:func:`mask_dsn` of ``text``, also removing ``dsn``'s password where ``text`` quotes it on its own
+    (libpq's parse errors do: ``unexpected spaces found in "<password>"``)."""
+    secrets = [m.group("pw") for m in (_URL_SECRET.match(dsn),) if m]
+    secrets += [m.group("pw").strip("'") for pattern in (_KV_PASSWORD, _QUERY_PASSWORD)
+                for m in pattern.finditer(dsn)]
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 3:  # shorter ones would garble the message and protect nothing
+            text = text.replace(secret, "***")
+    return mask_dsn(text)
+
+
 def check_dsn(dsn: str) -> str:
     """Return ``dsn`` if libpq can parse it, else raise :class:`ConfigurationError` (password masked)."""
     if not isinstance(dsn, str) or not dsn.strip():
@@ -30,9 +45,9 @@ def check_dsn(dsn: str) -> str:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        reason = mask_dsn(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        reason = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, dsn)
         raise ConfigurationError(
-            f"malformed DSN {mask_dsn(dsn)!r}: {reason}; expected postgresql://user@host:port/db "
+            f"malformed DSN {redact(dsn, dsn)!r}: {reason}; expected postgresql://user@host:port/db "
             "or 'host=... dbname=...'"
         ) from None
     return dsn
