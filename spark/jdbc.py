@@ -1,0 +1,90 @@
+"""libpq DSNs (URL or ``key=value``) to a JDBC URL plus connection properties, password kept out of the URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import psycopg.conninfo
+
+from pgjournal.dsn import check_dsn, mask_dsn, resolve_dsn
+from pgjournal.errors import ConfigurationError
+
+# libpq keyword -> PgJDBC property (https://jdbc.postgresql.org/documentation/use/).
+_PROPERTY_NAMES = {
+    "user": "user",
+    "password": "password",
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+    "options": "options",
+    "target_session_attrs": "targetServerType",
+}
+# libpq keywords that have no JDBC meaning for a read; ignored rather than refused.
+_IGNORED = {"client_encoding", "fallback_application_name", "keepalives", "keepalives_idle",
+            "keepalives_interval", "keepalives_count", "gssencmode", "channel_binding"}
+_TARGET_TYPES = {"any": "any", "read-write": "primary", "primary": "primary", "read-only": "secondary",
+                 "standby": "secondary", "prefer-standby": "preferSecondary"}
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """A JDBC URL and the properties Spark passes to the driver (``user``, ``password``, ``sslmode``...)."""
+
+    url: str
+    properties: dict[str, str] = field(repr=False)
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if k == "password" else v) for k, v in self.properties.items()}
+        return f"JdbcTarget(url={self.url!r}, properties={shown!r})"
+
+    def options(self) -> dict[str, str]:
+        """``url`` and the properties as Spark ``DataFrameReader.option`` pairs (``driver`` included)."""
+        return {"url": self.url, **self.properties}
+
+
+def jdbc_target(dsn: str | None = None) -> JdbcTarget:
+    """Convert a libpq DSN (``postgresql://u:p@h:5432/db?sslmode=require`` or ``host=h dbname=db``) to JDBC.
+
+    ``None`` means the configured DSN or the embedded server. Unix-socket hosts are refused: the JDBC driver
+    needs TCP. Errors mask the password.
+    """
+    resolved = check_dsn(resolve_dsn(dsn))
+    params = psycopg.conninfo.conninfo_to_dict(resolved)
+    hosts = str(params.pop("host", "") or params.pop("hostaddr", "") or "localhost").split(",")
+    params.pop("hostaddr", None)
+    ports = str(params.pop("port", "") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        raise ConfigurationError(f"DSN {mask_dsn(resolved)!r} lists {len(hosts)} hosts but {len(ports)} ports")
+    for host in hosts:
+        if not host or host.startswith("/") or host.startswith("@"):
+            raise ConfigurationError(
+                f"DSN {mask_dsn(resolved)!r} uses a Unix socket ({host!r}); Spark's JDBC driver needs TCP: "
+                "give host=127.0.0.1 (or a host name) and a port"
+            )
+    for port in ports:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(f"DSN {mask_dsn(resolved)!r} has port {port!r}; expected 1..65535")
+    user = str(params.get("user") or "")
+    dbname = str(params.pop("dbname", "") or user or "postgres")
+    authority = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in zip(hosts, ports, strict=True))
+    url = f"jdbc:postgresql://{authority}/{quote(dbname, safe='')}"
+    properties: dict[str, str] = {"driver": "org.postgresql.Driver"}
+    for key, value in params.items():
+        if value is None or value == "" or key in _IGNORED:
+            continue
+        name = _PROPERTY_NAMES.get(key)
+        if name is None:
+            raise ConfigurationError(
+                f"DSN {mask_dsn(resolved)!r} has parameter {key!r}, which has no JDBC equivalent here; "
+                f"supported: host, port, dbname, {', '.join(sorted(_PROPERTY_NAMES))}"
+            )
+        if key == "target_session_attrs":
+            value = _TARGET_TYPES.get(str(value), str(value))
+        properties[name] = str(value)
+    return JdbcTarget(url, properties)

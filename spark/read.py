@@ -1,0 +1,220 @@
+"""Read ``event_journal`` into a DataFrame through Spark's JDBC source, one partition per slice range.
+
+Each slice range becomes one JDBC query (``slice BETWEEN a AND b ...``). On PostgreSQL ``event_journal``
+is partitioned by slice range (see :mod:`pgjournal.dialects.postgres`), so a range reads only its own
+partitions instead of the whole heap. Spark's JDBC source takes predicates as SQL text, not bound
+parameters: every value placed in them is validated here and quoted by psycopg's literal quoting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+from psycopg import sql
+
+from pgjournal.errors import ConfigurationError, InvalidArgument
+from pgjournal.offsets import parse_timestamp
+from pgjournal.serialization import JSON_SER_ID
+from pgjournal.slices import check_slice_range
+from pgjournal.slices import slice_ranges as split_slices
+from pgjournal.validation import MAX_NAME_LENGTH
+
+from .jdbc import JdbcTarget, jdbc_target
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+#: The columns ``read_events`` returns (then ``event``, the decoded JSON payload, when decoding).
+EVENT_COLUMNS = ("slice", "entity_type", "persistence_id", "seq_nr", "db_timestamp", "writer", "tags",
+                 "event_ser_id", "event_ser_manifest", "event_payload")
+DEFAULT_FETCH_SIZE = 10_000
+
+SliceRanges = int | Sequence[tuple[int, int]]
+
+
+def resolve_slice_ranges(slice_ranges: SliceRanges) -> list[tuple[int, int]]:
+    """``4`` -> four equal ranges; a list of ``(min, max)`` pairs is checked (in range, not overlapping)."""
+    if isinstance(slice_ranges, int) and not isinstance(slice_ranges, bool):
+        return split_slices(slice_ranges)
+    if isinstance(slice_ranges, str | bytes) or not isinstance(slice_ranges, Sequence) or not slice_ranges:
+        raise InvalidArgument(f"slice_ranges must be a divisor of 1024 or a non-empty list of (min_slice, "
+                              f"max_slice) pairs, got {slice_ranges!r}")
+    ranges: list[tuple[int, int]] = []
+    for item in slice_ranges:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidArgument(f"slice range must be a (min_slice, max_slice) pair, got {item!r}")
+        check_slice_range(item[0], item[1])
+        ranges.append((item[0], item[1]))
+    ordered = sorted(ranges)
+    for (_, hi), (lo, _) in pairwise(ordered):
+        if lo <= hi:
+            raise InvalidArgument(f"slice ranges overlap at slice {lo}: {slice_ranges!r}")
+    return ranges
+
+
+def time_bound(value: datetime | str | None, what: str) -> datetime | None:
+    """A timezone-aware datetime (or ISO 8601 text with a zone) as UTC; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_timestamp(value, what)
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidArgument(f"{what} must be a timezone-aware datetime or ISO 8601 text, got {value!r}")
+    return value.astimezone(UTC)
+
+
+def literal(value: object) -> str:
+    """``value`` as an SQL literal (psycopg's quoting; timestamps cast to ``timestamptz``)."""
+    if isinstance(value, datetime):
+        return f"{sql.Literal(value.isoformat()).as_string()}::timestamptz"
+    return sql.Literal(value).as_string()
+
+
+def check_entity_type(entity_type: str | None) -> str | None:
+    if entity_type is None:
+        return None
+    if not isinstance(entity_type, str) or not entity_type or len(entity_type) > MAX_NAME_LENGTH or (
+        "\x00" in entity_type
+    ):
+        raise InvalidArgument(f"entity_type must be a non-empty string of at most {MAX_NAME_LENGTH} characters "
+                              f"without NUL, got {entity_type!r}")
+    return entity_type
+
+
+def table_name(table: str) -> str:
+    """Quote ``table`` or ``schema.table`` as identifiers, so a name cannot carry SQL."""
+    parts = table.split(".") if isinstance(table, str) else []
+    if not 1 <= len(parts) <= 2 or not all(parts) or any(len(p) > 63 or "\x00" in p for p in parts):
+        raise InvalidArgument(f"table must be a name like event_journal or akka.event_journal, got {table!r}")
+    return sql.Identifier(*parts).as_string()
+
+
+def predicates(
+    ranges: Sequence[tuple[int, int]],
+    *,
+    entity_type: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    lower_bounds: Sequence[datetime | None] | None = None,
+    include_deleted: bool = False,
+) -> list[str]:
+    """One WHERE clause per slice range; ``lower_bounds[i]`` (inclusive) overrides ``since`` for range i."""
+    common = [] if include_deleted else ["NOT deleted"]
+    if entity_type is not None:
+        common.append(f"entity_type = {literal(entity_type)}")
+    if until is not None:
+        common.append(f"db_timestamp < {literal(until)}")
+    clauses = []
+    for i, (lo, hi) in enumerate(ranges):
+        parts = [f"slice BETWEEN {int(lo)} AND {int(hi)}", *common]
+        lower = lower_bounds[i] if lower_bounds is not None else since
+        if lower is not None:
+            parts.append(f"db_timestamp >= {literal(lower)}")
+        clauses.append(" AND ".join(parts))
+    return clauses
+
+
+def jdbc_frame(
+    spark: SparkSession,
+    target: JdbcTarget,
+    table: str,
+    where: Sequence[str],
+    *,
+    fetch_size: int = DEFAULT_FETCH_SIZE,
+) -> DataFrame:
+    """The raw journal rows: one JDBC partition per clause in ``where``, the columns of :data:`EVENT_COLUMNS`."""
+    from pyspark.sql import functions as F
+
+    if isinstance(fetch_size, bool) or not isinstance(fetch_size, int) or fetch_size < 1:
+        raise InvalidArgument(f"fetch_size must be a positive integer, got {fetch_size!r}")
+    properties = {**target.properties, "fetchsize": str(fetch_size)}
+    frame = spark.read.jdbc(target.url, table_name(table), predicates=list(where), properties=properties)
+    missing = [c for c in EVENT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ConfigurationError(f"table {table!r} lacks column(s) {', '.join(missing)}: expected the "
+                                 "event_journal layout of pgjournal / Akka Persistence R2DBC")
+    empty_tags = F.array().cast("array<string>")
+    return frame.select(
+        *[F.coalesce(F.col("tags"), empty_tags).alias("tags") if c == "tags" else F.col(c) for c in EVENT_COLUMNS]
+    )
+
+
+def payload_json(frame: DataFrame) -> Column:
+    """The payload as JSON text where it is JSON (``event_ser_id`` 33), else null."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("event_ser_id") == JSON_SER_ID, F.col("event_payload").cast("string"))
+
+
+def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0) -> StructType:
+    """The schema Spark's JSON reader infers over the JSON payloads of ``frame`` (one pass over the rows)."""
+    if not isinstance(sampling_ratio, int | float) or not 0 < sampling_ratio <= 1:
+        raise InvalidArgument(f"sampling_ratio must be in (0, 1], got {sampling_ratio!r}")
+    texts = frame.select(payload_json(frame).alias("value")).where("value IS NOT NULL")
+    return frame.sparkSession.read.option("samplingRatio", sampling_ratio).json(texts).schema
+
+
+def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = None, *,
+                    sampling_ratio: float = 1.0) -> DataFrame:
+    """Add ``event``: the JSON payload decoded to a struct by ``payload_schema`` (a StructType or DDL text
+    like ``"item STRING, qty INT"``), or by the schema inferred from the payloads when ``None``.
+
+    Non-JSON payloads (and JSON that does not fit) give a null ``event``. When no JSON payload exists to infer
+    from, no ``event`` column is added (Parquet cannot store an empty struct).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    if payload_schema is None:
+        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio)
+    elif isinstance(payload_schema, StructType):
+        schema = payload_schema
+    elif isinstance(payload_schema, str):
+        try:
+            parsed = StructType.fromDDL(payload_schema)
+        except Exception as exc:  # pyspark raises its own parse errors
+            raise InvalidArgument(f"payload_schema {payload_schema!r} is not a Spark DDL schema like "
+                                  f"'item STRING, qty INT': {str(exc).splitlines()[0]}") from None
+        schema = parsed
+    else:
+        raise InvalidArgument(f"payload_schema must be a StructType, DDL text or None, got {payload_schema!r}")
+    if not schema.fields:
+        return frame
+    return frame.withColumn("event", F.from_json(payload_json(frame), schema))
+
+
+def read_events(
+    spark: SparkSession,
+    dsn: str | None = None,
+    entity_type: str | None = None,
+    slice_ranges: SliceRanges = 4,
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+    payload_schema: StructType | str | None = None,
+    *,
+    decode: bool = True,
+    table: str = "event_journal",
+    include_deleted: bool = False,
+    fetch_size: int = DEFAULT_FETCH_SIZE,
+    sampling_ratio: float = 1.0,
+) -> DataFrame:
+    """The journal's events as a DataFrame with one partition per slice range.
+
+    Columns: :data:`EVENT_COLUMNS` (``db_timestamp`` a timestamp, shown in UTC by sessions from
+    :func:`spark.session.spark_session`; ``tags`` an ``array<string>``, empty when none) and, with ``decode``,
+    ``event``: the JSON payload as a struct. ``since`` is inclusive, ``until`` exclusive. ``table`` may
+    name an Akka Persistence R2DBC journal (same columns). ``dsn`` ``None``: ``$PGJOURNAL_DSN`` or the
+    embedded server.
+    """
+    ranges = resolve_slice_ranges(slice_ranges)
+    lower, upper = time_bound(since, "since"), time_bound(until, "until")
+    if lower is not None and upper is not None and lower >= upper:
+        raise InvalidArgument(f"since ({lower.isoformat()}) must be earlier than until ({upper.isoformat()})")
+    where = predicates(ranges, entity_type=check_entity_type(entity_type), since=lower, until=upper,
+                       include_deleted=include_deleted)
+    frame = jdbc_frame(spark, jdbc_target(dsn), table, where, fetch_size=fetch_size)
+    return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio) if decode else frame

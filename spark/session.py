@@ -1,0 +1,176 @@
+"""A local SparkSession that can talk to PostgreSQL: Java found, JDBC jar found, quiet, sized for a small machine.
+
+The jar comes from ``$PGJOURNAL_JDBC_JAR``, else Debian's ``libpostgresql-jdbc-java``
+(``/usr/share/java/postgresql.jar``), else ``spark.jars.packages`` when Maven Central is reachable.
+Anything missing raises :class:`~pgjournal.errors.ConfigurationError` that says how to install it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pgjournal.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JAR_ENV = "PGJOURNAL_JDBC_JAR"
+DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
+MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.4"
+MAVEN_HOST = ("repo1.maven.org", 443)
+
+INSTALL_JAVA = "install Java 17 or newer (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME"
+INSTALL_JAR = (
+    "install the PostgreSQL JDBC driver (Debian/Ubuntu: apt-get install -y libpostgresql-jdbc-java, which provides "
+    f"{DEBIAN_JAR}) or set {JAR_ENV} to the path of postgresql-<version>.jar"
+)
+INSTALL_PYSPARK = "install PySpark: pip install 'pgjournal[spark]' (pyspark and pyarrow)"
+
+# Only errors from Spark and its libraries. The repl logger with its own appender at the root's level keeps
+# PySpark from printing its "Setting default log level" banner.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.repl.additivity = false
+logger.repl.appenderRef.stderr.ref = console
+"""
+
+
+@dataclass(frozen=True)
+class JdbcJar:
+    """Where the driver comes from: a local ``path`` or a Maven ``package`` coordinate."""
+
+    path: str | None = None
+    package: str | None = None
+
+    def describe(self) -> str:
+        return self.path or f"{self.package} (from Maven)"
+
+
+def find_java() -> str:
+    """The ``java`` executable Spark will start (``$JAVA_HOME/bin/java``, else ``java`` on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        candidate = Path(home) / "bin" / "java"
+        if candidate.is_file():
+            return str(candidate)
+        raise ConfigurationError(f"JAVA_HOME={home!r} has no bin/java: {INSTALL_JAVA}")
+    found = shutil.which("java")
+    if found is None:
+        raise ConfigurationError(f"Spark needs Java, and no java was found on PATH: {INSTALL_JAVA}")
+    return found
+
+
+def java_version(java: str) -> int:
+    """The major version of ``java`` (17 for ``openjdk version "17.0.15"``)."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ConfigurationError(f"could not run {java} -version ({exc}): {INSTALL_JAVA}") from None
+    for token in out.split('"')[1::2]:
+        head = token.split(".")[0]
+        if head.isdigit():
+            return int(head) if head != "1" else int(token.split(".")[1])
+    raise ConfigurationError(f"could not read the Java version from {out.strip()!r}: {INSTALL_JAVA}")
+
+
+def _maven_reachable(timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection(MAVEN_HOST, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_jdbc_jar(*, allow_maven: bool = True) -> JdbcJar:
+    """``$PGJOURNAL_JDBC_JAR``, else Debian's jar, else the Maven coordinate (if Maven Central answers)."""
+    configured = os.environ.get(JAR_ENV)
+    if configured:
+        if not Path(configured).is_file():
+            raise ConfigurationError(f"{JAR_ENV}={configured!r} is not a file: {INSTALL_JAR}")
+        return JdbcJar(path=str(Path(configured).resolve()))
+    if DEBIAN_JAR.is_file():
+        return JdbcJar(path=str(DEBIAN_JAR))
+    if allow_maven and _maven_reachable():
+        return JdbcJar(package=MAVEN_COORDINATE)
+    raise ConfigurationError(f"no PostgreSQL JDBC driver found and Maven Central is not reachable: {INSTALL_JAR}")
+
+
+def check_spark_available() -> tuple[str, JdbcJar]:
+    """Raise :class:`ConfigurationError` unless PySpark, Java 17+ and a JDBC jar are all there."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(f"PySpark is not installed: {INSTALL_PYSPARK}") from None
+    java = find_java()
+    version = java_version(java)
+    if version < 17:
+        raise ConfigurationError(f"Spark 4 needs Java 17 or newer, found Java {version} at {java}: {INSTALL_JAVA}")
+    return java, find_jdbc_jar()
+
+
+def _log_config() -> str:
+    path = Path(tempfile.gettempdir()) / f"pgjournal-spark-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_LOG4J2)
+        tmp.replace(path)
+    return str(path)
+
+
+def spark_session(
+    app_name: str = "pgjournal",
+    *,
+    master: str = "local[2]",
+    driver_memory: str = "1g",
+    shuffle_partitions: int = 4,
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Get or create a SparkSession ready for :func:`spark.read.read_events`.
+
+    Python workers run on this interpreter; the session time zone is UTC; logs show errors only; the UI is
+    off; memory and shuffle partitions suit a 2-core machine. Settings apply only when this call starts
+    the JVM: an existing session is returned as it is (with the JDBC jar check still done).
+    """
+    java, jar = check_spark_available()
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if "JAVA_HOME" not in os.environ:
+        os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
+    java_options = f"-Dlog4j2.configurationFile=file:{_log_config()} -Duser.timezone=UTC"
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.driver.extraJavaOptions", java_options)
+        .config("spark.executor.extraJavaOptions", java_options)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    )
+    builder = builder.config("spark.jars", jar.path) if jar.path else builder.config("spark.jars.packages",
+                                                                                      jar.package or "")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
