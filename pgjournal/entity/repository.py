@@ -167,10 +167,20 @@ class EntityRepository(Generic[S]):
         attempt = 0
         while True:
             current = self._cache.get(pid)
+            cached = current is not None
             if current is None:
                 current = recover(self.journal, self.entity, pid)
-            effect = effect_of(self.entity, command, self.entity.handle(current.state, command))
+            try:
+                effect = effect_of(self.entity, command, self.entity.handle(current.state, command))
+            except Exception:
+                # A refusal is only as good as the state it was decided on: a cached state may be stale
+                # when other processes write, and no append would tell. Decide again on the stored state.
+                if cached and self._moved_on(pid, current.seq_nr):
+                    continue
+                raise
             if not effect.events:
+                if cached and self._moved_on(pid, current.seq_nr):
+                    continue  # a read must not answer from a stale cache either
                 self._cache.put(pid, current)
                 return CommandResult(entity_id, effect.reply, current.state, current.seq_nr)
             state = current.state
@@ -190,6 +200,13 @@ class EntityRepository(Generic[S]):
             self._cache.put(pid, Recovered(state, seq_nr))
             self._maybe_snapshot(pid, current.seq_nr, seq_nr, state)
             return CommandResult(entity_id, effect.reply, state, seq_nr, effect.events)
+
+    def _moved_on(self, pid: str, seq_nr: int) -> bool:
+        """Did another writer append to ``pid`` after ``seq_nr``? If so, forget the cached state."""
+        if self.journal.highest_seq_nr(pid) == seq_nr:
+            return False
+        self._cache.drop(pid)
+        return True
 
     def _append(self, pid: str, events: Iterable[Any], expected: int) -> None:
         """Append, or raise: ConcurrencyConflict (someone else's events are there: nothing of ours written),
