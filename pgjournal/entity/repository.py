@@ -110,6 +110,8 @@ class EntityRepository(Generic[S]):
         shared = _shared_for(journal)
         self._locks = shared.locks
         self.breaker = breaker if breaker is not None else shared.breaker
+        self._counts = {"conflicts": 0, "stale_cache": 0, "unknown_outcomes": 0, "snapshots": 0}
+        self._counts_lock = threading.Lock()
         for cls in self.entity.types:
             journal.serializers.register(cls, f"{self.name}.{cls.__name__}")
 
@@ -159,7 +161,13 @@ class EntityRepository(Generic[S]):
 
     def status(self) -> dict[str, object]:
         """Cache fill and breaker state, for logs and health checks."""
-        return {"entity": self.name, "cached": len(self._cache), "breaker": self.breaker.status()}
+        with self._counts_lock:
+            counts = dict(self._counts)
+        return {"entity": self.name, "cached": len(self._cache), **counts, "breaker": self.breaker.status()}
+
+    def _count(self, what: str) -> None:
+        with self._counts_lock:
+            self._counts[what] += 1
 
     # -- the command loop ----------------------------------------------------------------------------
 
@@ -191,6 +199,7 @@ class EntityRepository(Generic[S]):
                 self._append(pid, effect.events, current.seq_nr)
             except ConcurrencyConflict as conflict:
                 self._cache.drop(pid)
+                self._count("conflicts")
                 attempt += 1
                 if attempt > self.max_conflict_retries:
                     raise ConflictRetriesExhausted(pid, current.seq_nr + 1, attempt, conflict.actual_seq_nr) from None
@@ -206,6 +215,7 @@ class EntityRepository(Generic[S]):
         if self.journal.highest_seq_nr(pid) == seq_nr:
             return False
         self._cache.drop(pid)
+        self._count("stale_cache")
         return True
 
     def _append(self, pid: str, events: Iterable[Any], expected: int) -> None:
@@ -215,6 +225,7 @@ class EntityRepository(Generic[S]):
         try:
             self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags)
         except WriteOutcomeUnknown as unknown:
+            self._count("unknown_outcomes")
             _log.warning("append to %r after seq_nr %d lost its connection: finding out whether it was written",
                          pid, expected)
             self._settle_unknown(pid, events, expected, unknown)
@@ -263,6 +274,7 @@ class EntityRepository(Generic[S]):
         try:
             self.journal.save_snapshot(pid, after, self.entity.to_snapshot(state),
                                        metadata=snapshot_metadata(self.entity))
+            self._count("snapshots")
         except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
             _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,
                          exc.__class__.__name__, exc)
