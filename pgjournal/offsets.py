@@ -129,7 +129,7 @@ class TimeBasedUUID:
     value: uuid.UUID
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, uuid.UUID) or self.value.version != 1:
+        if not isinstance(self.value, uuid.UUID) or (self.value.int >> 76) & 0xF != 1:
             raise InvalidArgument(f"TimeBasedUUID needs a version 1 (time-based) UUID, got {self.value!r}")
 
     def __str__(self) -> str:

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 #: 100 ns ticks between the UUID epoch (1582-10-15) and the Unix epoch.
@@ -45,8 +46,14 @@ def make_uuid(ticks: int, lsb_bytes: int) -> uuid.UUID:
     return uuid.UUID(int=(msb << 64) | (lsb_bytes & 0xFFFFFFFFFFFFFFFF))
 
 
+def is_time_uuid(value: uuid.UUID) -> bool:
+    """Version 1 by its version bits (Cassandra's endOf() UUIDs carry no RFC 4122 variant, so ``.version``
+    of Python's ``uuid`` would be ``None`` for them)."""
+    return (value.int >> 76) & 0xF == 1
+
+
 def uuid_ticks(value: uuid.UUID) -> int:
-    if value.version != 1:
+    if not is_time_uuid(value):
         raise ValueError(f"not a time-based (version 1) UUID: {value}")
     return value.time
 
@@ -106,7 +113,9 @@ class TimeUUIDGenerator:
     drawn anew after ``fork``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        #: Nanoseconds since the Unix epoch (replaceable in tests).
+        self.clock = clock
         self._lock = threading.Lock()
         self._last = 0
         self._lsb_bytes = 0
@@ -130,7 +139,7 @@ class TimeUUIDGenerator:
 
     def next_ticks(self, count: int = 1) -> int:
         """Reserve ``count`` consecutive ticks; returns the first."""
-        now = time.time_ns() // 100 + UUID_EPOCH_OFFSET
+        now = self.clock() // 100 + UUID_EPOCH_OFFSET
         with self._lock:
             first = now if now > self._last else self._last + 1
             self._last = first + count - 1

@@ -1,0 +1,198 @@
+"""Tools for the tag view (the Cassandra plugin's Reconciliation) and per-persistence-id Cleanup.
+
+Reconciliation: the tags of a persistence id, delete its tag view for a tag, rebuild its tag view from the
+journal (``event_journal.tags``), all tags, truncate the tag view. Run a rebuild while the persistence id is
+not being written (as with Cassandra): appends compute their tag sequence numbers from
+``tag_write_progress``, which the rebuild replaces.
+
+Cleanup deletes a persistence id's events, tagged events and snapshots; every method is a dry run (counts
+only) unless the :class:`Cleanup` was made with ``dry_run=False``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from .slices import slice_for_persistence_id
+from .tag_write import bucket_size
+from .timeuuid import lsb_key, make_uuid, ms_of_ticks
+from .validation import check_name, check_persistence_id
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+_UNIX_EPOCH_TICKS = 0x01B21DD213814000
+
+
+@dataclass(frozen=True)
+class TagCount:
+    tag: str
+    events: int
+    persistence_ids: int
+
+
+def _random_lsb_bytes() -> int:
+    """Low bytes for rebuilt TimeUUIDs: RFC 4122 variant, random clock sequence and multicast node."""
+    return (0x80 << 56) | (secrets.randbits(62) & 0x3FFFFFFFFFFFFFFF) | (1 << 40)
+
+
+class Reconciliation:
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def tags_of(self, persistence_id: str) -> list[str]:
+        """Tags the persistence id's events carry in the journal, sorted."""
+        pid = check_persistence_id(persistence_id)
+        slice_ = slice_for_persistence_id(pid)
+        table = self._journal.dialect.event_table(slice_)
+        with self._journal.connection() as conn:
+            rows = conn.execute(
+                f"SELECT DISTINCT unnest(tags) FROM {table} WHERE persistence_id = %s AND slice = %s",
+                (pid, slice_)).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def delete_tag_view(self, persistence_id: str, tag: str) -> int:
+        """Delete the persistence id's rows in the tag view of ``tag`` and its progress; returns rows deleted."""
+        pid = check_persistence_id(persistence_id)
+        check_name(tag, "tag")
+        with self._journal.connection() as conn, conn.transaction():
+            return self._delete(conn, pid, [tag])
+
+    @staticmethod
+    def _delete(conn: psycopg.Connection, pid: str, tags: list[str]) -> int:
+        deleted = conn.execute("DELETE FROM tag_views WHERE tag_name = ANY(%s) AND persistence_id = %s",
+                               (tags, pid)).rowcount
+        conn.execute("DELETE FROM tag_write_progress WHERE persistence_id = %s AND tag = ANY(%s)", (pid, tags))
+        return deleted
+
+    def rebuild(self, persistence_id: str, tags: list[str] | None = None) -> int:
+        """Rebuild the persistence id's tag view (for ``tags``, default: every tag its events carry) from the
+        journal, in one transaction: its rows for those tags are replaced, tag sequence numbers count from 1
+        in event order (logically deleted events included, as they were written), TimeUUIDs are made from
+        ``db_timestamp`` (strictly increasing per persistence id), and the progress is set. Idempotent."""
+        pid = check_persistence_id(persistence_id)
+        wanted = [check_name(t, "tag") for t in tags] if tags is not None else self.tags_of(pid)
+        if not wanted:
+            return 0
+        size = bucket_size(self._journal)
+        slice_ = slice_for_persistence_id(pid)
+        table = self._journal.dialect.event_table(slice_)
+        writer = self._journal.writer_id
+        with self._journal.connection() as conn, conn.transaction():
+            self._delete(conn, pid, wanted)
+            events = conn.execute(
+                f"SELECT seq_nr, db_timestamp, tags, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, "
+                f"meta_ser_manifest, meta_payload FROM {table} WHERE persistence_id = %s AND slice = %s "
+                "AND tags && %s::text[] ORDER BY seq_nr", (pid, slice_, wanted)).fetchall()
+            lsb_bytes = _random_lsb_bytes()
+            lsb = lsb_key(lsb_bytes)
+            counters = dict.fromkeys(wanted, 0)
+            last_ticks = 0
+            rows = []
+            progress: dict[str, tuple[int, int, object]] = {}
+            for seq_nr, ts, event_tags, ser_id, manifest, payload, meta_id, meta_manifest, meta in events:
+                micros = int(ts.timestamp()) * 1_000_000 + ts.microsecond
+                ticks = max(micros * 10 + _UNIX_EPOCH_TICKS, last_ticks + 1)
+                last_ticks = ticks
+                stamp = make_uuid(ticks, lsb_bytes)
+                bucket = size.bucket_of(ms_of_ticks(ticks))
+                for tag in event_tags:
+                    if tag not in counters:
+                        continue
+                    counters[tag] += 1
+                    rows.append((tag, bucket, ticks, lsb, stamp, pid, counters[tag], seq_nr, writer, ser_id, manifest,
+                                 payload, meta_id, meta_manifest, meta))
+                    progress[tag] = (seq_nr, counters[tag], stamp)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, "
+                    "tag_pid_sequence_nr, sequence_nr, writer_uuid, ser_id, ser_manifest, event, meta_ser_id, "
+                    "meta_ser_manifest, meta_payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                    "%s, %s)", rows)
+                cur.executemany(
+                    'INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") '
+                    "VALUES (%s, %s, %s, %s, %s)", [(pid, tag, *p) for tag, p in progress.items()])
+        return len(rows)
+
+    def all_tags(self) -> list[TagCount]:
+        """Every tag in the tag view with its event and persistence id counts."""
+        with self._journal.connection() as conn:
+            rows = conn.execute("SELECT tag, sum(tag_pid_sequence_nr), count(*) FROM tag_write_progress "
+                                "GROUP BY tag ORDER BY tag").fetchall()
+        return [TagCount(tag, int(events), int(pids)) for tag, events, pids in rows]
+
+    def truncate(self) -> None:
+        """Empty the whole tag view and its progress (the recorded bucket size stays)."""
+        with self._journal.connection() as conn, conn.transaction():
+            conn.execute("TRUNCATE tag_views, tag_write_progress, tag_scanning")
+
+
+@dataclass(frozen=True)
+class CleanupResult:
+    persistence_id: str
+    what: str
+    rows: int
+    dry_run: bool
+
+    def __str__(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        return f"{self.persistence_id}: {verb} {self.rows} {self.what}"
+
+
+class Cleanup:
+    """Delete a persistence id's data. ``dry_run`` (the default) only counts what would go."""
+
+    def __init__(self, journal: Journal, *, dry_run: bool = True) -> None:
+        self._journal = journal
+        self.dry_run = dry_run
+
+    def _run(self, pid: str, what: str, count_sql: str, delete_sql: str, params: tuple[object, ...]) -> CleanupResult:
+        with self._journal.connection() as conn:
+            if self.dry_run:
+                row = conn.execute(count_sql, params).fetchone()
+                rows = int(row[0]) if row else 0
+            else:
+                rows = conn.execute(delete_sql, params).rowcount
+        return CleanupResult(pid, what, rows, self.dry_run)
+
+    def delete_all_events(self, persistence_id: str, *, reset_sequence_number: bool = False) -> CleanupResult:
+        """Physically delete the events. Unless ``reset_sequence_number``, the last one stays as a deleted
+        marker so the persistence id continues after its highest sequence number."""
+        pid = check_persistence_id(persistence_id)
+        slice_ = slice_for_persistence_id(pid)
+        table = self._journal.dialect.event_table(slice_)
+        where = "persistence_id = %s AND slice = %s"
+        if not reset_sequence_number:
+            where += f" AND seq_nr < (SELECT max(seq_nr) FROM {table} WHERE persistence_id = %s AND slice = %s)"
+        params = (pid, slice_) if reset_sequence_number else (pid, slice_, pid, slice_)
+        result = self._run(pid, "events", f"SELECT count(*) FROM {table} WHERE {where}",
+                           f"DELETE FROM {table} WHERE {where}", params)
+        if not reset_sequence_number and not self.dry_run:
+            with self._journal.connection() as conn:
+                conn.execute(f"UPDATE {table} SET deleted = true WHERE persistence_id = %s AND slice = %s",
+                             (pid, slice_))
+        return result
+
+    def delete_all_tagged_events(self, persistence_id: str) -> CleanupResult:
+        """Delete the persistence id's rows from every tag view (its tag sequence numbers keep counting)."""
+        pid = check_persistence_id(persistence_id)
+        # The tags come from the progress rows, so the (tag_name, persistence_id) index finds the rows.
+        where = ("tag_name = ANY(ARRAY(SELECT tag FROM tag_write_progress WHERE persistence_id = %s)) "
+                 "AND persistence_id = %s")
+        return self._run(pid, "tagged events", f"SELECT count(*) FROM tag_views WHERE {where}",
+                         f"DELETE FROM tag_views WHERE {where}", (pid, pid))
+
+    def delete_all_snapshots(self, persistence_id: str) -> CleanupResult:
+        pid = check_persistence_id(persistence_id)
+        return self._run(pid, "snapshots", "SELECT count(*) FROM snapshot WHERE persistence_id = %s",
+                         "DELETE FROM snapshot WHERE persistence_id = %s", (pid,))
+
+    def delete_all(self, persistence_id: str, *, reset_sequence_number: bool = False) -> list[CleanupResult]:
+        """Tagged events, then events, then snapshots."""
+        return [self.delete_all_tagged_events(persistence_id),
+                self.delete_all_events(persistence_id, reset_sequence_number=reset_sequence_number),
+                self.delete_all_snapshots(persistence_id)]
