@@ -15,7 +15,7 @@ from pgjournal.dsn import mask_dsn, resolve_dsn
 from .harness import Outcome, Scenario, run_scenario
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
-SCENARIO_MODULES = ["bench.append"]
+SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.entities"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
@@ -39,9 +39,9 @@ def render(outcome: Outcome, console: Console) -> None:
                   caption=scenario.description)
     ratios = outcome.ratios()
     for name, values in outcome.values.items():
-        ratio = "" if name == "ours" else f"{ratios[name]:.2f}×"
+        ratio = f"{ratios[name]:.2f}×" if name in ratios else ""
         table.add_row(name, f"{min(values):,.1f}", f"{outcome.median(name):,.1f}", f"{max(values):,.1f}", ratio,
-                      style="bold" if name == "ours" else None)
+                      style="bold" if name.startswith("ours") else None)
     console.print(table)
     for note in outcome.notes:
         console.print(f"  [dim]{note}[/]")

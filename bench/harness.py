@@ -77,12 +77,14 @@ class Outcome:
     def median(self, name: str) -> float:
         return statistics.median(self.values[name])
 
+    def references(self) -> list[str]:
+        """Contenders that are not ours ("ours" and variants named "ours_...")."""
+        return [name for name in self.values if not name.startswith("ours")]
+
     def ratios(self) -> dict[str, float]:
         ours = self.median("ours")
         out = {}
-        for name in self.values:
-            if name == "ours":
-                continue
+        for name in self.references():
             ref = self.median(name)
             if self.scenario.lower_is_better:
                 out[name] = ref / ours if ours else float("inf")
@@ -95,7 +97,8 @@ class Outcome:
             "scenario": self.scenario.name,
             "metric": self.scenario.metric,
             "ours": round(self.median("ours"), 3),
-            "references": {k: round(self.median(k), 3) for k in self.values if k != "ours"},
+            "variants": {k: round(self.median(k), 3) for k in self.values if k.startswith("ours_")},
+            "references": {k: round(self.median(k), 3) for k in self.references()},
             "ratios": {k: round(v, 3) for k, v in self.ratios().items()},
             "rounds": len(self.values["ours"]),
         }
