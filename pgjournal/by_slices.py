@@ -118,7 +118,8 @@ class SliceQuery:
         params = {"entity_type": self.entity_type, "until": until, "limit": self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
         # Never a generic plan: it cannot prune partitions or use the bounds, and was measured ~9x slower.
-        return conn.execute(self.page_sql, params, prepare=False).fetchall()
+        with conn.cursor(binary=True) as cur:
+            return cur.execute(self.page_sql, params, prepare=False).fetchall()
 
     def main_page(self, source: Source) -> tuple[list[EventEnvelope], int]:
         with self.journal.connection() as conn:
@@ -268,8 +269,8 @@ class BySlices:
             yield from page
             if len(rows) < buffer_size:
                 break
-        if not self._journal.settings.backtracking_enabled:
-            return
+        if not self._journal.settings.backtracking_enabled or query.use_horizon:
+            return  # below the visibility horizon the main pages missed nothing
         # Late commits below the bound that the main pages passed: one backtracking pass catches them.
         query.backtracking = _Cursor(max(query.start.timestamp, query.main.ts - query.window - query.bt_behind))
         query.bt_until = horizon.safe
