@@ -241,6 +241,12 @@ def server_stop() -> None:
     console.print("stopped" if stopped else "was not running")
 
 
+from .cli_tags import cleanup_app, tags_app  # noqa: E402  (they use the helpers above)
+
+app.add_typer(tags_app, name="tags")
+app.add_typer(cleanup_app, name="cleanup")
+
+
 def main() -> None:
     app()
 

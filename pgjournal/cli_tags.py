@@ -1,0 +1,149 @@
+"""``pgjournal tags ...`` (the tag view: read it, reconcile it) and ``pgjournal cleanup ...`` (per pid)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .cli import DsnOption, console, fail, open_journal, reported
+from .errors import InvalidArgument
+from .offsets import NoOffset, TimeBasedUUID, parse_offset
+from .reconciliation import Cleanup, CleanupResult, Reconciliation
+
+tags_app = typer.Typer(help="The Cassandra-compatible tag view: read it by tag, reconcile it.", no_args_is_help=True)
+cleanup_app = typer.Typer(help="Delete a persistence id's events, tagged events and snapshots (dry run unless "
+                          "--execute).", no_args_is_help=True)
+
+ExecuteOption = Annotated[bool, typer.Option("--execute", help="Really delete (default: dry run, counts only).")]
+
+
+@tags_app.command("events")
+def tag_events(
+    tag: str,
+    offset: Annotated[str, typer.Option(help="Resume after this TimeUUID offset (default: from the start).")] = "",
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep waiting for new events.")] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Print the events with TAG as JSON lines (each with the offset to resume from)."""
+    with reported():
+        start = parse_offset(offset) if offset else NoOffset
+        if start is not NoOffset and not isinstance(start, TimeBasedUUID):
+            raise InvalidArgument(f"--offset must be a time-based UUID, got {offset!r}")
+    with open_journal(dsn) as journal:
+        query = journal.query
+        stream = (query.events_by_tag if follow else query.current_events_by_tag)(tag, start)
+        try:
+            for env in stream:
+                event = env.event if not isinstance(env.event, bytes) else {"$bytes": env.event.hex()}
+                record = {"pid": env.persistence_id, "seq_nr": env.seq_nr,
+                          "tag_pid_sequence_nr": env.tag_pid_sequence_nr, "timestamp": str(env.timestamp),
+                          "time": env.db_timestamp.isoformat(), "offset": str(env.offset), "event": event}
+                sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
+
+
+@tags_app.command("of")
+def tags_of(persistence_id: str, dsn: DsnOption = None) -> None:
+    """The tags a persistence id's events carry."""
+    with open_journal(dsn) as journal:
+        for tag in Reconciliation(journal).tags_of(persistence_id):
+            sys.stdout.write(tag + "\n")
+
+
+@tags_app.command("all")
+def all_tags(dsn: DsnOption = None) -> None:
+    """Every tag with the number of events written and persistence ids."""
+    with open_journal(dsn) as journal:
+        counts = Reconciliation(journal).all_tags()
+    table = Table("tag", "events written", "persistence ids")
+    for count in counts:
+        table.add_row(count.tag, f"{count.events:,}", f"{count.persistence_ids:,}")
+    console.print(table)
+
+
+@tags_app.command("delete")
+def delete_tag_view(persistence_id: str, tag: str, dsn: DsnOption = None) -> None:
+    """Delete a persistence id's rows from the tag view of TAG (rebuild them with `tags rebuild`)."""
+    with open_journal(dsn) as journal:
+        rows = Reconciliation(journal).delete_tag_view(persistence_id, tag)
+    console.print(f"deleted {rows} row(s) of {persistence_id} from tag {tag}")
+
+
+@tags_app.command("rebuild")
+def rebuild(
+    persistence_id: str,
+    tag: Annotated[list[str] | None, typer.Option(help="Only this tag (repeatable; default: all its tags).")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Rebuild a persistence id's tag view from the journal (stop writing to it meanwhile)."""
+    with open_journal(dsn) as journal:
+        rows = Reconciliation(journal).rebuild(persistence_id, tag or None)
+    console.print(f"rebuilt {rows} tag view row(s) of {persistence_id}")
+
+
+@tags_app.command("truncate")
+def truncate(
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: empty the whole tag view.")] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Empty the whole tag view and its progress."""
+    if not yes:
+        fail("truncate empties the tag view of every tag; pass --yes to confirm")
+    with open_journal(dsn) as journal:
+        Reconciliation(journal).truncate()
+    console.print("tag view truncated")
+
+
+def _report(results: list[CleanupResult]) -> None:
+    for result in results:
+        console.print(str(result))
+    if results and results[0].dry_run:
+        console.print("[dim]dry run: nothing deleted; add --execute to delete[/]")
+
+
+@cleanup_app.command("events")
+def cleanup_events(
+    persistence_id: str,
+    reset_sequence_number: Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
+    = False,
+    execute: ExecuteOption = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Delete a persistence id's events."""
+    with open_journal(dsn) as journal:
+        _report([Cleanup(journal, dry_run=not execute).delete_all_events(
+            persistence_id, reset_sequence_number=reset_sequence_number)])
+
+
+@cleanup_app.command("tagged")
+def cleanup_tagged(persistence_id: str, execute: ExecuteOption = False, dsn: DsnOption = None) -> None:
+    """Delete a persistence id's rows from every tag view."""
+    with open_journal(dsn) as journal:
+        _report([Cleanup(journal, dry_run=not execute).delete_all_tagged_events(persistence_id)])
+
+
+@cleanup_app.command("snapshots")
+def cleanup_snapshots(persistence_id: str, execute: ExecuteOption = False, dsn: DsnOption = None) -> None:
+    """Delete a persistence id's snapshots."""
+    with open_journal(dsn) as journal:
+        _report([Cleanup(journal, dry_run=not execute).delete_all_snapshots(persistence_id)])
+
+
+@cleanup_app.command("all")
+def cleanup_all(
+    persistence_id: str,
+    reset_sequence_number: Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
+    = False,
+    execute: ExecuteOption = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Delete a persistence id's tagged events, events and snapshots."""
+    with open_journal(dsn) as journal:
+        _report(Cleanup(journal, dry_run=not execute).delete_all(persistence_id,
+                                                                 reset_sequence_number=reset_sequence_number))
