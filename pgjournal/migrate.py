@@ -6,12 +6,15 @@ import io
 from pathlib import Path
 
 import psycopg
+import sqlalchemy.exc
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 
 from .dialects import Dialect, get_dialect
-from .errors import SchemaNotMigrated
+from .dsn import mask_dsn
+from .errors import DatabaseUnavailable, SchemaNotMigrated
 
 VERSION_TABLE = "pgjournal_version"
 MIGRATE_COMMAND = "pgjournal migrate"
@@ -42,9 +45,21 @@ def migration_dialect() -> Dialect:
 
 
 def upgrade(dsn: str, dialect: str = "postgres") -> None:
-    """Bring the database at ``dsn`` to the newest schema (idempotent)."""
+    """Bring the database at ``dsn`` to the newest schema (idempotent).
+
+    Raises :class:`DatabaseUnavailable` when the server cannot be reached and :class:`SchemaNotMigrated`
+    when the migration fails (the database's revision is unknown, or a statement is refused).
+    """
     get_dialect(dialect)
-    command.upgrade(alembic_config(dsn, dialect), "head")
+    try:
+        command.upgrade(alembic_config(dsn, dialect), "head")
+    except sqlalchemy.exc.DBAPIError as exc:
+        reason = mask_dsn(" ".join(str(exc.orig).split()) or exc.__class__.__name__)
+        if isinstance(exc.orig, psycopg.OperationalError):
+            raise DatabaseUnavailable(f"cannot migrate {mask_dsn(dsn)}: {reason}") from None
+        raise SchemaNotMigrated(f"migrating {mask_dsn(dsn)} failed: {reason}") from None
+    except CommandError as exc:
+        raise SchemaNotMigrated(f"cannot migrate {mask_dsn(dsn)}: {exc}; {_unknown_hint()}") from None
 
 
 def upgrade_sql(dialect: str = "postgres") -> str:
@@ -59,6 +74,14 @@ def upgrade_sql(dialect: str = "postgres") -> str:
 
 def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config()).get_current_head() or ""
+
+
+def known_revisions() -> set[str]:
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def _unknown_hint() -> str:
+    return f"it was probably migrated by a newer pgjournal (this one knows up to {head_revision()}): upgrade pgjournal"
 
 
 def current_revision(conn: psycopg.Connection) -> str | None:
@@ -76,6 +99,9 @@ def check_schema(conn: psycopg.Connection) -> None:
         return
     if current is None:
         raise SchemaNotMigrated(f"the database has no pgjournal schema; run `{MIGRATE_COMMAND}` first")
+    if current not in known_revisions():
+        raise SchemaNotMigrated(f"the database schema is at revision {current}, which this pgjournal does not "
+                                f"know; {_unknown_hint()}")
     raise SchemaNotMigrated(
         f"the database schema is at revision {current} but this pgjournal needs {head}; "
         f"run `{MIGRATE_COMMAND}`"

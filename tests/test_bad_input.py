@@ -175,8 +175,8 @@ def test_unmigrated_database(empty_dsn: str) -> None:
 
 def test_database_at_an_older_revision(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE pgjournal_version SET version_num = '0000'")
-    with pytest.raises(SchemaNotMigrated, match=r"at revision 0000 but this pgjournal needs .*run `pgjournal migrate`"):
+        conn.execute("UPDATE pgjournal_version SET version_num = '0001'")
+    with pytest.raises(SchemaNotMigrated, match=r"at revision 0001 but this pgjournal needs .*run `pgjournal migrate`"):
         Journal.open(dsn)
 
 

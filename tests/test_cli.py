@@ -155,3 +155,9 @@ def test_real_process_prints_one_line_and_no_traceback() -> None:
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and SECRET not in proc.stderr + proc.stdout
     assert proc.stderr.strip().startswith("error: cannot connect to postgresql://app:***@127.0.0.1:1/db")
+
+
+def test_migrate_of_an_unreachable_server(cli) -> None:
+    result = cli("migrate", "--dsn", f"postgresql://app:{SECRET}@127.0.0.1:1/db")
+    assert_clean_failure(result, "cannot migrate postgresql://app:***@127.0.0.1:1/db")
+    assert SECRET not in result.output

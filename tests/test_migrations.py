@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
-from pgjournal import ConfigurationError, Journal
+from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, SchemaNotMigrated
 from pgjournal.dialects.postgres import PARTITIONS, partition_name
 from pgjournal.migrate import VERSION_TABLE, current_revision, head_revision, upgrade, upgrade_sql
 from pgjournal.schema import metadata
@@ -125,3 +125,27 @@ def test_upgrade_with_unknown_dialect_touches_nothing(empty_dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="got 'oracle'"):
         upgrade(empty_dsn, "oracle")
     assert table_names(empty_dsn) == set()
+
+
+def test_upgrade_of_an_unreachable_server() -> None:
+    with pytest.raises(DatabaseUnavailable) as caught:
+        upgrade("postgresql://app:s3cr3t@127.0.0.1:1/db")
+    assert "cannot migrate postgresql://app:***@127.0.0.1:1/db" in str(caught.value)
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_failed_upgrade_leaves_nothing_half_written(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE snapshot (x int)")  # someone else's table in the way
+    with pytest.raises(SchemaNotMigrated, match='failed: relation "snapshot" already exists'):
+        upgrade(empty_dsn)
+    assert table_names(empty_dsn) == {"snapshot"}, "the migration runs in one transaction"
+
+
+def test_database_from_a_newer_pgjournal(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE {VERSION_TABLE} SET version_num = '9999'")
+    with pytest.raises(SchemaNotMigrated, match=r"revision 9999, which this pgjournal does not know.*upgrade pgj"):
+        Journal.open(dsn)
+    with pytest.raises(SchemaNotMigrated, match=r"Can't locate revision identified by '9999'.*upgrade pgjournal"):
+        upgrade(dsn)
