@@ -167,3 +167,30 @@ tag_settings = Table(
 )
 
 TAG_TABLES = (tag_views, tag_write_progress, tag_scanning, tag_settings)
+
+# -- Projection leases (revision 0003) -------------------------------------------------------------------
+# One row per (projection, slice): which worker process may consume the slice and until when (database
+# clock). ``epoch`` grows each time the slice changes hands: a fencing token for handlers and tests.
+projection_lease = Table(
+    "projection_lease",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("owner", String(255)),
+    Column("epoch", BigInteger, nullable=False, server_default="0"),
+    Column("expires_at", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint("projection_name", "slice", name="projection_lease_pkey"),
+)
+
+# Live worker processes of a projection (heartbeats): the balancer splits 0..1023 among them.
+projection_worker = Table(
+    "projection_worker",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("started_at", TIMESTAMPTZ, nullable=False),
+    Column("expires_at", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint("projection_name", "owner", name="projection_worker_pkey"),
+)
+
+PROJECTION_TABLES = (projection_lease, projection_worker)
