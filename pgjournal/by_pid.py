@@ -73,10 +73,13 @@ class ByPersistenceId:
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
             nonlocal next_seq_nr
+            # With a bound, read the highest seq nr *before* the page: if it had reached the bound, a short
+            # page holds everything left up to it (the rest was deleted), so the query can end.
+            written_to_bound = to < MAX_SEQ_NR and self.highest_seq_nr(pid) >= to
             page = self._page(pid, next_seq_nr, to, Source.NOTIFIED if notified else Source.QUERY)
             if page:
                 next_seq_nr = page[-1].seq_nr + 1
-            if next_seq_nr > to:
+            if next_seq_nr > to or (written_to_bound and len(page) < self._journal.settings.buffer_size):
                 query.close()
             return page, len(page)
 

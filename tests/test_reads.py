@@ -184,3 +184,26 @@ def test_delete_events_is_logical(small_pages: Journal, dsn: str) -> None:
     with psycopg.connect(dsn) as conn:  # the rows are still there, only marked
         assert conn.execute("SELECT count(*), count(*) FILTER (WHERE deleted) FROM event_journal").fetchone() \
             == (9, 8)
+
+
+def test_live_events_end_at_to_seq_nr_when_the_last_events_are_deleted(small_pages: Journal) -> None:
+    journal = small_pages
+    journal.append(PID, list(range(1, 11)))
+    journal.delete_events(PID, 10)
+    done = threading.Event()
+    got: list = []
+    stream = journal.query.events_by_persistence_id(PID, 1, 10)
+    collect_in_thread(stream, got, done)
+    assert done.wait(5), "every event up to to_seq_nr is written (and deleted): the query must end"
+    assert got == []
+    # not yet written up to the bound: it waits for the events, then ends
+    journal.append(PID, ["a", "b", "c"])
+    journal.delete_events(PID, 13)
+    done, got = threading.Event(), []
+    with journal.query.events_by_persistence_id(PID, 1, 15) as stream:
+        collect_in_thread(stream, got, done)
+        assert not done.wait(0.5), "seq nrs 14 and 15 are not written yet"
+        journal.append(PID, ["d"])
+        journal.append(PID, ["e"])
+        assert done.wait(5)
+    assert [(e.seq_nr, e.event) for e in got] == [(14, "d"), (15, "e")]
