@@ -209,6 +209,16 @@ class SliceQuery:
         offset = TimestampOffset(self.main.ts, self.read_timestamp, self.main.seen)
         return envelope_from_row(row, self.journal.serializers, offset=offset, source=source)
 
+    # -- failure atomicity ---------------------------------------------------------------------------
+
+    def checkpoint(self) -> tuple[Any, ...]:
+        return (_clone(self.main), _clone(self.backtracking), dict(self.delivered), self.forgotten_before,
+                self.bt_until, self.bt_resume, self.idle_polls, self.rows_since_backtracking, self.read_timestamp)
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        (self.main, self.backtracking, self.delivered, self.forgotten_before, self.bt_until, self.bt_resume,
+         self.idle_polls, self.rows_since_backtracking, self.read_timestamp) = saved
+
     # -- scheduling ----------------------------------------------------------------------------------
 
     def after_main(self, rows: int, horizon: Horizon) -> None:
@@ -236,6 +246,10 @@ class SliceQuery:
             return
         self.delivered = {pid: v for pid, v in self.delivered.items() if v[1] >= before}
         self.forgotten_before = before
+
+
+def _clone(cursor: _Cursor | None) -> _Cursor | None:
+    return None if cursor is None else _Cursor(cursor.ts, dict(cursor.seen), cursor.last_seq, cursor.last_pid)
 
 
 def _start_offset(offset: Offset) -> TimestampOffset:
@@ -283,12 +297,17 @@ class BySlices:
         query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
-            if query.backtracking is None:
-                return query.main_page(Source.NOTIFIED if notified else Source.QUERY)
-            late, rows = query.backtracking_page()
-            if query.backtracking is not None:
-                return late, rows
-            fresh, rows = query.main_page(Source.NOTIFIED if notified else Source.QUERY)
-            return late + fresh, rows
+            saved = query.checkpoint()
+            try:
+                if query.backtracking is None:
+                    return query.main_page(Source.NOTIFIED if notified else Source.QUERY)
+                late, rows = query.backtracking_page()
+                if query.backtracking is not None:
+                    return late, rows
+                fresh, rows = query.main_page(Source.NOTIFIED if notified else Source.QUERY)
+                return late + fresh, rows
+            except BaseException:
+                query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
+                raise
 
         return self._journal.live_query(poll, entity_types={entity_type})

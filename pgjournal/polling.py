@@ -4,16 +4,27 @@ A query supplies ``poll(notified) -> (items, rows_read)``; the loop yields the i
 poll again, as Akka does: a nearly full page (>= 90 % of the buffer) polls again at once, a nearly empty
 one (<= 10 %) waits ``refresh_interval``, anything between waits half of it. A writer's signal ends the
 wait early; a lost signal costs only latency.
+
+A poll that fails because the database is unreachable is retried with exponential backoff (0.1 s up to
+5 s) until it succeeds or the query is closed; ``poll`` must leave its state unchanged when it raises, so
+the query resumes exactly where it was.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+import psycopg
+
+from .errors import DatabaseUnavailable
+
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
+RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
 Poll = Callable[[bool], tuple[list[T], int]]
 Subscribe = Callable[[threading.Event], Callable[[], None]]
@@ -38,6 +49,7 @@ class LiveQuery(Generic[T]):
         self._wakeup = threading.Event()
         self._unsubscribe = subscribe(self._wakeup) if subscribe else None
         self._delay = 0.0
+        self._failures = 0
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -52,7 +64,15 @@ class LiveQuery(Generic[T]):
                     raise StopIteration
             notified = self._wakeup.is_set()
             self._wakeup.clear()
-            items, rows = self._poll(notified)
+            try:
+                items, rows = self._poll(notified)
+            except RETRYABLE as exc:
+                self._failures += 1
+                self._delay = min(0.1 * 2 ** (self._failures - 1), 5.0)
+                _log.warning("live query poll failed (%s: %s); retrying in %.1f s", type(exc).__name__,
+                             str(exc).strip().splitlines()[0] if str(exc).strip() else "", self._delay)
+                continue
+            self._failures = 0
             self._pending.extend(items)
             self._delay = self.delay_after(rows)
         return self._pending.popleft()
