@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
+from pgjournal.dsn import mask_dsn
 from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.offsets import parse_timestamp
 from pgjournal.serialization import JSON_SER_ID
@@ -132,7 +133,11 @@ def jdbc_frame(
     if isinstance(fetch_size, bool) or not isinstance(fetch_size, int) or fetch_size < 1:
         raise InvalidArgument(f"fetch_size must be a positive integer, got {fetch_size!r}")
     properties = {**target.properties, "fetchsize": str(fetch_size)}
-    frame = spark.read.jdbc(target.url, table_name(table), predicates=list(where), properties=properties)
+    quoted = table_name(table)
+    try:
+        frame = spark.read.jdbc(target.url, quoted, predicates=list(where), properties=properties)
+    except Exception as exc:  # py4j / pyspark wrap the driver's error: keep its message, drop the Java trace
+        raise ConfigurationError(f"cannot read table {table!r} at {target.url}: {jdbc_error(exc)}") from None
     missing = [c for c in EVENT_COLUMNS if c not in frame.columns]
     if missing:
         raise ConfigurationError(f"table {table!r} lacks column(s) {', '.join(missing)}: expected the "
@@ -141,6 +146,17 @@ def jdbc_frame(
     return frame.select(
         *[F.coalesce(F.col("tags"), empty_tags).alias("tags") if c == "tags" else F.col(c) for c in EVENT_COLUMNS]
     )
+
+
+def jdbc_error(exc: BaseException) -> str:
+    """The PostgreSQL driver's message inside a Spark/py4j error (first line, password masked)."""
+    text = str(exc)
+    for marker in ("PSQLException: ", "SQLException: ", "ConnectException: "):
+        if marker in text:
+            text = text.split(marker, 1)[1]
+            break
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return mask_dsn(lines[0] if lines else type(exc).__name__)
 
 
 def payload_json(frame: DataFrame) -> Column:
