@@ -174,6 +174,68 @@ def test_many_threads_on_two_journals_lose_no_update(dsn: str) -> None:
         assert sum(repo.status()["conflicts"] for repo in repos) > 0  # type: ignore[misc]
 
 
+def test_queued_commands_are_decided_in_order_and_written_in_one_append(journal: Journal) -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    class Gated(Account):
+        def handle(self, state: Balance, command: Any) -> Any:
+            if command[0] == "gate":
+                entered.set()
+                gate.wait(10)
+                command = ("deposit", *command[1:])
+            if command[0] == "bug":
+                raise RuntimeError("a bug in one handler")
+            return super().handle(state, command)
+
+    repo = EntityRepository(journal, Gated)
+    outcomes: dict[str, Any] = {}
+
+    def send(command: tuple[str, int, str]) -> None:
+        try:
+            outcomes[command[2]] = repo.handle("a", command)
+        except Exception as exc:
+            outcomes[command[2]] = exc
+
+    first = threading.Thread(target=send, args=(("gate", 5, "g"),))
+    first.start()
+    assert entered.wait(10)
+    queued = [("deposit", 1, "d1"), ("withdraw", 7, "w-refused"), ("bug", 1, "b"), ("withdraw", 6, "w"),
+              ("deposit", 2, "d2")]
+    threads = []
+    for command in queued:  # one at a time, so the queue order is known
+        threads.append(threading.Thread(target=send, args=(command,)))
+        threads[-1].start()
+        while len(repo._mailboxes._boxes["account|a"]) < len(threads):
+            time.sleep(0.001)
+    gate.set()
+    for thread in [first, *threads]:
+        thread.join()
+    assert isinstance(outcomes["w-refused"], DomainError) and isinstance(outcomes["b"], RuntimeError)
+    assert [(outcomes[c].seq_nr, outcomes[c].state.amount) for c in ("g", "d1", "w", "d2")] == \
+        [(1, 5), (2, 6), (3, 0), (4, 2)]
+    assert repo.status()["batched"] == 5
+    stored = list(journal.query.current_events_by_persistence_id("account|a"))
+    assert [e.event["id"] for e in stored] == ["g", "d1", "w", "d2"]
+    assert len({e.db_timestamp for e in stored[1:]}) == 1  # one append, one transaction
+    assert repo.handle("a", ("deposit", 1, "next")).state == Balance(3, 5)
+
+
+def test_many_threads_on_one_journal_batch_and_lose_no_update(journal: Journal) -> None:
+    repo = EntityRepository(journal, Account, snapshot_every=10)
+    results: list[tuple[list[str], int]] = []
+    threads = [threading.Thread(target=lambda s=i: results.append(hammer(repo, "hot", 40, s))) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    accepted = [cid for ids, _ in results for cid in ids]
+    state, events = replay(journal, "account|hot")
+    assert sorted(e["id"] for e in events) == sorted(accepted)
+    assert sum(rejected for _, rejected in results) + len(accepted) == 320
+    assert repo.load("hot").state == state
+    assert repo.status()["batched"] > 0
+
+
 def test_a_conflict_drops_the_cached_state_and_reruns_the_handler(dsn: str) -> None:
     with Journal.open(dsn, **FAST) as first, Journal.open(dsn, **FAST) as second:
         mine, theirs = EntityRepository(first, Account), EntityRepository(second, Account)

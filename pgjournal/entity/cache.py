@@ -1,11 +1,10 @@
-"""In-process helpers of the repository: a bounded LRU cache of recent entities and per-key locks."""
+"""A bounded LRU cache of recent entities."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -30,10 +29,22 @@ class LruCache(Generic[V]):
         if self.capacity == 0:
             return
         with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            self._put(key, value)
+
+    def _put(self, key: str, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def put_if_newer(self, key: str, value: V, newer: Callable[[V, V], bool]) -> None:
+        """Put ``value`` unless the cached one is at least as new (``newer(old, value)`` is false)."""
+        if self.capacity == 0:
+            return
+        with self._lock:
+            old = self._items.get(key)
+            if old is None or newer(old, value):
+                self._put(key, value)
 
     def drop(self, key: str) -> None:
         with self._lock:
@@ -45,32 +56,3 @@ class LruCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._items)
-
-
-class KeyedLocks:
-    """One lock per key, created on first use and forgotten when no thread holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._locks: dict[str, tuple[threading.Lock, list[int]]] = {}
-
-    @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._mutex:
-            entry = self._locks.get(key)
-            if entry is None:
-                entry = self._locks[key] = (threading.Lock(), [0])
-            entry[1][0] += 1
-        lock, users = entry
-        lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
-            with self._mutex:
-                users[0] -= 1
-                if users[0] == 0:
-                    del self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)

@@ -1,9 +1,12 @@
 """``EntityRepository(journal, Cart).handle("cart-1", AddItem(...))``: recover, decide, persist, answer.
 
-Consistency: within a process, commands to one entity run one at a time (a per-entity lock shared by every
-repository on the same Journal); across processes, optimistic concurrency decides: each append states the
-sequence number the decision was based on, and a :class:`~pgjournal.ConcurrencyConflict` drops the cached
-state, recovers and runs the command handler again (bounded, with jittered backoff).
+Consistency: within a process, commands to one entity run one at a time, in arrival order (a per-entity
+mailbox shared by every repository on the same Journal); commands that queue up while an append is in
+flight are decided one after the other on the evolving state and written together in one append (group
+commit: a hot entity is not limited to one round trip per command). Across processes, optimistic
+concurrency decides: each append states the sequence number the decisions were based on, and a
+:class:`~pgjournal.ConcurrencyConflict` drops the cached state, recovers and runs the command handlers
+again (bounded, with jittered backoff).
 
 Write failures are honest: an exception from :meth:`EntityRepository.handle` means nothing of the command
 was written, except :class:`~pgjournal.WriteOutcomeUnknown`, raised only when the repository could not find
@@ -31,8 +34,9 @@ from ..errors import ConcurrencyConflict, ConfigurationError, DatabaseUnavailabl
 from ..slices import slice_for_persistence_id
 from ..validation import check_persistence_id, check_tags
 from .breaker import CircuitBreaker, is_unavailability
-from .cache import KeyedLocks, LruCache
+from .cache import LruCache
 from .errors import ConflictRetriesExhausted
+from .mailbox import Mailboxes, Pending
 from .model import CommandResult, Entity, Recovered, effect_of
 from .recovery import recover, snapshot_metadata
 
@@ -45,11 +49,15 @@ _log = logging.getLogger("pgjournal.entity")
 WRITER_OF = "SELECT writer FROM {table} WHERE persistence_id = %s AND slice = %s AND seq_nr = %s"
 
 
+def _run_batch(pid: str, batch: list[Pending]) -> None:
+    batch[0].owner._batch(pid, batch)
+
+
 @dataclass
 class _Shared:
-    """Per-Journal state every repository on it shares: entity locks and the default breaker."""
+    """Per-Journal state every repository on it shares: entity mailboxes and the default breaker."""
 
-    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    mailboxes: Mailboxes = field(default_factory=Mailboxes)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
 
@@ -76,8 +84,9 @@ class EntityRepository(Generic[S]):
 
     ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (``None``: never).
     ``cache_size``: recent entities kept in memory (LRU). ``max_conflict_retries``: how often a command is
-    re-run after losing a race before :class:`ConflictRetriesExhausted`. ``breaker``: the circuit breaker
-    (default: one shared by all repositories on ``journal``).
+    re-run after losing a race before :class:`ConflictRetriesExhausted`. ``max_batch``: at most this many
+    queued commands to one entity are decided together and written in one append. ``breaker``: the circuit
+    breaker (default: one shared by all repositories on ``journal``).
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class EntityRepository(Generic[S]):
         snapshot_every: int | None = 100,
         cache_size: int = 1000,
         max_conflict_retries: int = 20,
+        max_batch: int = 64,
         unknown_outcome_timeout: float = 30.0,
         breaker: CircuitBreaker | None = None,
     ) -> None:
@@ -100,6 +110,7 @@ class EntityRepository(Generic[S]):
             _check_count(snapshot_every, "snapshot_every", minimum=1)
         self.snapshot_every = snapshot_every
         self.max_conflict_retries = _check_count(max_conflict_retries, "max_conflict_retries", minimum=0)
+        self.max_batch = _check_count(max_batch, "max_batch", minimum=1)
         if isinstance(unknown_outcome_timeout, bool) or not isinstance(unknown_outcome_timeout, int | float) or (
                 unknown_outcome_timeout < 0):
             raise ConfigurationError(f"unknown_outcome_timeout must be a number of seconds >= 0, got "
@@ -108,9 +119,9 @@ class EntityRepository(Generic[S]):
         self._tags = check_tags(self.entity.tags)
         self._cache: LruCache[Recovered[S]] = LruCache(_check_count(cache_size, "cache_size", minimum=0))
         shared = _shared_for(journal)
-        self._locks = shared.locks
+        self._mailboxes = shared.mailboxes
         self.breaker = breaker if breaker is not None else shared.breaker
-        self._counts = {"conflicts": 0, "stale_cache": 0, "unknown_outcomes": 0, "snapshots": 0}
+        self._counts = {"conflicts": 0, "stale_cache": 0, "unknown_outcomes": 0, "snapshots": 0, "batched": 0}
         self._counts_lock = threading.Lock()
         for cls in self.entity.types:
             journal.serializers.register(cls, f"{self.name}.{cls.__name__}")
@@ -132,25 +143,19 @@ class EntityRepository(Generic[S]):
         :class:`DomainError`: nothing written), :class:`ConflictRetriesExhausted`, :class:`CircuitOpen` or
         :class:`~pgjournal.DatabaseUnavailable` (nothing written), or :class:`~pgjournal.WriteOutcomeUnknown`.
         """
-        pid = self.persistence_id(entity_id)
-        with self.breaker.guard(), self._locks.hold(pid):
-            try:
-                return self._handle_locked(entity_id, pid, command)
-            except BaseException as exc:
-                self._cache.drop(pid)  # the handler may have mutated the cached state; recover next time
-                if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
-                    raise DatabaseUnavailable(
-                        f"command {type(command).__name__} for {pid!r} was not applied and nothing was written: "
-                        f"{' '.join(str(exc).split()) or exc.__class__.__name__}") from exc
-                raise
+        item = Pending(self, entity_id, command)
+        self._mailboxes.submit(self.persistence_id(entity_id), item, _run_batch, self.max_batch)
+        if item.error is not None:
+            raise item.error
+        return item.result  # type: ignore[no-any-return]
 
     def load(self, entity_id: str) -> Recovered[S]:
-        """The entity's state as stored now (snapshot + replay, bypassing and refreshing the cache)."""
+        """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
         pid = self.persistence_id(entity_id)
-        with self.breaker.guard(), self._locks.hold(pid):
+        with self.breaker.guard():
             recovered = recover(self.journal, self.entity, pid)
-            self._cache.put(pid, recovered)
-            return recovered
+        self._cache.put_if_newer(pid, recovered, lambda old, new: new.seq_nr > old.seq_nr)
+        return recovered
 
     def evict(self, entity_id: str | None = None) -> None:
         """Forget the cached state of ``entity_id`` (of every entity when ``None``)."""
@@ -160,55 +165,91 @@ class EntityRepository(Generic[S]):
             self._cache.drop(self.persistence_id(entity_id))
 
     def status(self) -> dict[str, object]:
-        """Cache fill and breaker state, for logs and health checks."""
+        """Cache fill, counters and breaker state, for logs and health checks."""
         with self._counts_lock:
             counts = dict(self._counts)
         return {"entity": self.name, "cached": len(self._cache), **counts, "breaker": self.breaker.status()}
 
-    def _count(self, what: str) -> None:
+    def _count(self, what: str, n: int = 1) -> None:
         with self._counts_lock:
-            self._counts[what] += 1
+            self._counts[what] += n
 
-    # -- the command loop ----------------------------------------------------------------------------
+    # -- the command loop (runs in the thread leading the entity's mailbox) ------------------------------
 
-    def _handle_locked(self, entity_id: str, pid: str, command: Any) -> CommandResult[S]:
+    def _batch(self, pid: str, batch: list[Pending]) -> None:
+        """Decide every command of ``batch`` in order against the current state, append all their events
+        in one call, then complete each caller with its own reply, state and sequence number."""
+        try:
+            with self.breaker.guard():
+                self._decide_and_write(pid, batch)
+        except BaseException as exc:
+            self._cache.drop(pid)
+            if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
+                commands = ", ".join(sorted({type(item.command).__name__ for item in batch}))
+                exc = DatabaseUnavailable(
+                    f"command(s) {commands} for {pid!r} were not applied and nothing was written: "
+                    f"{' '.join(str(exc).split()) or exc.__class__.__name__}").with_traceback(exc.__traceback__)
+            for item in batch:
+                item.fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+        if len(batch) > 1:
+            self._count("batched", len(batch))
+
+    def _decide_and_write(self, pid: str, batch: list[Pending]) -> None:
         attempt = 0
         while True:
             current = self._cache.get(pid)
             cached = current is not None
             if current is None:
                 current = recover(self.journal, self.entity, pid)
-            try:
-                effect = effect_of(self.entity, command, self.entity.handle(current.state, command))
-            except Exception:
-                # A refusal is only as good as the state it was decided on: a cached state may be stale
-                # when other processes write, and no append would tell. Decide again on the stored state.
+            state, events, outcomes = current.state, [], []
+            refused = False
+            for item in batch:
+                try:
+                    effect = effect_of(self.entity, item.command, self.entity.handle(state, item.command))
+                    after = state
+                    for event in effect.events:
+                        after = self.entity.apply(after, event)
+                except Exception as exc:
+                    outcomes.append(exc)
+                    refused = True
+                    continue
+                state = after
+                events.extend(effect.events)
+                outcomes.append(CommandResult(item.entity_id, effect.reply, state, current.seq_nr + len(events),
+                                              effect.events))
+            if not events:
+                # A refusal or a read is only as good as the state it was decided on: a cached state may be
+                # stale when other processes write, and no append would tell. Decide again on stored state.
                 if cached and self._moved_on(pid, current.seq_nr):
                     continue
-                raise
-            if not effect.events:
-                if cached and self._moved_on(pid, current.seq_nr):
-                    continue  # a read must not answer from a stale cache either
-                self._cache.put(pid, current)
-                return CommandResult(entity_id, effect.reply, current.state, current.seq_nr)
-            state = current.state
-            for event in effect.events:
-                state = self.entity.apply(state, event)
-            seq_nr = current.seq_nr + len(effect.events)
-            try:
-                self._append(pid, effect.events, current.seq_nr)
-            except ConcurrencyConflict as conflict:
-                self._cache.drop(pid)
-                self._count("conflicts")
-                attempt += 1
-                if attempt > self.max_conflict_retries:
-                    raise ConflictRetriesExhausted(pid, current.seq_nr + 1, attempt, conflict.actual_seq_nr) from None
-                _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1, attempt)
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-                continue
-            self._cache.put(pid, Recovered(state, seq_nr))
-            self._maybe_snapshot(pid, current.seq_nr, seq_nr, state)
-            return CommandResult(entity_id, effect.reply, state, seq_nr, effect.events)
+            else:
+                try:
+                    self._append(pid, events, current.seq_nr)
+                except ConcurrencyConflict as conflict:
+                    self._cache.drop(pid)
+                    self._count("conflicts")
+                    attempt += 1
+                    if attempt > self.max_conflict_retries:
+                        raise ConflictRetriesExhausted(pid, current.seq_nr + 1, attempt,
+                                                       conflict.actual_seq_nr) from None
+                    _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1,
+                               attempt)
+                    time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                    continue
+            if refused:
+                self._cache.drop(pid)  # a failed handler may have mutated a mutable state
+            else:
+                self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
+            if events:
+                self._maybe_snapshot(pid, current.seq_nr, current.seq_nr + len(events), state)
+            for item, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, CommandResult):
+                    item.succeed(outcome)
+                else:
+                    item.fail(outcome)
+            return
 
     def _moved_on(self, pid: str, seq_nr: int) -> bool:
         """Did another writer append to ``pid`` after ``seq_nr``? If so, forget the cached state."""
@@ -259,7 +300,7 @@ class EntityRepository(Generic[S]):
             pause = min(pause * 2, 1.0)
 
     def _written_by_us(self, pid: str, seq_nr: int) -> bool:
-        """Was ``seq_nr`` of ``pid`` written by this Journal? While we hold the entity's lock, no other
+        """Was ``seq_nr`` of ``pid`` written by this Journal? While we lead the entity's mailbox, no other
         thread of this process appends to it, and writer ids are unique per Journal."""
         slice_ = slice_for_persistence_id(pid)
         sql = WRITER_OF.format(table=self.journal.dialect.event_table(slice_))
