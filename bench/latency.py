@@ -1,0 +1,92 @@
+"""latency: commit-to-delivery time of live events_by_slices at a steady write rate.
+
+4 writers share ``rate`` events/s for ``seconds``; 4 live consumers on slice_ranges(4) record when each
+event arrives. Per event: delivery time minus the moment its append returned (the commit). Contenders:
+ours (PostgreSQL: writers' signals + visibility horizon), the same without signals (polling only), and
+portable mode (no PostgreSQL-only feature). Misses are counted and must be zero.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pgjournal import Journal, slice_ranges
+
+from .harness import Context, Scenario
+
+
+def run(ctx: Context, settings: dict[str, Any], label: str) -> float:
+    rate, seconds = (300, 8) if ctx.quick else (1000, 60)
+    committed: dict[tuple[str, int], float] = {}
+    received: dict[tuple[str, int], float] = {}
+    entity = "Lat" + uuid.uuid4().hex[:8]
+    with Journal.open(ctx.dsn, **settings) as journal:
+        lives = [journal.query.events_by_slices(entity, lo, hi) for lo, hi in slice_ranges(4)]
+
+        def consume(live: Any) -> None:
+            for env in live:
+                received[(env.persistence_id, env.seq_nr)] = time.monotonic()
+
+        consumers = [threading.Thread(target=consume, args=(live,), daemon=True) for live in lives]
+        for t in consumers:
+            t.start()
+        time.sleep(0.5)
+        stop_at = time.monotonic() + seconds
+
+        def write(w: int) -> None:
+            interval = 4 / rate
+            next_at = time.monotonic()
+            seq = 0
+            pids = [f"{entity}|{w}-{i}" for i in range(50)]
+            highest = dict.fromkeys(pids, 0)
+            while time.monotonic() < stop_at:
+                pid = pids[seq % len(pids)]
+                journal.append(pid, [{"n": seq}], expected_seq_nr=highest[pid])
+                highest[pid] += 1
+                committed[(pid, highest[pid])] = time.monotonic()
+                seq += 1
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+        writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(received) < len(committed):
+            time.sleep(0.05)
+        for live in lives:
+            live.close()
+    missed = len(set(committed) - set(received))
+    lags = sorted(max(0.0, received[k] - committed[k]) * 1000 for k in committed if k in received)
+    q = statistics.quantiles(lags, n=100)
+    ctx.note(f"{label}: {len(committed):,} events, missed {missed}, p50 {q[49]:.1f} ms, p95 {q[94]:.1f} ms, "
+             f"p99 {q[98]:.1f} ms")
+    if missed:
+        raise AssertionError(f"{label}: {missed} events were never delivered")
+    return q[98]
+
+
+def contender(label: str, **settings: Any) -> Callable[[Context, Any], float]:
+    return lambda ctx, _state: run(ctx, {"refresh_interval": 1.0, **settings}, label)
+
+
+SCENARIOS = [
+    Scenario(
+        name="latency", metric="p99_ms", lower_is_better=True,
+        description="1,000 events/s for 60 s from 4 writers (quick: 300/s for 8 s), 4 live consumers; "
+                    "refresh_interval 1 s, behind_current_time 0.1 s",
+        setup=lambda _ctx: None,
+        contenders={
+            "ours": contender("signals + horizon"),
+            "without_signals": contender("polling only", notify=False),
+            "portable": contender("portable", portable=True),
+        },
+    ),
+]
