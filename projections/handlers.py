@@ -1,0 +1,117 @@
+"""Handler modes: how envelopes reach user code and when their offsets are stored.
+
+* :class:`ExactlyOnce` — ``handle(conn, envelope)`` runs inside an open transaction on ``conn``; the offset
+  rows are written in the same transaction, so the handler's writes and the offset commit together.
+* :class:`Grouped` — ``handle(conn, envelopes)`` gets up to ``max_count`` envelopes gathered for at most
+  ``max_wait`` seconds, in one transaction with the offsets of all of them.
+* :class:`AtLeastOnce` — ``handle(envelope)`` runs with no transaction of ours; offsets are stored after
+  processing, every ``save_every`` envelopes or ``save_interval`` seconds. A crash replays at most the
+  envelopes processed since the last save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pgjournal.errors import InvalidArgument
+from pgjournal.validation import check_name
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pgjournal.envelope import EventEnvelope
+
+ExactlyOnceHandle = Callable[["psycopg.Connection", "EventEnvelope"], Any]
+GroupedHandle = Callable[["psycopg.Connection", "Sequence[EventEnvelope]"], Any]
+AtLeastOnceHandle = Callable[["EventEnvelope"], Any]
+OnFailure = Literal["fail", "skip"]
+
+
+@dataclass(frozen=True)
+class ExactlyOnce:
+    handle: ExactlyOnceHandle
+
+
+@dataclass(frozen=True)
+class Grouped:
+    handle: GroupedHandle
+    max_count: int = 500
+    max_wait: float = 0.5
+
+    def __post_init__(self) -> None:
+        _positive(self.max_count, "Grouped.max_count", integer=True)
+        _positive(self.max_wait, "Grouped.max_wait")
+
+
+@dataclass(frozen=True)
+class AtLeastOnce:
+    handle: AtLeastOnceHandle
+    save_every: int = 100
+    save_interval: float = 0.5
+
+    def __post_init__(self) -> None:
+        _positive(self.save_every, "AtLeastOnce.save_every", integer=True)
+        _positive(self.save_interval, "AtLeastOnce.save_interval")
+
+
+Handler = ExactlyOnce | Grouped | AtLeastOnce
+
+
+@dataclass(frozen=True)
+class ProjectionSettings:
+    """Knobs of a projection run. Defaults suit production; tests shorten the intervals."""
+
+    #: Attempts per envelope (or group) before ``on_failure`` applies; 1 = no retry.
+    attempts: int = 5
+    #: Backoff before retry n: ``min(backoff_max, backoff * 2**(n-1))`` seconds.
+    backoff: float = 0.1
+    backoff_max: float = 5.0
+    #: ``fail``: the run stops with :class:`~projections.runner.ProjectionFailed` and the offset stays
+    #: before the event. ``skip``: the event is logged (pid, seq_nr) and counted as processed.
+    on_failure: OnFailure = "fail"
+    #: Per-pid rows are kept this long behind the latest offset of their slice. At least the backtracking
+    #: window plus its distance behind the clock (the runner raises it to that).
+    time_window: float = 300.0
+    #: How often stored rows older than the window (or superseded) are deleted.
+    delete_interval: float = 30.0
+    #: How often a running range checks whether the projection was paused.
+    management_interval: float = 1.0
+    #: After an infrastructure error (database gone), wait this long before restarting the range.
+    restart_backoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive(self.attempts, "attempts", integer=True)
+        for name in ("backoff", "backoff_max", "time_window", "delete_interval", "management_interval",
+                     "restart_backoff"):
+            _positive(getattr(self, name), name, allow_zero=name in ("backoff", "backoff_max"))
+        if self.on_failure not in ("fail", "skip"):
+            raise InvalidArgument(f"on_failure must be 'fail' or 'skip', got {self.on_failure!r}")
+
+    def backoff_for(self, attempt: int) -> float:
+        return min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A name, an entity type and a handler (with its mode). The slice range is given when it runs."""
+
+    name: str
+    entity_type: str
+    handler: Handler
+    settings: ProjectionSettings = field(default_factory=ProjectionSettings)
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "projection name")
+        check_name(self.entity_type, "entity type")
+        if not isinstance(self.handler, ExactlyOnce | Grouped | AtLeastOnce):
+            raise InvalidArgument(f"handler must be ExactlyOnce, Grouped or AtLeastOnce, got {self.handler!r}")
+
+
+def _positive(value: Any, what: str, *, integer: bool = False, allow_zero: bool = False) -> None:
+    kinds = int if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        expected = "an integer >= 1" if integer else ("a number >= 0" if allow_zero else "a number > 0")
+        raise InvalidArgument(f"{what} must be {expected}, got {value!r}")

@@ -1,0 +1,235 @@
+"""The per-slice offset store of a projection (``projection_timestamp_offset_store``).
+
+Per slice it keeps the latest offset and, within a time window behind it, one row per persistence id with
+the highest sequence number processed. From these rows:
+
+* **validation** of every envelope: *duplicate* (``seq_nr`` at or below the stored one, or older than the
+  window of its slice, which was all processed), *accepted* (the next one, a first event, or a pid whose
+  previous event lies before the window), or *rejected* (its predecessors were not processed: the runner
+  loads them by persistence id and processes them first, so nothing is ever skipped);
+* the **start offset** of a slice range: the earliest of its slices' latest offsets (after rescaling the
+  slices come from several old ranges), lowered to the first event of any slice that has no row yet, and
+  by the backtracking lookback so that late commits the previous run had not seen yet are read again.
+  What is read again is dropped as duplicate by the rows above.
+
+Marker rows (persistence id ``''``, seq_nr 0) record "everything before this time counts as processed":
+:func:`projections.management.set_offset` writes them. Eviction keeps the latest row per slice, so a slice
+that was ever processed always has a row.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pgjournal.envelope import EventEnvelope
+from pgjournal.offsets import TimestampOffset
+from pgjournal.slices import check_slice_range
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pgjournal.journal import Journal
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MARKER_PID = ""
+
+# Per slice of the range: the latest row and the latest marker.
+LATEST_SQL = """
+SELECT slice, max(timestamp_offset), max(timestamp_offset) FILTER (WHERE persistence_id = '')
+FROM projection_timestamp_offset_store
+WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s
+GROUP BY slice"""
+# The highest row per persistence id within the window of its slice.
+PIDS_SQL = """
+SELECT DISTINCT ON (s.persistence_id) s.slice, s.persistence_id, s.seq_nr, s.timestamp_offset
+FROM projection_timestamp_offset_store AS s
+JOIN unnest(%(slices)s::int[], %(floors)s::timestamptz[]) AS f(slice, floor) ON s.slice = f.slice
+WHERE s.projection_name = %(name)s AND s.persistence_id <> '' AND s.timestamp_offset >= f.floor
+ORDER BY s.persistence_id, s.seq_nr DESC"""
+# The first event of slices that have no row (their events were never processed).
+FIRST_EVENT_SQL = """
+SELECT min(db_timestamp) FROM event_journal
+WHERE entity_type = %(entity_type)s AND slice = ANY(%(slices)s) AND deleted = false
+  AND db_timestamp < %(before)s"""
+INSERT_SQL = """
+INSERT INTO projection_timestamp_offset_store
+    (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
+SELECT %(name)s, %(key)s, u.slice, u.pid, u.seq, u.ts, clock_timestamp()
+FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
+{conflict}"""
+# For a persistence id without a row: its previous event's time, and its highest event before the floor.
+PREVIOUS_SQL = """
+SELECT (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
+          AND seq_nr = %(prev)s AND deleted = false),
+       (SELECT COALESCE(max(seq_nr), 0) FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
+          AND seq_nr < %(seq)s AND db_timestamp < %(floor)s)"""
+# Superseded rows (an older event of the same pid) and rows older than the window; never a slice's latest.
+DELETE_SQL = """
+DELETE FROM projection_timestamp_offset_store AS s
+USING (
+    SELECT slice, persistence_id, seq_nr, timestamp_offset,
+           row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC) AS rn,
+           max(timestamp_offset) OVER (PARTITION BY slice) AS latest
+    FROM projection_timestamp_offset_store
+    WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s) AS d
+WHERE s.projection_name = %(name)s AND s.slice = d.slice AND s.persistence_id = d.persistence_id
+  AND s.seq_nr = d.seq_nr AND s.timestamp_offset = d.timestamp_offset
+  AND d.timestamp_offset < d.latest
+  AND (d.rn > 1 OR d.timestamp_offset < d.latest - %(window)s * INTERVAL '1 second')"""
+
+
+class Verdict(enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The highest event of a persistence id processed (or about to be, in the open transaction)."""
+
+    slice: int
+    seq_nr: int
+    timestamp: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    verdict: Verdict
+    #: For a rejected envelope: the highest sequence number processed (or counted processed) before it;
+    #: the runner loads ``after + 1 .. seq_nr - 1`` and processes them first.
+    after: int = 0
+
+
+def range_key(min_slice: int, max_slice: int) -> str:
+    """The ``projection_key`` of a slice range, as Akka writes it: ``name-min-max`` minus the name."""
+    return f"{min_slice}-{max_slice}"
+
+
+class OffsetStore:
+    """The offsets of one projection over one slice range, in memory and in the database.
+
+    Not thread-safe: one runner owns it. ``pending`` maps, passed to :meth:`validate`, hold what the
+    current unit of work accepted but has not committed yet.
+    """
+
+    def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
+                 time_window: float) -> None:
+        check_slice_range(min_slice, max_slice)
+        self.journal = journal
+        self.name = name
+        self.entity_type = entity_type
+        self.min_slice, self.max_slice = min_slice, max_slice
+        self.key = range_key(min_slice, max_slice)
+        self.window = timedelta(seconds=time_window)
+        #: Per slice: the latest processed event time (markers included) and the latest marker.
+        self.latest: dict[int, datetime] = {}
+        self.markers: dict[int, datetime] = {}
+        self.records: dict[str, Record] = {}
+        self.rows_since_delete = 0
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def load(self, conn: psycopg.Connection) -> TimestampOffset | None:
+        """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
+        params = {"name": self.name, "min": self.min_slice, "max": self.max_slice}
+        self.latest, self.markers, self.records = {}, {}, {}
+        for slice_, latest, marker in conn.execute(LATEST_SQL, params).fetchall():
+            self.latest[slice_] = latest
+            if marker is not None:
+                self.markers[slice_] = marker
+        if self.latest:
+            slices = sorted(self.latest)
+            rows = conn.execute(PIDS_SQL, {"name": self.name, "slices": slices,
+                                           "floors": [self.floor(s) for s in slices]}).fetchall()
+            self.records = {pid: Record(s, seq, ts) for s, pid, seq, ts in rows}
+        start = min(self.latest.values(), default=None)
+        empty = [s for s in range(self.min_slice, self.max_slice + 1) if s not in self.latest]
+        if empty and start is not None:
+            # Slices never processed: their events before ``start`` must not be skipped.
+            first = conn.execute(FIRST_EVENT_SQL, {"entity_type": self.entity_type, "slices": empty,
+                                                   "before": start}, prepare=False).fetchone()
+            if first and first[0] is not None:
+                start = first[0]
+        elif empty:
+            return None
+        return TimestampOffset(start) if start is not None else None
+
+    def floor(self, slice_: int) -> datetime:
+        """Events of the slice before this time all count as processed; rows are kept from here on."""
+        latest = self.latest.get(slice_)
+        if latest is None:
+            return EPOCH
+        return max(latest - self.window, self.markers.get(slice_, EPOCH))
+
+    # -- validation ----------------------------------------------------------------------------------
+
+    def validate(self, conn: psycopg.Connection, env: EventEnvelope, pending: Mapping[str, Record]
+                 ) -> Validation:
+        record = pending.get(env.persistence_id) or self.records.get(env.persistence_id)
+        if record is not None:
+            if env.seq_nr <= record.seq_nr:
+                return Validation(Verdict.DUPLICATE)
+            if env.seq_nr == record.seq_nr + 1:
+                return Validation(Verdict.ACCEPTED)
+            return Validation(Verdict.REJECTED, record.seq_nr)
+        floor = self.floor(env.slice)
+        if env.db_timestamp < floor:
+            return Validation(Verdict.DUPLICATE)
+        if env.seq_nr == 1:
+            return Validation(Verdict.ACCEPTED)
+        sql = PREVIOUS_SQL.format(table=self.journal.dialect.event_table(env.slice))
+        row = conn.execute(sql, {"pid": env.persistence_id, "slice": env.slice, "prev": env.seq_nr - 1,
+                                 "seq": env.seq_nr, "floor": floor}).fetchone()
+        prev_ts, before_floor = row if row else (None, 0)
+        if prev_ts is None or prev_ts < floor:
+            return Validation(Verdict.ACCEPTED)  # the previous event was processed (or deleted)
+        return Validation(Verdict.REJECTED, int(before_floor))
+
+    # -- storing -------------------------------------------------------------------------------------
+
+    def save(self, conn: psycopg.Connection, pending: Mapping[str, Record], *, fenced: bool) -> None:
+        """Insert a row per persistence id of ``pending`` (its highest event: lower ones are implied).
+
+        ``fenced`` (exactly-once, grouped): a row that exists already means another worker processed the
+        event, and the insert fails the transaction. Otherwise (at-least-once) such a row is ignored.
+        """
+        if not pending:
+            return
+        items = list(pending.items())
+        params: dict[str, Any] = {
+            "name": self.name, "key": self.key, "slices": [r.slice for _, r in items],
+            "pids": [pid for pid, _ in items], "seqs": [r.seq_nr for _, r in items],
+            "tss": [r.timestamp for _, r in items]}
+        conn.execute(INSERT_SQL.format(conflict="" if fenced else "ON CONFLICT DO NOTHING"), params)
+
+    def commit(self, pending: Mapping[str, Record]) -> None:
+        """Take ``pending`` into memory once its transaction committed."""
+        for pid, record in pending.items():
+            self.records[pid] = record
+            if record.timestamp > self.latest.get(record.slice, EPOCH):
+                self.latest[record.slice] = record.timestamp
+        self.rows_since_delete += len(pending)
+
+    def save_marker(self, conn: psycopg.Connection, slices: Iterable[int], timestamp: datetime) -> None:
+        rows = list(slices)
+        conn.execute(INSERT_SQL.format(conflict="ON CONFLICT DO NOTHING"), {
+            "name": self.name, "key": self.key, "slices": rows, "pids": [MARKER_PID] * len(rows),
+            "seqs": [0] * len(rows), "tss": [timestamp] * len(rows)})
+
+    # -- eviction and deletion -----------------------------------------------------------------------
+
+    def evict(self) -> None:
+        """Forget records older than the window of their slice (they validate by the floor instead)."""
+        self.records = {pid: r for pid, r in self.records.items() if r.timestamp >= self.floor(r.slice)}
+
+    def delete_old(self, conn: psycopg.Connection) -> int:
+        """Delete superseded rows and rows older than the window (the latest row per slice stays)."""
+        self.rows_since_delete = 0
+        cur = conn.execute(DELETE_SQL, {"name": self.name, "min": self.min_slice, "max": self.max_slice,
+                                        "window": self.window.total_seconds()})
+        return cur.rowcount

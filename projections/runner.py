@@ -1,0 +1,415 @@
+"""Run a projection over one slice range: read, validate, handle, store offsets; retry, fail or skip.
+
+A :class:`RangeRunner` (re)starts its range from the stored offsets until it is stopped: after a pause, after
+an infrastructure error (with backoff) and when a worker re-assigns ranges. One thread reads the live
+``events_by_slices`` query into a bounded queue; the runner's thread validates and handles envelopes, so
+groups and at-least-once saves can close on time even when no event arrives.
+
+With a lease guard (see :mod:`projections.leases`) the runner stops before its lease can expire, and the
+transactional modes check the lease inside their transaction (``FOR SHARE``: a take-over waits for the
+commit), so two workers never commit work for one slice in overlapping leases.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Protocol
+
+import psycopg
+import psycopg.errors
+
+from pgjournal.envelope import EventEnvelope
+from pgjournal.errors import JournalError
+from pgjournal.offsets import NoOffset, TimestampOffset
+
+from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
+from .management import is_paused
+from .offset_store import EPOCH, OffsetStore, Record, Verdict, range_key
+
+if TYPE_CHECKING:
+    from pgjournal.journal import Journal
+
+log = logging.getLogger("projections")
+
+
+class ProjectionFailed(JournalError):
+    """A handler kept failing and the projection is configured to fail: the offset stays before the event."""
+
+    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException) -> None:
+        self.projection = projection
+        self.persistence_id = envelope.persistence_id
+        self.seq_nr = envelope.seq_nr
+        super().__init__(f"projection {projection!r} failed on {envelope.persistence_id!r} seq_nr "
+                         f"{envelope.seq_nr} after {attempts} attempt(s): {cause!r}")
+
+
+class LeaseLost(JournalError):
+    """This worker no longer owns (or may soon lose) a slice it was processing: stop the range."""
+
+
+class LeaseGuard(Protocol):
+    owner: str
+
+    def valid(self) -> bool:
+        """True while the lease is certainly held (renewed recently enough)."""
+
+    def epochs(self, slices: Sequence[int]) -> dict[int, int]:
+        """The lease epoch of each slice, as acquired."""
+
+    def fence(self, conn: psycopg.Connection, slices: Sequence[int], epochs: Mapping[int, int]) -> None:
+        """Inside a transaction: lock the leases of ``slices`` for share, or raise :class:`LeaseLost`."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a handler may want to know about the run it is called from (``current_context.get()``)."""
+
+    projection: str
+    key: str
+    owner: str | None
+    epochs: Mapping[int, int] = field(default_factory=dict)
+
+
+current_context: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("projection_run", default=None)
+
+
+@dataclass
+class Stats:
+    handled: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    restarts: int = 0
+
+
+class _HandlerError(Exception):
+    pass
+
+
+@dataclass
+class _ReaderFailed:
+    error: BaseException
+
+
+def lookback(journal: Journal) -> float:
+    """How far before its stored offset a range is read again: late commits the last run had not seen."""
+    s = journal.settings
+    return (s.backtracking_window if s.backtracking_enabled else 0.0) + s.backtracking_behind_current_time
+
+
+class RangeRunner:
+    """One projection over ``min_slice..max_slice``. ``run()`` blocks until :meth:`stop` (or a failure)."""
+
+    def __init__(self, journal: Journal, projection: Projection, min_slice: int, max_slice: int, *,
+                 guard: LeaseGuard | None = None) -> None:
+        self.journal = journal
+        self.projection = projection
+        self.settings = projection.settings
+        self.min_slice, self.max_slice = min_slice, max_slice
+        self.key = range_key(min_slice, max_slice)
+        self.guard = guard
+        self.epochs: dict[int, int] = guard.epochs(range(min_slice, max_slice + 1)) if guard else {}
+        self.stats = Stats()
+        self._stop = threading.Event()
+        self.time_window = max(self.settings.time_window, 2 * lookback(journal))
+        #: Why the run ended, when it failed.
+        self.failed: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def start(self) -> None:
+        """Run on a daemon thread; a failure is kept in :attr:`failed` (and logged)."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except ProjectionFailed as exc:
+                log.error("%s", exc)
+            except BaseException as exc:
+                self.failed = exc
+                log.exception("projection %s %s crashed", self.projection.name, self.key)
+
+        self.thread = threading.Thread(target=target, daemon=True, name=f"projection-{self.projection.name}-{self.key}")
+        self.thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # -- the restart loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Process until stopped. Raises :class:`ProjectionFailed`; returns on :class:`LeaseLost`."""
+        token = current_context.set(RunContext(self.projection.name, self.key,
+                                               self.guard.owner if self.guard else None, self.epochs))
+        try:
+            while not self._stop.is_set():
+                if self.guard is not None and not self.guard.valid():
+                    return
+                try:
+                    if self._paused():
+                        self._stop.wait(self.settings.management_interval)
+                        continue
+                    self._run_once()
+                except ProjectionFailed as exc:
+                    self.failed = exc
+                    raise
+                except LeaseLost as exc:
+                    log.warning("projection %s %s: %s", self.projection.name, self.key, exc)
+                    return
+                except (psycopg.Error, JournalError, OSError) as exc:
+                    self.stats.restarts += 1
+                    log.warning("projection %s %s restarts after %r", self.projection.name, self.key, exc)
+                    self._stop.wait(self.settings.restart_backoff)
+        finally:
+            current_context.reset(token)
+
+    def _paused(self) -> bool:
+        with self.journal.connection() as conn:
+            return is_paused(conn, self.projection.name)
+
+    def _run_once(self) -> None:
+        store = OffsetStore(self.journal, self.projection.name, self.projection.entity_type, self.min_slice,
+                            self.max_slice, time_window=self.time_window)
+        with self.journal.connection() as conn:
+            start = store.load(conn)
+        offset = NoOffset
+        if start is not None:
+            offset = TimestampOffset(max(EPOCH, start.timestamp - timedelta(seconds=lookback(self.journal))))
+        query = self.journal.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
+                                                    offset)
+        inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
+        halt = threading.Event()
+        reader = threading.Thread(target=_read, args=(query, inbox, halt), daemon=True,
+                                  name=f"read-{self.projection.name}-{self.key}")
+        reader.start()
+        try:
+            self._consume(store, inbox)
+        finally:
+            halt.set()
+            query.close()
+            reader.join(timeout=30)
+
+    # -- consuming -----------------------------------------------------------------------------------
+
+    def _consume(self, store: OffsetStore, inbox: queue.Queue[EventEnvelope | _ReaderFailed]) -> None:
+        handler = self.projection.handler
+        now = time.monotonic()
+        next_check = now + self.settings.management_interval
+        next_delete = now + min(self.settings.delete_interval, self.time_window)
+        group: list[EventEnvelope] = []
+        group_due = 0.0
+        unsaved: dict[str, Record] = {}
+        unsaved_count = 0
+        save_due = 0.0
+        try:
+            while not self._stop.is_set():
+                if self.guard is not None and not self.guard.valid():
+                    raise LeaseLost(f"lease of {self.key} not renewed in time")
+                timeout = 0.05 if group or unsaved else 0.2
+                try:
+                    item: EventEnvelope | _ReaderFailed | None = inbox.get(timeout=timeout)
+                except queue.Empty:
+                    item = None
+                if isinstance(item, _ReaderFailed):
+                    raise item.error
+                now = time.monotonic()
+                if item is not None:
+                    if isinstance(handler, Grouped):
+                        if not group:
+                            group_due = now + handler.max_wait
+                        group.append(item)
+                    elif isinstance(handler, ExactlyOnce):
+                        self._transact(store, [item])
+                    else:
+                        if not unsaved:
+                            save_due = now + handler.save_interval
+                        unsaved_count += self._at_least_once(store, item, unsaved)
+                if isinstance(handler, Grouped) and group and (len(group) >= handler.max_count or now >= group_due):
+                    self._transact(store, group)
+                    group = []
+                if isinstance(handler, AtLeastOnce) and unsaved and (
+                        unsaved_count >= handler.save_every or now >= save_due):
+                    self._save(store, unsaved)
+                    unsaved_count = 0
+                if now >= next_check:
+                    next_check = now + self.settings.management_interval
+                    if self._paused():
+                        log.info("projection %s %s paused", self.projection.name, self.key)
+                        return
+                if now >= next_delete:
+                    next_delete = now + self.settings.delete_interval
+                    store.evict()
+                    if store.rows_since_delete:
+                        with self.journal.connection() as conn:
+                            store.delete_old(conn)
+        finally:
+            # What was handled is stored; a group not handled yet is read again by the next run.
+            if unsaved:
+                self._save(store, unsaved)
+
+    def _admit(self, conn: psycopg.Connection, store: OffsetStore, env: EventEnvelope,
+               pending: MutableMapping[str, Record]) -> list[EventEnvelope]:
+        """Validate ``env``: nothing for a duplicate; for a rejected one, its missing predecessors first."""
+        validation = store.validate(conn, env, pending)
+        if validation.verdict is Verdict.DUPLICATE:
+            self.stats.duplicates += 1
+            return []
+        out: list[EventEnvelope] = []
+        if validation.verdict is Verdict.REJECTED:
+            self.stats.rejected += 1
+            log.info("projection %s: %r seq_nr %d rejected (processed up to %d): loading the missing events",
+                     self.projection.name, env.persistence_id, env.seq_nr, validation.after)
+            out = list(self.journal.query.current_events_by_persistence_id(
+                env.persistence_id, validation.after + 1, env.seq_nr - 1))
+        out.append(env)
+        for e in out:
+            pending[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)
+        return out
+
+    def _transact(self, store: OffsetStore, envelopes: Sequence[EventEnvelope]) -> None:
+        """Exactly-once and grouped: handler and offsets in one transaction, with retries."""
+        handler = self.projection.handler
+        attempts = self.settings.attempts
+        last: BaseException | None = None
+        todo: list[EventEnvelope] = []
+        for attempt in range(1, attempts + 1):
+            pending: dict[str, Record] = {}
+            with self.journal.connection() as conn:
+                todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
+                if not todo:
+                    return
+                try:
+                    self._commit(conn, store, todo, pending, handle=True)
+                except _HandlerError as exc:
+                    last = exc.__cause__
+                    log.warning("projection %s: handler failed on %r seq_nr %d (%d envelope(s), attempt %d/%d): "
+                                "%r", self.projection.name, todo[0].persistence_id, todo[0].seq_nr, len(todo),
+                                attempt, attempts, last)
+                    if attempt < attempts:
+                        self._backoff(attempt)
+                    continue
+            store.commit(pending)
+            self.stats.handled += len(todo)
+            return
+        assert last is not None
+        if self.settings.on_failure == "fail":
+            raise ProjectionFailed(self.projection.name, todo[0], attempts, last)
+        if isinstance(handler, Grouped) and len(envelopes) > 1:
+            # Find the envelope(s) at fault: one at a time, each with its own attempts.
+            for env in envelopes:
+                self._transact(store, [env])
+            return
+        pending = {}
+        with self.journal.connection() as conn:
+            todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
+            self._commit(conn, store, todo, pending, handle=False)
+        store.commit(pending)
+        self._log_skipped(todo, last)
+
+    def _commit(self, conn: psycopg.Connection, store: OffsetStore, todo: list[EventEnvelope],
+                pending: dict[str, Record], *, handle: bool) -> None:
+        handler = self.projection.handler
+        with conn.transaction():
+            if self.guard is not None:
+                slices = sorted({e.slice for e in todo})
+                self.guard.fence(conn, slices, self.epochs)
+            if handle:
+                try:
+                    if isinstance(handler, ExactlyOnce):
+                        for e in todo:
+                            handler.handle(conn, e)
+                    else:
+                        assert isinstance(handler, Grouped)
+                        handler.handle(conn, todo)
+                except Exception as exc:
+                    raise _HandlerError() from exc
+            try:
+                store.save(conn, pending, fenced=True)
+            except psycopg.errors.UniqueViolation:
+                raise LeaseLost(f"an offset row of {self.key} exists already: another worker processed "
+                                "the same event") from None
+
+    def _at_least_once(self, store: OffsetStore, env: EventEnvelope, unsaved: dict[str, Record]) -> int:
+        handler = self.projection.handler
+        assert isinstance(handler, AtLeastOnce)
+        scratch: dict[str, Record] = {}
+        with self.journal.connection() as conn:
+            todo = self._admit(conn, store, env, collections.ChainMap(scratch, unsaved))
+        for e in todo:
+            for attempt in range(1, self.settings.attempts + 1):
+                if self.guard is not None and not self.guard.valid():
+                    raise LeaseLost(f"lease of {self.key} not renewed in time")
+                try:
+                    handler.handle(e)
+                    self.stats.handled += 1
+                    break
+                except Exception as exc:
+                    log.warning("projection %s: handler failed on %r seq_nr %d (attempt %d/%d): %r",
+                                self.projection.name, e.persistence_id, e.seq_nr, attempt,
+                                self.settings.attempts, exc)
+                    if attempt == self.settings.attempts:
+                        if self.settings.on_failure == "fail":
+                            raise ProjectionFailed(self.projection.name, e, attempt, exc) from exc
+                        self._log_skipped([e], exc)
+                    else:
+                        self._backoff(attempt)
+            unsaved[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)
+        return len(todo)
+
+    def _save(self, store: OffsetStore, unsaved: dict[str, Record]) -> None:
+        with self.journal.connection() as conn:
+            store.save(conn, unsaved, fenced=False)
+        store.commit(unsaved)
+        unsaved.clear()
+
+    def _backoff(self, attempt: int) -> None:
+        self._stop.wait(self.settings.backoff_for(attempt))
+
+    def _log_skipped(self, envelopes: Sequence[EventEnvelope], cause: BaseException | None) -> None:
+        for e in envelopes:
+            self.stats.skipped += 1
+            log.error("projection %s SKIPPED %r seq_nr %d after %d attempt(s): %r", self.projection.name,
+                      e.persistence_id, e.seq_nr, self.settings.attempts, cause)
+
+
+def _read(query: object, inbox: queue.Queue[EventEnvelope | _ReaderFailed], halt: threading.Event) -> None:
+    try:
+        for env in query:  # type: ignore[attr-defined]
+            while True:
+                try:
+                    inbox.put(env, timeout=0.1)
+                    break
+                except queue.Full:
+                    if halt.is_set():
+                        return
+            if halt.is_set():
+                return
+    except BaseException as exc:  # handed to the consuming thread
+        if not halt.is_set():
+            inbox.put(_ReaderFailed(exc))
+
+
+def run_range(journal: Journal, projection: Projection, min_slice: int, max_slice: int) -> RangeRunner:
+    """Start a runner for one range on a daemon thread (no leases); ``stop()`` and ``join()`` it."""
+    runner = RangeRunner(journal, projection, min_slice, max_slice)
+    runner.start()
+    return runner
