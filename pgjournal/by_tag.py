@@ -337,9 +337,18 @@ class TagStream:
             if upper <= self._pos[0]:
                 self.exhausted = True
                 return out, 0
-            rows = conn.execute(PAGE, (self._tag, *self._bound(self._pos), self._bucket(upper), upper,
-                                       self._limit)).fetchall()
+            with conn.cursor(binary=True) as cur:
+                rows = cur.execute(PAGE, (self._tag, *self._bound(self._pos), self._bucket(upper), upper,
+                                          self._limit)).fetchall()
+            seen, decode = self._seen, self._decode
             for row in rows:
+                pid, tag_seq = row[2], row[3]
+                last = seen.get(pid)
+                if tag_seq == 1 if last is None else tag_seq == last + 1:  # the common case, inline
+                    key = self._pos = (row[0], row[1])
+                    seen[pid] = tag_seq
+                    out.append(decode(row, key, source))
+                    continue
                 if not self._check_row(conn, row, source, out):
                     break  # a gap: wait, and re-read from here
                 key = (row[0], row[1])

@@ -93,7 +93,7 @@ class Reconciliation:
             counters = dict.fromkeys(wanted, 0)
             last_ticks = 0
             rows = []
-            progress: dict[str, tuple[int, int, object]] = {}
+            progress: dict[str, tuple[int, int, object, int]] = {}
             for seq_nr, ts, event_tags, ser_id, manifest, payload, meta_id, meta_manifest, meta in events:
                 micros = int(ts.timestamp()) * 1_000_000 + ts.microsecond
                 ticks = max(micros * 10 + _UNIX_EPOCH_TICKS, last_ticks + 1)
@@ -106,7 +106,7 @@ class Reconciliation:
                     counters[tag] += 1
                     rows.append((tag, bucket, ticks, lsb, stamp, pid, counters[tag], seq_nr, writer, ser_id, manifest,
                                  payload, meta_id, meta_manifest, meta))
-                    progress[tag] = (seq_nr, counters[tag], stamp)
+                    progress[tag] = (seq_nr, counters[tag], stamp, ticks)
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, "
@@ -114,8 +114,8 @@ class Reconciliation:
                     "meta_ser_manifest, meta_payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
                     "%s, %s)", rows)
                 cur.executemany(
-                    'INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") '
-                    "VALUES (%s, %s, %s, %s, %s)", [(pid, tag, *p) for tag, p in progress.items()])
+                    'INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset", '
+                    "ts_time) VALUES (%s, %s, %s, %s, %s, %s)", [(pid, tag, *p) for tag, p in progress.items()])
         return len(rows)
 
     def all_tags(self) -> list[TagCount]:

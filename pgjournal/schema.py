@@ -146,6 +146,8 @@ tag_write_progress = Table(
     Column("sequence_nr", BigInteger, nullable=False),
     Column("tag_pid_sequence_nr", BigInteger, nullable=False),
     Column("offset", UUID(as_uuid=True), nullable=False),
+    # The ticks of ``offset``: the next tagged append of the persistence id gets later TimeUUIDs.
+    Column("ts_time", BigInteger, nullable=False),
     PrimaryKeyConstraint("persistence_id", "tag", name="tag_write_progress_pkey"),
 )
 

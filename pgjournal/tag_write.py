@@ -7,7 +7,8 @@ CTEs: ``ins`` inserts the journal rows, ``tv`` one ``tag_views`` row per (event,
 statement; two appends racing on one persistence id clash on ``event_journal``'s primary key, so the loser's
 whole statement (tag rows and progress included) rolls back and is retried or reported as a conflict.
 
-TimeUUIDs come from the writer's clock (:mod:`pgjournal.timeuuid`), one per event, shared by its tags.
+TimeUUIDs come from the writer's clock (:mod:`pgjournal.timeuuid`), one per event, shared by its tags,
+raised in the statement above the persistence id's previous one (see ``_UUID``).
 """
 
 from __future__ import annotations
@@ -17,35 +18,38 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .buckets import BucketSize, ensure_bucket_size
-from .timeuuid import GENERATOR, make_uuid, ms_of_ticks
+from .timeuuid import GENERATOR, UUID_EPOCH_OFFSET
 
 if TYPE_CHECKING:
     from .journal import Journal
 
-_EVENTS_ONE = """SELECT %(ser_id)s::int AS ser_id, %(manifest)s::text AS manifest, %(payload)s::bytea AS payload,
-    %(tv_uuid)s::uuid AS tv_uuid, %(tv_time)s::bigint AS tv_time, %(tv_lsb)s::bigint AS tv_lsb,
-    %(tv_bucket)s::bigint AS tv_bucket, 1::bigint AS ord"""
-_EVENTS_MANY = """SELECT * FROM unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
-    %(tv_uuids)s::uuid[], %(tv_times)s::bigint[], %(tv_lsbs)s::bigint[], %(tv_buckets)s::bigint[])
-    WITH ORDINALITY AS e(ser_id, manifest, payload, tv_uuid, tv_time, tv_lsb, tv_bucket, ord)"""
+# The event's TimeUUID is assembled in SQL from its ticks and this process's low bytes, because the ticks
+# are raised above the persistence id's last ones (``tag_write_progress.ts_time``): with concurrent appends
+# to one persistence id (``expected_seq_nr=None``), the writer's clock alone could give a later tag sequence
+# number an earlier TimeUUID. So per (tag, persistence id), TimeUUID order is tag sequence order.
+_UUID = """(lpad(to_hex(u.ticks & 4294967295), 8, '0') || lpad(to_hex((u.ticks >> 32) & 65535), 4, '0')
+        || lpad(to_hex(((u.ticks >> 48) & 4095) | 4096), 4, '0') || %(tv_lsb_hex)s)::uuid"""
 _TAGGED = """
 WITH prev AS ({prev}),
-e AS ({events}),
+e AS (SELECT * FROM {events}),
 ins AS ({insert}),
-t AS (SELECT t.tag, COALESCE(p.tag_pid_sequence_nr, 0) AS base
+t AS (SELECT t.tag, COALESCE(p.tag_pid_sequence_nr, 0) AS base, COALESCE(p.ts_time, 0) AS last_time
       FROM unnest(%(tv_tags)s::text[]) AS t(tag)
       LEFT JOIN tag_write_progress p ON p.persistence_id = %(pid)s AND p.tag = t.tag),
+u AS (SELECT e.ord, GREATEST(%(tv_time)s::bigint, (SELECT max(last_time) + 1 FROM t)) + e.ord - 1 AS ticks FROM e),
+uu AS (SELECT u.ord, u.ticks, {uuid} AS stamp, (u.ticks - {epoch}) / 10000 AS ms FROM u),
 tv AS (INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, tag_pid_sequence_nr,
            sequence_nr, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id, meta_ser_manifest,
            meta_payload)
-       SELECT t.tag, e.tv_bucket, e.tv_time, e.tv_lsb, e.tv_uuid, %(pid)s, t.base + e.ord, prev.seq_nr + e.ord,
-           %(writer)s, e.ser_id, e.manifest, '', e.payload, %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s
-       FROM prev CROSS JOIN e CROSS JOIN t),
-progress AS (INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset")
-       SELECT %(pid)s, t.tag, prev.seq_nr + %(tv_count)s, t.base + %(tv_count)s, %(tv_last)s::uuid
-       FROM prev CROSS JOIN t
+       SELECT t.tag, uu.ms - mod(uu.ms, %(tv_bucket_ms)s), uu.ticks, %(tv_lsb)s, uu.stamp, %(pid)s, t.base + e.ord,
+           prev.seq_nr + e.ord, %(writer)s, e.ser_id, e.manifest, '', e.payload, %(meta_ser_id)s, %(meta_manifest)s,
+           %(meta_payload)s
+       FROM prev CROSS JOIN e JOIN uu ON uu.ord = e.ord CROSS JOIN t),
+progress AS (INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset", ts_time)
+       SELECT %(pid)s, t.tag, prev.seq_nr + %(tv_count)s, t.base + %(tv_count)s, uu.stamp, uu.ticks
+       FROM prev CROSS JOIN t JOIN uu ON uu.ord = %(tv_count)s
        ON CONFLICT (persistence_id, tag) DO UPDATE SET sequence_nr = excluded.sequence_nr,
-           tag_pid_sequence_nr = excluded.tag_pid_sequence_nr, "offset" = excluded."offset")
+           tag_pid_sequence_nr = excluded.tag_pid_sequence_nr, "offset" = excluded."offset", ts_time = excluded.ts_time)
 SELECT seq_nr, db_timestamp FROM ins"""
 
 _bucket_sizes: weakref.WeakKeyDictionary[Journal, BucketSize] = weakref.WeakKeyDictionary()
@@ -54,11 +58,12 @@ _bucket_sizes: weakref.WeakKeyDictionary[Journal, BucketSize] = weakref.WeakKeyD
 @functools.cache
 def tagged_insert_sql(table: str, *, after_latest: bool, single: bool) -> str:
     """The append statement for ``table`` with the tag view rows and progress in the same statement."""
-    from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT
+    from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT, _MANY, _ONE
 
     prev = (_AFTER_LATEST if after_latest else _AFTER_EXPECTED).format(table=table)
     insert = _INSERT.format(table=table, prev="SELECT * FROM prev", events="e").strip()
-    return _TAGGED.format(prev=prev, events=_EVENTS_ONE if single else _EVENTS_MANY, insert=insert)
+    return _TAGGED.format(prev=prev, events=_ONE if single else _MANY, insert=insert, uuid=_UUID,
+                          epoch=UUID_EPOCH_OFFSET)
 
 
 def bucket_size(journal: Journal) -> BucketSize:
@@ -75,16 +80,8 @@ def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], cou
             after_latest: bool) -> str:
     """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement."""
     size = bucket_size(journal)
-    first = GENERATOR.next_ticks(count)
-    lsb_bytes, lsb = GENERATOR.lsb_bytes, GENERATOR.lsb
-    ticks = range(first, first + count)
-    uuids = [make_uuid(t, lsb_bytes) for t in ticks]
-    buckets = [size.bucket_of(ms_of_ticks(t)) for t in ticks]
-    # Sorted: concurrent appends lock progress rows in one order (no deadlock between tag lists).
-    params.update(tv_tags=sorted(tags), tv_count=count, tv_last=uuids[-1])
-    if count == 1:
-        params.update(tv_uuid=uuids[0], tv_time=first, tv_lsb=lsb, tv_bucket=buckets[0])
-    else:
-        params.update(tv_uuids=uuids, tv_times=list(ticks), tv_lsbs=[lsb] * count, tv_buckets=buckets)
+    # The writer's clock; the statement raises it above the persistence id's last TimeUUID when needed.
+    params.update(tv_tags=sorted(tags), tv_count=count, tv_time=GENERATOR.next_ticks(count), tv_lsb=GENERATOR.lsb,
+                  tv_lsb_hex=f"{GENERATOR.lsb_bytes:016x}", tv_bucket_ms=size.millis)
     table = journal.dialect.event_table(params["slice"])
     return tagged_insert_sql(table, after_latest=after_latest, single=count == 1)

@@ -17,7 +17,7 @@ from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, Source
 from pgjournal import tag_write as tag_write_module
 from pgjournal.buckets import BucketSize
 from pgjournal.by_tag import MissingTaggedEventsError, TagEnvelope
-from pgjournal.timeuuid import TimeUUIDGenerator, compare
+from pgjournal.timeuuid import TimeUUIDGenerator, compare, ms_of_ticks, order_key
 
 # Minute buckets and short delays keep these tests quick; the semantics do not depend on the values.
 TAGS: dict[str, Any] = dict(
@@ -136,6 +136,14 @@ def test_racing_appends_keep_tag_sequence_numbers_contiguous(tj: Journal) -> Non
     for tag in ("x", "y"):
         assert tag_rows(tj, tag) == [("Cart|hot", n, n) for n in range(1, 81)]
     assert progress(tj)[("Cart|hot", "x")] == (80, 80)
+    # Racing writers of one pid: the statement raises the TimeUUID above the pid's last one, so TimeUUID
+    # order is tag sequence order (the stream's offsets depend on it). The SQL-built UUID matches its keys.
+    with tj.connection() as conn:
+        rows = conn.execute("SELECT timestamp, ts_time, ts_lsb, timebucket FROM tag_views WHERE tag_name = 'x' "
+                            "ORDER BY tag_pid_sequence_nr").fetchall()
+    assert all(compare(a[0], b[0]) == -1 for a, b in itertools.pairwise(rows))
+    assert all(order_key(stamp) == (ticks, lsb) for stamp, ticks, lsb, _ in rows)
+    assert all(bucket == BucketSize.MINUTE.bucket_of(ms_of_ticks(ticks)) for _, ticks, _, bucket in rows)
 
 
 def test_bucket_size_is_fixed_once_tagged_data_exists(dsn: str) -> None:

@@ -1,0 +1,130 @@
+"""tags-append and tags-catchup: the Cassandra-compatible tag path.
+
+``tags-append``: 1 event per transaction, 8 writers, one entity each, with 1 tag ("ours") beside the same
+append untagged and with 3 tags. The tag rows and progress go in the same statement as the journal rows.
+``tags-catchup``: ``current_events_by_tag`` over a tag view loaded beforehand (1,000,000 events; quick:
+50,000), events decoded, beside a bare keyset SELECT of the same rows (no decoding, no stream logic).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from pgjournal import Journal
+from pgjournal.buckets import BucketSize
+from pgjournal.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_of_ms
+
+from .append import EVENT, PAYLOAD, _threads
+from .harness import Context, Scenario
+
+WRITERS = 8
+CATCHUP_TAG = "bench-catchup"
+CATCHUP_PIDS = 1000
+
+
+def _append_setup(ctx: Context) -> dict[str, Any]:
+    return {"journal": Journal.open(ctx.dsn, pool_max_size=12)}
+
+
+def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
+    state["journal"].close()
+
+
+def append_with(tags: tuple[str, ...]) -> Any:
+    def measure(ctx: Context, state: dict[str, Any]) -> float:
+        journal: Journal = state["journal"]
+        total = 2_000 if ctx.quick else 20_000
+
+        def work(_w: int, n: int) -> None:
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for i in range(n):
+                journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
+
+        return total / _threads(WRITERS, total // WRITERS, work)
+
+    return measure
+
+
+def _catchup_setup(ctx: Context) -> dict[str, Any]:
+    """Load the tag view with binary COPY: rows as the write path makes them, an hour in the past."""
+    total = 50_000 if ctx.quick else 1_000_000
+    size = BucketSize.HOUR
+    gen = TimeUUIDGenerator()
+    first = ticks_of_ms(int(time.time() * 1000) - 3_600_000)
+    lsb_bytes, lsb = gen.lsb_bytes, gen.lsb
+    columns = ("tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, tag_pid_sequence_nr, sequence_nr, "
+               "writer_uuid, ser_id, ser_manifest, event")
+    types = ["varchar", "int8", "int8", "int8", "uuid", "varchar", "int8", "int8", "varchar", "int4", "varchar",
+             "bytea"]
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO tag_settings (name, value) VALUES ('bucket_size', %s)", (size.label,))
+        with conn.cursor().copy(f"COPY tag_views ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(types)
+            for i in range(total):
+                ticks = first + i * 20  # 2 µs apart
+                seq = i // CATCHUP_PIDS + 1
+                bucket = size.bucket_of(ms_of_ticks(ticks))
+                copy.write_row((CATCHUP_TAG, bucket, ticks, lsb, make_uuid(ticks, lsb_bytes),
+                                f"Bench|{i % CATCHUP_PIDS}", seq, seq, "bench", 33, "", PAYLOAD))
+        conn.execute("VACUUM ANALYZE tag_views")
+    ctx.note(f"tag view: {total:,} events of {CATCHUP_PIDS} persistence ids, Hour buckets")
+    journal = Journal.open(ctx.dsn, tag_bucket_size="Hour", tag_eventual_consistency_delay=0.1)
+    return {"journal": journal, "total": total}
+
+
+def catchup_ours(_ctx: Context, state: dict[str, Any]) -> float:
+    journal: Journal = state["journal"]
+    start = time.perf_counter()
+    count = 0
+    for env in journal.query.current_events_by_tag(CATCHUP_TAG):
+        count += 1
+        _ = env.event
+    elapsed = time.perf_counter() - start
+    assert count == state["total"], f"read {count} of {state['total']} events"
+    return count / elapsed
+
+
+def catchup_raw_select(ctx: Context, state: dict[str, Any]) -> float:
+    """The same keyset pages (1,000 rows) without decoding or stream logic: the floor of the query."""
+    sql = ("SELECT ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event "
+           "FROM tag_views WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) "
+           "ORDER BY timebucket, ts_time, ts_lsb LIMIT 1000")
+    start = time.perf_counter()
+    count = 0
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        key = (0, 0, -(2**63))
+        while True:
+            rows = conn.execute(sql, (CATCHUP_TAG, *key)).fetchall()
+            count += len(rows)
+            if len(rows) < 1000:
+                break
+            last = rows[-1]
+            key = (BucketSize.HOUR.bucket_of(ms_of_ticks(last[0])), last[0], last[1])
+    assert count == state["total"]
+    return count / (time.perf_counter() - start)
+
+
+SCENARIOS = [
+    Scenario(
+        name="tags-append", metric="events_per_s",
+        description=f"20,000 events (quick: 2,000), 1 per transaction, {WRITERS} writers, with 1 tag (ours), "
+                    "untagged, and with 3 tags",
+        setup=_append_setup, teardown=_teardown,
+        contenders={
+            "ours": append_with(("bench",)),
+            "untagged": append_with(()),
+            "3_tags": append_with(("bench", "bench-b", "bench-c")),
+        },
+    ),
+    Scenario(
+        name="tags-catchup", metric="events_per_s",
+        description="current_events_by_tag over 1,000,000 tagged events (quick: 50,000), decoded",
+        setup=_catchup_setup, teardown=_teardown,
+        contenders={"ours": catchup_ours, "raw_select": catchup_raw_select},
+    ),
+]
+
