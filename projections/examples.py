@@ -18,7 +18,7 @@ from pgjournal.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.validation import check_name, check_persistence_id
 from pgjournal.write import insert_sql
 
-from .handlers import ExactlyOnce, Grouped, Handler
+from .handlers import ExactlyOnce, Grouped, Handler, Projection
 
 if TYPE_CHECKING:
     import psycopg
@@ -112,3 +112,10 @@ class EventProcessor:
 
     def handler(self) -> ExactlyOnce:
         return ExactlyOnce(self.handle)
+
+
+def counter_projection(journal: Journal, name: str, entity_type: str) -> Projection:
+    """Factory for workers and the CLI (``projections.examples:counter_projection``): the counter read model,
+    grouped exactly-once."""
+    ensure_counter_table(journal)
+    return Projection(name, entity_type, counter_writer(name))

@@ -291,7 +291,10 @@ class RangeRunner:
         attempts = self.settings.attempts
         last: BaseException | None = None
         todo: list[EventEnvelope] = []
-        for attempt in range(1, attempts + 1):
+        attempt = 0
+        conflicts = 0
+        while attempt < attempts:
+            attempt += 1
             pending: dict[str, Record] = {}
             with self.journal.connection() as conn:
                 todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
@@ -299,6 +302,13 @@ class RangeRunner:
                     return
                 try:
                     self._commit(conn, store, todo, pending, handle=True)
+                except psycopg.errors.DeadlockDetected:
+                    # Lease rows are locked in slice order, so this is rare; not the handler's fault.
+                    conflicts += 1
+                    if conflicts > 10:
+                        raise
+                    attempt -= 1
+                    continue
                 except _HandlerError as exc:
                     last = exc.__cause__
                     log.warning("projection %s: handler failed on %r seq_nr %d (%d envelope(s), attempt %d/%d): "

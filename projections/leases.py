@@ -1,0 +1,174 @@
+"""Slice leases: which worker process may consume which slices of a projection, balanced without a manager.
+
+Every worker process of a projection heartbeats a row in ``projection_worker``. The live workers, ordered
+by start time, split 0..1023 into contiguous shares (worker *i* of *N* gets ``i*1024//N .. (i+1)*1024//N-1``).
+Each worker then, in one conditional UPDATE on the database clock, renews the ``projection_lease`` rows it
+holds and takes the free or expired rows of its share. A slice outside its share is released only after the
+runner consuming it has stopped; the new owner takes it when it is free (or its lease expired).
+
+Safety does not depend on clocks agreeing: a worker counts its lease from the moment it *sent* the renewal
+and stops consuming ``margin`` seconds before ``duration`` has passed, so it stops before the database can
+consider the lease expired. The transactional handler modes also :meth:`LeaseManager.fence` their
+transaction: ``FOR SHARE`` on the lease rows (owner and epoch checked), so a take-over waits for the commit.
+Rows are locked in slice order by both statements, so they cannot deadlock each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from pgjournal.errors import InvalidArgument
+from pgjournal.validation import check_name
+
+from .runner import LeaseLost
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pgjournal.journal import Journal
+
+log = logging.getLogger("projections.leases")
+SLICES = 1024
+
+ENSURE_ROWS_SQL = """
+INSERT INTO projection_lease (projection_name, slice, owner, epoch, expires_at)
+SELECT %(name)s, s, NULL, 0, now() FROM generate_series(0, 1023) AS s
+ON CONFLICT (projection_name, slice) DO NOTHING"""
+HEARTBEAT_SQL = """
+INSERT INTO projection_worker (projection_name, owner, started_at, expires_at)
+VALUES (%(name)s, %(owner)s, clock_timestamp(), now() + %(duration)s * INTERVAL '1 second')
+ON CONFLICT (projection_name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
+LIVE_WORKERS_SQL = """
+SELECT owner FROM projection_worker WHERE projection_name = %(name)s AND expires_at > now()
+ORDER BY started_at, owner"""
+FORGET_DEAD_SQL = """
+DELETE FROM projection_worker WHERE projection_name = %(name)s AND expires_at < now() - INTERVAL '1 minute'"""
+# Renew what this owner holds (unexpired) and take the free or expired slices it wants; the epoch grows
+# whenever a slice changes hands (or is taken back after it expired).
+ACQUIRE_SQL = """
+WITH chosen AS (
+    SELECT slice FROM projection_lease
+    WHERE projection_name = %(name)s
+      AND ((owner = %(owner)s AND expires_at > now())
+           OR (slice = ANY(%(want)s) AND (owner IS NULL OR expires_at <= now())))
+    ORDER BY slice FOR UPDATE)
+UPDATE projection_lease AS l
+SET epoch = CASE WHEN l.owner = %(owner)s AND l.expires_at > now() THEN l.epoch ELSE l.epoch + 1 END,
+    owner = %(owner)s,
+    expires_at = now() + %(duration)s * INTERVAL '1 second'
+FROM chosen WHERE l.projection_name = %(name)s AND l.slice = chosen.slice
+RETURNING l.slice, l.epoch"""
+RELEASE_SQL = """
+UPDATE projection_lease SET owner = NULL, expires_at = now()
+WHERE projection_name = %(name)s AND owner = %(owner)s AND slice = ANY(%(slices)s)"""
+LEAVE_SQL = "DELETE FROM projection_worker WHERE projection_name = %(name)s AND owner = %(owner)s"
+FENCE_SQL = """
+SELECT count(*) FROM (
+    SELECT l.slice FROM projection_lease AS l
+    JOIN unnest(%(slices)s::int[], %(epochs)s::bigint[]) AS u(slice, epoch)
+      ON l.slice = u.slice AND l.epoch = u.epoch
+    WHERE l.projection_name = %(name)s AND l.owner = %(owner)s AND l.expires_at > clock_timestamp()
+    ORDER BY l.slice FOR SHARE OF l) AS held"""
+
+
+def share(index: int, workers: int) -> range:
+    """The contiguous slices worker ``index`` of ``workers`` should own."""
+    return range(index * SLICES // workers, (index + 1) * SLICES // workers)
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class LeaseManager:
+    """The leases of one worker process for one projection; also the runners' :class:`LeaseGuard`."""
+
+    def __init__(self, journal: Journal, name: str, *, owner: str | None = None, duration: float = 10.0,
+                 renew_interval: float | None = None) -> None:
+        self.journal = journal
+        self.name = check_name(name, "projection name")
+        self.owner = owner or default_owner()
+        if not isinstance(duration, int | float) or isinstance(duration, bool) or duration <= 0:
+            raise InvalidArgument(f"lease duration must be a number of seconds > 0, got {duration!r}")
+        self.duration = float(duration)
+        self.renew_interval = renew_interval if renew_interval is not None else self.duration / 4
+        if not 0 < self.renew_interval < self.duration / 2:
+            raise InvalidArgument(f"lease renew_interval must be > 0 and below half the duration "
+                                  f"({self.duration / 2}s), got {self.renew_interval!r}")
+        #: Stop consuming this long before the lease could expire.
+        self.margin = self.duration / 4
+        self.held: dict[int, int] = {}
+        self.target: range = range(0)
+        self._deadline = 0.0
+        self._lock = threading.Lock()
+        self._rows_ensured = False
+
+    # -- LeaseGuard ----------------------------------------------------------------------------------
+
+    def valid(self) -> bool:
+        return time.monotonic() < self._deadline
+
+    def epochs(self, slices: Sequence[int]) -> dict[int, int]:
+        with self._lock:
+            return {s: self.held[s] for s in slices if s in self.held}
+
+    def fence(self, conn: psycopg.Connection, slices: Sequence[int], epochs: Mapping[int, int]) -> None:
+        if not self.valid():
+            raise LeaseLost(f"lease of {self.owner} not renewed in time")
+        wanted = [s for s in slices]
+        if any(s not in epochs for s in wanted):
+            raise LeaseLost(f"slices {wanted} are not all leased to this runner")
+        row = conn.execute(FENCE_SQL, {"name": self.name, "owner": self.owner, "slices": wanted,
+                                       "epochs": [epochs[s] for s in wanted]}).fetchone()
+        if not row or row[0] != len(wanted):
+            raise LeaseLost(f"{self.owner} no longer holds the leases of slices {wanted[0]}..{wanted[-1]}")
+
+    # -- membership and acquisition ------------------------------------------------------------------
+
+    def cycle(self) -> tuple[dict[int, int], range]:
+        """Heartbeat, compute this worker's share, renew and acquire. Returns (held slices -> epoch, share)."""
+        sent = time.monotonic()
+        with self.journal.connection() as conn:
+            params = {"name": self.name, "owner": self.owner, "duration": self.duration}
+            if not self._rows_ensured:
+                conn.execute(ENSURE_ROWS_SQL, params)
+                self._rows_ensured = True
+            conn.execute(HEARTBEAT_SQL, params)
+            live = [row[0] for row in conn.execute(LIVE_WORKERS_SQL, params).fetchall()]
+            target = share(live.index(self.owner), len(live)) if self.owner in live else range(0)
+            rows = conn.execute(ACQUIRE_SQL, {**params, "want": list(target)}).fetchall()
+            if len(live) > 1 and sent % 10 < self.renew_interval:
+                conn.execute(FORGET_DEAD_SQL, params)
+        held = {s: e for s, e in rows}
+        with self._lock:
+            lost = set(self.held) - set(held)
+            self.held, self.target = held, target
+            self._deadline = sent + self.duration - self.margin if held else 0.0
+        if lost:
+            log.warning("%s lost the leases of %d slice(s) it held", self.owner, len(lost))
+        return held, target
+
+    def release(self, slices: Sequence[int]) -> None:
+        if not slices:
+            return
+        with self._lock:
+            for s in slices:
+                self.held.pop(s, None)
+        with self.journal.connection() as conn:
+            conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner, "slices": list(slices)})
+
+    def leave(self) -> None:
+        """Release every slice and drop the heartbeat (a clean stop: others take over at once)."""
+        with self._lock:
+            self.held = {}
+            self._deadline = 0.0
+        with self.journal.connection() as conn:
+            conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner, "slices": list(range(SLICES))})
+            conn.execute(LEAVE_SQL, {"name": self.name, "owner": self.owner})

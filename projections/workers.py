@@ -1,0 +1,198 @@
+"""Worker processes: each holds leases on a share of the slices and runs one range runner per contiguous run.
+
+``run_workers(dsn, factory, n)`` starts ``n`` processes (``pgjournal projection run NAME --workers N``); more
+can be started anywhere else against the same database and the shares re-balance. A process is also
+started directly with ``python -m projections.workers NAME ENTITY_TYPE --handler module:factory``.
+
+``factory(journal, name, entity_type)`` returns the :class:`~projections.handlers.Projection` to run; it
+is named by ``module:attribute`` so that a fresh process can import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import multiprocessing
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from pgjournal.errors import ConfigurationError
+
+from .handlers import Projection
+from .leases import LeaseManager
+from .runner import ProjectionFailed, RangeRunner
+
+if TYPE_CHECKING:
+    from pgjournal.journal import Journal
+
+log = logging.getLogger("projections.workers")
+
+Factory = Callable[["Journal", str, str], Projection]
+
+
+def load_factory(spec: str) -> Factory:
+    """``module:attribute`` to the callable it names."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"handler factory must look like package.module:function, got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load handler factory {spec!r}: {exc}") from None
+    if not callable(factory):
+        raise ConfigurationError(f"handler factory {spec!r} is not callable")
+    return factory
+
+
+def contiguous_runs(slices: Iterable[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for s in sorted(slices):
+        if runs and runs[-1][1] == s - 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    return runs
+
+
+class Worker:
+    """Leases plus runners for one projection in this process. :meth:`run` blocks until ``stop`` is set."""
+
+    def __init__(self, journal: Journal, projection: Projection, *, owner: str | None = None,
+                 lease_duration: float = 10.0, renew_interval: float | None = None) -> None:
+        self.journal = journal
+        self.projection = projection
+        self.leases = LeaseManager(journal, projection.name, owner=owner, duration=lease_duration,
+                                   renew_interval=renew_interval)
+        self.owner = self.leases.owner
+        self.runners: dict[tuple[int, int, tuple[int, ...]], RangeRunner] = {}
+        self.failure: ProjectionFailed | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Balance and process until ``stop``; raises :class:`ProjectionFailed` when a range failed."""
+        try:
+            while not stop.is_set() and self.failure is None:
+                try:
+                    self.step()
+                except Exception as exc:  # keep the worker alive: runners stop at their deadline
+                    if isinstance(exc, ProjectionFailed):
+                        raise
+                    log.warning("%s: lease cycle failed (%r); runners stop at their deadline", self.owner, exc)
+                stop.wait(self.leases.renew_interval)
+        finally:
+            self.shutdown()
+        if self.failure is not None:
+            raise self.failure
+
+    def step(self) -> None:
+        held, target = self.leases.cycle()
+        wanted = {(lo, hi, tuple(held[s] for s in range(lo, hi + 1)))
+                  for lo, hi in contiguous_runs(s for s in held if s in target)}
+        for key, runner in list(self.runners.items()):
+            if isinstance(runner.failed, ProjectionFailed):
+                self.failure = runner.failed
+            if key not in wanted or not runner.alive:
+                runner.stop()
+        for key, runner in list(self.runners.items()):
+            if runner.stopping:
+                runner.join(timeout=self.leases.renew_interval / 2)
+                if not runner.alive:
+                    del self.runners[key]
+        if self.failure is not None:
+            return
+        busy = {s for lo, hi, _ in self.runners for s in range(lo, hi + 1)}
+        self.leases.release([s for s in held if s not in target and s not in busy])
+        for key in sorted(wanted - set(self.runners)):
+            lo, hi, _ = key
+            if any(s in busy for s in range(lo, hi + 1)):
+                continue  # an old runner over some of these slices is still stopping
+            runner = RangeRunner(self.journal, self.projection, lo, hi, guard=self.leases)
+            self.runners[key] = runner
+            runner.start()
+            log.info("%s: runs slices %d-%d", self.owner, lo, hi)
+
+    def shutdown(self) -> None:
+        for runner in self.runners.values():
+            runner.stop()
+        for runner in self.runners.values():
+            runner.join(timeout=30)
+        self.runners.clear()
+        try:
+            self.leases.leave()
+        except Exception as exc:  # leases expire anyway
+            log.warning("%s: could not release leases (%r); they expire", self.owner, exc)
+
+
+def worker_main(dsn: str | None, name: str, entity_type: str, factory_spec: str, journal_settings: dict[str, Any],
+                lease_duration: float, renew_interval: float | None) -> int:
+    """One worker process: stops cleanly on SIGTERM/SIGINT (leases released), exit code 1 on failure."""
+    from pgjournal.journal import Journal
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    factory = load_factory(factory_spec)
+    with Journal.open(dsn, **journal_settings) as journal:
+        projection = factory(journal, name, entity_type)
+        worker = Worker(journal, projection, lease_duration=lease_duration, renew_interval=renew_interval)
+        log.info("worker %s started for projection %s", worker.owner, name)
+        try:
+            worker.run(stop)
+        except ProjectionFailed as exc:
+            log.error("%s", exc)
+            return 1
+    return 0
+
+
+def _child(*args: Any) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(name)s %(message)s")
+    sys.exit(worker_main(*args))
+
+
+def run_workers(dsn: str | None, name: str, entity_type: str, factory_spec: str, workers: int, *,
+                journal_settings: dict[str, Any] | None = None, lease_duration: float = 10.0,
+                renew_interval: float | None = None, stop: threading.Event | None = None) -> int:
+    """Start ``workers`` processes and wait; SIGINT/SIGTERM (or ``stop``) stops them cleanly.
+    Returns the highest exit code of the children."""
+    load_factory(factory_spec)  # fail here, not in every child
+    ctx = multiprocessing.get_context("spawn")
+    args = (dsn, name, entity_type, factory_spec, journal_settings or {}, lease_duration, renew_interval)
+    procs = [ctx.Process(target=_child, args=args, name=f"{name}-worker-{i}") for i in range(workers)]
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    for proc in procs:
+        proc.start()
+    try:
+        while not stop.is_set() and any(p.is_alive() for p in procs):
+            stop.wait(0.5)
+    finally:
+        for proc in procs:
+            if proc.is_alive() and proc.pid is not None:
+                proc.terminate()  # SIGTERM: the child releases its leases
+        for proc in procs:
+            proc.join(timeout=60)
+    return max((p.exitcode or 0) for p in procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m projections.workers", description=__doc__)
+    parser.add_argument("name")
+    parser.add_argument("entity_type")
+    parser.add_argument("--handler", default="projections.examples:counter_projection")
+    parser.add_argument("--dsn", default=None)
+    parser.add_argument("--lease-duration", type=float, default=10.0)
+    parser.add_argument("--renew-interval", type=float, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
+    # Journal settings come from PGJOURNAL_<NAME> environment variables, as everywhere.
+    return worker_main(args.dsn, args.name, args.entity_type, args.handler, {}, args.lease_duration,
+                       args.renew_interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
