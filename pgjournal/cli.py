@@ -246,6 +246,10 @@ from .cli_tags import cleanup_app, tags_app  # noqa: E402  (they use the helpers
 app.add_typer(tags_app, name="tags")
 app.add_typer(cleanup_app, name="cleanup")
 
+from spark.cli import spark_app  # noqa: E402  (PySpark itself is imported only when a spark command runs)
+
+app.add_typer(spark_app, name="spark")
+
 
 def main() -> None:
     app()

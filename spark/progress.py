@@ -42,7 +42,10 @@ def tracked(spark: SparkSession, step: str, action: Callable[[], T], on_progress
         except BaseException as exc:
             outcome["error"] = exc
 
+    last = Progress(step, 0, 0)
+
     def report() -> None:
+        nonlocal last
         tracker = sc.statusTracker()
         done = total = 0
         for job_id in tracker.getJobIdsForGroup(group):
@@ -52,7 +55,8 @@ def tracked(spark: SparkSession, step: str, action: Callable[[], T], on_progress
                 if stage is not None:
                     done += stage.numCompletedTasks
                     total += stage.numTasks
-        on_progress(Progress(step, done, total))
+        last = Progress(step, done, total)
+        on_progress(last)
 
     worker = threading.Thread(target=run, name=f"spark-{step}", daemon=True)
     on_progress(Progress(step, 0, 0))
@@ -66,4 +70,5 @@ def tracked(spark: SparkSession, step: str, action: Callable[[], T], on_progress
         raise
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
+    on_progress(Progress(step, last.total, last.total))  # the tracker may lag the end of the action
     return outcome["value"]  # type: ignore[return-value]

@@ -26,6 +26,8 @@ JAR_ENV = "PGJOURNAL_JDBC_JAR"
 DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
 MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.4"
 MAVEN_HOST = ("repo1.maven.org", 443)
+#: Set by spark-submit when it starts the Python driver.
+SUBMITTED_ENV = "PYSPARK_GATEWAY_PORT"
 
 INSTALL_JAVA = "install Java 17 or newer (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME"
 INSTALL_JAR = (
@@ -145,10 +147,17 @@ def spark_session(
 
     Python workers run on this interpreter; the session time zone is UTC; logs show errors only; the UI is
     off; memory and shuffle partitions suit a 2-core machine. Settings apply only when this call starts
-    the JVM: an existing session is returned as it is (with the JDBC jar check still done).
+    the JVM: an existing session is returned as it is. Under spark-submit, its options are used instead
+    (pass the driver with ``--jars /usr/share/java/postgresql.jar``).
     """
-    java, jar = check_spark_available()
     from pyspark.sql import SparkSession
+
+    if SUBMITTED_ENV in os.environ:  # under spark-submit: master, memory and --jars are its business
+        session = (SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
+                   .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+    java, jar = check_spark_available()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

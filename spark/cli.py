@@ -1,0 +1,173 @@
+"""``pgjournal spark export | load | watermarks``: the Spark jobs on the command line, with progress.
+
+PySpark is imported only when a command runs, so ``pgjournal`` starts fast without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from .progress import Progress as SparkProgress
+
+spark_app = typer.Typer(
+    help="Spark jobs over the journal (needs Java 17+, PySpark and the PostgreSQL JDBC jar).",
+    no_args_is_help=True,
+)
+console = Console()
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
+                 show_envvar=True),
+]
+EntityOption = Annotated[str | None, typer.Option("--entity-type", "-e", help="Only this entity type.")]
+TableOption = Annotated[str, typer.Option(help="Journal table (an Akka R2DBC event_journal works too).")]
+DecodeOption = Annotated[bool, typer.Option("--decode/--raw", help="Decode JSON payloads to an `event` struct.")]
+SchemaOption = Annotated[str | None, typer.Option("--schema", help="Payload schema as Spark DDL, e.g. "
+                                                  "'item STRING, qty INT' (default: inferred).")]
+MasterOption = Annotated[str, typer.Option(help="Spark master.")]
+MemoryOption = Annotated[str, typer.Option(help="Driver memory.")]
+
+
+@contextmanager
+def _spark(master: str, memory: str) -> Iterator[SparkSession]:
+    from pgjournal.cli import reported
+
+    from .session import spark_session
+
+    with reported():
+        with console.status("starting Spark"):
+            session = spark_session("pgjournal-cli", master=master, driver_memory=memory)
+        try:
+            yield session
+        finally:
+            session.stop()
+
+
+@contextmanager
+def _progress() -> Iterator[object]:
+    bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("tasks"), TimeElapsedColumn(), console=console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def update(p: SparkProgress) -> None:
+        if p.step not in tasks:
+            tasks[p.step] = bars.add_task(p.step, total=None)
+        bars.update(tasks[p.step], completed=p.done, total=p.total or None)
+
+    with bars:
+        yield update
+
+
+@spark_app.command()
+def export(
+    out: Annotated[str, typer.Argument(help="Output directory or URI (replaced).")],
+    dsn: DsnOption = None,
+    entity_type: EntityOption = None,
+    slice_ranges: Annotated[int, typer.Option("--slice-ranges", "-n", help="JDBC partitions (divisor of 1024).")] = 8,
+    since: Annotated[str | None, typer.Option(help="Only events at or after this ISO 8601 time.")] = None,
+    until: Annotated[str | None, typer.Option(help="Only events before this ISO 8601 time.")] = None,
+    decode: DecodeOption = False,
+    schema: SchemaOption = None,
+    table: TableOption = "event_journal",
+    master: MasterOption = "local[2]",
+    memory: MemoryOption = "1g",
+) -> None:
+    """Export events to Parquet, partitioned by entity_type and slice_range."""
+    from pgjournal.cli import reported
+
+    from .jobs import export_events
+
+    with _spark(master, memory) as session, reported(), _progress() as update:
+        result = export_events(session, out, dsn=dsn, entity_type=entity_type, slice_ranges=slice_ranges,
+                               since=since, until=until, decode=decode, payload_schema=schema, table=table,
+                               progress=update)  # type: ignore[arg-type]
+    console.print(f"exported [bold]{result.rows:,}[/] events to {result.path} in {result.seconds:.1f} s "
+                  f"({result.rows_per_second:,.0f} rows/s, {len(result.slice_ranges)} slice ranges)")
+
+
+@spark_app.command()
+def load(
+    out: Annotated[str, typer.Argument(help="Output directory or URI; each run adds load=<n>.")],
+    job: Annotated[str, typer.Option("--job", "-j", help="Job name: its watermarks are kept in the database.")],
+    dsn: DsnOption = None,
+    entity_type: EntityOption = None,
+    slice_ranges: Annotated[int, typer.Option("--slice-ranges", "-n", help="JDBC partitions (divisor of 1024).")] = 4,
+    behind: Annotated[float | None, typer.Option(help="Seconds to stay behind the database clock.")] = None,
+    portable: Annotated[bool | None, typer.Option("--portable/--no-portable", help="Clock minus a delay "
+                                                  "instead of PostgreSQL's open transactions.")] = None,
+    decode: DecodeOption = False,
+    schema: SchemaOption = None,
+    table: TableOption = "event_journal",
+    master: MasterOption = "local[2]",
+    memory: MemoryOption = "1g",
+) -> None:
+    """Load the events committed since the last run of JOB (exactly once, late commits included)."""
+    from pgjournal.cli import reported
+    from pgjournal.offsets import format_timestamp
+
+    from .jobs import load_events
+
+    with _spark(master, memory) as session, reported(), _progress() as update:
+        result = load_events(session, out, job, dsn=dsn, entity_type=entity_type, slice_ranges=slice_ranges,
+                             behind=behind, portable=portable, decode=decode, payload_schema=schema, table=table,
+                             progress=update)  # type: ignore[arg-type]
+    for line in result.recovered:
+        console.print(f"[yellow]recovered:[/] {line}")
+    console.print(f"load {result.load_number} of job {result.job!r}: [bold]{result.rows:,}[/] new events to "
+                  f"{result.path} in {result.seconds:.1f} s; complete up to {format_timestamp(result.horizon)}")
+
+
+@spark_app.command()
+def watermarks(
+    job: Annotated[str, typer.Argument(help="Job name.")],
+    dsn: DsnOption = None,
+    slice_ranges: Annotated[int, typer.Option("--slice-ranges", "-n", help="Group slices into this many.")] = 8,
+) -> None:
+    """Show a load job's watermarks per slice range and its last loads (no Spark needed)."""
+    import psycopg
+
+    from pgjournal.cli import reported
+    from pgjournal.dsn import resolve_dsn
+    from pgjournal.offsets import format_timestamp
+    from pgjournal.slices import slice_ranges as split
+
+    from .watermarks import LEDGER_SUFFIX, PREFIX, check_job_name, read_state
+
+    with reported():
+        check_job_name(job)
+        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+            key = conn.execute("SELECT min(projection_key) FROM projection_timestamp_offset_store "
+                               "WHERE projection_name = %s", (PREFIX + job + LEDGER_SUFFIX,)).fetchone()
+            state = read_state(conn, job, None if key is None or key[0] in (None, "*") else key[0])
+            ledger = conn.execute(
+                "SELECT seq_nr, persistence_id, timestamp_offset, timestamp_consumed FROM "
+                "projection_timestamp_offset_store WHERE projection_name = %s ORDER BY seq_nr DESC LIMIT 5",
+                (PREFIX + job + LEDGER_SUFFIX,)).fetchall()
+        ranges = split(slice_ranges)
+    if not ledger:
+        console.print(f"load job {job!r} has not committed a load yet")
+        return
+    table = Table("slices", "oldest watermark", "newest watermark", "pids seen", title=f"job {job!r} ({state.key})")
+    for lo, hi in ranges:
+        marks = [state.watermarks[s] for s in range(lo, hi + 1) if s in state.watermarks]
+        if not marks:
+            table.add_row(f"{lo}-{hi}", "-", "-", "0")
+            continue
+        table.add_row(f"{lo}-{hi}", format_timestamp(min(m.timestamp for m in marks)),
+                      format_timestamp(max(m.timestamp for m in marks)), str(sum(len(m.seen) for m in marks)))
+    console.print(table)
+    loads = Table("load", "id", "complete up to", "committed", title="last loads")
+    for number, load_id, horizon, committed in ledger:
+        loads.add_row(str(number), load_id, format_timestamp(horizon), format_timestamp(committed))
+    console.print(loads)
