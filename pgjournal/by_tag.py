@@ -326,6 +326,27 @@ class TagStream:
             self._seen.setdefault(pid, lowest - 1)
 
     def poll(self, notified: bool = False) -> tuple[list[TagEnvelope], int]:
+        """The next envelopes and the number of rows read; on an exception the state is as before (the
+        shared live loop retries a poll that lost the database, and nothing of it was delivered)."""
+        saved = self._checkpoint()
+        try:
+            return self._poll(notified)
+        except BaseException:
+            self._restore(saved)
+            raise
+
+    def _checkpoint(self) -> tuple[Any, ...]:
+        gap = self._gap
+        gap_copy = None if gap is None else _Gap(gap.pid, set(gap.missing), gap.deadline, gap.fail,
+                                                 list(gap.pending), gap.waited)
+        return (self._pos, dict(self._seen), gap_copy, self._next_short, self._next_long, self._initial_scan_done,
+                self._upper, self.exhausted)
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        (self._pos, self._seen, self._gap, self._next_short, self._next_long, self._initial_scan_done,
+         self._upper, self.exhausted) = saved
+
+    def _poll(self, notified: bool) -> tuple[list[TagEnvelope], int]:
         out: list[TagEnvelope] = []
         source = Source.NOTIFIED if notified else Source.QUERY
         with self._journal.connection() as conn:

@@ -315,3 +315,25 @@ def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.Monke
         with pytest.raises(MissingTaggedEventsError) as failure:
             list(late_start.query.current_events_by_tag("x"))
         assert (failure.value.persistence_id, failure.value.missing) == ("Cart|a", [1, 2, 3])
+
+
+def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database lost in the middle of a page: the live loop retries, nothing is lost or repeated."""
+    from pgjournal.by_tag import TagStream
+
+    tj.append("Cart|1", [1, 2, 3], tags=["x"])
+    tj.append("Cart|2", [1, 2], tags=["x"])
+    settle(tj)
+    real, calls = TagStream._decode, {"n": 0}
+
+    def flaky(self: TagStream, *args: Any) -> TagEnvelope:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real(self, *args)
+
+    monkeypatch.setattr(TagStream, "_decode", flaky)
+    with tj.query.events_by_tag("x") as stream:
+        envs = collect(stream, 5)
+    assert calls["n"] > 5
+    assert_exactly_once_in_order(envs, {"Cart|1": 3, "Cart|2": 2})
