@@ -1,5 +1,7 @@
 """pgjournal: an event journal for PostgreSQL and Postgres-compatible distributed SQL."""
 
+from .buckets import BucketSize
+from .by_tag import MissingTaggedEventsError, TagEnvelope
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
@@ -14,13 +16,16 @@ from .errors import (
     WriteOutcomeUnknown,
 )
 from .journal import Journal
-from .offsets import NoOffset, TimestampOffset
+from .offsets import NoOffset, TimeBasedUUID, TimestampOffset
+from .reconciliation import Cleanup, Reconciliation
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .slices import entity_type_of, slice_for_persistence_id, slice_ranges
 from .snapshots import SelectedSnapshot
 
 __all__ = [
+    "BucketSize",
+    "Cleanup",
     "ConcurrencyConflict",
     "ConfigurationError",
     "DatabaseUnavailable",
@@ -30,13 +35,17 @@ __all__ = [
     "Journal",
     "JournalError",
     "MissingEventsError",
+    "MissingTaggedEventsError",
     "NoOffset",
+    "Reconciliation",
     "SchemaNotMigrated",
     "SelectedSnapshot",
     "SerializationError",
     "SerializerRegistry",
     "Settings",
     "Source",
+    "TagEnvelope",
+    "TimeBasedUUID",
     "TimestampOffset",
     "WriteOutcomeUnknown",
     "entity_type_of",
