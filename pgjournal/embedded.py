@@ -110,8 +110,8 @@ class EmbeddedServer:
 
     def ensure_running(self) -> EmbeddedServer:
         """Start the server unless it is already running (idempotent and safe across processes)."""
-        if self.status().running:
-            return self
+        # Always under the lock: a server another process has just started is "running" before that
+        # process has created the database, and its DSN must not be handed out before then.
         with self._lock():
             if not self.status().running:
                 self._init_if_needed()

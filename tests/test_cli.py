@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -150,8 +151,9 @@ def test_unreachable_server_with_a_password(cli) -> None:
 def test_real_process_prints_one_line_and_no_traceback() -> None:
     """The installed entry point, as a user runs it: the masked message on stderr, exit 1."""
     env = {**os.environ, "PGJOURNAL_DSN": f"postgresql://app:{SECRET}@127.0.0.1:1/db"}
-    proc = subprocess.run([sys.executable, "-m", "pgjournal.cli", "persistence-ids"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    script = Path(sys.executable).with_name("pgjournal")  # the console script the package installs
+    assert script.exists(), f"{script} is missing: pip install -e ."
+    proc = subprocess.run([str(script), "persistence-ids"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and SECRET not in proc.stderr + proc.stdout
     assert proc.stderr.strip().startswith("error: cannot connect to postgresql://app:***@127.0.0.1:1/db")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,9 @@ import json
 from pgjournal.embedded import EmbeddedServer
 server = EmbeddedServer.default().ensure_running()
 status = server.status()
+import psycopg
+with psycopg.connect(server.dsn) as conn:  # usable at once: the database exists
+    conn.execute("SELECT 1")
 print(json.dumps({"pid": status.pid, "port": status.port, "dsn": server.dsn}))
 """
 
@@ -39,8 +43,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def start_in_processes(home: Path, count: int) -> list[dict]:
     env = {**os.environ, HOME_ENV: str(home)}
     env.pop("PGJOURNAL_DSN", None)
-    procs = [subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    procs = []
+    for i in range(count):  # the later ones arrive while the first is starting the server
+        procs.append(subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(0.3 * (i % 2))
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
@@ -52,8 +59,8 @@ def start_in_processes(home: Path, count: int) -> list[dict]:
 def test_two_processes_share_one_server(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server = EmbeddedServer(home)
     assert not server.status().running
-    first, second = start_in_processes(home, 2)
-    assert first == second, "both processes must find the same server"
+    first, *others = start_in_processes(home, 4)
+    assert all(o == first for o in others), "every process must find the same server"
     status = server.status()
     assert status.running and (status.pid, status.port) == (first["pid"], first["port"])
     assert status.version == "18"
@@ -86,6 +93,26 @@ def test_two_processes_share_one_server(home: Path, monkeypatch: pytest.MonkeyPa
     shown = runner.invoke(app, ["server", "stop"], env={HOME_ENV: str(home)})
     assert shown.exit_code == 0 and "stopped" in shown.output
     assert not server.status().running
+
+
+def test_a_server_being_started_is_not_handed_out_before_its_database_exists(home: Path) -> None:
+    """Play the first process by hand: the server is up but the database not yet created. A second
+    process must wait for it (it would otherwise get a DSN to a database that does not exist)."""
+    server = EmbeddedServer(home)
+    env = {**os.environ, HOME_ENV: str(home)}
+    env.pop("PGJOURNAL_DSN", None)
+    with server._lock():
+        server._init_if_needed()
+        server._start()
+        assert server.status().running
+        second = subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=3)  # waits for the lock instead of returning a half-made server
+        server._create_database()
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["port"] == server.status().port
 
 
 def test_destroy_deletes_the_data_directory(home: Path) -> None:
