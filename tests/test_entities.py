@@ -331,6 +331,31 @@ def test_an_unusable_snapshot_is_ignored_with_a_warning(dsn: str, problem: str,
         assert (recovered.snapshot_seq_nr, recovered.replayed, recovered.state) == (None, 5, Balance(10, 5))
 
 
+@pytest.mark.parametrize("rival_writes", ["before", "after"])
+def test_recovery_is_consistent_while_another_writer_appends(dsn: str, rival_writes: str) -> None:
+    """A write landing between recovery's reads (before or after it reads the highest sequence number)
+    must not give a stale state a newer sequence number."""
+    with Journal.open(dsn, **FAST) as journal, Journal.open(dsn, **FAST) as rival:
+        repo = EntityRepository(journal, Account, cache_size=0, snapshot_every=1)
+        repo.handle("a", ("deposit", 5, "d"))  # snapshot at 1: replay after it is empty
+        real_highest, calls = journal.highest_seq_nr, [0]
+
+        def highest_then_rival_writes(pid: str) -> int:
+            calls[0] += 1
+            if calls[0] == 1 and rival_writes == "before":
+                rival.append(pid, [{"kind": "withdraw", "amount": 5, "id": "r"}], expected_seq_nr=1)
+            value = real_highest(pid)
+            if calls[0] == 1 and rival_writes == "after":
+                rival.append(pid, [{"kind": "withdraw", "amount": 5, "id": "r"}], expected_seq_nr=1)
+            return value
+
+        journal.highest_seq_nr = highest_then_rival_writes  # type: ignore[method-assign]
+        with pytest.raises(DomainError, match="balance is 0"):
+            repo.handle("a", ("withdraw", 5, "w"))
+        assert replay(journal, "account|a")[0] == Balance(0, 2)
+        assert repo.status()["conflicts"] == (1 if rival_writes == "after" else 0)
+
+
 def test_recovery_after_deleted_events_continues_after_them(journal: Journal) -> None:
     repo = EntityRepository(journal, Account, snapshot_every=None)
     for i in range(3):

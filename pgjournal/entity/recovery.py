@@ -49,13 +49,13 @@ def recover(journal: Journal, entity: Entity[S], pid: str) -> Recovered[S]:
     """The current state of ``pid`` as stored: snapshot (if usable) plus the events after it."""
     snapshot = _from_snapshot(journal, entity, pid)
     state, seq_nr = snapshot if snapshot is not None else (entity.new_state(), 0)
+    # Read the highest sequence number first and replay up to it: every event up to it is committed, so the
+    # state is exactly that of the stream at ``highest`` even while others append. Events the replay does
+    # not return there were deleted (delete_events); their numbers stay taken.
+    highest = journal.highest_seq_nr(pid)
     replayed = 0
-    for envelope in journal.query.current_events_by_persistence_id(pid, seq_nr + 1):
-        state = entity.apply(state, envelope.event)
-        seq_nr = envelope.seq_nr
-        replayed += 1
-    if replayed == 0:
-        # Events after the snapshot may all be deleted (delete_events): their numbers stay taken, and the
-        # next append must come after them.
-        seq_nr = max(seq_nr, journal.highest_seq_nr(pid))
-    return Recovered(state, seq_nr, snapshot[1] if snapshot is not None else None, replayed)
+    if highest > seq_nr:
+        for envelope in journal.query.current_events_by_persistence_id(pid, seq_nr + 1, highest):
+            state = entity.apply(state, envelope.event)
+            replayed += 1
+    return Recovered(state, max(seq_nr, highest), snapshot[1] if snapshot is not None else None, replayed)
