@@ -91,7 +91,9 @@ class Stats:
 
 
 class _HandlerError(Exception):
-    pass
+    def __init__(self, envelope: EventEnvelope) -> None:
+        super().__init__()
+        self.envelope = envelope
 
 
 @dataclass
@@ -290,6 +292,7 @@ class RangeRunner:
         handler = self.projection.handler
         attempts = self.settings.attempts
         last: BaseException | None = None
+        failed_on = envelopes[0]
         todo: list[EventEnvelope] = []
         attempt = 0
         conflicts = 0
@@ -310,9 +313,9 @@ class RangeRunner:
                     attempt -= 1
                     continue
                 except _HandlerError as exc:
-                    last = exc.__cause__
+                    last, failed_on = exc.__cause__, exc.envelope
                     log.warning("projection %s: handler failed on %r seq_nr %d (%d envelope(s), attempt %d/%d): "
-                                "%r", self.projection.name, todo[0].persistence_id, todo[0].seq_nr, len(todo),
+                                "%r", self.projection.name, failed_on.persistence_id, failed_on.seq_nr, len(todo),
                                 attempt, attempts, last)
                     if attempt < attempts:
                         self._backoff(attempt)
@@ -321,13 +324,15 @@ class RangeRunner:
             self.stats.handled += len(todo)
             return
         assert last is not None
-        if self.settings.on_failure == "fail":
-            raise ProjectionFailed(self.projection.name, todo[0], attempts, last)
         if isinstance(handler, Grouped) and len(envelopes) > 1:
-            # Find the envelope(s) at fault: one at a time, each with its own attempts.
+            # Find the envelope at fault: one at a time, each with its own attempts, then fail or skip it.
+            log.warning("projection %s: group of %d failed %d times; handling it one envelope at a time",
+                        self.projection.name, len(envelopes), attempts)
             for env in envelopes:
                 self._transact(store, [env])
             return
+        if self.settings.on_failure == "fail":
+            raise ProjectionFailed(self.projection.name, failed_on, attempts, last)
         pending = {}
         with self.journal.connection() as conn:
             todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
@@ -343,15 +348,16 @@ class RangeRunner:
                 slices = sorted({e.slice for e in todo})
                 self.guard.fence(conn, slices, self.epochs)
             if handle:
+                current = todo[0]
                 try:
                     if isinstance(handler, ExactlyOnce):
-                        for e in todo:
-                            handler.handle(conn, e)
+                        for current in todo:
+                            handler.handle(conn, current)
                     else:
                         assert isinstance(handler, Grouped)
                         handler.handle(conn, todo)
                 except Exception as exc:
-                    raise _HandlerError() from exc
+                    raise _HandlerError(current) from exc
             try:
                 store.save(conn, pending, fenced=True)
             except psycopg.errors.UniqueViolation:
