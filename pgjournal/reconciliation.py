@@ -116,6 +116,10 @@ class Reconciliation:
                 cur.executemany(
                     'INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset", '
                     "ts_time) VALUES (%s, %s, %s, %s, %s, %s)", [(pid, tag, *p) for tag, p in progress.items()])
+            if events:  # as in Cassandra: how far the journal of this pid was scanned for tags
+                conn.execute("INSERT INTO tag_scanning (persistence_id, sequence_nr) VALUES (%s, %s) "
+                             "ON CONFLICT (persistence_id) DO UPDATE SET sequence_nr = excluded.sequence_nr",
+                             (pid, events[-1][0]))
         return len(rows)
 
     def all_tags(self) -> list[TagCount]:

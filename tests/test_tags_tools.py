@@ -41,6 +41,8 @@ def test_reconciliation_round_trip(tj: Journal) -> None:
     assert rec.rebuild("Cart|1") == 3 + 3
     assert sorted(view(tj, "x"), key=str) == sorted(before_x, key=str)
     assert view(tj, "y") == before_y
+    with tj.connection() as conn:
+        assert conn.execute("SELECT persistence_id, sequence_nr FROM tag_scanning").fetchall() == [("Cart|1", 4)]
     assert rec.rebuild("Cart|1", ["x"]) == 3  # idempotent
     assert sorted(view(tj, "x"), key=str) == sorted(before_x, key=str)
     # New appends continue the rebuilt numbering.
