@@ -15,7 +15,8 @@ from pgjournal.dsn import mask_dsn, resolve_dsn
 from .harness import Outcome, Scenario, run_scenario
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
-SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags"]
+SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
+                    "bench.spark_load"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
