@@ -2,6 +2,16 @@
 
 from .buckets import BucketSize
 from .by_tag import MissingTaggedEventsError, TagEnvelope
+from .entity import (
+    CircuitBreaker,
+    CircuitOpen,
+    CommandResult,
+    ConflictRetriesExhausted,
+    DomainError,
+    Entity,
+    EntityRepository,
+    persist,
+)
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
@@ -25,10 +35,17 @@ from .snapshots import SelectedSnapshot
 
 __all__ = [
     "BucketSize",
+    "CircuitBreaker",
+    "CircuitOpen",
     "Cleanup",
+    "CommandResult",
     "ConcurrencyConflict",
     "ConfigurationError",
+    "ConflictRetriesExhausted",
     "DatabaseUnavailable",
+    "DomainError",
+    "Entity",
+    "EntityRepository",
     "EventEnvelope",
     "InvalidArgument",
     "InvalidPersistenceId",
@@ -49,6 +66,7 @@ __all__ = [
     "TimestampOffset",
     "WriteOutcomeUnknown",
     "entity_type_of",
+    "persist",
     "slice_for_persistence_id",
     "slice_ranges",
 ]
