@@ -67,18 +67,18 @@ SELECT (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slic
           AND seq_nr = %(prev)s AND deleted = false),
        (SELECT COALESCE(max(seq_nr), 0) FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
           AND seq_nr < %(seq)s AND db_timestamp < %(floor)s)"""
-# Superseded rows (an older event of the same pid) and rows older than the window; never a slice's latest.
+# Superseded rows (a higher event of the same pid has a row: its time is not earlier) and rows older than the
+# window behind their slice's latest; so a slice's latest time always keeps a row.
 DELETE_SQL = """
 DELETE FROM projection_timestamp_offset_store AS s
 USING (
     SELECT slice, persistence_id, seq_nr, timestamp_offset,
-           row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC) AS rn,
+           row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC, timestamp_offset DESC) AS rn,
            max(timestamp_offset) OVER (PARTITION BY slice) AS latest
     FROM projection_timestamp_offset_store
     WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s) AS d
 WHERE s.projection_name = %(name)s AND s.slice = d.slice AND s.persistence_id = d.persistence_id
   AND s.seq_nr = d.seq_nr AND s.timestamp_offset = d.timestamp_offset
-  AND d.timestamp_offset < d.latest
   AND (d.rn > 1 OR d.timestamp_offset < d.latest - %(window)s * INTERVAL '1 second')"""
 
 
