@@ -70,3 +70,8 @@ class WriteOutcomeUnknown(JournalError):
     Retrying the same ``append`` with the same ``expected_seq_nr`` is safe: it either writes the
     events or raises :class:`ConcurrencyConflict` because they are already there.
     """
+
+
+class RetriesExhausted(JournalError):
+    """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01) past its
+    retry bound. The server rolled every attempt back, so nothing was written; trying again later is safe."""

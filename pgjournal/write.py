@@ -18,7 +18,14 @@ import psycopg
 import psycopg.errors
 
 from .envelope import EventEnvelope, Source
-from .errors import ConcurrencyConflict, InvalidArgument, JournalError, WriteOutcomeUnknown
+from .errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    InvalidArgument,
+    JournalError,
+    RetriesExhausted,
+    WriteOutcomeUnknown,
+)
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
 from .validation import check_persistence_id, check_seq_nr, check_tags
@@ -141,9 +148,17 @@ class EventWriter:
                     continue
                 raise self._conflict(pid, expected) from None
             except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                if attempt <= retries and exc.sqlstate in self._journal.dialect.retryable_sqlstates:
+                if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+                    raise self._failed(pid, exc) from exc
+                if attempt <= retries:
                     continue  # the statement is one transaction: running it again is safe
-                raise
+                raise RetriesExhausted(
+                    f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row with "
+                    f"SQLSTATE {exc.sqlstate} ({_first_line(exc)}); append_retries is {retries}; nothing was "
+                    "written, trying again later is safe"
+                ) from exc
+            except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
+                raise self._failed(pid, exc) from exc
             if not rows:  # expected_seq_nr is above the highest stored sequence number
                 raise self._conflict(pid, expected)
             return rows
@@ -160,6 +175,14 @@ class EventWriter:
                 ) from exc
             raise
 
+    @staticmethod
+    def _failed(pid: str, exc: psycopg.Error) -> JournalError:
+        """A statement the server refused for a reason that retrying will not change (privileges, a
+        trigger, a constraint): the statement rolled back, so nothing was written."""
+        kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+        return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
+                    f"({_first_line(exc)}); nothing was written")
+
     def _conflict(self, pid: str, expected: int | None) -> ConcurrencyConflict:
         try:
             actual: int | None = self._journal.by_pid.highest_seq_nr(pid)
@@ -167,3 +190,8 @@ class EventWriter:
             actual = None
         first = (expected if expected is not None else (actual or 0)) + 1
         return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,223 @@
+"""A fault-injecting TCP proxy for tests: client -> 127.0.0.1:<port> -> PostgreSQL.
+
+It runs an asyncio loop in a daemon thread and takes commands from the test's thread:
+
+* ``cut()``: break every open connection at once (the client sees the server vanish);
+* ``refuse(True)``: accept and close new connections at once (the server is unreachable);
+* ``stall(True)``: stop forwarding in both directions until ``stall(False)`` (a hung network);
+* ``cut_on(marker, forward=...)``: break the next connection whose client sends ``marker`` (for example
+  ``b"INSERT INTO"``), either before the statement reaches the server (``forward=False``: nothing ran) or
+  after it did, dropping the server's answer (``forward=True``: it ran, the client cannot know);
+* ``retarget(host, port)``: send new connections elsewhere (a restarted server on a new port).
+
+Loopback only: the proxy listens on 127.0.0.1 and refuses any other target than a loopback address.
+Counters (``connections``, ``cuts``, ``traps_sprung``) let tests report how many faults they injected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg.conninfo
+
+LOOPBACK = "127.0.0.1"
+
+
+def _check_loopback(host: str) -> str:
+    try:
+        address = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"fault proxy target {host!r} does not resolve: {exc}") from None
+    if not address.is_loopback:
+        raise ValueError(f"fault proxy forwards to loopback addresses only, not {host!r} ({address})")
+    return str(address)
+
+
+@dataclass(eq=False)
+class _Link:
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter
+    #: The server's answers are dropped and the link closes (a trap with forward=True went off).
+    muted: bool = False
+
+    def abort(self) -> None:
+        for writer in (self.client, self.server):
+            transport = writer.transport
+            with contextlib.suppress(Exception):
+                transport.abort()  # RST-like: no orderly goodbye, exactly what a dead network looks like
+
+
+@dataclass
+class _Trap:
+    marker: bytes
+    forward: bool
+    times: int = 1
+
+
+@dataclass
+class FaultProxy:
+    target_host: str
+    target_port: int
+    port: int = 0
+    connections: int = 0
+    cuts: int = 0
+    traps_sprung: int = 0
+    refused: int = 0
+    _links: set[_Link] = field(default_factory=set)
+    _trap: _Trap | None = None
+    _refusing: bool = False
+    _flowing: asyncio.Event | None = None
+    sprung: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.target_host = _check_loopback(self.target_host)
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="faultproxy", daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        if not self.port:
+            raise RuntimeError("fault proxy did not start")
+
+    # -- commands (from any thread) ----------------------------------------------------------------
+
+    def cut(self) -> int:
+        """Break every open connection; return how many were broken."""
+        return self._call(self._cut)
+
+    def refuse(self, on: bool = True) -> None:
+        self._call(lambda: setattr(self, "_refusing", on))
+
+    def stall(self, on: bool = True) -> None:
+        def apply() -> None:
+            assert self._flowing is not None
+            if on:
+                self._flowing.clear()
+            else:
+                self._flowing.set()
+
+        self._call(apply)
+
+    def cut_on(self, marker: bytes, *, forward: bool, times: int = 1) -> None:
+        """Break the next ``times`` connections that send ``marker`` (see the module docstring)."""
+        self.sprung.clear()
+        self._call(lambda: setattr(self, "_trap", _Trap(marker, forward, times)))
+
+    def disarm(self) -> None:
+        self._call(lambda: setattr(self, "_trap", None))
+
+    def retarget(self, host: str, port: int) -> None:
+        checked = _check_loopback(host)
+
+        def apply() -> None:
+            self.target_host, self.target_port = checked, port
+
+        self._call(apply)
+
+    def dsn(self, dsn: str) -> str:
+        """``dsn`` rewritten to go through this proxy."""
+        return psycopg.conninfo.make_conninfo(dsn, host=LOOPBACK, port=str(self.port))
+
+    def close(self) -> None:
+        self._call(self._cut)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _call(self, fn):  # type: ignore[no-untyped-def]
+        result: list = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                result.append(fn())
+            finally:
+                done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        if not done.wait(5):
+            raise RuntimeError("fault proxy loop did not answer")
+        return result[0] if result else None
+
+    def _cut(self) -> int:
+        links, self._links = list(self._links), set()
+        for link in links:
+            link.abort()
+        self.cuts += len(links)
+        return len(links)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        server = self._loop.run_until_complete(asyncio.start_server(self._accept, LOOPBACK, self.port or 0))
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            server.close()
+            self._loop.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            self.refused += 1
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        link = _Link(writer, up_writer)
+        self._links.add(link)
+        await asyncio.gather(self._pump(reader, up_writer, link, upstream=True),
+                             self._pump(up_reader, writer, link, upstream=False), return_exceptions=True)
+        self._links.discard(link)
+        link.abort()
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link, *, upstream: bool
+                    ) -> None:
+        assert self._flowing is not None
+        while True:
+            data = await src.read(65536)
+            if not data:
+                break
+            await self._flowing.wait()
+            if link not in self._links:
+                break  # cut while we waited
+            if not upstream and link.muted:
+                break  # the answer to a trapped statement: never delivered
+            trap = self._trap
+            if upstream and trap is not None and trap.marker in data:
+                trap.times -= 1
+                if trap.times <= 0:
+                    self._trap = None
+                self.traps_sprung += 1
+                self.sprung.set()
+                if not trap.forward:
+                    break  # the statement never reaches the server
+                link.muted = True
+            dst.write(data)
+            await dst.drain()
+        self._links.discard(link)
+        link.abort()
+
+
+@contextlib.contextmanager
+def fault_proxy(dsn: str) -> Iterator[tuple[FaultProxy, str]]:
+    """A proxy in front of ``dsn``'s server and the DSN that goes through it."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    proxy = FaultProxy(str(params.get("host") or LOOPBACK), int(params.get("port") or 5432))
+    try:
+        yield proxy, proxy.dsn(dsn)
+    finally:
+        proxy.close()
