@@ -601,3 +601,39 @@ def test_the_cart_workload_counts_match_the_journal(journal: Journal) -> None:
     for pid in pids:
         cart = repo.load(pid.partition("|")[2]).state
         assert all(1 <= q <= 99 for q in cart.items.values())
+
+
+# -- the README example, verbatim ----------------------------------------------------------------------------
+
+
+def test_the_readme_entity_works(journal: Journal) -> None:
+    from dataclasses import replace
+
+    from pgjournal import DomainError, Entity, EntityRepository, persist
+
+    @dataclass(frozen=True)
+    class Wallet:
+        balance: int = 0
+
+    class WalletEntity(Entity[Wallet]):
+        name = "wallet"                          # persistence ids are "wallet|<entity id>"
+        initial_state = Wallet()
+        types = (Wallet,)                        # stored as JSON in snapshots
+
+        def handle(self, state, command):        # decide: the events to persist, or refuse
+            kind, amount = command
+            if kind == "pay" and amount > state.balance:
+                raise DomainError(f"cannot pay {amount}: the balance is {state.balance}")
+            return persist({"kind": kind, "amount": amount}, reply="ok")
+
+        def apply(self, state, event):           # evolve: after each command and during recovery
+            sign = -1 if event["kind"] == "pay" else 1
+            return replace(state, balance=state.balance + sign * event["amount"])
+
+    wallets = EntityRepository(journal, WalletEntity, snapshot_every=100)
+    wallets.handle("alice", ("top up", 50))
+    result = wallets.handle("alice", ("pay", 20))
+    assert (result.reply, result.state.balance, result.seq_nr) == ("ok", 30, 2)
+    with pytest.raises(DomainError, match="the balance is 30"):
+        wallets.handle("alice", ("pay", 100))
+    assert journal.highest_seq_nr("wallet|alice") == 2
