@@ -353,7 +353,7 @@ class TagStream:
             if not self._initial_scan_done:
                 self._initial_scan(conn)
             if self._gap is not None and not self._search_gap(conn, Source.BACKTRACKING, out):
-                return out, 0
+                return out, self._while_gap_open()
             upper = self._upper_bound(conn)
             if upper <= self._pos[0]:
                 self.exhausted = True
@@ -371,7 +371,7 @@ class TagStream:
                     out.append(decode(row, key, source))
                     continue
                 if not self._check_row(conn, row, source, out):
-                    break  # a gap: wait, and re-read from here
+                    return out, self._while_gap_open()  # a gap: wait, and re-read from this row
                 key = (row[0], row[1])
                 if key > self._pos:
                     self._pos = key
@@ -380,6 +380,14 @@ class TagStream:
                 if self._live:
                     self._back_track(conn, out)
         return out, len(rows)
+
+    def _while_gap_open(self) -> int:
+        """Live: search again soon (the shared loop re-polls at once after a full page), not after a whole
+        refresh interval; a new persistence id's scan is typically much shorter than that."""
+        if not self._live or self._gap is None:
+            return 0
+        time.sleep(max(0.0, min(0.05, self._gap.deadline - time.monotonic())))
+        return self._limit
 
     def _back_track(self, conn: psycopg.Connection, out: list[TagEnvelope]) -> None:
         now = time.monotonic()

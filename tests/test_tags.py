@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from conftest import FAST
 
-from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, Source
+from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
 from pgjournal import tag_write as tag_write_module
 from pgjournal.buckets import BucketSize
 from pgjournal.by_tag import MissingTaggedEventsError, TagEnvelope
@@ -112,8 +112,9 @@ def test_failed_tagged_append_writes_nothing_anywhere(tj: Journal) -> None:
     # A tag row that the database rejects must take the journal row down with it: one transaction.
     with tj.connection() as conn:
         conn.execute("ALTER TABLE tag_views ADD CONSTRAINT no_boom CHECK (tag_name <> 'boom')")
-    with pytest.raises(psycopg.errors.CheckViolation):
+    with pytest.raises(JournalError, match="no_boom") as refused:
         tj.append("Cart|a", [{"n": 2}, {"n": 3}], tags=["x", "boom"])
+    assert isinstance(refused.value.__cause__, psycopg.errors.CheckViolation)
     assert tj.highest_seq_nr("Cart|a") == 1
     # A stale expectation: nothing of the batch, tag rows included.
     with pytest.raises(ConcurrencyConflict):
