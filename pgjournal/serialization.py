@@ -100,6 +100,11 @@ class SerializerRegistry:
                 manifest, payload = serializer.to_binary(obj)
             except Exception as exc:
                 raise SerializationError(f"serializer {ser_id} could not encode {kind.__qualname__}: {exc}") from exc
+            if not isinstance(manifest, str) or not isinstance(payload, bytes | bytearray | memoryview):
+                raise SerializationError(
+                    f"serializer {ser_id} returned ({type(manifest).__name__}, {type(payload).__name__}) for "
+                    f"{kind.__qualname__}; expected to_binary to return (str manifest, bytes payload)"
+                )
             return Serialized(ser_id, manifest, bytes(payload))
         if isinstance(obj, bytes | bytearray | memoryview):
             return Serialized(BYTES_SER_ID, "", bytes(obj))

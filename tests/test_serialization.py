@@ -135,6 +135,25 @@ def test_custom_serializer_failures_are_serialization_errors() -> None:
         reg.deserialize(JSON_SER_ID, "", b"{not json")
 
 
+@pytest.mark.parametrize(("returned", "types"), [
+    (("m", "text, not bytes"), "(str, str)"), ((None, b"x"), "(NoneType, bytes)"), ((7, 8), "(int, int)"),
+])
+def test_custom_serializer_returning_the_wrong_types(returned: tuple, types: str) -> None:
+    class Sloppy:
+        def to_binary(self, obj: Any) -> tuple[str, bytes]:
+            return returned  # type: ignore[return-value]
+
+        def from_binary(self, payload: bytes, manifest: str) -> Any:
+            return None
+
+    reg = SerializerRegistry()
+    reg.register_serializer(3000, Sloppy(), Point)
+    with pytest.raises(SerializationError) as caught:
+        reg.serialize(Point(0, 0))
+    assert f"serializer 3000 returned {types} for Point" in str(caught.value)
+    assert "expected to_binary to return (str manifest, bytes payload)" in str(caught.value)
+
+
 # -- through the database --------------------------------------------------------------------------
 
 
