@@ -86,7 +86,7 @@ def _for(seconds: float, threads: int, step: Callable[[random.Random], None]) ->
 
 
 def _duration(ctx: Context) -> float:
-    return 1.5 if ctx.quick else 5.0
+    return 1.2 if ctx.quick else 5.0
 
 
 def _open(ctx: Context) -> dict[str, Any]:
