@@ -158,16 +158,21 @@ class WorkloadCounts:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def random_command(rng: random.Random) -> Any:
+def random_command(rng: random.Random, in_cart: frozenset[str] = frozenset()) -> Any:
+    """A plausible next command for a cart believed to hold ``in_cart``; about one in ten breaks a rule."""
     roll = rng.random()
-    item = rng.choice(CATALOGUE)
+    wrong = rng.random() < 0.07  # pick an item that makes the command fail
+    absent = [item for item in CATALOGUE if item not in in_cart]
+    present = sorted(in_cart)
     if roll < 0.02:
-        return AddItem(item, 0)  # breaks the quantity rule
-    if roll < 0.60:
-        return AddItem(item, rng.randint(1, 3))
-    if roll < 0.75:
+        return AddItem(rng.choice(CATALOGUE), 0)  # breaks the quantity rule
+    if roll < 0.55 or not present:
+        pool = present if wrong and present else absent or list(CATALOGUE)
+        return AddItem(rng.choice(pool), rng.randint(1, 3))
+    item = rng.choice(absent if wrong and absent else present)
+    if roll < 0.72:
         return AdjustQuantity(item, rng.randint(1, 5))
-    if roll < 0.88:
+    if roll < 0.85:
         return RemoveItem(item)
     return CheckOut()
 
@@ -195,6 +200,7 @@ def run_workload(
     seeds = [base.random() for _ in range(threads)]
     shares = [commands // threads + (1 if i < commands % threads else 0) for i in range(threads)]
     generations = [0] * carts
+    contents: list[frozenset[str]] = [frozenset()] * carts  # what each slot's cart last held, as far as we saw
     slots_lock = threading.Lock()
 
     def worker(index: int) -> WorkloadCounts:
@@ -205,9 +211,9 @@ def run_workload(
                 break
             slot = rng.randrange(carts)
             with slots_lock:
-                generation = generations[slot]
+                generation, in_cart = generations[slot], contents[slot]
             cart_id = f"cart-{slot}-{generation}"
-            command = random_command(rng)
+            command = random_command(rng, in_cart)
             counts.commands += 1
             outcome: CommandResult[Cart] | Exception
             try:
@@ -221,10 +227,13 @@ def run_workload(
             else:
                 counts.accepted += 1
                 counts.events += len(outcome.events)
-                if outcome.state.checked_out:
-                    counts.checkouts += 1
-                    with slots_lock:  # the next command to this slot goes to a fresh cart
-                        generations[slot] = max(generations[slot], generation + 1)
+                with slots_lock:
+                    if outcome.state.checked_out:
+                        counts.checkouts += 1
+                        if generations[slot] == generation:  # the next command to this slot: a fresh cart
+                            generations[slot], contents[slot] = generation + 1, frozenset()
+                    elif generations[slot] == generation:
+                        contents[slot] = frozenset(outcome.state.items)
             if on_command is not None:
                 on_command(cart_id, command, outcome)
         return counts
