@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgjournal import Journal
+from pgjournal import Journal, slice_for_persistence_id
 from pgjournal.cli import app
 
 SECRET = "s3cr3t-Pa55"
@@ -163,3 +164,15 @@ def test_migrate_of_an_unreachable_server(cli) -> None:
     result = cli("migrate", "--dsn", f"postgresql://app:{SECRET}@127.0.0.1:1/db")
     assert_clean_failure(result, "cannot migrate postgresql://app:***@127.0.0.1:1/db")
     assert SECRET not in result.output
+
+
+def test_events_with_an_unknown_serializer_fail_cleanly(cli, dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
+            "event_ser_manifest, event_payload, writer) VALUES (%s, 'Cart', 'Cart|9', 1, now(), 555, 'M', 'x', 'x')",
+            (slice_for_persistence_id("Cart|9"),),
+        )
+    assert_clean_failure(cli("events", "Cart|9"), "unknown serializer id 555", "'Cart|9' seq_nr 1")
+    result = cli("info")  # info counts rows and never decodes payloads
+    assert result.exit_code == 0 and "Cart" in result.output
