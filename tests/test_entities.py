@@ -18,7 +18,14 @@ import psycopg.conninfo
 import pytest
 from conftest import FAST
 
-from pgjournal import DatabaseUnavailable, InvalidArgument, Journal, SerializerRegistry, WriteOutcomeUnknown
+from pgjournal import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    Journal,
+    SerializerRegistry,
+    WriteOutcomeUnknown,
+)
 from pgjournal.entity import (
     BreakerState,
     CircuitBreaker,
@@ -144,6 +151,10 @@ def test_entity_names_and_ids_are_checked(journal: Journal) -> None:
         EntityRepository(journal, Piped)
     with pytest.raises(InvalidArgument, match="entity id"):
         EntityRepository(journal, Account).handle("", ("deposit", 1, "x"))
+    for bad in ({"snapshot_every": -1}, {"cache_size": "10"}, {"max_batch": 0}, {"unknown_outcome_timeout": -1}):
+        with pytest.raises(ConfigurationError, match=next(iter(bad))):
+            EntityRepository(journal, Account, **bad)
+    assert EntityRepository(journal, Account).snapshot_every == 100
     repo = EntityRepository(journal, Account)
     repo.handle("with|pipe", ("deposit", 1, "x"))  # the entity type is what precedes the first '|'
     assert [e.entity_type for e in journal.query.current_events_by_persistence_id("account|with|pipe")] == ["account"]
@@ -357,7 +368,7 @@ def test_recovery_is_consistent_while_another_writer_appends(dsn: str, rival_wri
 
 
 def test_recovery_after_deleted_events_continues_after_them(journal: Journal) -> None:
-    repo = EntityRepository(journal, Account, snapshot_every=None)
+    repo = EntityRepository(journal, Account, snapshot_every=0)
     for i in range(3):
         repo.handle("a", ("deposit", 1, str(i)))
     journal.delete_events("account|a", 3)
@@ -519,7 +530,7 @@ def test_a_connection_lost_during_the_append_is_settled_by_reading_back(
         proxy: tuple[Proxy, str], dsn: str, forward: bool, caplog: pytest.LogCaptureFixture) -> None:
     cutter, via_proxy = proxy
     with Journal.open(via_proxy, notify=False, connect_timeout=2) as journal:
-        repo = EntityRepository(journal, Account, snapshot_every=None)
+        repo = EntityRepository(journal, Account, snapshot_every=0)
         repo.handle("a", ("deposit", 5, "d0"))
         cutter.drop_on(b"INSERT INTO", forward=forward)
         with caplog.at_level(logging.INFO, logger="pgjournal.entity"):

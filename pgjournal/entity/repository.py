@@ -37,7 +37,7 @@ from .breaker import CircuitBreaker, is_unavailability
 from .cache import LruCache
 from .errors import ConflictRetriesExhausted
 from .mailbox import Mailboxes, Pending
-from .model import CommandResult, Entity, Recovered, effect_of
+from .model import CommandResult, Entity, Recovered, check_entity_name, effect_of
 from .recovery import recover, snapshot_metadata
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 _log = logging.getLogger("pgjournal.entity")
 
+DEFAULT_SNAPSHOT_EVERY = 100
 WRITER_OF = "SELECT writer FROM {table} WHERE persistence_id = %s AND slice = %s AND seq_nr = %s"
 
 
@@ -82,7 +83,8 @@ def _check_count(value: Any, what: str, *, minimum: int) -> int:
 class EntityRepository(Generic[S]):
     """Commands in, events persisted, replies out, for one entity type. Thread-safe; share one per process.
 
-    ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (``None``: never).
+    ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (0: never; default:
+    the journal's ``snapshot_every`` setting if it has one, else 100).
     ``cache_size``: recent entities kept in memory (LRU). ``max_conflict_retries``: how often a command is
     re-run after losing a race before :class:`ConflictRetriesExhausted`. ``max_batch``: at most this many
     queued commands to one entity are decided together and written in one append. ``breaker``: the circuit
@@ -94,21 +96,19 @@ class EntityRepository(Generic[S]):
         journal: Journal,
         entity: Entity[S] | type[Entity[S]],
         *,
-        snapshot_every: int | None = 100,
+        snapshot_every: int | None = None,
         cache_size: int = 1000,
         max_conflict_retries: int = 20,
         max_batch: int = 64,
         unknown_outcome_timeout: float = 30.0,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        from .model import check_entity_name
-
         self.journal = journal
         self.entity: Entity[S] = entity() if isinstance(entity, type) else entity
         self.name = check_entity_name(self.entity)
-        if snapshot_every is not None:
-            _check_count(snapshot_every, "snapshot_every", minimum=1)
-        self.snapshot_every = snapshot_every
+        if snapshot_every is None:
+            snapshot_every = getattr(journal.settings, "snapshot_every", DEFAULT_SNAPSHOT_EVERY)
+        self.snapshot_every = _check_count(snapshot_every, "snapshot_every", minimum=0)
         self.max_conflict_retries = _check_count(max_conflict_retries, "max_conflict_retries", minimum=0)
         self.max_batch = _check_count(max_batch, "max_batch", minimum=1)
         if isinstance(unknown_outcome_timeout, bool) or not isinstance(unknown_outcome_timeout, int | float) or (
@@ -186,9 +186,11 @@ class EntityRepository(Generic[S]):
             self._cache.drop(pid)
             if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
                 commands = ", ".join(sorted({type(item.command).__name__ for item in batch}))
-                exc = DatabaseUnavailable(
+                converted = DatabaseUnavailable(
                     f"command(s) {commands} for {pid!r} were not applied and nothing was written: "
-                    f"{' '.join(str(exc).split()) or exc.__class__.__name__}").with_traceback(exc.__traceback__)
+                    f"{' '.join(str(exc).split()) or exc.__class__.__name__}")
+                converted.__cause__ = exc
+                exc = converted
             for item in batch:
                 item.fail(exc)
             if not isinstance(exc, Exception):
@@ -310,7 +312,7 @@ class EntityRepository(Generic[S]):
 
     def _maybe_snapshot(self, pid: str, before: int, after: int, state: S) -> None:
         every = self.snapshot_every
-        if every is None or after // every == before // every:
+        if every == 0 or after // every == before // every:
             return
         try:
             self.journal.save_snapshot(pid, after, self.entity.to_snapshot(state),
