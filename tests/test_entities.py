@@ -648,3 +648,41 @@ def test_the_readme_entity_works(journal: Journal) -> None:
     with pytest.raises(DomainError, match="the balance is 30"):
         wallets.handle("alice", ("pay", 100))
     assert journal.highest_seq_nr("wallet|alice") == 2
+
+
+# -- the mailbox on its own (no database) -----------------------------------------------------------------
+
+
+def test_mailbox_batches_are_bounded_ordered_and_survive_a_failing_leader() -> None:
+    from pgjournal.entity.mailbox import Mailboxes, Pending
+
+    boxes, seen, batches = Mailboxes(), [], []
+    lock = threading.Lock()
+
+    def run(_key: str, batch: list[Pending]) -> None:
+        batches.append(len(batch))
+        time.sleep(0.002)
+        for item in batch:
+            if item.command % 10 == 0:
+                raise RuntimeError(f"leader failed on {item.command}")  # the rest of the batch fails too
+            item.succeed(item.command)
+        with lock:
+            seen.extend(item.command for item in batch)
+
+    outcomes: dict[int, Any] = {}
+
+    def send(n: int) -> None:
+        item = Pending(None, "e", n)
+        boxes.submit("k", item, run, max_batch=4)
+        assert item.completed
+        outcomes[n] = item.error or item.result
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(1, 60)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(outcomes) == 59 and len(boxes) == 0
+    assert max(batches) <= 4 and any(size > 1 for size in batches)
+    assert all(isinstance(outcomes[n], RuntimeError) for n in range(10, 60, 10))
+    assert all(outcomes[n] == n for n in seen)
