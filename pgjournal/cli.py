@@ -250,6 +250,51 @@ from spark.cli import spark_app  # noqa: E402  (PySpark itself is imported only 
 
 app.add_typer(spark_app, name="spark")
 
+from projections.cli import projection_app  # noqa: E402  (it uses the helpers above)
+
+app.add_typer(projection_app, name="projection")
+
+
+@app.command("verify")
+def verify_command(
+    dsn: DsnOption = None,
+    examples: Annotated[int, typer.Option(min=0, help="Examples shown per check.")] = 10,
+) -> None:
+    """Check the journal's integrity (seq nr gaps, time order, tag views, projection offsets); exit 1 when
+    something is off."""
+    from .verify import render, verify
+
+    with open_journal(dsn) as journal, reported():
+        report = verify(journal, examples=examples)
+    console.print(render(report))
+    if not report.ok:
+        fail(f"{report.problems:,} problem(s) found")
+
+
+@app.command("roles")
+def roles_command(
+    sql: Annotated[bool, typer.Option("--sql", help="Print the script instead of running it.")] = False,
+    owner: Annotated[str, typer.Option(help="Role that owns the schema and runs migrations.")] = "pgjournal_owner",
+    writer: Annotated[str, typer.Option(help="Role for applications: read and write rows.")] = "pgjournal_writer",
+    reader: Annotated[str, typer.Option(help="Role for Spark and queries: read only.")] = "pgjournal_reader",
+    visibility_horizon: Annotated[bool, typer.Option(
+        help="Also grant pg_read_all_stats (live queries bound reads by open transactions).")] = False,
+    dsn: DsnOption = None,
+) -> None:
+    """Least-privilege roles (owner, writer, reader): print the SQL (--sql) or run it as an administrator."""
+    from .roles import apply_roles, role_script
+
+    with reported():
+        script = role_script(owner=owner, writer=writer, reader=reader, visibility_horizon=visibility_horizon)
+        if sql:
+            sys.stdout.write(script)
+            return
+        from .dsn import resolve_dsn
+
+        resolved = resolve_dsn(dsn)
+        apply_roles(resolved, script)
+    console.print(f"roles {owner}, {writer}, {reader} set up on {mask_dsn(resolved)}")
+
 
 def main() -> None:
     app()

@@ -1,0 +1,109 @@
+"""``pgjournal projection list | status | run | pause | resume | reset``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pgjournal.cli import DsnOption, console, fail, open_journal, reported
+from pgjournal.offsets import format_timestamp, parse_timestamp
+from pgjournal.slices import parse_slice_range
+
+from . import management
+
+projection_app = typer.Typer(help="Projections by slice range: run workers, pause, resume, reset, show lag.",
+                             no_args_is_help=True)
+
+SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range A-B (default: all).")]
+
+
+@projection_app.command("list")
+def list_cmd(dsn: DsnOption = None) -> None:
+    """Names of the projections with offsets, workers or management rows."""
+    with open_journal(dsn) as journal:
+        for name in management.list_projections(journal):
+            console.print(name, highlight=False)
+
+
+@projection_app.command("status")
+def status_cmd(name: str, dsn: DsnOption = None) -> None:
+    """Paused or not, live workers, and per slice range: owner, offsets and lag (consumed - event time)."""
+    with open_journal(dsn) as journal, reported():
+        state = management.status(journal, name)
+    console.print(f"[bold]{name}[/]: {'[yellow]paused[/]' if state.paused else 'running'}, "
+                  f"{len(state.workers)} live worker(s)", highlight=False)
+    table = Table("slices", "owner / key", "oldest offset", "newest offset", "lag (s)")
+    for r in state.ranges:
+        table.add_row(r.slices, r.owner or r.key or "-",
+                      format_timestamp(r.oldest_offset) if r.oldest_offset else "-",
+                      format_timestamp(r.newest_offset) if r.newest_offset else "-",
+                      f"{r.lag:.3f}" if r.lag is not None else "-")
+    console.print(table)
+
+
+@projection_app.command("run")
+def run_cmd(
+    name: str,
+    entity_type: Annotated[str, typer.Option("--entity-type", "-e", help="Entity type to project.")],
+    handler: Annotated[str, typer.Option(help="module:factory; factory(journal, name, entity_type) -> Projection.")
+                       ] = "projections.examples:counter_projection",
+    workers: Annotated[int, typer.Option(min=1, max=1024, help="Worker processes to start here.")] = 1,
+    lease_duration: Annotated[float, typer.Option(help="Seconds a slice lease lasts unless renewed.")] = 10.0,
+    dsn: DsnOption = None,
+) -> None:
+    """Run NAME with N worker processes; they share the slices with any other workers of NAME (leases).
+    Ctrl-C stops them cleanly (leases released)."""
+    from .workers import load_factory, run_workers, worker_main
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
+    with reported():
+        load_factory(handler)
+        if workers == 1:
+            code = worker_main(dsn, name, entity_type, handler, {}, lease_duration, None)
+        else:
+            code = run_workers(dsn, name, entity_type, handler, workers, lease_duration=lease_duration)
+    if code:
+        fail(f"projection {name!r} stopped with a failure (exit code {code}); see the log above")
+
+
+@projection_app.command("pause")
+def pause_cmd(name: str, dsn: DsnOption = None) -> None:
+    """Running workers store what they handled and stop consuming until resumed."""
+    with open_journal(dsn) as journal, reported():
+        management.pause(journal, name)
+    console.print(f"{name}: paused")
+
+
+@projection_app.command("resume")
+def resume_cmd(name: str, dsn: DsnOption = None) -> None:
+    """Workers continue from the stored offsets."""
+    with open_journal(dsn) as journal, reported():
+        management.resume(journal, name)
+    console.print(f"{name}: resumed")
+
+
+@projection_app.command("reset")
+def reset_cmd(
+    name: str,
+    to: Annotated[str, typer.Option("--to", help="Count events before this ISO 8601 time as processed "
+                                    "(default: clear, process everything again).")] = "",
+    slices: SlicesOption = "0-1023",
+    dsn: DsnOption = None,
+) -> None:
+    """Clear the offsets (or set them to a time). Pause the projection first, resume afterwards."""
+    with reported():
+        lo, hi = parse_slice_range(slices)
+        when = parse_timestamp(to, "--to") if to else None
+    with open_journal(dsn) as journal, reported():
+        if not management.status(journal, name).paused and management.status(journal, name).workers:
+            fail(f"projection {name!r} has live workers and is not paused: run `pgjournal projection pause "
+                 f"{name}` first")
+        if when is None:
+            deleted = management.clear_offset(journal, name, lo, hi)
+            console.print(f"{name}: cleared {deleted} offset row(s) of slices {lo}-{hi}")
+        else:
+            management.set_offset(journal, name, when, lo, hi)
+            console.print(f"{name}: slices {lo}-{hi} start after {format_timestamp(when)}")
