@@ -219,13 +219,13 @@ def load_events(
 
 
 def _new_rows(spark: SparkSession, state: LoadState, ranges: list[tuple[int, int]], horizon: datetime, *,
-              target_frame: object, entity_type: str | None) -> DataFrame:
+              target_frame: Callable[[list[str]], DataFrame], entity_type: str | None) -> DataFrame:
     """Rows below ``horizon`` at or after each slice's watermark, minus those already seen at it."""
     from pyspark.sql import functions as F
 
     lower = [state.lower_bound(lo, hi) for lo, hi in ranges]
     where = predicates(ranges, entity_type=entity_type, until=horizon, lower_bounds=lower)
-    frame: DataFrame = target_frame(where)  # type: ignore[operator]
+    frame = target_frame(where)
     if state.watermarks:
         marks = spark.createDataFrame(
             [(s, _micros(m.timestamp)) for s, m in state.watermarks.items()], "slice INT, wm_micros BIGINT")

@@ -175,6 +175,9 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        # A slice-range partition writes a few (entity type, slice range) directories: keep a writer open
+        # for each instead of sorting the partition's rows by directory first.
+        .config("spark.sql.maxConcurrentOutputFileWriters", "16")
     )
     builder = builder.config("spark.jars", jar.path) if jar.path else builder.config("spark.jars.packages",
                                                                                       jar.package or "")
