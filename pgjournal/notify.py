@@ -99,7 +99,7 @@ class Signals:
                     self._wake(None)  # anything sent while we were not listening is caught by a poll now
                     backoff = 0.1
                     while not self._closed:
-                        for note in conn.notifies(timeout=0.5):
+                        for note in conn.notifies(timeout=0.1):
                             self._wake(note.payload)
             except psycopg.Error as exc:
                 _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
