@@ -299,6 +299,3 @@ def roles_command(
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    main()

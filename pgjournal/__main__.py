@@ -1,0 +1,5 @@
+"""``python -m pgjournal`` is the ``pgjournal`` command."""
+
+from .cli import main
+
+main()
