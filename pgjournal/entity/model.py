@@ -44,9 +44,10 @@ class Entity(Generic[S]):
     """Base class of an event-sourced entity type.
 
     Set ``name`` (the entity type: the persistence id is ``f"{name}|{entity_id}"``) and
-    ``initial_state``; implement :meth:`handle` and :meth:`apply`. States should be immutable (frozen
-    dataclasses, tuples); mutable states work too, because the repository drops its cached copy whenever
-    a command fails, but the state in a :class:`CommandResult` must then be treated as read-only.
+    ``initial_state``; implement :meth:`handle` and :meth:`apply`. States are values: never change one in
+    place (frozen dataclasses, tuples and ``dataclasses.replace`` make that natural), because commands
+    queued for one entity are decided one after the other on the same state objects, and the repository
+    caches them. One instance serves all entities of the type from many threads: keep it stateless.
     """
 
     #: The entity type: the text before the first ``|`` of every persistence id of this entity.

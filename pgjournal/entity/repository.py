@@ -206,16 +206,14 @@ class EntityRepository(Generic[S]):
             if current is None:
                 current = recover(self.journal, self.entity, pid)
             state, events, outcomes = current.state, [], []
-            refused = False
             for item in batch:
                 try:
                     effect = effect_of(self.entity, item.command, self.entity.handle(state, item.command))
                     after = state
                     for event in effect.events:
                         after = self.entity.apply(after, event)
-                except Exception as exc:
+                except Exception as exc:  # refused (or a bug): this command writes nothing, the others go on
                     outcomes.append(exc)
-                    refused = True
                     continue
                 state = after
                 events.extend(effect.events)
@@ -240,10 +238,7 @@ class EntityRepository(Generic[S]):
                                attempt)
                     time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
                     continue
-            if refused:
-                self._cache.drop(pid)  # a failed handler may have mutated a mutable state
-            else:
-                self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
+            self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
             if events:
                 self._maybe_snapshot(pid, current.seq_nr, current.seq_nr + len(events), state)
             for item, outcome in zip(batch, outcomes, strict=True):
