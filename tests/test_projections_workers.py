@@ -8,6 +8,7 @@ at-least-once handles every event, and re-handles only what was processed after 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -57,7 +58,8 @@ class Writers:
     def _run(self, index: int) -> None:
         rng = random.Random(index)
         while not self.stop.is_set():
-            pid = f"{self.entity_type}|e{rng.randrange(self.entities)}"
+            # Hashed ids: "e1", "e2", ... would land in neighbouring slices and leave most ranges empty.
+            pid = f"{self.entity_type}|{hashlib.sha1(str(rng.randrange(self.entities)).encode()).hexdigest()[:12]}"
             self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))])
             self.count += 1
             time.sleep(0.005)
