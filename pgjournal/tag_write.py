@@ -37,7 +37,7 @@ t AS (SELECT t.tag, COALESCE(p.tag_pid_sequence_nr, 0) AS base, COALESCE(p.ts_ti
       FROM unnest(%(tv_tags)s::text[]) AS t(tag)
       LEFT JOIN tag_write_progress p ON p.persistence_id = %(pid)s AND p.tag = t.tag),
 s AS (SELECT GREATEST(%(tv_time)s::bigint, max(last_time) + 1) AS first_time FROM t),
-u AS MATERIALIZED (SELECT e.ord, s.first_time + e.ord - 1 AS ticks FROM e CROSS JOIN s),
+u AS (SELECT e.ord, s.first_time + e.ord - 1 AS ticks FROM e CROSS JOIN s),
 uu AS (SELECT u.ord, u.ticks, {uuid} AS stamp, (u.ticks - {epoch}) / 10000 AS ms FROM u),
 tv AS (INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, tag_pid_sequence_nr,
            sequence_nr, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id, meta_ser_manifest,
