@@ -128,6 +128,11 @@ class Journal:
             ) from None
         try:
             yield conn
+        except psycopg.OperationalError as exc:
+            if not (conn.closed or conn.broken):
+                raise  # the server answered (a serialization failure, a cancelled statement, ...)
+            reason = " ".join(str(exc).split()) or exc.__class__.__name__
+            raise DatabaseUnavailable(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
         finally:
             self._pool.putconn(conn)
 

@@ -7,7 +7,7 @@ wait early; a lost signal costs only latency.
 
 A poll that fails because the database is unreachable is retried with exponential backoff (0.1 s up to
 5 s) until it succeeds or the query is closed; ``poll`` must leave its state unchanged when it raises, so
-the query resumes exactly where it was.
+the query resumes exactly where it was. When the journal is closed under it, the query ends.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 import psycopg
+from psycopg_pool import PoolClosed
 
 from .errors import DatabaseUnavailable
 
@@ -66,6 +67,10 @@ class LiveQuery(Generic[T]):
             self._wakeup.clear()
             try:
                 items, rows = self._poll(notified)
+            except PoolClosed:
+                _log.info("live query ends: its journal was closed")
+                self.close()
+                raise StopIteration from None
             except RETRYABLE as exc:
                 self._failures += 1
                 self._delay = min(0.1 * 2 ** (self._failures - 1), 5.0)

@@ -378,3 +378,41 @@ def test_no_raw_driver_error_escapes_an_append_when_the_server_is_gone(
         journal.append("Cart|gone", ["b"], expected_seq_nr=1)
     assert stored(dsn, "Cart|gone") == [(1, "a"), (2, "b")]
     assert slice_for_persistence_id("Cart|gone") >= 0
+
+
+def test_reads_on_a_lost_connection_raise_database_unavailable_not_a_driver_error(
+        proxied: tuple[FaultProxy, str]) -> None:
+    """Fix proved here: a read on a pooled connection the network had cut raised psycopg.OperationalError."""
+    proxy, via = proxied
+    with Journal.open(via, notify=False, connect_timeout=1, pool_min_size=2, pool_max_size=2) as journal:
+        journal.append("Cart|r", ["a"], expected_seq_nr=0)
+        reads = [lambda: journal.highest_seq_nr("Cart|r"),
+                 lambda: list(journal.query.current_events_by_persistence_id("Cart|r")),
+                 lambda: list(journal.query.current_events_by_slices("Cart", 0, 1023)),
+                 lambda: list(journal.query.current_persistence_ids()),
+                 lambda: journal.load_snapshot("Cart|r")]
+        for read in reads:
+            assert proxy.cut() >= 1  # the pool's idle connections die under it
+            with pytest.raises(DatabaseUnavailable, match=r"lost the connection|no connection"):
+                read()
+            # The pool discards a broken connection when it comes back (it does not test idle ones before
+            # handing them out), so at most one more call meets a dead one; then reads work again.
+            for _ in range(2):
+                try:
+                    read()
+                    break
+                except DatabaseUnavailable:
+                    continue
+            read()
+
+
+def test_a_live_query_ends_when_its_journal_is_closed(dsn: str) -> None:
+    """Fix proved here: after Journal.close() a live query retried 'pool closed' forever."""
+    journal = Journal.open(dsn, **FAST)
+    query = journal.query.events_by_slices("Cart", 0, 1023)
+    got, wait = _consume(query, 10, timeout=3)
+    time.sleep(0.3)
+    journal.close()
+    started = time.monotonic()
+    wait()
+    assert query.closed and time.monotonic() - started < 2.5 and got == []

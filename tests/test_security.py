@@ -1,0 +1,382 @@
+"""Security: parameterised statements (SQL-injection strings stored verbatim, tables intact), passwords
+never in logs, errors or CLI output, and least-privilege roles applied to a real database."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import psycopg.conninfo
+import pytest
+from conftest import FAST
+from faultproxy import fault_proxy
+from typer.testing import CliRunner
+
+from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, JournalError
+from pgjournal.cli import app
+from pgjournal.roles import apply_roles, check_role_name, role_script
+from pgjournal.verify import verify
+from projections import management
+from projections.examples import counter_writer, ensure_counter_table
+from projections.handlers import Projection
+from projections.offset_store import OffsetStore
+
+HOSTILE = [
+    "'; DROP TABLE event_journal; --",
+    "Robert'); DROP TABLE snapshot;--",
+    '" OR 1=1 --',
+    "$$; DROP TABLE event_journal; $$",
+    "%s %(pid)s {table} {0}",
+    "\\'; SELECT pg_sleep(10); --",
+    "' UNION SELECT usename, passwd FROM pg_shadow --",
+    "x' OR 'a'='a",
+    "1; TRUNCATE event_journal",
+    "\\x00\\\\ E'\\047'",
+    "pg_catalog.pg_class",
+    "ñ'ö\"ü;--∂",
+]
+
+
+def table_names(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
+
+
+# -- every statement parameterised ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_injection_strings_are_stored_and_read_back_verbatim(journal: Journal, dsn: str, hostile: str) -> None:
+    before = table_names(dsn)
+    pid = f"{hostile}|{hostile}"
+    written = journal.append(pid, [{"text": hostile}], expected_seq_nr=0, tags=[hostile, "plain"],
+                             metadata=hostile)
+    journal.append(pid, [hostile], expected_seq_nr=1)
+    journal.save_snapshot(pid, 2, {"s": hostile})
+    assert written[0].entity_type == hostile
+    time.sleep(0.1)  # current_events_by_slices ends at the safe bound, a few ms behind the clock
+    # Read back through every query that takes these strings, and directly.
+    assert [e.event for e in journal.query.current_events_by_persistence_id(pid)] == [{"text": hostile}, hostile]
+    assert [e.persistence_id for e in journal.query.current_events_by_slices(hostile, 0, 1023)] == [pid, pid]
+    assert pid in list(journal.query.current_persistence_ids(after=hostile[:1] if hostile else None, limit=1000))
+    assert journal.highest_seq_nr(pid) == 2
+    assert journal.load_snapshot(pid).snapshot == {"s": hostile}  # type: ignore[union-attr]
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT persistence_id, entity_type, tags FROM event_journal WHERE seq_nr = 1").fetchone()
+        tag_rows = conn.execute("SELECT tag_name FROM tag_views ORDER BY tag_name").fetchall()
+    assert row == (pid, hostile, [hostile, "plain"])
+    assert sorted([hostile, "plain"]) == [r[0] for r in tag_rows]
+    assert journal.delete_events(pid, 1) == 1
+    assert table_names(dsn) == before
+    assert verify(journal).ok
+
+
+@pytest.mark.parametrize("hostile", HOSTILE[:6])
+def test_injection_strings_as_projection_names_are_stored_verbatim(journal: Journal, dsn: str, hostile: str) -> None:
+    before = table_names(dsn)
+    ensure_counter_table(journal)
+    projection = Projection(hostile, hostile, counter_writer(hostile))
+    management.pause(journal, projection.name)
+    assert management.list_projections(journal) == [hostile]
+    store = OffsetStore(journal, hostile, hostile, 0, 1023, time_window=60)
+    with journal.connection() as conn:
+        assert store.load(conn) is None
+    management.resume(journal, hostile)
+    assert management.clear_offset(journal, hostile) == 0
+    with psycopg.connect(dsn) as conn:
+        names = conn.execute("SELECT projection_name FROM projection_management").fetchall()
+    assert names == [(hostile,)]
+    assert table_names(dsn) - {"projection_counter"} == before
+
+
+def test_injection_strings_through_the_cli_are_stored_verbatim(dsn: str) -> None:
+    runner = CliRunner()
+    before = table_names(dsn)
+    for n, hostile in enumerate(HOSTILE):
+        pid = f"{hostile}|cli{n}"
+        result = runner.invoke(app, ["append", pid, '"e"', "--tag", hostile, "--dsn", dsn])
+        assert result.exit_code == 0, result.output
+        result = runner.invoke(app, ["events", pid, "--dsn", dsn])
+        assert result.exit_code == 0 and '"seq_nr": 1' in result.output, result.output
+    with psycopg.connect(dsn) as conn:
+        stored = {r[0] for r in conn.execute("SELECT persistence_id FROM event_journal").fetchall()}
+    assert stored == {f"{h}|cli{n}" for n, h in enumerate(HOSTILE)}
+    assert table_names(dsn) == before
+
+
+# -- passwords never shown -------------------------------------------------------------------------
+
+SECRET = "Zq9-s3cr3t/p@ss?#"  # URL-hostile characters on purpose
+
+
+def with_password(dsn: str) -> list[str]:
+    """``dsn`` with a password, in key=value form and as a URL (the embedded server trusts, so it works)."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    from urllib.parse import quote
+
+    url = (f"postgresql://{params.get('user', 'postgres')}:{quote(SECRET, safe='')}@{params['host']}:{params['port']}"
+           f"/{params['dbname']}")
+    return [psycopg.conninfo.make_conninfo(dsn, password=SECRET), url]
+
+
+def _assert_no_secret(text: str) -> None:
+    from urllib.parse import quote
+
+    for form in (SECRET, quote(SECRET, safe=""), quote(SECRET), "s3cr3t"):
+        assert form not in text, f"password leaked: ...{text[max(0, text.find(form) - 80):text.find(form) + 40]}..."
+
+
+@pytest.mark.parametrize("form", [0, 1], ids=["key-value", "url"])
+def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    secret_dsn = with_password(dsn)[form]
+    runner = CliRunner()
+    seen: list[str] = []
+    with caplog.at_level(logging.DEBUG):
+        # A working session through a proxy that cuts connections: pool and polling log their troubles.
+        with fault_proxy(secret_dsn) as (proxy, via), Journal.open(via, connect_timeout=1, **FAST) as journal:
+            seen.append(repr(journal))
+            journal.append("Cart|1", ["a"], expected_seq_nr=0)
+            query = journal.query.events_by_slices("Cart", 0, 1023)
+            got: list[object] = []
+            thread = threading.Thread(target=lambda: [got.append(e) for e in query], daemon=True)
+            thread.start()
+            time.sleep(0.3)
+            proxy.refuse(True)
+            proxy.cut()
+            for call in (lambda: journal.append("Cart|1", ["b"], expected_seq_nr=1),
+                         lambda: journal.highest_seq_nr("Cart|1")):
+                with pytest.raises(JournalError) as failed:
+                    call()
+                seen.append(str(failed.value))
+            deadline = time.monotonic() + 10
+            while "live query poll failed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+            proxy.refuse(False)
+            query.close()
+            thread.join(5)
+        # Errors with the password in the DSN.
+        bad_port = psycopg.conninfo.make_conninfo(secret_dsn, port="1")
+        for bad in (bad_port, secret_dsn.replace("dbname=", "dbname=nosuchdb_") if form == 0 else
+                    secret_dsn.rsplit("/", 1)[0] + "/nosuchdb", secret_dsn + " unknown_keyword=1"):
+            with pytest.raises(JournalError) as failed:
+                Journal.open(bad, connect_timeout=1)
+            seen.append(str(failed.value))
+        # The CLI, with it on the command line and in the environment.
+        for args in (["info"], ["verify"], ["append", "Cart|2", '"x"'], ["append", "Cart|2", "not json"],
+                     ["events", ""], ["persistence-ids"], ["migrate"], ["roles"], ["tail", "Cart", "--current"]):
+            for how in ("option", "env"):
+                target = bad_port if args == ["roles"] else secret_dsn
+                if how == "option":
+                    result = runner.invoke(app, [*args, "--dsn", target])
+                else:
+                    result = runner.invoke(app, args, env={"PGJOURNAL_DSN": target})
+                seen.append(result.output)
+                assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        result = runner.invoke(app, ["info", "--dsn", bad_port])
+        assert result.exit_code == 1
+        seen.append(result.output)
+    seen.append(caplog.text)
+    assert "live query poll failed" in caplog.text  # the logs did cover the failures
+    for text in seen:
+        _assert_no_secret(text)
+
+
+# -- least-privilege roles ------------------------------------------------------------------------
+
+
+@dataclass
+class Roles:
+    owner: str
+    writer: str
+    reader: str
+
+    def dsn(self, base: str, role: str) -> str:
+        return psycopg.conninfo.make_conninfo(base, user=role)
+
+
+@pytest.fixture
+def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
+    suffix = uuid.uuid4().hex[:8]
+    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}")
+    apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader))
+    try:
+        yield names
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in (names.owner, names.writer, names.reader):
+                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            for role in (names.owner, names.writer, names.reader):
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+WRITER_FORBIDDEN = [
+    "CREATE TABLE intruder (id int)",
+    "CREATE TEMP TABLE intruder (id int)",
+    "CREATE SCHEMA intruder",
+    "CREATE INDEX intruder ON event_journal (writer)",
+    "CREATE FUNCTION intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    "CREATE VIEW intruder AS SELECT 1",
+    "ALTER TABLE event_journal ADD COLUMN intruder int",
+    "ALTER TABLE snapshot DROP COLUMN snapshot",
+    "ALTER TABLE event_journal_s0000_0127 DISABLE TRIGGER ALL",
+    "DROP TABLE snapshot",
+    "DROP TABLE event_journal CASCADE",
+    "TRUNCATE event_journal",
+    "TRUNCATE tag_views",
+    "DELETE FROM event_journal",
+    "DELETE FROM event_journal_s0000_0127",
+    "UPDATE event_journal SET event_payload = '\\x00'",
+    "UPDATE event_journal_s0000_0127 SET seq_nr = seq_nr + 1",
+    "UPDATE pgjournal_version SET version_num = '0000'",
+    "DELETE FROM pgjournal_version",
+    "CREATE ROLE intruder",
+    "CREATE DATABASE intruder",
+]
+READER_FORBIDDEN = [
+    "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
+    "event_ser_manifest, event_payload, writer) VALUES (1, 'x', 'x', 1, now(), 1, '', '', 'r')",
+    "INSERT INTO snapshot (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, "
+    "ser_manifest, snapshot) VALUES (1, 'x', 'x', 1, now(), 0, 1, '', '')",
+    "UPDATE event_journal SET deleted = true",
+    "UPDATE event_journal_s0000_0127 SET deleted = true",
+    "DELETE FROM event_journal",
+    "DELETE FROM snapshot",
+    "DELETE FROM projection_timestamp_offset_store",
+    "UPDATE projection_management SET paused = true",
+    "INSERT INTO tag_views SELECT * FROM tag_views",
+    "DELETE FROM tag_write_progress",
+    "TRUNCATE event_journal",
+    "CREATE TABLE intruder (id int)",
+    "CREATE TEMP TABLE intruder (id int)",
+    "DROP TABLE snapshot",
+    "ALTER TABLE event_journal ADD COLUMN intruder int",
+]
+
+
+def _denied(dsn: str, statements: list[str]) -> list[str]:
+    """The statements that were NOT refused (each in its own transaction, rolled back)."""
+    allowed = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            try:
+                conn.execute(statement)
+            except psycopg.errors.InsufficientPrivilege:
+                continue
+            except psycopg.Error as exc:
+                allowed.append(f"{statement} -> {type(exc).__name__}: {exc}")
+                continue
+            allowed.append(statement)
+    return allowed
+
+
+def _seed(dsn: str) -> None:
+    with Journal.open(dsn) as journal:
+        journal.append("Cart|seed", ["a", "b"], expected_seq_nr=0, tags=["t"])
+
+
+def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: str, roles: Roles) -> None:
+    _seed(dsn)
+    before = table_names(dsn)
+    writer_dsn = roles.dsn(dsn, roles.writer)
+    with Journal.open(writer_dsn, **FAST) as journal:
+        assert not journal.uses_visibility_horizon  # pg_read_all_stats is opt-in
+        journal.append("Cart|w", ["x", "y"], expected_seq_nr=0, tags=["t", "u"])
+        journal.append("Cart|seed", ["c"], expected_seq_nr=2, tags=["t"])
+        journal.save_snapshot("Cart|w", 2, {"n": 2})
+        journal.save_snapshot("Cart|w", 2, {"n": 3})  # the upsert
+        assert journal.delete_events("Cart|w", 1) == 1  # logical delete: the one UPDATE allowed
+        ensure_dsn_projection = Projection("w-proj", "Cart", counter_writer("w-proj"))
+        management.pause(journal, ensure_dsn_projection.name)
+        management.resume(journal, ensure_dsn_projection.name)
+        time.sleep(0.1)  # the current query ends a few ms behind the clock
+        assert [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == ["a", "b", "y", "c"]
+        report = verify(journal)
+        assert report.ok, report
+    assert _denied(writer_dsn, WRITER_FORBIDDEN) == []
+    with psycopg.connect(writer_dsn, autocommit=True) as conn:  # not the owner: a warning, and nothing granted
+        conn.execute(f'GRANT INSERT, DELETE ON event_journal, snapshot TO PUBLIC, "{roles.reader}"')
+    assert _denied(roles.dsn(dsn, roles.reader), READER_FORBIDDEN) == []
+    assert table_names(dsn) == before
+
+
+def test_the_reader_reads_and_cannot_write(dsn: str, roles: Roles) -> None:
+    _seed(dsn)
+    reader_dsn = roles.dsn(dsn, roles.reader)
+    time.sleep(0.1)  # the current query ends a few ms behind the clock
+    with Journal.open(reader_dsn, **FAST) as journal:
+        assert [e.event for e in journal.query.current_events_by_persistence_id("Cart|seed")] == ["a", "b"]
+        assert [e.seq_nr for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == [1, 2]
+        report = verify(journal)
+        assert report.ok, [(c.name, c.examples) for c in report.checks if c.problems]
+        with pytest.raises(ConfigurationError, match=r"refused by the database: SQLSTATE 42501.*nothing was written"):
+            journal.append("Cart|seed", ["c"], expected_seq_nr=2)
+    assert _denied(reader_dsn, READER_FORBIDDEN) == []
+    result = CliRunner().invoke(app, ["verify", "--dsn", reader_dsn])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["append", "Cart|seed", '"c"', "--dsn", reader_dsn])
+    assert result.exit_code == 1 and "42501" in result.output and "Traceback" not in result.output
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM event_journal").fetchone() == (2,)
+
+
+def test_the_owner_migrates_and_others_cannot_connect(dsn: str, server_dsn: str, roles: Roles) -> None:
+    owner_dsn = roles.dsn(dsn, roles.owner)
+    result = CliRunner().invoke(app, ["migrate", "--dsn", owner_dsn])
+    assert result.exit_code == 0, result.output
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:  # the owner may create (a later migration)
+        conn.execute("CREATE TABLE owner_made (id int)")
+        conn.execute("ALTER TABLE snapshot ADD COLUMN owner_extra int")
+        conn.execute("ALTER TABLE snapshot DROP COLUMN owner_extra")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE ROLE intruder")
+    # A table a later migration makes gets the default grants: the reader can read it, not write it.
+    reader_dsn = roles.dsn(dsn, roles.reader)
+    with psycopg.connect(reader_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM owner_made").fetchone() == (0,)
+    assert _denied(reader_dsn, ["INSERT INTO owner_made VALUES (1)"]) == []
+    # A login role that was not granted anything cannot even connect.
+    stranger = f"pgj_stranger_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{stranger}" LOGIN')
+    try:
+        with pytest.raises(DatabaseUnavailable, match="permission denied for database"):
+            Journal.open(roles.dsn(dsn, stranger))
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{stranger}"')
+
+
+def test_the_script_is_idempotent_and_the_visibility_horizon_is_opt_in(dsn: str, roles: Roles) -> None:
+    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader))
+    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader,
+                                 visibility_horizon=True))
+    with Journal.open(roles.dsn(dsn, roles.writer)) as journal:
+        assert journal.uses_visibility_horizon
+    assert _denied(roles.dsn(dsn, roles.writer), WRITER_FORBIDDEN) == []
+
+
+@pytest.mark.parametrize("name", ['x"; DROP ROLE postgres; --', "Owner", "pg_monitor", "9lives", "", "a" * 64,
+                                  "a b", "ro'le"])
+def test_role_names_that_could_inject_are_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="role name must be"):
+        role_script(writer=name)
+    with pytest.raises(ConfigurationError):
+        check_role_name(name, "writer")
+    result = CliRunner().invoke(app, ["roles", "--sql", "--reader", name])
+    assert result.exit_code == 1 and "role name must be" in result.output and "Traceback" not in result.output
+
+
+def test_roles_sql_prints_the_script() -> None:
+    result = CliRunner().invoke(app, ["roles", "--sql", "--writer", "app_rw"])
+    assert result.exit_code == 0
+    assert 'GRANT INSERT, UPDATE (deleted) ON "public".%I TO "app_rw"' in result.output
+    assert "PASSWORD" not in result.output.replace("ALTER ROLE ... PASSWORD", "")
