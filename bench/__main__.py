@@ -16,7 +16,7 @@ from .harness import Outcome, Scenario, run_scenario
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
-                    "bench.spark_load"]
+                    "bench.spark_load", "bench.projection"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
@@ -75,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object per scenario run")
     parser.add_argument("--plot", metavar="PNG", help="write a bar chart of the medians")
     args = parser.parse_args(argv)
-    names = list(scenarios) if args.scenario == ["all"] else args.scenario
+    names = list(scenarios) if args.scenario == ["all"] else [
+        match for name in args.scenario
+        for match in ([name] if name in scenarios else [s for s in scenarios if s.startswith(name + "-")] or [name])
+    ]
     unknown = [n for n in names if n not in scenarios]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from all, {', '.join(scenarios)}")
