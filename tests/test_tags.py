@@ -17,7 +17,7 @@ from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalE
 from pgjournal import tag_write as tag_write_module
 from pgjournal.buckets import BucketSize
 from pgjournal.by_tag import MissingTaggedEventsError, TagEnvelope
-from pgjournal.timeuuid import TimeUUIDGenerator, compare, ms_of_ticks, order_key
+from pgjournal.timeuuid import UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
 
 # Minute buckets and short delays keep these tests quick; the semantics do not depend on the values.
 TAGS: dict[str, Any] = dict(
@@ -338,3 +338,31 @@ def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: 
         envs = collect(stream, 5)
     assert calls["n"] > 5
     assert_exactly_once_in_order(envs, {"Cart|1": 3, "Cart|2": 2})
+
+
+def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that appears 15 s behind the cursor: beyond the short back track's period, within "max"."""
+    settings = dict(TAGS, portable=True, tag_back_track_interval=0.1, tag_back_track_period=1.0,
+                    tag_back_track_long_interval=1.5, tag_back_track_long_period="max")
+    with Journal.open(dsn, **settings) as journal:
+        with monkeypatch.context() as patched:  # an event written 20 s ago
+            patched.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: time.time_ns() - 20 * 10**9))
+            journal.append("Cart|early", [1], tags=["x"])
+        settle(journal)
+        start = next(iter(journal.query.current_events_by_tag("x"))).offset
+        journal.append("Cart|now", [1], tags=["x"])
+        with journal.query.events_by_tag("x", start) as stream:
+            assert [e.persistence_id for e in collect(stream, 1)] == ["Cart|now"]
+            # Commit, "late", a row whose TimeUUID is 15 s old (but after the query's start offset).
+            with journal.connection() as conn:
+                conn.execute("""
+                    INSERT INTO tag_views SELECT tag_name, ms - mod(ms, 60000), ticks, ts_lsb, timestamp,
+                        'Cart|late', 1, 1, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id,
+                        meta_ser_manifest, meta_payload
+                    FROM tag_views, LATERAL (SELECT ts_time + 50000000 AS ticks) AS t,
+                        LATERAL (SELECT (ticks - %s) / 10000 AS ms) AS m
+                    WHERE persistence_id = 'Cart|early'""", (UUID_EPOCH_OFFSET,))
+            started = time.monotonic()
+            late = collect(stream, 1, timeout=5)
+        assert [(e.persistence_id, e.source) for e in late] == [("Cart|late", Source.BACKTRACKING)]
+        assert time.monotonic() - started >= 0.5  # the short back track (every 0.1 s over 1 s) did not find it
