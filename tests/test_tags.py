@@ -366,3 +366,14 @@ def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: 
             late = collect(stream, 1, timeout=5)
         assert [(e.persistence_id, e.source) for e in late] == [("Cart|late", Source.BACKTRACKING)]
         assert time.monotonic() - started >= 0.5  # the short back track (every 0.1 s over 1 s) did not find it
+
+
+def test_bad_tag_and_offset_are_named(tj: Journal) -> None:
+    from datetime import UTC, datetime
+
+    from pgjournal import InvalidArgument, TimestampOffset
+
+    with pytest.raises(InvalidArgument, match="TimeBasedUUID offset or NoOffset"):
+        list(tj.query.current_events_by_tag("x", TimestampOffset(datetime.now(UTC))))
+    with pytest.raises(InvalidArgument, match="tag must be a non-empty string"):
+        tj.query.events_by_tag("")
