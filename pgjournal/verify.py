@@ -10,7 +10,8 @@ Checks (a check whose tables do not exist is skipped, not failed):
 * ``slice and entity type``: the stored ``slice`` and ``entity_type`` must be what the persistence id
   hashes and parses to, or slice queries miss the events.
 * ``tagged events in tag_views`` / ``tag_views rows in the journal``: each tag of each live event has its
-  row in ``tag_views`` and each row there belongs to a stored event carrying that tag.
+  row in ``tag_views`` and each row there belongs to a stored event carrying that tag (or to an event that
+  ``pgjournal cleanup events`` removed: below the persistence id's deleted marker).
 * ``tag_pid_sequence_nr gaps`` and ``tag_write_progress``: per (tag, pid) the tag sequence numbers are
   contiguous and the progress row is not behind them (events_by_tag would wait for the missing number
   and then fail with MissingEventsError).
@@ -80,11 +81,13 @@ WHERE NOT e.deleted AND NOT EXISTS (
     SELECT 1 FROM tag_views AS v
     WHERE v.tag_name = t.tag AND v.persistence_id = e.persistence_id AND v.sequence_nr = e.seq_nr)
 ORDER BY 1, 2, 3"""
+# A row whose event is gone is fine when the persistence id was cleaned up (a deleted marker above it).
 TAGS_ORPHANED = """
-SELECT v.tag_name, v.persistence_id, v.sequence_nr FROM tag_views AS v
-WHERE NOT EXISTS (
-    SELECT 1 FROM event_journal AS e
-    WHERE e.persistence_id = v.persistence_id AND e.seq_nr = v.sequence_nr AND v.tag_name = ANY(e.tags))
+SELECT v.tag_name, v.persistence_id, v.sequence_nr, e.seq_nr IS NOT NULL FROM tag_views AS v
+LEFT JOIN event_journal AS e ON e.persistence_id = v.persistence_id AND e.seq_nr = v.sequence_nr
+WHERE CASE WHEN e.seq_nr IS NOT NULL THEN NOT (v.tag_name = ANY(COALESCE(e.tags, '{}')))
+      ELSE NOT EXISTS (SELECT 1 FROM event_journal AS m
+                       WHERE m.persistence_id = v.persistence_id AND m.deleted AND m.seq_nr > v.sequence_nr) END
 ORDER BY 1, 2, 3"""
 TAG_SEQ_GAPS = """
 SELECT tag_name, persistence_id, prev, tag_pid_sequence_nr FROM (
@@ -165,9 +168,9 @@ def verify(journal: Journal, *, examples: int = 10) -> Report:
         if _table_exists(conn, "tag_views") and _table_exists(conn, "tag_write_progress"):
             for pid, seq_nr, tag in _rows(conn, TAGS_MISSING):
                 tags_missing.add(f"{pid!r} seq_nr {seq_nr}: no row for tag {tag!r}", examples)
-            for tag, pid, seq_nr in _rows(conn, TAGS_ORPHANED):
-                tags_orphaned.add(f"tag {tag!r}: {pid!r} seq_nr {seq_nr} is not a stored event with this tag",
-                                  examples)
+            for tag, pid, seq_nr, stored in _rows(conn, TAGS_ORPHANED):
+                where = "is stored without this tag" if stored else "is not in the journal"
+                tags_orphaned.add(f"tag {tag!r}: {pid!r} seq_nr {seq_nr} {where}", examples)
             for tag, pid, prev, tag_seq in _rows(conn, TAG_SEQ_GAPS):
                 tag_gaps.add(f"tag {tag!r}, {pid!r}: tag_pid_sequence_nr {tag_seq} follows {prev}", examples)
             for tag, pid, highest, stored in _rows(conn, TAG_PROGRESS):
