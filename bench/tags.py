@@ -1,7 +1,8 @@
 """tags-append and tags-catchup: the Cassandra-compatible tag path.
 
-``tags-append``: 1 event per transaction, 8 writers, one entity each, with 1 tag ("ours") beside the same
-append untagged and with 3 tags. The tag rows and progress go in the same statement as the journal rows.
+``tags-append`` (8 writers) and ``tags-append-1`` (1 writer): 1 event per transaction, one entity per
+writer, with 1 tag ("ours") beside the same append untagged and with 3 tags. The tag rows and progress go
+in the same statement as the journal rows.
 ``tags-catchup``: ``current_events_by_tag`` over a tag view loaded beforehand (1,000,000 events; quick:
 50,000), events decoded, beside a bare keyset SELECT of the same rows (no decoding, no stream logic).
 """
@@ -34,17 +35,17 @@ def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
 
 
-def append_with(tags: tuple[str, ...]) -> Any:
+def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000) -> Any:
     def measure(ctx: Context, state: dict[str, Any]) -> float:
         journal: Journal = state["journal"]
-        total = 2_000 if ctx.quick else 20_000
+        n = total // 10 if ctx.quick else total
 
-        def work(_w: int, n: int) -> None:
+        def work(_w: int, count: int) -> None:
             pid = f"Bench|{uuid.uuid4().hex}"
-            for i in range(n):
+            for i in range(count):
                 journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
 
-        return total / _threads(WRITERS, total // WRITERS, work)
+        return n / _threads(writers, n // writers, work)
 
     return measure
 
@@ -118,6 +119,17 @@ SCENARIOS = [
             "ours": append_with(("bench",)),
             "untagged": append_with(()),
             "3_tags": append_with(("bench", "bench-b", "bench-c")),
+        },
+    ),
+    Scenario(
+        name="tags-append-1", metric="events_per_s",
+        description="3,000 events (quick: 300), 1 per transaction, 1 writer (the commit flush dominates), with 1 "
+                    "tag (ours), untagged, and with 3 tags",
+        setup=_append_setup, teardown=_teardown,
+        contenders={
+            "ours": append_with(("bench",), 1, 3_000),
+            "untagged": append_with((), 1, 3_000),
+            "3_tags": append_with(("bench", "bench-b", "bench-c"), 1, 3_000),
         },
     ),
     Scenario(
