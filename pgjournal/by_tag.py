@@ -179,7 +179,7 @@ class TagStream:
         self._journal = journal
         self._tag = check_name(tag, "tag")
         settings = journal.settings
-        self._size: BucketSize = bucket_size(journal)
+        self._size: BucketSize = bucket_size(journal, record=False)
         self._delay = settings.tag_eventual_consistency_delay
         self._gap_timeout = settings.tag_gap_timeout
         self._scan_timeout = settings.tag_new_persistence_id_scan_timeout

@@ -17,7 +17,7 @@ import functools
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .buckets import BucketSize, ensure_bucket_size
+from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
 from .timeuuid import GENERATOR, UUID_EPOCH_OFFSET
 
 if TYPE_CHECKING:
@@ -67,12 +67,17 @@ def tagged_insert_sql(table: str, *, after_latest: bool, single: bool) -> str:
                           epoch=UUID_EPOCH_OFFSET)
 
 
-def bucket_size(journal: Journal) -> BucketSize:
-    """The journal's bucket size, recorded in the database (and checked against it) on first use."""
+def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
+    """The journal's bucket size, checked against the one recorded in the database; a writer (``record``)
+    records it when none is. A reader records nothing: reading an empty tag view fixes no size."""
     size = _bucket_sizes.get(journal)
     if size is None:
         with journal.connection() as conn:
-            size = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+            if record:
+                size = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+            else:
+                check_bucket_size(conn, journal.settings.tag_bucket_size)
+                return BucketSize.parse(journal.settings.tag_bucket_size)
         _bucket_sizes[journal] = size
     return size
 

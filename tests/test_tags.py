@@ -377,3 +377,12 @@ def test_bad_tag_and_offset_are_named(tj: Journal) -> None:
         list(tj.query.current_events_by_tag("x", TimestampOffset(datetime.now(UTC))))
     with pytest.raises(InvalidArgument, match="tag must be a non-empty string"):
         tj.query.events_by_tag("")
+
+
+def test_reading_an_empty_tag_view_fixes_no_bucket_size(dsn: str) -> None:
+    with Journal.open(dsn, **dict(TAGS, tag_bucket_size="Hour")) as reader:
+        assert list(reader.query.current_events_by_tag("x")) == []
+        with Journal.open(dsn, **TAGS) as writer:  # Minute
+            writer.append("Cart|1", [1], tags=["x"])
+        with pytest.raises(ConfigurationError, match="Minute"):
+            list(reader.query.current_events_by_tag("x"))
