@@ -48,11 +48,12 @@ def format_timestamp(ts: datetime) -> str:
 def parse_timestamp(text: str, what: str = "timestamp") -> datetime:
     try:
         ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except (ValueError, AttributeError):
+        utc = ts.astimezone(UTC) if ts.tzinfo is not None else None
+    except (ValueError, AttributeError, OverflowError):
         raise InvalidArgument(f"{what} must be ISO 8601 like 2026-11-21T16:01:02.123456Z, got {text!r}") from None
-    if ts.tzinfo is None:
+    if utc is None:
         raise InvalidArgument(f"{what} must carry a time zone (Z or +hh:mm), got {text!r}")
-    return ts.astimezone(UTC)
+    return utc
 
 
 @dataclass(frozen=True)
@@ -104,18 +105,19 @@ class TimestampOffset:
             read = parse_timestamp(body["read"], "offset read timestamp") if "read" in body else None
             seen = body.get("seen", {})
             if not isinstance(seen, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 2**63
                 for k, v in seen.items()
             ):
-                raise ValueError("seen must map persistence ids to sequence numbers >= 1")
+                raise ValueError("seen must map persistence ids to sequence numbers >= 1 (and < 2**63)")
             extra = set(body) - {"ts", "read", "seen"}
             if extra:
                 raise ValueError(f"unknown field(s) {', '.join(sorted(extra))}")
         except InvalidArgument:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            shown = text if len(text) <= 200 else text[:200] + "..."
             raise InvalidArgument(
-                f'malformed timestamp offset {text!r} ({exc}); expected {{"ts":"2026-11-21T16:01:02.123456Z",'
+                f'malformed timestamp offset {shown!r} ({exc}); expected {{"ts":"2026-11-21T16:01:02.123456Z",'
                 '"seen":{"pid":1}} or an ISO 8601 timestamp'
             ) from None
         return cls(ts, read, seen)

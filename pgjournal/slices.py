@@ -54,6 +54,8 @@ def check_slice_range(min_slice: int, max_slice: int) -> None:
 
 def parse_slice_range(text: str) -> tuple[int, int]:
     """Parse ``"0-255"`` (or a single slice ``"17"``) into an inclusive range."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"slice range must be a string like 0-255, got {text!r}")
     lo, sep, hi = text.strip().partition("-")
     try:
         bounds = (int(lo), int(hi) if sep else int(lo))
