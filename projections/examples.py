@@ -49,10 +49,17 @@ WHERE j.n IS DISTINCT FROM c.events OR j.mx IS DISTINCT FROM c.last_seq_nr
 ORDER BY 1"""
 
 
+def ensure_table(journal: Journal, ddl: str) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` that worker processes starting together may all run: concurrent ones
+    race on the catalog, so they take turns (transaction-scoped advisory lock)."""
+    with journal.connection() as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (ddl,))
+        conn.execute(ddl)
+
+
 def ensure_counter_table(journal: Journal) -> None:
     """Read-model tables belong to the application, not to the journal's migrations."""
-    with journal.connection() as conn:
-        conn.execute(COUNTER_DDL)
+    ensure_table(journal, COUNTER_DDL)
 
 
 def count_events(conn: psycopg.Connection, name: str, envelopes: Sequence[EventEnvelope]) -> None:

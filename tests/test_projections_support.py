@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from pgjournal.journal import Journal
-from projections.examples import count_events, ensure_counter_table
+from projections.examples import count_events, ensure_counter_table, ensure_table
 from projections.handlers import AtLeastOnce, Grouped, Projection, ProjectionSettings
 from projections.runner import current_context
 
@@ -36,8 +36,7 @@ FAST_PROJECTION = ProjectionSettings(backoff=0.01, management_interval=0.2, dele
 
 def audited_counter(journal: Journal, name: str, entity_type: str) -> Projection:
     ensure_counter_table(journal)
-    with journal.connection() as conn:
-        conn.execute(AUDIT_DDL)
+    ensure_table(journal, AUDIT_DDL)
 
     def handle(conn: psycopg.Connection, envelopes: Any) -> None:
         count_events(conn, name, envelopes)
@@ -53,8 +52,7 @@ def audited_counter(journal: Journal, name: str, entity_type: str) -> Projection
 
 
 def audited_at_least_once(journal: Journal, name: str, entity_type: str) -> Projection:
-    with journal.connection() as conn:
-        conn.execute(SEEN_DDL)
+    ensure_table(journal, SEEN_DDL)
     own = psycopg.connect(journal.dsn, autocommit=True)
 
     def handle(env: Any) -> None:
