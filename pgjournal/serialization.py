@@ -113,7 +113,7 @@ class SerializerRegistry:
             if entry is not None:
                 return Serialized(JSON_SER_ID, entry.manifest, _dumps(entry.to_dict(obj)))
             return Serialized(JSON_SER_ID, "", _dumps(obj))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(
                 f"cannot serialize {kind.__qualname__} value {_short(obj)}: {exc}; expected a JSON value "
                 "(dict, list, str, int, finite float, bool, None), bytes, or a registered type"
@@ -145,5 +145,8 @@ class SerializerRegistry:
 
 
 def _short(obj: Any) -> str:
-    text = repr(obj)
+    try:
+        text = repr(obj)
+    except RecursionError:
+        return f"<{type(obj).__qualname__} nested too deeply to show>"
     return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,231 @@
+"""The bad-input catalogue: named bad inputs through the public API and the CLI.
+
+For every entry: the failure is a typed ``JournalError`` (the class the entry names, with a message that
+names the value or the rule), never a raw driver error; at the CLI a one-line message, exit 1 (or 2 for
+what the argument parser refuses), no traceback; and nothing is written, checked across every table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import FAST
+from typer.testing import CliRunner
+
+from pgjournal import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    InvalidPersistenceId,
+    Journal,
+    JournalError,
+    SchemaNotMigrated,
+    SerializationError,
+    Settings,
+    TimestampOffset,
+    slice_ranges,
+)
+from pgjournal.cli import app
+from pgjournal.offsets import TimeBasedUUID, parse_offset
+from pgjournal.roles import role_script
+from pgjournal.serialization import SerializerRegistry
+from projections.examples import counter_writer
+from projections.handlers import Projection
+
+TABLES = ("event_journal", "snapshot", "tag_views", "tag_write_progress", "projection_timestamp_offset_store",
+          "projection_management")
+PID = "Cart|1"
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@dataclasses.dataclass
+class LongManifest:
+    n: int
+
+
+def long_manifest_journal(dsn: str) -> Journal:
+    registry = SerializerRegistry()
+    registry.register(LongManifest, "M" * 300)
+    return Journal.open(dsn, serializers=registry)
+
+
+Call = Callable[[Journal], Any]
+# (name, call, expected error class, fragment of the message)
+API: list[tuple[str, Call, type[JournalError], str]] = [
+    ("empty persistence id", lambda j: j.append("", ["e"]), InvalidPersistenceId, "must not be empty"),
+    ("persistence id of 256 characters", lambda j: j.append("C|" + "x" * 254, ["e"]), InvalidPersistenceId,
+     "at most 255 characters, got 256"),
+    ("NUL in persistence id", lambda j: j.append("Cart|a\x00", ["e"]), InvalidPersistenceId, "NUL"),
+    ("lone surrogate in persistence id", lambda j: j.append("Cart|\udc00", ["e"]), InvalidPersistenceId,
+     "surrogates"),
+    ("persistence id not a string", lambda j: j.append(42, ["e"]), InvalidPersistenceId, "got int 42"),
+    ("persistence id None", lambda j: j.append(None, ["e"]), InvalidPersistenceId, "got NoneType"),
+    ("events given as one string", lambda j: j.append(PID, "event"), InvalidArgument, "wrap it in a list"),
+    ("events given as one dict", lambda j: j.append(PID, {"a": 1}), InvalidArgument, "wrap it in a list"),
+    ("events not iterable", lambda j: j.append(PID, 5), InvalidArgument, "got int"),
+    ("event not serializable", lambda j: j.append(PID, [object()]), SerializationError, "cannot serialize object"),
+    ("event is a set", lambda j: j.append(PID, [{1, 2}]), SerializationError, "cannot serialize set"),
+    ("event with NaN", lambda j: j.append(PID, [{"x": float("nan")}]), SerializationError, "finite float"),
+    ("event nested 100,000 deep", lambda j: j.append(PID, [nested(100_000)]), SerializationError,
+     "nested too deeply"),
+    ("second event of a batch bad", lambda j: j.append(PID, ["ok", object()]), SerializationError,
+     "cannot serialize"),
+    ("metadata not serializable", lambda j: j.append(PID, ["e"], metadata=object()), SerializationError,
+     "cannot serialize"),
+    ("expected_seq_nr negative", lambda j: j.append(PID, ["e"], expected_seq_nr=-1), InvalidArgument,
+     "expected_seq_nr must be an integer from 0"),
+    ("expected_seq_nr 2**63", lambda j: j.append(PID, ["e"], expected_seq_nr=2**63), InvalidArgument, "2**63-1"),
+    ("expected_seq_nr a bool", lambda j: j.append(PID, ["e"], expected_seq_nr=True), InvalidArgument, "got True"),
+    ("expected_seq_nr a string", lambda j: j.append(PID, ["e"], expected_seq_nr="0"), InvalidArgument, "got '0'"),
+    ("expected_seq_nr a float", lambda j: j.append(PID, ["e"], expected_seq_nr=0.0), InvalidArgument, "got 0.0"),
+    ("expected_seq_nr ahead of the journal", lambda j: j.append(PID, ["e"], expected_seq_nr=5), ConcurrencyConflict,
+     "expected the highest sequence number to be 5"),
+    ("expected_seq_nr stale", lambda j: j.append("Cart|seeded", ["e"], expected_seq_nr=0), ConcurrencyConflict,
+     "but it is 2"),
+    ("tags given as one string", lambda j: j.append(PID, ["e"], tags="t"), InvalidArgument, "not a single string"),
+    ("empty tag", lambda j: j.append(PID, ["e"], tags=[""]), InvalidArgument, "tag must be a non-empty string"),
+    ("tag of 256 characters", lambda j: j.append(PID, ["e"], tags=["t" * 256]), InvalidArgument, "at most 255"),
+    ("NUL in tag", lambda j: j.append(PID, ["e"], tags=["a\x00"]), InvalidArgument, "without NUL"),
+    ("tag not a string", lambda j: j.append(PID, ["e"], tags=[7]), InvalidArgument, "got 7"),
+    ("tags None", lambda j: j.append(PID, ["e"], tags=None), InvalidArgument, "collection of strings"),
+    ("manifest longer than the column", lambda j: long_manifest_journal(j.dsn).append(PID, [LongManifest(1)]),
+     JournalError, "refused by the database: SQLSTATE 22001"),
+    ("min_slice above max_slice", lambda j: list(j.query.current_events_by_slices("Cart", 9, 3)), InvalidArgument,
+     "min_slice 9 is greater than max_slice 3"),
+    ("slice 1024", lambda j: list(j.query.current_events_by_slices("Cart", 0, 1024)), InvalidArgument,
+     "max_slice must be an integer from 0 to 1023"),
+    ("negative slice", lambda j: j.query.events_by_slices("Cart", -1, 3), InvalidArgument, "min_slice"),
+    ("NUL in entity type", lambda j: list(j.query.current_events_by_slices("Ca\x00rt", 0, 3)), InvalidArgument,
+     "entity type"),
+    ("tag offset for a slice query", lambda j: list(j.query.current_events_by_slices(
+        "Cart", 0, 3, TimeBasedUUID.parse("8f14e45f-ceea-11ef-8000-0123456789ab"))), InvalidArgument,
+     "NoOffset or a TimestampOffset"),
+    ("offset that is not a time", lambda j: parse_offset("yesterday"), InvalidArgument, "ISO 8601"),
+    ("offset with a negative seen seq nr", lambda j: parse_offset('{"ts":"2026-01-01T00:00:00Z","seen":{"p":-1}}'),
+     InvalidArgument, "sequence numbers >= 1"),
+    ("offset beyond datetime", lambda j: parse_offset("0001-01-01T00:00:00+01:00"), InvalidArgument, "ISO 8601"),
+    ("offset JSON nested 50,000 deep", lambda j: parse_offset('{"ts":' + "[" * 50_000 + "]" * 50_000 + "}"),
+     InvalidArgument, "malformed timestamp offset"),
+    ("naive offset timestamp", lambda j: TimestampOffset(datetime(2026, 1, 1)), InvalidArgument, "timezone-aware"),
+    ("version 4 UUID as tag offset", lambda j: parse_offset("8f14e45f-ceea-41ef-8000-0123456789ab"),
+     InvalidArgument, "version 1"),
+    ("3 slice ranges", lambda j: slice_ranges(3), InvalidArgument, "divisor of 1024"),
+    ("0 slice ranges", lambda j: slice_ranges(0), InvalidArgument, "got 0"),
+    ("from_seq_nr negative", lambda j: list(j.query.current_events_by_persistence_id(PID, -1)), InvalidArgument,
+     "from_seq_nr"),
+    ("persistence ids limit 0", lambda j: list(j.query.current_persistence_ids(limit=0)), InvalidArgument,
+     "limit must be a positive integer"),
+    ("delete events to -1", lambda j: j.delete_events(PID, -1), InvalidArgument, "to_seq_nr"),
+    ("snapshot at seq nr 0", lambda j: j.save_snapshot(PID, 0, {"s": 1}), InvalidArgument, "seq_nr must be"),
+    ("snapshot not serializable", lambda j: j.save_snapshot(PID, 1, object()), SerializationError,
+     "cannot serialize"),
+    ("load snapshot max_seq_nr a string", lambda j: j.load_snapshot(PID, max_seq_nr="x"), InvalidArgument,
+     "max_seq_nr"),
+    ("unknown setting", lambda j: Settings.load(bufer_size=3), ConfigurationError, "unknown setting(s) bufer_size"),
+    ("buffer size 0", lambda j: Settings.load(buffer_size=0), ConfigurationError, "buffer_size must be a positive"),
+    ("unknown dialect", lambda j: Settings.load(dialect="oracle"), ConfigurationError, "oracle"),
+    ("refresh interval 0", lambda j: Settings.load(refresh_interval=0), ConfigurationError, "refresh_interval"),
+    ("writer id of 300 characters", lambda j: Settings.load(writer_id="w" * 300), ConfigurationError, "writer_id"),
+    ("malformed DSN", lambda j: Journal.open("postgresql://u:pw@[::1/db"), ConfigurationError, "malformed DSN"),
+    ("unreachable server", lambda j: Journal.open("postgresql://u@127.0.0.1:1/db", connect_timeout=1),
+     DatabaseUnavailable, "cannot connect"),
+    ("empty projection name", lambda j: Projection("", "Cart", counter_writer("x")), InvalidArgument,
+     "projection name"),
+    ("role name that injects", lambda j: role_script(reader='r"; DROP ROLE postgres; --'), ConfigurationError,
+     "role name must be"),
+]
+
+
+def snapshot_of(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]
+
+
+@pytest.fixture
+def seeded(dsn: str) -> Iterator[Journal]:
+    with Journal.open(dsn, **FAST) as journal:
+        journal.append("Cart|seeded", ["a", "b"], expected_seq_nr=0, tags=["t"])
+        yield journal
+
+
+def test_the_catalogue_is_large_enough() -> None:
+    assert len(API) + len(CLI) >= 30 and len({name for name, *_ in API + CLI}) == len(API) + len(CLI)
+
+
+@pytest.mark.parametrize(("name", "call", "error", "fragment"), API, ids=[entry[0] for entry in API])
+def test_bad_input_through_the_api(seeded: Journal, dsn: str, name: str, call: Call, error: type[JournalError],
+                                   fragment: str) -> None:
+    before = snapshot_of(dsn)
+    with pytest.raises(error) as caught:
+        result = call(seeded)
+        if hasattr(result, "close"):  # a live query that did start: it must not have
+            result.close()
+    assert isinstance(caught.value, JournalError)
+    assert fragment in str(caught.value), str(caught.value)
+    assert snapshot_of(dsn) == before
+
+
+def test_a_database_without_schema(empty_dsn: str) -> None:
+    with pytest.raises(SchemaNotMigrated, match="run `pgjournal migrate`"):
+        Journal.open(empty_dsn)
+
+
+# (name, argv, fragment of the message); every argv gets --dsn
+CLI: list[tuple[str, list[str], str]] = [
+    ("cli: empty persistence id", ["append", "", '"e"'], "persistence id must not be empty"),
+    ("cli: event not JSON", ["append", PID, "not json"], "events must be JSON"),
+    ("cli: negative expected seq nr", ["append", PID, '"e"', "--expected-seq-nr", "-1"], "expected_seq_nr"),
+    ("cli: expected seq nr ahead", ["append", PID, '"e"', "--expected-seq-nr", "5"], "expected the highest"),
+    ("cli: expected seq nr not a number", ["append", PID, '"e"', "--expected-seq-nr", "five"],
+     "Invalid value for '--expected-seq-nr'"),
+    ("cli: empty tag", ["append", PID, '"e"', "--tag", ""], "tag must be a non-empty string"),
+    ("cli: NaN event", ["append", PID, "NaN"], "finite float"),
+    ("cli: events of empty pid", ["events", ""], "persistence id must not be empty"),
+    ("cli: events from -1", ["events", PID, "--from", "-1"], "from_seq_nr"),
+    ("cli: slice range backwards", ["tail", "Cart", "--slices", "5-2", "--current"], "greater than max_slice"),
+    ("cli: slice range not numbers", ["tail", "Cart", "--slices", "a-b", "--current"], "slice range must look like"),
+    ("cli: offset garbage", ["tail", "Cart", "--from", "garbage", "--current"], "ISO 8601"),
+    ("cli: offset seq nr too large", ["tail", "Cart", "--current", "--from",
+                                      '{"ts":"2026-01-01T00:00:00Z","seen":{"p":9223372036854775808}}'], "< 2**63"),
+    ("cli: 3 slice ranges", ["slices", "3"], "divisor of 1024"),
+    ("cli: limit 0", ["persistence-ids", "--limit", "0"], "limit must be a positive integer"),
+    ("cli: unknown dialect", ["migrate", "--sql", "--dialect", "oracle"], "oracle"),
+    ("cli: role name that injects", ["roles", "--sql", "--writer", "w; DROP"], "role name must be"),
+    ("cli: tag events of empty tag", ["tags", "events", ""], "tag"),
+    ("cli: cleanup of empty pid", ["cleanup", "events", ""], "persistence id must not be empty"),
+    ("cli: verify with negative examples", ["verify", "--examples", "-1"], "greater than or equal to 0"),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "fragment"), CLI, ids=[entry[0] for entry in CLI])
+def test_bad_input_through_the_cli(seeded: Journal, dsn: str, name: str, argv: list[str], fragment: str) -> None:
+    before = snapshot_of(dsn)
+    with_dsn = [*argv, "--dsn", dsn] if argv[0] != "slices" else argv
+    result = CliRunner().invoke(app, with_dsn, env={"PGJOURNAL_DSN": dsn})
+    assert result.exit_code in (1, 2), (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert fragment in " ".join(result.output.split()), result.output  # (Rich wraps at the terminal width)
+    if result.exit_code == 1:
+        # One message (Rich wraps it at the terminal width), nothing else.
+        assert result.output.lstrip().startswith("error:") and result.output.count("error:") == 1
+    assert snapshot_of(dsn) == before
+
+
+@pytest.mark.parametrize("dsn_text", ["postgresql://u:pw@[::1/db", "postgresql://u@127.0.0.1:1/db", "host=x port=y"])
+def test_bad_dsns_through_the_cli(dsn_text: str) -> None:
+    result = CliRunner().invoke(app, ["info", "--dsn", dsn_text])
+    assert result.exit_code == 1 and "Traceback" not in result.output and result.output.startswith("error:")
+    assert "pw" not in result.output.replace("pw@", "")  # (the masked form keeps no password)
