@@ -41,6 +41,20 @@ class _JsonType:
     from_dict: Callable[[Any], Any]
 
 
+_scan_once = json.JSONDecoder().scan_once
+
+
+def _loads(payload: bytes) -> Any:
+    """``json.loads`` for the common case at a third of its cost (the C scanner without the wrappers);
+    anything unusual (leading or trailing text, invalid JSON) goes through ``json.loads`` for its error."""
+    text = bytes(payload).decode()
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
+
+
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
@@ -122,7 +136,7 @@ class SerializerRegistry:
     def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, where: str = "") -> Any:
         try:
             if ser_id == JSON_SER_ID:
-                data = json.loads(payload)
+                data = _loads(payload)
                 entry = self._json_by_manifest.get(manifest)
                 return entry.from_dict(data) if entry is not None else data
             if ser_id == BYTES_SER_ID:
