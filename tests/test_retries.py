@@ -160,3 +160,60 @@ def test_a_real_deadlock_between_two_sessions_is_retried(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         tries = conn.execute("SELECT last_value FROM append_attempts").fetchone()[0]
     assert tries == 3  # the seed, the deadlocked attempt, the retry
+
+
+# -- projections: the offset commit ------------------------------------------------------------------
+
+OFFSET_FAULTS = """
+CREATE SEQUENCE offset_attempts;
+CREATE TABLE offset_fault_plan (sqlstate text NOT NULL, budget int NOT NULL);
+CREATE FUNCTION inject_offset_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE plan offset_fault_plan;
+BEGIN
+  SELECT * INTO plan FROM offset_fault_plan;
+  IF FOUND AND nextval('offset_attempts') <= plan.budget THEN
+    RAISE EXCEPTION 'injected failure %', plan.sqlstate USING ERRCODE = plan.sqlstate;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER inject_offset_fault BEFORE INSERT ON projection_timestamp_offset_store
+  FOR EACH ROW EXECUTE FUNCTION inject_offset_fault();
+"""
+
+
+@pytest.mark.parametrize("sqlstate", ["40001", "40P01"])
+def test_an_offset_commit_that_fails_transiently_is_retried_and_counts_each_event_once(
+        dsn: str, sqlstate: str) -> None:
+    """The projection's handler writes and its offsets commit in one transaction; the offset INSERT fails
+    with 40001/40P01 three times. The transaction rolls back each time (handler writes included), the
+    work is retried, and the read model counts every event exactly once."""
+    from conftest import FAST
+    from test_projections_support import FAST_PROJECTION
+
+    from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+    from projections.handlers import Projection
+    from projections.runner import run_range
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(OFFSET_FAULTS)
+        conn.execute("INSERT INTO offset_fault_plan VALUES (%s, 3)", (sqlstate,))
+    with Journal.open(dsn, **FAST) as journal:
+        ensure_counter_table(journal)
+        for i in range(5):
+            journal.append(f"Cart|{i}", ["a", "b", "c"], expected_seq_nr=0)
+        projection = Projection("retried", "Cart", counter_writer("retried", grouped=False), FAST_PROJECTION)
+        runner = run_range(journal, projection, 0, 1023)
+        deadline = time.monotonic() + 30
+        while counter_mismatches(journal, "retried", "Cart") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        runner.stop()
+        runner.join(30)
+        assert runner.failed is None
+        assert counter_mismatches(journal, "retried", "Cart") == []
+        # A deadlock is retried in place (up to 10 times); a serialization failure restarts the range, which
+        # reloads its offsets and reads again (unbounded, with restart_backoff between).
+        assert runner.stats.restarts == (3 if sqlstate == "40001" else 0)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT last_value FROM offset_attempts").fetchone()[0] >= 3 + 15
+    print(f"\nFAULTS offset commit {sqlstate}: 3 injected, {runner.stats.restarts} range restarts, "
+          f"15 events counted once")
