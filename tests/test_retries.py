@@ -159,7 +159,9 @@ def test_a_real_deadlock_between_two_sessions_is_retried(dsn: str) -> None:
     assert stored(dsn, pid) == [1, 2]
     with psycopg.connect(dsn) as conn:
         tries = conn.execute("SELECT last_value FROM append_attempts").fetchone()[0]
-    assert tries == 3  # the seed, the deadlocked attempt, the retry
+    # The seed, at least one deadlocked attempt, the one that went through. (The retry may race the other
+    # session to the row and deadlock once more: still within append_retries.)
+    assert 3 <= tries <= 1 + 6
 
 
 # -- projections: the offset commit ------------------------------------------------------------------
