@@ -41,17 +41,21 @@ MemoryOption = Annotated[str, typer.Option(help="Driver memory.")]
 
 @contextmanager
 def _spark(master: str, memory: str) -> Iterator[SparkSession]:
+    from pyspark.sql import SparkSession
+
     from pgjournal.cli import reported
 
     from .session import spark_session
 
     with reported():
+        existing = SparkSession.getActiveSession()
         with console.status("starting Spark"):
             session = spark_session("pgjournal-cli", master=master, driver_memory=memory)
         try:
             yield session
         finally:
-            session.stop()
+            if existing is None:  # stop only what this command started
+                session.stop()
 
 
 @contextmanager

@@ -215,6 +215,8 @@ def load_events(
         commit_load(conn, state, number, load_id, horizon, next_watermarks(state, slices, newest, horizon))
     final = files.join(out, f"load={number:06d}")
     files.rename(spark, staging, final)
+    if not files.list_names(spark, files.join(out, INCOMING)):
+        files.delete(spark, files.join(out, INCOMING))
     return LoadResult(job, number, load_id, final, rows(), horizon, time.perf_counter() - started, recovered)
 
 

@@ -364,3 +364,39 @@ def test_bad_load_options_fail_clearly(spark: Any, dsn: str, tmp_path: Path, kwa
     with pytest.raises(error, match=message):
         spark_jobs.load_events(spark, kwargs.pop("out"), kwargs.pop("job"), dsn=dsn, **kwargs)
     assert issubclass(error, JournalError)
+
+
+def test_portable_load_uses_the_clock_and_is_exactly_once(spark: Any, journal: Journal, dsn: str,
+                                                          tmp_path: Path) -> None:
+    out = str(tmp_path / "load")
+    fill(journal, pids=8, per_pid=2)
+    time.sleep(0.3)
+    first = spark_jobs.load_events(spark, out, "portable", dsn=dsn, portable=True, behind=0.2)
+    assert first.rows == 16
+    fill(journal, pids=4, per_pid=1)
+    time.sleep(0.3)
+    assert spark_jobs.load_events(spark, out, "portable", dsn=dsn, portable=True, behind=0.2).rows == 4
+    rows = loaded(spark, out)
+    assert len(rows) == len(set(rows)) and set(rows) == journal_rows(dsn)
+    assert files.list_names(spark, out) == ["load=000001", "load=000002"]
+
+
+def test_cli_export_load_and_watermarks(spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pgjournal.cli import app
+
+    fill(journal, pids=6, per_pid=1)
+    time.sleep(0.2)
+    runner = CliRunner()
+    exported = runner.invoke(app, ["spark", "export", str(tmp_path / "e"), "--dsn", dsn, "-n", "2", "--decode"])
+    assert exported.exit_code == 0, exported.output
+    assert "exported 6 events" in exported.output
+    loaded_ = runner.invoke(app, ["spark", "load", str(tmp_path / "l"), "--job", "cli", "--dsn", dsn])
+    assert loaded_.exit_code == 0, loaded_.output
+    assert "load 1 of job 'cli': 6 new events" in loaded_.output
+    shown = runner.invoke(app, ["spark", "watermarks", "cli", "--dsn", dsn, "-n", "2"])
+    assert shown.exit_code == 0 and "000001-" in shown.output, shown.output
+    bad = runner.invoke(app, ["spark", "load", str(tmp_path / "l"), "--job", "cli", "--dsn", dsn, "-n", "3"])
+    assert bad.exit_code == 1 and "divisor of 1024" in " ".join(bad.output.split())
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the shared session survived the commands
