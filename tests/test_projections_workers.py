@@ -22,9 +22,10 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import FAST
+from test_projections_support import AUDIT_DDL
 
 from pgjournal import Journal
-from projections.examples import counter_mismatches
+from projections.examples import counter_mismatches, ensure_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {**FAST, "backtracking_window": 3.0}
@@ -113,15 +114,23 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
     handler = "test_projections_support:audited_counter"
     rng = random.Random(4)
     with Journal.open(dsn, **SETTINGS) as journal, Writers(journal, entity_type, entities=60):
+        ensure_table(journal, AUDIT_DDL)
         procs = [_spawn(dsn, name, entity_type, handler) for _ in range(workers)]
         try:
-            time.sleep(1.5)
-            for _ in range(kills):
-                time.sleep(rng.uniform(0.4, 1.2))
-                alive = [p for p in procs if p.poll() is None]
-                victim = rng.choice(alive)
+            done = 0
+            while done < kills:
+                time.sleep(rng.uniform(0.2, 0.6))
+                # Victims that processed envelopes in the last half second: they die in the middle of their work.
+                with journal.connection() as conn:
+                    active = {int(owner.split(":")[1]) for (owner,) in conn.execute(
+                        "SELECT DISTINCT owner FROM projection_audit WHERE at > now() - interval '0.5 s'")}
+                working = [p for p in procs if p.poll() is None and p.pid in active]
+                if not working:
+                    continue
+                victim = rng.choice(working)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
+                done += 1
                 procs.remove(victim)
                 procs.append(_spawn(dsn, name, entity_type, handler))
             time.sleep(0.5)
@@ -139,6 +148,12 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
         assert counter_mismatches(journal, name, entity_type) == []
     audited = check_no_overlap(dsn)
     assert audited > 0
+    with psycopg.connect(dsn) as conn:
+        owners, handovers = conn.execute(
+            "SELECT count(DISTINCT owner), count(DISTINCT (slice, epoch)) - count(DISTINCT slice) FROM projection_audit"
+        ).fetchone()
+    # The kills really moved slices between processes while they were processing.
+    assert owners >= kills // 2 and handovers >= kills, (owners, handovers)
 
 
 def test_sigkilled_workers_lose_nothing_and_never_share_a_slice(dsn: str) -> None:
