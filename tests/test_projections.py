@@ -69,7 +69,9 @@ def test_read_model_equals_journal_across_restarts(journal: Journal, grouped: bo
     assert sum(r.stats.duplicates for r in runners) >= 100
 
 
-def test_rescale_4_to_8_to_2_with_writers_running(journal: Journal) -> None:
+def test_rescale_4_to_8_to_2_with_writers_running(mode_journal: Journal) -> None:
+    """Default mode (visibility horizon) and portable mode (clock minus a delay, backtracking finds late commits)."""
+    journal = mode_journal
     ensure_counter_table(journal)
     projection = Projection("scaled", "Acct", counter_writer("scaled", max_count=50, max_wait=0.05),
                             FAST_PROJECTION)
