@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -302,8 +304,11 @@ def test_a_live_query_waits_out_an_unreachable_server_with_backoff(
 
 
 @pytest.fixture
-def private_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
-    home = tmp_path / "pghome"
+def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
+    # Not under pytest's tmp_path: another pytest session resets /tmp/pytest-of-<user> to 0700, and then the
+    # server's own system user (when running as root) can no longer reach its data directory.
+    home = Path(tempfile.mkdtemp(prefix="pgjournal-faults-"))
+    home.chmod(0o755)
     monkeypatch.setenv("PGJOURNAL_HOME", str(home))
     server = EmbeddedServer(home)
     try:
@@ -311,6 +316,7 @@ def private_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         yield server
     finally:
         server.destroy()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_live_queries_and_a_writer_survive_server_restarts(
@@ -514,19 +520,25 @@ def test_a_projection_survives_server_restarts(private_server: EmbeddedServer) -
                         append_surely(writer, pid, [f"{pid}#{n + 1}"], expected=n, faults=faults)
                     time.sleep(0.05)
 
+        failures: list[BaseException] = []
+
         def restart() -> None:
-            for _ in range(2):
-                if stop.wait(1.0):
-                    return
-                private_server.stop()
-                time.sleep(0.3)
-                private_server.ensure_running()
-                proxy.retarget("127.0.0.1", private_server.status().port or 0)
+            try:
+                for _ in range(2):
+                    if stop.wait(1.0):
+                        return
+                    private_server.stop()
+                    time.sleep(0.3)
+                    private_server.ensure_running()
+                    proxy.retarget("127.0.0.1", private_server.status().port or 0)
+            except BaseException as exc:  # asserted below: a failed restart must fail the test, not hang it
+                failures.append(exc)
 
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
         restarter = threading.Thread(target=restart, daemon=True)
         runners = _run_projection_until_caught_up(consumer, consumer, "restarted", writer, stop, restarter)
+        assert failures == []
     restarts = sum(r.stats.restarts for r in runners)
     assert restarts >= 1
     print(f"\nFAULTS projection across 2 server restarts: {restarts} range restarts, writer saw {faults}; "

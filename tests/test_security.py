@@ -4,6 +4,7 @@ never in logs, errors or CLI output, and least-privilege roles applied to a real
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -380,3 +381,38 @@ def test_roles_sql_prints_the_script() -> None:
     assert result.exit_code == 0
     assert 'GRANT INSERT, UPDATE (deleted) ON "public".%I TO "app_rw"' in result.output
     assert "PASSWORD" not in result.output.replace("ALTER ROLE ... PASSWORD", "")
+
+
+# -- a static guard: SQL text is built only from constants and table names -----------------------------
+
+ALLOWED_IN_SQL_TEXT = re.compile(
+    r"^(table|DEMO_DB|DATABASE|VERSION_TABLE|CHANNEL|self\._journal\.dialect\.event_table\(slice_\)"
+    r"|.*'ON CONFLICT DO NOTHING'.*)$")
+
+
+def test_statements_interpolate_only_table_names_never_values() -> None:
+    """Every ``execute`` whose SQL text is built in place (f-string, ``.format``, ``+``) may interpolate only
+    a table or channel name chosen by pgjournal; values always go as parameters. A new f-string with a value
+    in it fails here."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    found: list[str] = []
+    sources = [*root.glob("pgjournal/**/*.py"), *root.glob("projections/**/*.py"), *root.glob("spark/**/*.py")]
+    for path in sorted(sources):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("execute", "executemany") and node.args):
+                continue
+            sql = node.args[0]
+            if isinstance(sql, ast.JoinedStr):
+                parts = [ast.unparse(v.value) for v in sql.values if isinstance(v, ast.FormattedValue)]
+            elif isinstance(sql, ast.Call) and isinstance(sql.func, ast.Attribute) and sql.func.attr == "format":
+                parts = [ast.unparse(k.value) for k in sql.keywords] + [ast.unparse(a) for a in sql.args]
+            elif isinstance(sql, ast.BinOp):
+                parts = [ast.unparse(sql)]
+            else:
+                continue
+            found += [f"{path.relative_to(root)}:{node.lineno}: {p}" for p in parts if not ALLOWED_IN_SQL_TEXT.match(p)]
+    assert found == []
