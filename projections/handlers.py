@@ -80,12 +80,19 @@ class ProjectionSettings:
     management_interval: float = 1.0
     #: After an infrastructure error (database gone), wait this long before restarting the range.
     restart_backoff: float = 1.0
+    #: Seconds before the stored offset a (re)started range reads again, so late commits the previous run
+    #: had not found yet are not missed (what is read again is dropped as duplicate). ``None``: the journal's
+    #: backtracking window plus its distance behind the clock. Lower it only if no writing transaction runs
+    #: longer than that.
+    restart_lookback: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self.attempts, "attempts", integer=True)
         for name in ("backoff", "backoff_max", "time_window", "delete_interval", "management_interval",
                      "restart_backoff"):
             _positive(getattr(self, name), name, allow_zero=name in ("backoff", "backoff_max"))
+        if self.restart_lookback is not None:
+            _positive(self.restart_lookback, "restart_lookback", allow_zero=True)
         if self.on_failure not in ("fail", "skip"):
             raise InvalidArgument(f"on_failure must be 'fail' or 'skip', got {self.on_failure!r}")
 

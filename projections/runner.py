@@ -30,7 +30,7 @@ from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import JournalError
 from pgjournal.offsets import NoOffset, TimestampOffset
 
-from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
+from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused
 from .offset_store import EPOCH, OffsetStore, Record, Verdict, range_key
 
@@ -101,8 +101,11 @@ class _ReaderFailed:
     error: BaseException
 
 
-def lookback(journal: Journal) -> float:
-    """How far before its stored offset a range is read again: late commits the last run had not seen."""
+def lookback(journal: Journal, settings: ProjectionSettings | None = None) -> float:
+    """How far before its stored offset a range is read again: late commits the last run had not seen yet
+    (its backtracking would have found them). ``ProjectionSettings.restart_lookback`` overrides it."""
+    if settings is not None and settings.restart_lookback is not None:
+        return settings.restart_lookback
     s = journal.settings
     return (s.backtracking_window if s.backtracking_enabled else 0.0) + s.backtracking_behind_current_time
 
@@ -121,7 +124,8 @@ class RangeRunner:
         self.epochs: dict[int, int] = guard.epochs(range(min_slice, max_slice + 1)) if guard else {}
         self.stats = Stats()
         self._stop = threading.Event()
-        self.time_window = max(self.settings.time_window, 2 * lookback(journal))
+        self.lookback = lookback(journal, self.settings)
+        self.time_window = max(self.settings.time_window, 2 * self.lookback)
         #: Why the run ended, when it failed.
         self.failed: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -195,7 +199,7 @@ class RangeRunner:
             start = store.load(conn)
         offset = NoOffset
         if start is not None:
-            offset = TimestampOffset(max(EPOCH, start.timestamp - timedelta(seconds=lookback(self.journal))))
+            offset = TimestampOffset(max(EPOCH, start.timestamp - timedelta(seconds=self.lookback)))
         query = self.journal.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
                                                     offset)
         inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
