@@ -4,6 +4,7 @@ writers running, retries then fail or skip, pause/resume, the event processor.""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -252,3 +253,34 @@ def test_event_processor_writes_one_event_per_source_event(journal: Journal) -> 
     events = [e.event for i in range(10) for e in journal.query.current_events_by_persistence_id(f"CartLog|e{i}")]
     assert sorted((e["from"], e["seq"]) for e in events) == sorted(
         (f"Cart|e{i}", s) for i in range(10) for s in range(1, 6))
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: ProjectionSettings(on_failure="ignore"), "on_failure must be 'fail' or 'skip', got 'ignore'"),
+    (lambda: ProjectionSettings(attempts=0), "attempts must be an integer >= 1, got 0"),
+    (lambda: Grouped(lambda c, e: None, max_count=0), "Grouped.max_count must be an integer >= 1, got 0"),
+    (lambda: AtLeastOnce(lambda e: None, save_interval=-1), "AtLeastOnce.save_interval must be a number > 0"),
+    (lambda: Projection("", "Cart", ExactlyOnce(lambda c, e: None)), "projection name must be a non-empty"),
+    (lambda: Projection("p", "Cart", lambda c, e: None), "handler must be ExactlyOnce, Grouped or AtLeastOnce"),
+])
+def test_bad_settings_are_refused_with_the_value(make: Callable[[], object], message: str) -> None:
+    from pgjournal.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        make()
+
+
+def test_bad_lease_settings_and_factory_are_refused(journal: Journal) -> None:
+    from pgjournal.errors import ConfigurationError, InvalidArgument
+    from projections.leases import LeaseManager
+    from projections.workers import load_factory
+
+    with pytest.raises(InvalidArgument, match="lease duration must be a number of seconds > 0, got 0"):
+        LeaseManager(journal, "p", duration=0)
+    with pytest.raises(InvalidArgument, match="renew_interval must be > 0 and below half the duration"):
+        LeaseManager(journal, "p", duration=2, renew_interval=1.5)
+    with pytest.raises(ConfigurationError, match=re.escape("must look like package.module:function, got 'nocolon'")):
+        load_factory("nocolon")
+    missing = re.escape("cannot load handler factory 'projections.examples:nothing'")
+    with pytest.raises(ConfigurationError, match=missing):
+        load_factory("projections.examples:nothing")
