@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 INCOMING = "_incoming"
+#: Columns with (nearly) one value per event: dictionary encoding only fills a dictionary page and falls
+#: back to plain. Turning it off for them cut the JVM's CPU per exported row by ~5-25% (two noisy passes,
+#: 500k events, shared 2-core machine); low-cardinality columns keep their dictionaries.
+PARQUET_OPTIONS = {f"parquet.enable.dictionary#{column}": "false"
+                   for column in ("persistence_id", "db_timestamp", "event_payload")}
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ def export_events(
     frame = read_events(spark, dsn, entity_type, ranges, since, until, payload_schema, decode=decode, table=table,
                         fetch_size=fetch_size)
     frame, rows = counted(frame.withColumn("slice_range", range_label(ranges)))
-    writer = frame.write.mode("overwrite").partitionBy("entity_type", "slice_range")
+    writer = frame.write.mode("overwrite").options(**PARQUET_OPTIONS).partitionBy("entity_type", "slice_range")
     if entity_type is not None:
         writer = writer.option("partitionOverwriteMode", "dynamic")
     tracked(spark, "export", lambda: writer.parquet(out), progress)
@@ -208,7 +213,8 @@ def load_events(
             frame = decode_payloads(frame, payload_schema)
         staging = files.join(out, INCOMING, load_id)
         observed, rows = counted(frame)
-        tracked(spark, f"load {number}", lambda: observed.write.partitionBy("entity_type").parquet(staging), progress)
+        tracked(spark, f"load {number}", lambda: observed.write.options(**PARQUET_OPTIONS).partitionBy("entity_type")
+                .parquet(staging), progress)
         written = spark.read.schema(frame.schema).parquet(staging)
         newest = tracked(spark, "watermarks", lambda: _newest_per_slice(written), progress)
         slices = [s for lo, hi in ranges for s in range(lo, hi + 1)]
