@@ -90,6 +90,10 @@ def main() -> None:
         table.add_row("every event delivered exactly once", "[green]yes[/]" if exactly_once else "[red]NO[/]")
         console.print(table)
 
+    from projections.demo import run_demo as run_projection_demo
+
+    console.print("[bold]4.[/] a projection by slice range: 4 workers, then 8, building a read model")
+    run_projection_demo(dsn, console)
     run_spark_demo(dsn, console)
     if not exactly_once:
         raise SystemExit(1)
