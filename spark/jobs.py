@@ -104,6 +104,16 @@ def range_label(ranges: list[tuple[int, int]]) -> Column:
     return label
 
 
+def at_most_one_task_per_core(frame: DataFrame) -> DataFrame:
+    """Run more slice ranges than cores as that many tasks, each reading its ranges one after another.
+
+    Every range is still its own JDBC query over its own table partitions; only Spark's per-task cost is
+    saved (8 ranges on 2 cores: ~380k -> ~500k rows/s read, the same as 2 ranges; measured, shared machine).
+    """
+    cores = frame.sparkSession.sparkContext.defaultParallelism
+    return frame.coalesce(cores) if frame.rdd.getNumPartitions() > cores > 0 else frame
+
+
 def export_events(
     spark: SparkSession,
     out: str,
@@ -128,7 +138,7 @@ def export_events(
     started = time.perf_counter()
     frame = read_events(spark, dsn, entity_type, ranges, since, until, payload_schema, decode=decode, table=table,
                         fetch_size=fetch_size)
-    frame, rows = counted(frame.withColumn("slice_range", range_label(ranges)))
+    frame, rows = counted(at_most_one_task_per_core(frame.withColumn("slice_range", range_label(ranges))))
     writer = frame.write.mode("overwrite").options(**PARQUET_OPTIONS).partitionBy("entity_type", "slice_range")
     if entity_type is not None:
         writer = writer.option("partitionOverwriteMode", "dynamic")
@@ -212,7 +222,7 @@ def load_events(
         if decode:
             frame = decode_payloads(frame, payload_schema)
         staging = files.join(out, INCOMING, load_id)
-        observed, rows = counted(frame)
+        observed, rows = counted(at_most_one_task_per_core(frame))
         tracked(spark, f"load {number}", lambda: observed.write.options(**PARQUET_OPTIONS).partitionBy("entity_type")
                 .parquet(staging), progress)
         written = spark.read.schema(frame.schema).parquet(staging)
