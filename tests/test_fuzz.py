@@ -194,6 +194,13 @@ offset_texts = st.one_of(
     st.builds(lambda ts, s: '{"ts":"' + ts + '"' + s + "}", st.text(max_size=30),
               st.sampled_from(["", ',"seen":{}', ',"read":"x"', ',"seen":{"p":-1}'])),
     st.uuids().map(str),
+    # Well-formed ones (str of a real offset, then perhaps a seen value pushed out of range): they must parse
+    # and, as start offsets, run.
+    st.builds(lambda ts, seen, bump: str(TimestampOffset(ts, None, seen)).replace(":1}", f":{bump}}}"),
+              st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+              st.dictionaries(st.text(min_size=1, max_size=8, alphabet=string.ascii_letters + "|'%"),
+                              st.integers(1, 3), max_size=3),
+              st.sampled_from([1, 2, 2**63 - 1, 2**63, 0, -1])),
 )
 
 
