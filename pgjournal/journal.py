@@ -129,7 +129,7 @@ class Journal:
         try:
             yield conn
         except psycopg.OperationalError as exc:
-            if not (conn.closed or conn.broken):
+            if not (conn.closed or conn.broken or exc.sqlstate is None):
                 raise  # the server answered (a serialization failure, a cancelled statement, ...)
             reason = " ".join(str(exc).split()) or exc.__class__.__name__
             raise DatabaseUnavailable(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc

@@ -168,7 +168,9 @@ class EventWriter:
         try:
             return conn.execute(sql, params).fetchall()
         except psycopg.OperationalError as exc:
-            if conn.closed or conn.broken:
+            # No SQLSTATE: the server never answered (psycopg may say "connection socket closed" before it
+            # marks the connection broken), so the statement may or may not have run.
+            if conn.closed or conn.broken or exc.sqlstate is None:
                 raise WriteOutcomeUnknown(
                     f"the connection was lost while appending to {params['pid']!r}; the events may or may not "
                     f"be written. Retrying with the same expected_seq_nr is safe. ({exc.__class__.__name__})"
