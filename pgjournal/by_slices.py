@@ -25,7 +25,7 @@ from .horizon import Horizon, read_horizon
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import check_slice_range
-from .validation import check_name
+from .validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
     import psycopg
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from .journal import Journal
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 # Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
 PAGE = """
@@ -253,11 +255,19 @@ def _clone(cursor: _Cursor | None) -> _Cursor | None:
 
 
 def _start_offset(offset: Offset) -> TimestampOffset:
+    """The offset to start after. Anything before 1970 means the start (and keeps the window arithmetic
+    inside datetime's range); every persistence id in ``seen`` must be one the journal could store."""
     if offset is NoOffset or offset is None:
         return TimestampOffset(EPOCH)
-    if isinstance(offset, TimestampOffset):
-        return offset
-    raise InvalidArgument(f"events_by_slices takes NoOffset or a TimestampOffset, got {offset!r}")
+    if not isinstance(offset, TimestampOffset):
+        raise InvalidArgument(f"events_by_slices takes NoOffset or a TimestampOffset, got {offset!r}")
+    for pid in offset.seen:
+        check_persistence_id(pid)
+    if offset.timestamp < EPOCH:
+        return TimestampOffset(EPOCH)
+    if offset.timestamp > LATEST:
+        raise InvalidArgument(f"offset timestamp {offset.timestamp.isoformat()} is beyond year 9000")
+    return offset
 
 
 class BySlices:
