@@ -20,6 +20,7 @@ from rich.table import Table
 from .dsn import configured_dsn, mask_dsn, resolve_dsn
 from .journal import Journal
 from .slices import slice_ranges
+from .verify import render, verify
 
 DEMO_DB = "pgjournal_demo"
 COMMANDS = 4000
@@ -64,7 +65,8 @@ def main() -> None:
                                   on_command=lambda *_: progress.advance(task))
             elapsed = time.perf_counter() - started
 
-        written = {(e.persistence_id, e.seq_nr) for e in journal.query.current_events_by_slices(ShoppingCart.name, 0, 1023)}
+        everything = journal.query.current_events_by_slices(ShoppingCart.name, 0, 1023)
+        written = {(e.persistence_id, e.seq_nr) for e in everything}
         deadline = time.time() + 15
         while time.time() < deadline and sum(len(c) for c in seen) < len(written):
             time.sleep(0.1)
@@ -95,11 +97,16 @@ def main() -> None:
     console.print("[bold]4.[/] a projection by slice range: 4 workers, then 8, building a read model")
     run_projection_demo(dsn, console)
     run_spark_demo(dsn, console)
-    if not exactly_once:
+    with Journal.open(dsn) as journal:
+        report = verify(journal)
+    console.print("[bold]6.[/] pgjournal verify")
+    console.print(render(report))
+    if not exactly_once or not report.ok:
         raise SystemExit(1)
 
 
 def run_spark_demo(dsn: str, console: Console) -> None:
+    console.print("[bold]5.[/] Spark: export by slice range and an aggregate")
     try:
         from spark.demo import run_demo
     except ImportError:

@@ -4,6 +4,7 @@ consumer must see every event of its range exactly once, in sequence order per p
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -11,12 +12,11 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
+from conftest import FAST
 
 from pgjournal import ConcurrencyConflict, Journal, NoOffset, slice_for_persistence_id, slice_ranges
 from pgjournal.offsets import Offset
 from pgjournal.write import insert_sql
-
-from conftest import FAST
 
 ENTITY = "Torture"
 
@@ -35,10 +35,8 @@ class Consumer:
 def fast_writer(journal: Journal, stop: threading.Event, rng: random.Random, pids: list[str]) -> None:
     while not stop.is_set():
         pid = rng.choice(pids)
-        try:
+        with contextlib.suppress(ConcurrencyConflict):
             journal.append(pid, [{"w": "fast"}] * rng.randint(1, 3))
-        except ConcurrencyConflict:
-            pass
         time.sleep(rng.uniform(0, 0.01))
 
 
@@ -79,7 +77,6 @@ def consume(journal: Journal, consumer: Consumer, stop: threading.Event, rng: ra
 
 
 def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
-    rng = random.Random(7)
     restarts = settings.pop("restarts", True)
     config = {**FAST, "buffer_size": 50, **settings}
     with Journal.open(dsn, **config) as journal:
