@@ -100,6 +100,9 @@ def truncate(
     console.print("tag view truncated")
 
 
+ResetOption = Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
+
+
 def _report(results: list[CleanupResult]) -> None:
     for result in results:
         console.print(str(result))
@@ -110,8 +113,7 @@ def _report(results: list[CleanupResult]) -> None:
 @cleanup_app.command("events")
 def cleanup_events(
     persistence_id: str,
-    reset_sequence_number: Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
-    = False,
+    reset_sequence_number: ResetOption = False,
     execute: ExecuteOption = False,
     dsn: DsnOption = None,
 ) -> None:
@@ -138,8 +140,7 @@ def cleanup_snapshots(persistence_id: str, execute: ExecuteOption = False, dsn: 
 @cleanup_app.command("all")
 def cleanup_all(
     persistence_id: str,
-    reset_sequence_number: Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
-    = False,
+    reset_sequence_number: ResetOption = False,
     execute: ExecuteOption = False,
     dsn: DsnOption = None,
 ) -> None:
