@@ -9,28 +9,24 @@ import contextlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 import pytest
+from restarting import Consumer, consume
 from test_tags import TAGS
 
-from pgjournal import ConcurrencyConflict, Journal, NoOffset, slice_for_persistence_id
+from pgjournal import ConcurrencyConflict, Journal, slice_for_persistence_id
 from pgjournal.offsets import Offset
+from pgjournal.polling import LiveQuery
 from pgjournal.slices import entity_type_of
 from pgjournal.tag_write import prepare
 
 TAG = "torture"
 
 
-@dataclass
-class Consumer:
-    restarts: bool
-    delivered: list[tuple[str, int]] = field(default_factory=list)
-    offset: Offset = NoOffset
-    restart_count: int = 0
-    error: BaseException | None = None
+def by_tag_seq_nr(envelope: Any) -> tuple[str, int]:
+    return envelope.persistence_id, envelope.tag_pid_sequence_nr
 
 
 def fast_writer(journal: Journal, stop: threading.Event, rng: random.Random, pids: list[str]) -> None:
@@ -63,29 +59,15 @@ def slow_writer(journal: Journal, stop: threading.Event, rng: random.Random, pid
             highest[pid] += count
 
 
-def consume(journal: Journal, consumer: Consumer, stop: threading.Event, rng: random.Random) -> None:
-    try:
-        while not stop.is_set():
-            live = journal.query.events_by_tag(TAG, consumer.offset)
-            timer = threading.Timer(rng.uniform(0.5, 2.5) if consumer.restarts else 10**6, live.close)
-            timer.start()
-            stopper = threading.Thread(target=lambda lv=live: (stop.wait(), lv.close()), daemon=True)
-            stopper.start()
-            for envelope in live:
-                consumer.delivered.append((envelope.persistence_id, envelope.tag_pid_sequence_nr))
-                consumer.offset = envelope.offset
-            timer.cancel()
-            consumer.restart_count += 1
-    except BaseException as exc:  # reported by the test
-        consumer.error = exc
-
-
 def run_torture(dsn: str, seconds: float, *, restarts: bool = True, **settings: Any) -> None:
     config = {**TAGS, "buffer_size": 50, "tag_gap_timeout": 6.0, **settings}
     with Journal.open(dsn, **config) as journal:
         consumers = [Consumer(restarts), Consumer(restarts), Consumer(False)]
         stop_writers, stop_consumers = threading.Event(), threading.Event()
-        threads = [threading.Thread(target=consume, args=(journal, c, stop_consumers, random.Random(i)))
+        def stream(offset: Offset) -> LiveQuery[Any]:
+            return journal.query.events_by_tag(TAG, offset)
+
+        threads = [threading.Thread(target=consume, args=(stream, by_tag_seq_nr, c, stop_consumers, random.Random(i)))
                    for i, c in enumerate(consumers)]
         shared = [f"Torture|fast-{i}" for i in range(30)]
         threads += [threading.Thread(target=fast_writer, args=(journal, stop_writers, random.Random(100 + i), shared))

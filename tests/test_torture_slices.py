@@ -8,28 +8,23 @@ import contextlib
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import psycopg
 import pytest
 from conftest import FAST
+from restarting import Consumer, consume
 
-from pgjournal import ConcurrencyConflict, Journal, NoOffset, slice_for_persistence_id, slice_ranges
+from pgjournal import ConcurrencyConflict, EventEnvelope, Journal, slice_for_persistence_id, slice_ranges
 from pgjournal.offsets import Offset
+from pgjournal.polling import LiveQuery
 from pgjournal.write import insert_sql
 
 ENTITY = "Torture"
 
 
-@dataclass
-class Consumer:
-    min_slice: int
-    max_slice: int
-    restarts: bool
-    delivered: list[tuple[str, int]] = field(default_factory=list)
-    offset: Offset = NoOffset
-    restart_count: int = 0
-    error: BaseException | None = None
+def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:
+    return envelope.persistence_id, envelope.seq_nr
 
 
 def fast_writer(journal: Journal, stop: threading.Event, rng: random.Random, pids: list[str]) -> None:
@@ -58,32 +53,17 @@ def slow_writer(dsn: str, stop: threading.Event, rng: random.Random, pids: list[
             highest[pid] += count
 
 
-def consume(journal: Journal, consumer: Consumer, stop: threading.Event, rng: random.Random) -> None:
-    try:
-        while not stop.is_set():
-            live = journal.query.events_by_slices(ENTITY, consumer.min_slice, consumer.max_slice, consumer.offset)
-            run_for = rng.uniform(0.5, 2.5) if consumer.restarts else 10**6
-            timer = threading.Timer(run_for, live.close)
-            timer.start()
-            stopper = threading.Thread(target=lambda lv=live: (stop.wait(), lv.close()), daemon=True)
-            stopper.start()
-            for envelope in live:
-                consumer.delivered.append((envelope.persistence_id, envelope.seq_nr))
-                consumer.offset = envelope.offset
-            timer.cancel()
-            consumer.restart_count += 1
-    except BaseException as exc:  # reported by the test
-        consumer.error = exc
-
-
 def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
     restarts = settings.pop("restarts", True)
     config = {**FAST, "buffer_size": 50, **settings}
     with Journal.open(dsn, **config) as journal:
-        consumers = [Consumer(lo, hi, bool(restarts)) for lo, hi in slice_ranges(4)]
-        consumers.append(Consumer(0, 1023, bool(restarts)))
+        consumers = [Consumer(bool(restarts), lo, hi) for lo, hi in slice_ranges(4)]
+        consumers.append(Consumer(bool(restarts)))
         stop_writers, stop_consumers = threading.Event(), threading.Event()
-        threads = [threading.Thread(target=consume, args=(journal, c, stop_consumers, random.Random(i)))
+        def stream(c: Consumer) -> Callable[[Offset], LiveQuery[EventEnvelope]]:
+            return lambda offset: journal.query.events_by_slices(ENTITY, c.min_slice, c.max_slice, offset)
+
+        threads = [threading.Thread(target=consume, args=(stream(c), by_seq_nr, c, stop_consumers, random.Random(i)))
                    for i, c in enumerate(consumers)]
         shared_pids = [f"{ENTITY}|fast-{i}" for i in range(40)]
         threads += [threading.Thread(target=fast_writer, args=(journal, stop_writers, random.Random(100 + i),

@@ -1,0 +1,49 @@
+"""A live consumer that restarts from its last offset at random moments (torture tests share it)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgjournal import NoOffset
+from pgjournal.offsets import Offset
+from pgjournal.polling import LiveQuery
+
+
+@dataclass
+class Consumer:
+    restarts: bool
+    min_slice: int = 0
+    max_slice: int = 1023
+    delivered: list[tuple[str, int]] = field(default_factory=list)
+    offset: Offset = NoOffset
+    restart_count: int = 0
+    error: BaseException | None = None
+
+
+def consume(
+    open_stream: Callable[[Offset], LiveQuery[Any]],
+    key: Callable[[Any], tuple[str, int]],
+    consumer: Consumer,
+    stop: threading.Event,
+    rng: random.Random,
+) -> None:
+    """Read ``open_stream(offset)`` until ``stop``; with restarts, close it after 0.5-2.5 s and open it
+    again from the last envelope's offset. Records ``key(envelope)`` of everything delivered."""
+    try:
+        while not stop.is_set():
+            live = open_stream(consumer.offset)
+            timer = threading.Timer(rng.uniform(0.5, 2.5) if consumer.restarts else 10**6, live.close)
+            timer.start()
+            stopper = threading.Thread(target=lambda lv=live: (stop.wait(), lv.close()), daemon=True)
+            stopper.start()
+            for envelope in live:
+                consumer.delivered.append(key(envelope))
+                consumer.offset = envelope.offset
+            timer.cancel()
+            consumer.restart_count += 1
+    except BaseException as exc:  # reported by the test
+        consumer.error = exc
