@@ -320,4 +320,6 @@ class BySlices:
                 query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
                 raise
 
-        return self._journal.live_query(poll, entity_types={entity_type})
+        settings = self._journal.settings
+        margin = settings.horizon_margin if query.use_horizon else settings.behind_current_time
+        return self._journal.live_query(poll, entity_types={entity_type}, settle=margin + 0.005)

@@ -136,13 +136,16 @@ class Journal:
         finally:
             self._pool.putconn(conn)
 
-    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None) -> LiveQuery[T]:
-        """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on."""
+    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
+                   ) -> LiveQuery[T]:
+        """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on. ``settle``:
+        how long after a signal the new rows may still be hidden from ``poll`` (its margin behind the clock)."""
         return LiveQuery(
             poll,
             buffer_size=self.settings.buffer_size,
             refresh_interval=self.settings.refresh_interval,
             subscribe=self.signals.subscribe(entity_types) if self.signals else None,
+            settle=settle,
         )
 
     def migrate(self) -> None:

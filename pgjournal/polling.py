@@ -3,7 +3,9 @@
 A query supplies ``poll(notified) -> (items, rows_read)``; the loop yields the items and decides when to
 poll again, as Akka does: a nearly full page (>= 90 % of the buffer) polls again at once, a nearly empty
 one (<= 10 %) waits ``refresh_interval``, anything between waits half of it. A writer's signal ends the
-wait early; a lost signal costs only latency.
+wait early (and, when a query reads a margin behind the clock, ``settle`` seconds after a signal the loop
+looks once more, so an event signalled before it became readable is not left for the next refresh); a
+lost signal costs only latency.
 
 A poll that fails because the database is unreachable is retried with exponential backoff (0.1 s up to
 5 s) until it succeeds or the query is closed; ``poll`` must leave its state unchanged when it raises, so
@@ -41,6 +43,7 @@ class LiveQuery(Generic[T]):
         buffer_size: int,
         refresh_interval: float,
         subscribe: Subscribe | None = None,
+        settle: float = 0.0,
     ) -> None:
         self._poll = poll
         self._buffer_size = buffer_size
@@ -50,6 +53,8 @@ class LiveQuery(Generic[T]):
         self._wakeup = threading.Event()
         self._unsubscribe = subscribe(self._wakeup) if subscribe else None
         self._delay = 0.0
+        self._settle = settle
+        self._settling = False
         self._failures = 0
 
     def __iter__(self) -> Iterator[T]:
@@ -63,7 +68,8 @@ class LiveQuery(Generic[T]):
                 self._wakeup.wait(self._delay)
                 if self._closed:
                     raise StopIteration
-            notified = self._wakeup.is_set()
+            signalled = self._wakeup.is_set()
+            notified = signalled or self._settling
             self._wakeup.clear()
             try:
                 items, rows = self._poll(notified)
@@ -80,6 +86,11 @@ class LiveQuery(Generic[T]):
             self._failures = 0
             self._pending.extend(items)
             self._delay = self.delay_after(rows)
+            # A signal can arrive before the new rows are readable (a query stays a margin behind the clock):
+            # look again once that margin has passed instead of a whole refresh interval later.
+            self._settling = signalled and self._settle > 0
+            if self._settling:
+                self._delay = min(self._delay, self._settle)
         return self._pending.popleft()
 
     def delay_after(self, rows: int) -> float:
