@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -146,9 +145,6 @@ class Settings:
                 values[field.name] = _parse(field.name, field.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
-
-    def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
 
     @property
     def uses_notifications(self) -> bool:
