@@ -105,7 +105,7 @@ class EventWriter:
         entity_type = entity_type_of(pid)
         params: dict[str, Any] = {
             "slice": slice_, "entity_type": entity_type, "pid": pid, "writer": self._journal.writer_id,
-            "tags": list(tag_list) or None, "expected": expected_seq_nr,
+            "tags": text_array(tag_list) if tag_list else None, "expected": expected_seq_nr,
             "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
             "meta_payload": meta.payload if meta else None,
         }
@@ -192,6 +192,12 @@ class EventWriter:
             actual = None
         first = (expected if expected is not None else (actual or 0)) + 1
         return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+
+
+def text_array(items: Iterable[str]) -> str:
+    """``items`` as a PostgreSQL array literal for a ``%s::text[]`` parameter: psycopg's list dumper costs
+    ~20 µs a call (it inspects the elements), a quoted string next to nothing."""
+    return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -93,16 +93,22 @@ def test_tagged_append_writes_tag_rows_with_per_tag_sequence_numbers(tj: Journal
     tj.append("Cart|b", [{"n": 1}], tags=["y"])
     tj.append("Cart|a", [{"n": 4}])  # untagged: no tag row, numbers unchanged
     tj.append("Cart|a", [{"n": 5}], tags=["y"])
+    tj.append("Cart|b", [{"n": 2}, {"n": 3}], tags=["y"])  # several events, one tag
     assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 3, 3)]
-    assert tag_rows(tj, "y") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 5, 3), ("Cart|b", 1, 1)]
-    assert progress(tj) == {("Cart|a", "x"): (3, 3), ("Cart|a", "y"): (5, 3), ("Cart|b", "y"): (1, 1)}
+    assert tag_rows(tj, "y") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 5, 3), ("Cart|b", 1, 1),
+                                 ("Cart|b", 2, 2), ("Cart|b", 3, 3)]
+    assert progress(tj) == {("Cart|a", "x"): (3, 3), ("Cart|a", "y"): (5, 3), ("Cart|b", "y"): (3, 3)}
     with tj.connection() as conn:
         stamps = [r[0] for r in conn.execute(
             "SELECT timestamp FROM tag_views WHERE tag_name = 'y' AND persistence_id = 'Cart|a' "
             "ORDER BY tag_pid_sequence_nr")]
+        stamps_b = [r[0] for r in conn.execute(
+            "SELECT timestamp FROM tag_views WHERE tag_name = 'y' AND persistence_id = 'Cart|b' "
+            "ORDER BY tag_pid_sequence_nr")]
         buckets = {r[0] for r in conn.execute("SELECT timebucket FROM tag_views")}
     assert all(compare(a, b) == -1 for a, b in itertools.pairwise(stamps))
-    assert all(s.version == 1 for s in stamps)
+    assert all(compare(a, b) == -1 for a, b in itertools.pairwise(stamps_b))
+    assert all(s.version == 1 for s in stamps + stamps_b)
     assert all(b % BucketSize.MINUTE.millis == 0 for b in buckets)
 
 
@@ -124,17 +130,18 @@ def test_failed_tagged_append_writes_nothing_anywhere(tj: Journal) -> None:
     assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2)]
 
 
-def test_racing_appends_keep_tag_sequence_numbers_contiguous(tj: Journal) -> None:
+@pytest.mark.parametrize("tags", [["x", "y"], ["x"]], ids=["two tags", "one tag"])
+def test_racing_appends_keep_tag_sequence_numbers_contiguous(tj: Journal, tags: list[str]) -> None:
     def work() -> None:
         for _ in range(20):
-            tj.append("Cart|hot", [{"n": 1}], tags=["x", "y"])
+            tj.append("Cart|hot", [{"n": 1}], tags=tags)
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for tag in ("x", "y"):
+    for tag in tags:
         assert tag_rows(tj, tag) == [("Cart|hot", n, n) for n in range(1, 81)]
     assert progress(tj)[("Cart|hot", "x")] == (80, 80)
     # Racing writers of one pid: the statement raises the TimeUUID above the pid's last one, so TimeUUID

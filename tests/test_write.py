@@ -203,6 +203,17 @@ def test_tags_and_metadata_round_trip(journal: Journal, dsn: str) -> None:
     assert plain.tags == () and plain.metadata is None
 
 
+def test_tags_with_array_syntax_characters_are_stored_as_given(journal: Journal, dsn: str) -> None:
+    """Tags go to the server as one array-literal parameter: quotes, backslashes, braces, commas, spaces
+    and the word NULL must come back unchanged, in the journal row and in the tag view."""
+    tags = ['say "hi"', "back\\slash", "{braces,comma}", "NULL", " padded ", "ünï", "'; DROP TABLE x; --"]
+    journal.append(PID, [{"a": 1}], tags=tags)
+    assert {tuple(r[3]) for r in rows(dsn, PID)} == {tuple(tags)}
+    with psycopg.connect(dsn) as conn:
+        stored = {r[0] for r in conn.execute("SELECT tag_name FROM tag_views WHERE persistence_id = %s", (PID,))}
+    assert stored == set(tags)
+
+
 def test_insert_statement_has_no_notify_and_no_lock() -> None:
     for after_latest in (True, False):
         for single in (True, False):
