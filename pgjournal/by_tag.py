@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from .journal import Journal
 
 MAX_MISSING = 5000
+#: Rows per chunk while a page streams in (chunked results need libpq 17; older ones read whole pages).
+STREAM_CHUNK = 50 if psycopg.pq.version() >= 170000 else 1
 _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -358,28 +360,39 @@ class TagStream:
             if upper <= self._pos[0]:
                 self.exhausted = True
                 return out, 0
-            with conn.cursor(binary=True) as cur:
-                rows = cur.execute(PAGE, (self._tag, *self._bound(self._pos), self._bucket(upper), upper,
-                                          self._limit)).fetchall()
+            params = (self._tag, *self._bound(self._pos), self._bucket(upper), upper, self._limit)
             seen, decode = self._seen, self._decode
-            for row in rows:
-                pid, tag_seq = row[2], row[3]
-                last = seen.get(pid)
-                if tag_seq == 1 if last is None else tag_seq == last + 1:  # the common case, inline
-                    key = self._pos = (row[0], row[1])
-                    seen[pid] = tag_seq
-                    out.append(decode(row, key, source))
-                    continue
+            read = 0
+            with conn.cursor(binary=True) as cur:
+                # Rows arrive in chunks while earlier ones are decoded: the server fills the page on the
+                # other core meanwhile. A row that needs more queries ends the streaming: the rest of the
+                # page is read first (one connection runs one query at a time), then handled below.
+                rows = cur.stream(PAGE, params, size=STREAM_CHUNK) if STREAM_CHUNK > 1 else iter(
+                    cur.execute(PAGE, params).fetchall())
+                rest: list[tuple[Any, ...]] = []
+                for row in rows:
+                    read += 1
+                    pid, tag_seq = row[2], row[3]
+                    last = seen.get(pid)
+                    if tag_seq == 1 if last is None else tag_seq == last + 1:  # the common case, inline
+                        key = self._pos = (row[0], row[1])
+                        seen[pid] = tag_seq
+                        out.append(decode(row, key, source))
+                        continue
+                    rest = [row, *rows]
+                    read += len(rest) - 1
+                    break
+            for row in rest:
                 if not self._check_row(conn, row, source, out):
                     return out, self._while_gap_open()  # a gap: wait, and re-read from this row
                 key = (row[0], row[1])
                 if key > self._pos:
                     self._pos = key
-            if len(rows) < self._limit and self._gap is None:
+            if read < self._limit and self._gap is None:
                 self.exhausted = True
                 if self._live:
                     self._back_track(conn, out)
-        return out, len(rows)
+        return out, read
 
     def _while_gap_open(self) -> int:
         """Live: search again soon (the shared loop re-polls at once after a full page), not after a whole

@@ -227,18 +227,26 @@ def test_first_event_missing_from_no_offset_is_a_gap(tj: Journal) -> None:
     assert failure.value.missing == [1]
 
 
-def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal) -> None:
+@pytest.mark.parametrize("chunk", [1, 2, 50], ids=["whole pages", "2-row chunks", "50-row chunks"])
+def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal, chunk: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gap row arrives mid-page (and mid-chunk when streamed); the rows after it are still handled."""
+    monkeypatch.setattr("pgjournal.by_tag.STREAM_CHUNK", chunk)
     tj.append("Cart|g", [1, 2, 3], tags=["x"])
+    tj.append("Cart|h", [1, 2, 3, 4], tags=["x"])
+    tj.append("Cart|g", [4, 5], tags=["x"])
     with tj.connection() as conn:
-        saved = conn.execute("SELECT * FROM tag_views WHERE tag_pid_sequence_nr = 2").fetchone()
-        conn.execute("DELETE FROM tag_views WHERE tag_pid_sequence_nr = 2")
+        saved = conn.execute("SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2"
+                             ).fetchone()
+        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
     settle(tj)
     stream = tj.query.events_by_tag("x")
     restorer = threading.Timer(0.4, lambda: _insert_row(tj, saved))
     restorer.start()
-    envs = collect(stream, 3)
+    envs = collect(stream, 9)
     stream.close()
-    assert [e.seq_nr for e in envs] == [1, 2, 3]
+    assert [e.seq_nr for e in envs if e.persistence_id == "Cart|g"] == [1, 2, 3, 4, 5]
+    assert [e.seq_nr for e in envs if e.persistence_id == "Cart|h"] == [1, 2, 3, 4]
 
 
 def _insert_row(journal: Journal, row: tuple[Any, ...]) -> None:
