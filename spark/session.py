@@ -163,7 +163,9 @@ def spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if "JAVA_HOME" not in os.environ:
         os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
-    java_options = f"-Dlog4j2.configurationFile=file:{_log_config()} -Duser.timezone=UTC"
+    # The parallel collector: G1's concurrent threads compete with the two task threads on a small machine
+    # (export of 1M events, 4 rounds each: 8 ranges 343k -> 381k rows/s, 2 ranges 393k -> 456k).
+    java_options = f"-XX:+UseParallelGC -Dlog4j2.configurationFile=file:{_log_config()} -Duser.timezone=UTC"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
