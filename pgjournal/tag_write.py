@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # to one persistence id (``expected_seq_nr=None``), the writer's clock alone could give a later tag sequence
 # number an earlier TimeUUID. So per (tag, persistence id), TimeUUID order is tag sequence order.
 _UUID = """(lpad(to_hex(u.ticks & 4294967295), 8, '0') || lpad(to_hex((u.ticks >> 32) & 65535), 4, '0')
-        || lpad(to_hex(((u.ticks >> 48) & 4095) | 4096), 4, '0') || %(tv_lsb_hex)s)::uuid"""
+        || lpad(to_hex(((u.ticks >> 48) & 4095) | 4096), 4, '0') || '{lsb_hex}')::uuid"""
 _TAG_VIEW_INSERT = """INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id,
            tag_pid_sequence_nr, sequence_nr, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id,
            meta_ser_manifest, meta_payload)"""
@@ -50,7 +50,7 @@ s AS (SELECT GREATEST(%(tv_time)s::bigint, max(last_time) + 1) AS first_time FRO
 u AS (SELECT e.ord, s.first_time + e.ord - 1 AS ticks FROM e CROSS JOIN s),
 uu AS (SELECT u.ord, u.ticks, {{uuid}} AS stamp, (u.ticks - {{epoch}}) / 10000 AS ms FROM u),
 tv AS ({_TAG_VIEW_INSERT}
-       SELECT t.tag, uu.ms - mod(uu.ms, %(tv_bucket_ms)s), uu.ticks, %(tv_lsb)s, uu.stamp, %(pid)s, t.base + e.ord,
+       SELECT t.tag, uu.ms - mod(uu.ms, {{bucket_ms}}), uu.ticks, {{lsb}}, uu.stamp, %(pid)s, t.base + e.ord,
            prev.seq_nr + e.ord, %(writer)s, e.ser_id, e.manifest, '', e.payload, %(meta_ser_id)s, %(meta_manifest)s,
            %(meta_payload)s
        FROM prev CROSS JOIN e JOIN uu ON uu.ord = e.ord CROSS JOIN t),
@@ -70,7 +70,7 @@ u AS (SELECT e.*, COALESCE((SELECT tag_pid_sequence_nr FROM p), 0) + e.ord AS ta
              GREATEST(%(tv_time)s::bigint, (SELECT ts_time FROM p) + 1) + e.ord - 1 AS ticks FROM e),
 uu AS (SELECT u.*, {{uuid}} AS stamp, (u.ticks - {{epoch}}) / 10000 AS ms FROM u),
 tv AS ({_TAG_VIEW_INSERT}
-       SELECT %(tv_tag)s, uu.ms - mod(uu.ms, %(tv_bucket_ms)s), uu.ticks, %(tv_lsb)s, uu.stamp, %(pid)s, uu.tag_seq_nr,
+       SELECT %(tv_tag)s, uu.ms - mod(uu.ms, {{bucket_ms}}), uu.ticks, {{lsb}}, uu.stamp, %(pid)s, uu.tag_seq_nr,
            prev.seq_nr + uu.ord, %(writer)s, uu.ser_id, uu.manifest, '', uu.payload, %(meta_ser_id)s, %(meta_manifest)s,
            %(meta_payload)s
        FROM prev CROSS JOIN uu),
@@ -84,15 +84,18 @@ _bucket_sizes: weakref.WeakKeyDictionary[Journal, BucketSize] = weakref.WeakKeyD
 
 
 @functools.cache
-def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: bool = False) -> str:
+def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: bool, bucket_ms: int, lsb: int,
+                      lsb_bytes: int) -> str:
     """The append statement for ``table`` with the tag view rows and progress in the same statement
-    (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array)."""
+    (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array). The bucket
+    size and this process's TimeUUID low bytes are written into the text: fewer parameters to send."""
     from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT, _MANY, _ONE
 
     prev = (_AFTER_LATEST if after_latest else _AFTER_EXPECTED).format(table=table)
     insert = _INSERT.format(table=table, prev="SELECT * FROM prev", events="e").strip()
-    return (_ONE_TAG if one_tag else _TAGGED).format(prev=prev, events=_ONE if single else _MANY, insert=insert,
-                                                     uuid=_UUID, epoch=UUID_EPOCH_OFFSET)
+    return (_ONE_TAG if one_tag else _TAGGED).format(
+        prev=prev, events=_ONE if single else _MANY, insert=insert, uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"),
+        epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
 
 
 def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
@@ -115,11 +118,11 @@ def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], cou
     """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement."""
     size = bucket_size(journal)
     # The writer's clock; the statement raises it above the persistence id's last TimeUUID when needed.
-    params.update(tv_count=count, tv_time=GENERATOR.next_ticks(count), tv_lsb=GENERATOR.lsb,
-                  tv_lsb_hex=f"{GENERATOR.lsb_bytes:016x}", tv_bucket_ms=size.millis)
+    params.update(tv_count=count, tv_time=GENERATOR.next_ticks(count))
     if len(tags) == 1:
         params["tv_tag"] = tags[0]
     else:
         params["tv_tags"] = text_array(sorted(tags))  # sorted: racing appends lock progress rows in one order
     table = journal.dialect.event_table(params["slice"])
-    return tagged_insert_sql(table, after_latest=after_latest, single=count == 1, one_tag=len(tags) == 1)
+    return tagged_insert_sql(table, after_latest=after_latest, single=count == 1, one_tag=len(tags) == 1,
+                             bucket_ms=size.millis, lsb=GENERATOR.lsb, lsb_bytes=GENERATOR.lsb_bytes)
