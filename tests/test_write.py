@@ -235,6 +235,28 @@ def test_notification_comes_after_commit_from_another_session(dsn: str) -> None:
         assert len(rows(dsn, PID)) == 1  # the event was committed when the signal arrived
 
 
+def test_a_stream_of_appends_shares_signals(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn) as journal:
+        listener.execute(f"LISTEN {CHANNEL}")
+        for i in range(200):
+            journal.append(PID, [i], expected_seq_nr=i)
+        notes = list(listener.notifies(timeout=1))
+        assert 1 <= len(notes) < 100
+        assert {n.payload for n in notes} == {"Cart"}
+
+
+def test_a_signal_held_back_by_the_rate_limit_is_sent_late_not_dropped(dsn: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pgjournal.notify.SEND_INTERVAL", 0.5)
+    with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn) as journal:
+        listener.execute(f"LISTEN {CHANNEL}")
+        journal.append("Cart|1", ["a"])  # after a quiet spell: sent at once
+        journal.append("Order|1", ["b"])  # within the interval: held back
+        first = list(listener.notifies(timeout=0.3))
+        assert [n.payload for n in first] == ["Cart"]
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["Order"]
+
+
 def test_portable_mode_sends_no_notification(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn, portable=True) as journal:
         listener.execute(f"LISTEN {CHANNEL}")
