@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
 from .timeuuid import GENERATOR, UUID_EPOCH_OFFSET
-from .write import text_array
+from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT, _MANY, _ONE, text_array
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -89,8 +89,6 @@ def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: 
     """The append statement for ``table`` with the tag view rows and progress in the same statement
     (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array). The bucket
     size and this process's TimeUUID low bytes are written into the text: fewer parameters to send."""
-    from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT, _MANY, _ONE
-
     prev = (_AFTER_LATEST if after_latest else _AFTER_EXPECTED).format(table=table)
     insert = _INSERT.format(table=table, prev="SELECT * FROM prev", events="e").strip()
     return (_ONE_TAG if one_tag else _TAGGED).format(
