@@ -112,8 +112,7 @@ class SliceQuery:
     # -- reading -------------------------------------------------------------------------------------
 
     def horizon(self, conn: psycopg.Connection) -> Horizon:
-        behind = self.settings.horizon_margin if self.use_horizon else self.settings.behind_current_time
-        return read_horizon(conn, behind=behind, use_transactions=self.use_horizon,
+        return read_horizon(conn, behind=self.journal.read_margin, use_transactions=self.use_horizon,
                             longest_transaction=self.settings.backtracking_behind_current_time)
 
     def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime) -> list[tuple[Any, ...]]:
@@ -320,6 +319,4 @@ class BySlices:
                 query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
                 raise
 
-        settings = self._journal.settings
-        margin = settings.horizon_margin if query.use_horizon else settings.behind_current_time
-        return self._journal.live_query(poll, entity_types={entity_type}, settle=margin + 0.005)
+        return self._journal.live_query(poll, entity_types={entity_type}, settle=self._journal.read_margin + 0.005)

@@ -65,9 +65,9 @@ def main() -> None:
                                   on_command=lambda *_: progress.advance(task))
             elapsed = time.perf_counter() - started
 
-        # A current query reads up to the visibility horizon, horizon_margin behind the clock: wait past it,
-        # or the last appends (committed, and possibly already delivered live) would be missing here.
-        time.sleep(journal.settings.horizon_margin + 0.1)
+        # A current query stays read_margin behind the clock: wait past it, or the last appends (committed,
+        # and possibly already delivered live) would be missing here.
+        time.sleep(journal.read_margin + 0.1)
         everything = journal.query.current_events_by_slices(ShoppingCart.name, 0, 1023)
         written = {(e.persistence_id, e.seq_nr) for e in everything}
         deadline = time.time() + 15

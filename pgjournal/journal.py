@@ -148,6 +148,13 @@ class Journal:
             settle=settle,
         )
 
+    @property
+    def read_margin(self) -> float:
+        """Seconds by-slice queries stay behind the clock: ``horizon_margin`` below the visibility horizon
+        where it is used, else ``behind_current_time``. An event committed less than this ago is not read yet."""
+        settings = self.settings
+        return settings.horizon_margin if self.uses_visibility_horizon else settings.behind_current_time
+
     def migrate(self) -> None:
         migrations.upgrade(self.dsn, self.settings.dialect)
 
