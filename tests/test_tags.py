@@ -4,6 +4,7 @@ restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalE
 from pgjournal import tag_write as tag_write_module
 from pgjournal.buckets import BucketSize
 from pgjournal.by_tag import MissingTaggedEventsError, TagEnvelope
-from pgjournal.timeuuid import UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
+from pgjournal.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
 
 # Minute buckets and short delays keep these tests quick; the semantics do not depend on the values.
 TAGS: dict[str, Any] = dict(
@@ -128,6 +129,34 @@ def test_failed_tagged_append_writes_nothing_anywhere(tj: Journal) -> None:
     assert (tag_rows(tj, "x"), progress(tj)) == before
     tj.append("Cart|a", [{"n": 2}], expected_seq_nr=1, tags=["x"])
     assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2)]
+
+
+def test_new_timeuuid_low_bytes_reach_the_cached_statement(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tagged statement is cached with this process's TimeUUID low bytes written into it: new low bytes
+    (drawn after fork) must give a new statement, not the cached one with the old bytes."""
+    generator = TimeUUIDGenerator()
+    monkeypatch.setattr(tag_write_module, "GENERATOR", generator)
+    tj.append("Cart|f", [1], tags=["x"])
+    first = generator.lsb
+    generator.reseed()
+    tj.append("Cart|f", [2], tags=["x"])
+    with tj.connection() as conn:
+        rows = conn.execute("SELECT ts_lsb, ts_time, timestamp FROM tag_views WHERE persistence_id = 'Cart|f' "
+                            "ORDER BY tag_pid_sequence_nr").fetchall()
+    assert [lsb for lsb, _, _ in rows] == [first, generator.lsb] and first != generator.lsb
+    assert all(order_key(stamp) == (ticks, lsb) for lsb, ticks, stamp in rows)
+
+
+def test_a_forked_child_draws_new_timeuuid_low_bytes() -> None:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # only a pipe write in the child: no locks another thread might have held
+        os.write(write, str(GENERATOR.lsb).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as pipe:
+        assert int(pipe.read()) != GENERATOR.lsb
 
 
 @pytest.mark.parametrize("tags", [["x", "y"], ["x"]], ids=["two tags", "one tag"])
