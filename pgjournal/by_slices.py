@@ -1,8 +1,8 @@
 """events_by_slices: the events of one entity type in a slice range, in (db_timestamp, seq_nr) order.
 
 The *main* cursor pages forward by ``(db_timestamp, seq_nr, persistence_id)`` up to a safe bound: on
-PostgreSQL the visibility horizon (start of the oldest open transaction, see :mod:`pgjournal.horizon`),
-so it never passes a transaction that may still commit; in portable mode the clock minus
+PostgreSQL the visibility horizon (derived from the transactions that hold a write lock on the journal,
+see :mod:`pgjournal.horizon`), so it never passes a transaction that may still commit; in portable mode the clock minus
 ``behind_current_time``. A slower *backtracking* cursor re-reads a window behind it and finds events that
 committed after the main cursor passed their timestamp.
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
 from .errors import InvalidArgument
-from .horizon import Horizon, read_horizon
+from .horizon import Horizon
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import check_slice_range
@@ -101,7 +101,8 @@ class SliceQuery:
         self.forgotten_before = EPOCH
         self.window = timedelta(seconds=self.settings.backtracking_window)
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
-        self.use_horizon = journal.uses_visibility_horizon
+        self.use_horizon = journal.capabilities.writer_horizon
+        self.tracker = journal.horizon_tracker()
         # Backtracking state
         self.backtracking: _Cursor | None = None
         self.bt_until = EPOCH
@@ -112,8 +113,7 @@ class SliceQuery:
     # -- reading -------------------------------------------------------------------------------------
 
     def horizon(self, conn: psycopg.Connection) -> Horizon:
-        return read_horizon(conn, behind=self.journal.read_margin, use_transactions=self.use_horizon,
-                            longest_transaction=self.settings.backtracking_behind_current_time)
+        return self.tracker.read(conn)
 
     def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime) -> list[tuple[Any, ...]]:
         params = {"entity_type": self.entity_type, "until": until, "limit": self.settings.buffer_size,
@@ -278,7 +278,7 @@ class BySlices:
         """Events up to the safe bound seen when the query starts, then one backtracking pass."""
         query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
         with self._journal.connection() as conn:
-            horizon = query.horizon(conn)
+            horizon = query.tracker.settle(conn, timeout=query.tracker.capabilities.longest_transaction)
         return self._current(query, horizon)
 
     def _current(self, query: SliceQuery, horizon: Horizon) -> Iterator[EventEnvelope]:

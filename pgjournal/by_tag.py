@@ -41,7 +41,6 @@ import psycopg
 from .buckets import BucketSize, parse_first_time_bucket
 from .envelope import Source
 from .errors import InvalidArgument, MissingEventsError, SerializationError
-from .horizon import visibility_horizon
 from .offsets import NoOffset, Offset, TimeBasedUUID
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
@@ -179,6 +178,7 @@ class TagStream:
 
     def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool) -> None:
         self._journal = journal
+        self._tracker = journal.horizon_tracker()
         self._tag = check_name(tag, "tag")
         settings = journal.settings
         self._size: BucketSize = bucket_size(journal, record=False)
@@ -221,8 +221,9 @@ class TagStream:
     def _upper_bound(self, conn: psycopg.Connection) -> int:
         if self._upper is not None:
             return self._upper
-        use_transactions = getattr(self._journal, "uses_visibility_horizon", False)
-        safe = visibility_horizon(conn, behind=0.0, use_transactions=use_transactions)
+        tracker = self._tracker
+        safe = (tracker.read(conn) if self._live else
+                tracker.settle(conn, timeout=tracker.capabilities.longest_transaction)).safe
         upper = _ticks_of(safe) - round(self._delay * 10_000_000)
         if not self._live:
             self._upper = upper

@@ -276,16 +276,20 @@ def roles_command(
     sql: Annotated[bool, typer.Option("--sql", help="Print the script instead of running it.")] = False,
     owner: Annotated[str, typer.Option(help="Role that owns the schema and runs migrations.")] = "pgjournal_owner",
     writer: Annotated[str, typer.Option(help="Role for applications: read and write rows.")] = "pgjournal_writer",
-    reader: Annotated[str, typer.Option(help="Role for Spark and queries: read only.")] = "pgjournal_reader",
+    reader: Annotated[str, typer.Option(help="Role for Spark exports and queries: read only.")] = "pgjournal_reader",
+    loader: Annotated[str, typer.Option(
+        help="Role for Spark incremental loads: read, and keep load watermarks.")] = "pgjournal_loader",
     visibility_horizon: Annotated[bool, typer.Option(
-        help="Also grant pg_read_all_stats (live queries bound reads by open transactions).")] = False,
+        help="Also grant pg_read_all_stats: readers see other roles' journal writers' start times and never "
+             "wait for them to finish.")] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Least-privilege roles (owner, writer, reader): print the SQL (--sql) or run it as an administrator."""
+    """Least-privilege roles (owner, writer, reader, loader): print the SQL (--sql) or run it as an administrator."""
     from .roles import apply_roles, role_script
 
     with reported():
-        script = role_script(owner=owner, writer=writer, reader=reader, visibility_horizon=visibility_horizon)
+        script = role_script(owner=owner, writer=writer, reader=reader, loader=loader,
+                             visibility_horizon=visibility_horizon)
         if sql:
             sys.stdout.write(script)
             return
@@ -293,7 +297,7 @@ def roles_command(
 
         resolved = resolve_dsn(dsn)
         apply_roles(resolved, script)
-    console.print(f"roles {owner}, {writer}, {reader} set up on {mask_dsn(resolved)}")
+    console.print(f"roles {owner}, {writer}, {reader}, {loader} set up on {mask_dsn(resolved)}")
 
 
 def main() -> None:

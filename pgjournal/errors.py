@@ -75,3 +75,16 @@ class WriteOutcomeUnknown(JournalError):
 class RetriesExhausted(JournalError):
     """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01) past its
     retry bound. The server rolled every attempt back, so nothing was written; trying again later is safe."""
+
+
+class HorizonBlocked(JournalError):
+    """No visibility horizon above the last one could be proven within the time allowed: journal writers
+    whose start this role may not see kept their write lock. ``backends`` are their backend pids."""
+
+    def __init__(self, message: str, *, backends: tuple[int | None, ...] = ()) -> None:
+        super().__init__(message)
+        self.backends = backends
+
+
+class InsufficientPrivilege(ConfigurationError):
+    """The role lacks a right an operation needs; the message names the right and the command to grant it."""

@@ -1,32 +1,70 @@
 """How far a reader may safely read: the time before which no transaction can still commit an event.
 
-``db_timestamp`` is at least the writing transaction's start time (``CURRENT_TIMESTAMP``, never lowered
-by the ``GREATEST`` rule). So on PostgreSQL, the start of the oldest transaction still open in this
-database bounds every timestamp still to come: rows older than it are final. Distributed databases have
-no such view; there (and in portable mode) the bound is the database clock minus a fixed delay.
+Only a transaction that holds a write lock (``RowExclusiveLock``) on ``event_journal`` or one of its
+partitions can still commit journal rows; idle ``psql`` sessions, ``pg_dump``, reports and Spark JDBC reads
+hold at most a read lock and never hold readers back (Marten's gap liveness probe reasons the same way).
+``pg_locks`` is readable by every role.
 
-Read the horizon in a statement *before* the data query: a writer that commits between the two is then
-either visible to the data query's (later) snapshot or was still open when the horizon was read.
+The write path takes ``db_timestamp`` from ``clock_timestamp()`` inside its INSERT, i.e. *after* the
+statement holds that lock (``GREATEST`` only raises it). So a writer that a reader does not see in
+``pg_locks`` can only write timestamps later than that reader's clock reading, and the rows of a writer it
+does see are no older than that writer's transaction start. The reader takes its clock (``CURRENT_TIMESTAMP``,
+the statement start) before it scans ``pg_locks`` in the same statement, and reads data in a later
+statement (a later snapshot), so:
+
+* a writer whose ``xact_start`` the role may see (its own role, ``pg_read_all_stats``, superuser) bounds
+  the horizon at that start, at once;
+* a writer the role may not see (another role's session, a prepared transaction) is waited out: a clock
+  reading taken while it held the lock becomes safe once it has finished. A live query keeps those
+  readings (:class:`HorizonTracker`); a one-shot read (current query, Spark load) polls until the writers
+  it saw are gone.
+
+No cap: a writer that keeps its lock longer than ``longest_transaction`` holds readers back for as long
+as it runs, and is logged (backend pid, transaction start) so an operator can find it. Distributed
+databases have no such view; there (and in portable mode) the bound is the database clock minus a delay.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import psycopg
 
-# The clock, and the start of the oldest open transaction of any other session in this database.
-HORIZON_SQL = """
-SELECT CURRENT_TIMESTAMP,
-       (SELECT min(xact_start) FROM pg_stat_activity
-        WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
-          AND backend_type = 'client backend')"""
-CLOCK_SQL = "SELECT CURRENT_TIMESTAMP, NULL::timestamptz"
-# Other roles' xact_start is hidden unless this role may read all statistics.
-CAN_SEE_ACTIVITY_SQL = """
-SELECT rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
-WHERE rolname = current_user"""
+from .errors import HorizonBlocked
+
+if TYPE_CHECKING:
+    from .capabilities import Capabilities
+
+log = logging.getLogger("pgjournal.horizon")
+#: The bound before any is proven: nothing in a journal is older.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
+# there is none). ``xact_start`` is NULL where this role may not see the session.
+WRITERS_SQL = """
+SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
+FROM (SELECT 1) AS one LEFT JOIN (
+    SELECT DISTINCT l.pid, l.virtualtransaction, a.xact_start
+    FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.relation = ANY(%(relations)s::oid[]) AND l.pid IS DISTINCT FROM pg_backend_pid()
+) AS w ON true"""
+CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """A transaction holding a write lock on the journal: its backend pid (``None`` for a prepared
+    transaction), virtual transaction id, and start time where this role may see it."""
+
+    pid: int | None
+    vxid: str
+    started: datetime | None
 
 
 @dataclass(frozen=True)
@@ -35,29 +73,98 @@ class Horizon:
     now: datetime
     #: Every row with ``db_timestamp`` below this is committed and visible to a query started after.
     safe: datetime
+    #: Journal writers open at ``now`` (empty on the clock-only path).
+    writers: tuple[Writer, ...] = ()
+
+    @property
+    def held_back(self) -> float:
+        """Seconds between the clock and the safe bound."""
+        return max(0.0, (self.now - self.safe).total_seconds())
 
 
-def read_horizon(conn: psycopg.Connection, *, behind: float, use_transactions: bool,
-                 longest_transaction: float = 10.0) -> Horizon:
-    """``behind`` seconds are always kept from the clock (covers clock steps and the start-up race of a
-    transaction); with ``use_transactions`` the oldest open transaction's start lowers the bound further,
-    but by no more than ``longest_transaction`` seconds: a transaction open longer (a report, a stuck
-    session) must not stall every reader. Backtracking assumes the same limit.
-    """
-    row = conn.execute(HORIZON_SQL if use_transactions else CLOCK_SQL, prepare=False).fetchone()
-    assert row is not None
-    now, oldest = row
-    bound = now - timedelta(seconds=behind)
-    if oldest is not None:
-        bound = max(min(bound, oldest), now - timedelta(seconds=max(longest_transaction, behind)))
-    return Horizon(now, bound)
+class HorizonTracker:
+    """The visibility horizon of one reader, remembered from read to read (see the module docstring)."""
 
+    def __init__(self, capabilities: Capabilities) -> None:
+        self.capabilities = capabilities
+        self._margin = timedelta(seconds=capabilities.read_margin)
+        self._longest = timedelta(seconds=capabilities.longest_transaction)
+        #: Clock readings taken while writers hidden from this role were open: (reading, their vxids).
+        self._pending: list[tuple[datetime, frozenset[str]]] = []
+        #: The newest reading whose hidden writers have all finished.
+        self._cleared: datetime | None = None
+        self._warned: set[str] = set()
 
-def visibility_horizon(conn: psycopg.Connection, *, behind: float, use_transactions: bool) -> datetime:
-    """The newest ``db_timestamp`` below which every row is committed and visible."""
-    return read_horizon(conn, behind=behind, use_transactions=use_transactions).safe
+    def read(self, conn: psycopg.Connection) -> Horizon:
+        """One horizon reading. Where hidden writers have been open since this tracker's first reading,
+        ``safe`` is the newest earlier reading they have all left (at the very first reading: the epoch)."""
+        if not self.capabilities.writer_horizon:
+            row = conn.execute(CLOCK_SQL, prepare=False).fetchone()
+            assert row is not None
+            return Horizon(row[0], row[0] - self._margin)
+        rows = conn.execute(WRITERS_SQL, {"relations": list(self.capabilities.journal_relations)},
+                            prepare=False).fetchall()
+        now = rows[0][0]
+        writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
+        safe = now - self._margin
+        for writer in writers:
+            if writer.started is not None:
+                safe = min(safe, writer.started)
+        hidden = frozenset(w.vxid for w in writers if w.started is None)
+        safe = min(safe, self._hidden_bound(now - self._margin, hidden))
+        self._warn_long(now, writers)
+        return Horizon(now, safe, writers)
 
+    def _hidden_bound(self, reading: datetime, hidden: frozenset[str]) -> datetime:
+        # A writer open at an earlier reading and at this one was open in between: the newest reading whose
+        # hidden writers are all gone is safe, and so is every older one.
+        if not hidden:
+            self._pending.clear()
+            self._cleared = reading
+            return reading
+        for i in range(len(self._pending) - 1, -1, -1):
+            at, open_then = self._pending[i]
+            if not open_then & hidden:
+                self._cleared = max(at, self._cleared or at)
+                del self._pending[: i + 1]
+                break
+        self._pending.append((reading, hidden))
+        return self._cleared if self._cleared is not None else EPOCH
 
-def can_see_all_transactions(conn: psycopg.Connection) -> bool:
-    row = conn.execute(CAN_SEE_ACTIVITY_SQL).fetchone()
-    return bool(row and row[0])
+    def _warn_long(self, now: datetime, writers: tuple[Writer, ...]) -> None:
+        for writer in writers:
+            if writer.vxid in self._warned:
+                continue
+            if writer.started is not None:
+                if now - writer.started <= self._longest:
+                    continue
+                since = f"since {writer.started.isoformat()}"
+            else:
+                first = next((at for at, vxids in self._pending if writer.vxid in vxids), now)
+                if now - first <= self._longest:
+                    continue
+                since = f"for more than {(now - first).total_seconds():.0f} s (start hidden from this role)"
+            self._warned.add(writer.vxid)
+            log.warning("journal writer backend %s (transaction %s) has held a write lock on the journal %s, "
+                        "longer than longest_transaction (%.0f s): live readers wait for it to finish",
+                        writer.pid, writer.vxid, since, self._longest.total_seconds())
+
+    def settle(self, conn: psycopg.Connection, timeout: float) -> Horizon:
+        """A horizon for a one-shot read: reads again (every 10 ms) until the writers hidden from this role
+        at the first reading have finished. Raises :class:`HorizonBlocked` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        horizon = self.read(conn)
+        first = horizon.now - self._margin
+        while self.capabilities.writer_horizon and (self._cleared is None or self._cleared < first):
+            if time.monotonic() >= deadline:
+                hidden = [w for w in horizon.writers if w.started is None]
+                names = ", ".join(f"backend {w.pid} ({w.vxid})" for w in hidden)
+                raise HorizonBlocked(
+                    f"journal writers hidden from this role still hold their write lock after {timeout:g} s: "
+                    f"{names}; no bound above their rows is provable. Grant pg_read_all_stats to this role "
+                    "(pgjournal roles --visibility-horizon) so their start times are visible, or retry later",
+                    backends=tuple(w.pid for w in hidden),
+                )
+            time.sleep(0.01)
+            horizon = self.read(conn)
+        return horizon

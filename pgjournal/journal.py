@@ -15,11 +15,12 @@ from . import migrate as migrations
 from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
+from .capabilities import Capabilities
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
 from .errors import DatabaseUnavailable
-from .horizon import can_see_all_transactions
+from .horizon import HorizonTracker
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
 from .query import Query
@@ -47,16 +48,16 @@ def connect(dsn: str, timeout: float) -> psycopg.Connection:
 class Journal:
     """An event journal on one database. Thread-safe; open one per process and share it."""
 
-    def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry) -> None:
+    def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
+                 capabilities: Capabilities) -> None:
         self.dsn = dsn
         self.settings = settings
         self.serializers = serializers
         self.dialect: Dialect = get_dialect(settings.dialect)
         self.writer_id = settings.writer_id or uuid.uuid4().hex
-        self.signals = Signals(dsn) if settings.uses_notifications else None
-        #: Live and current queries bound reads by the oldest open transaction (PostgreSQL, not portable,
-        #: and only when this role can see every session's transaction start).
-        self.uses_visibility_horizon = False
+        #: What this journal may use on this server as this role; every reader takes its horizon from it.
+        self.capabilities = capabilities
+        self.signals = Signals(dsn) if capabilities.notify else None
         self._pool = ConnectionPool(
             dsn,
             min_size=settings.pool_min_size,
@@ -93,11 +94,8 @@ class Journal:
                 migrations.upgrade(resolved, loaded.dialect)
             migrations.check_schema(conn)
             check_bucket_size(conn, loaded.tag_bucket_size)
-            sees_all = can_see_all_transactions(conn)
-        journal = cls(resolved, loaded, serializers or SerializerRegistry())
-        journal.uses_visibility_horizon = (
-            not loaded.portable and journal.dialect.supports_visibility_horizon and sees_all
-        )
+            capabilities = Capabilities.resolve(conn, loaded)
+        journal = cls(resolved, loaded, serializers or SerializerRegistry(), capabilities)
         journal._pool.open(wait=False)
         return journal
 
@@ -152,8 +150,11 @@ class Journal:
     def read_margin(self) -> float:
         """Seconds by-slice queries stay behind the clock: ``horizon_margin`` below the visibility horizon
         where it is used, else ``behind_current_time``. An event committed less than this ago is not read yet."""
-        settings = self.settings
-        return settings.horizon_margin if self.uses_visibility_horizon else settings.behind_current_time
+        return self.capabilities.read_margin
+
+    def horizon_tracker(self) -> HorizonTracker:
+        """A new reader's view of the visibility horizon (see :mod:`pgjournal.horizon`)."""
+        return HorizonTracker(self.capabilities)
 
     def migrate(self) -> None:
         migrations.upgrade(self.dsn, self.settings.dialect)

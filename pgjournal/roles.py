@@ -13,13 +13,17 @@ migrations then run as the *owner* role the script creates. The script:
   rewritten or removed; reads and writes the other tables (snapshots, tag views, projection offsets,
   management, leases). It cannot create, alter, drop or truncate anything.
 * **reader** (``pgjournal_reader``): Spark exports, queries, ``pgjournal verify``: SELECT only.
+* **loader** (``pgjournal_loader``): the Spark incremental load. Reads everything; keeps its watermarks in
+  ``projection_timestamp_offset_store`` (SELECT, INSERT, DELETE there and nowhere else).
 
 No password is in the script (set them with ``\\password`` or ``ALTER ROLE ... PASSWORD``). PUBLIC loses
 every privilege on the database and CREATE on the schema, so only these roles (and superusers) get in.
-``visibility_horizon=True`` also grants ``pg_read_all_stats`` to writer and reader: then live queries can
-see when other sessions' transactions started and bound reads by the oldest one; without it they use the
-clock (``behind_current_time``) plus backtracking, which is correct but slower to deliver. It is opt-in
-because that role also shows every session's query text.
+``visibility_horizon=True`` also grants ``pg_read_all_stats`` to writer, reader and loader: then readers see
+when other roles' journal writers started and bound reads by that at once. Without it, a reader waits for a
+journal writer of another role to finish before it reads past the moment it saw it (exact, but a one-shot
+read such as a current query or a load may wait up to ``longest_transaction`` and then fails with
+HorizonBlocked if that writer is still open; see :mod:`pgjournal.horizon`). It is opt-in because that role
+also shows every session's query text.
 """
 
 from __future__ import annotations
@@ -55,15 +59,17 @@ def role_script(
     owner: str = "pgjournal_owner",
     writer: str = "pgjournal_writer",
     reader: str = "pgjournal_reader",
+    loader: str = "pgjournal_loader",
     schema: str = "public",
     visibility_horizon: bool = False,
 ) -> str:
-    """The SQL that creates (or updates) the three roles and their privileges in the current database."""
-    names = [check_role_name(owner, "owner"), check_role_name(writer, "writer"), check_role_name(reader, "reader")]
-    if len(set(names)) != 3:
-        raise ConfigurationError(f"owner, writer and reader must be three different roles, got {names}")
+    """The SQL that creates (or updates) the four roles and their privileges in the current database."""
+    names = [check_role_name(owner, "owner"), check_role_name(writer, "writer"), check_role_name(reader, "reader"),
+             check_role_name(loader, "loader")]
+    if len(set(names)) != 4:
+        raise ConfigurationError(f"owner, writer, reader and loader must be four different roles, got {names}")
     check_role_name(schema, "schema")
-    o, w, r, s = (_quote_ident(n) for n in (owner, writer, reader, schema))
+    o, w, r, ld, s = (_quote_ident(n) for n in (owner, writer, reader, loader, schema))
     tables = [*sorted(metadata.tables), VERSION_TABLE]
     table_list = ", ".join(f"'{t}'" for t in tables)  # names from pgjournal.schema: plain identifiers
     attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
@@ -72,9 +78,9 @@ def role_script(
         f"END IF;\n  ALTER ROLE {_quote_ident(name)} {attributes};"
         for name in names
     )
-    horizon = (f"GRANT pg_read_all_stats TO {w}, {r};\n" if visibility_horizon else
+    horizon = (f"GRANT pg_read_all_stats TO {w}, {r}, {ld};\n" if visibility_horizon else
                "-- (not granted: pg_read_all_stats for the visibility horizon; see pgjournal.roles)\n")
-    return f"""-- pgjournal least-privilege roles: owner {owner}, writer {writer}, reader {reader}.
+    return f"""-- pgjournal least-privilege roles: owner {owner}, writer {writer}, reader {reader}, loader {loader}.
 -- Run once per database as a superuser, connected to the journal's database; running it again is safe.
 -- Passwords are not set here: \\password {owner} (and the others), or ALTER ROLE ... PASSWORD.
 BEGIN;
@@ -85,11 +91,11 @@ END $roles$;
 -- Only these roles may connect; only the owner may create objects.
 DO $db$ BEGIN
   EXECUTE format('REVOKE ALL ON DATABASE %I FROM PUBLIC', current_database());
-  EXECUTE format('GRANT CONNECT ON DATABASE %I TO {o}, {w}, {r}', current_database());
+  EXECUTE format('GRANT CONNECT ON DATABASE %I TO {o}, {w}, {r}, {ld}', current_database());
 END $db$;
 REVOKE CREATE ON SCHEMA {s} FROM PUBLIC;
 GRANT USAGE, CREATE ON SCHEMA {s} TO {o};
-GRANT USAGE ON SCHEMA {s} TO {w}, {r};
+GRANT USAGE ON SCHEMA {s} TO {w}, {r}, {ld};
 
 -- pgjournal's tables (and event_journal's partitions): owned by the owner; writer and reader as above.
 DO $tables$
@@ -103,8 +109,11 @@ BEGIN
       AND (c.relname IN ({table_list}) OR p.inhparent IS NOT NULL)
   LOOP
     EXECUTE format('ALTER TABLE {s}.%I OWNER TO {o}', t.relname);
-    EXECUTE format('REVOKE ALL ON {s}.%I FROM PUBLIC, {w}, {r}', t.relname);
-    EXECUTE format('GRANT SELECT ON {s}.%I TO {w}, {r}', t.relname);
+    EXECUTE format('REVOKE ALL ON {s}.%I FROM PUBLIC, {w}, {r}, {ld}', t.relname);
+    EXECUTE format('GRANT SELECT ON {s}.%I TO {w}, {r}, {ld}', t.relname);
+    IF t.relname = 'projection_timestamp_offset_store' THEN  -- the load's watermarks
+      EXECUTE format('GRANT INSERT, DELETE ON {s}.%I TO {ld}', t.relname);
+    END IF;
     IF t.journal THEN
       EXECUTE format('GRANT INSERT, UPDATE (deleted) ON {s}.%I TO {w}', t.relname);
     ELSIF t.relname <> '{VERSION_TABLE}' THEN
@@ -114,7 +123,7 @@ BEGIN
 END $tables$;
 
 -- Tables that later migrations create (as the owner) get the same grants (event_journal keeps its own).
-ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w}, {r};
+ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w}, {r}, {ld};
 ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT INSERT, UPDATE, DELETE ON TABLES TO {w};
 {horizon}COMMIT;
 """

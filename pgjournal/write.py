@@ -1,8 +1,13 @@
 """The write path: one statement per ``append``, so a batch is one round trip and one transaction.
 
 The statement finds the previous event of the persistence id, numbers the new events after it and
-stamps them all with ``GREATEST(CURRENT_TIMESTAMP, previous + 1 µs)``, so time never goes backwards
+stamps them all with ``GREATEST(clock_timestamp(), previous + 1 µs)``, so time never goes backwards
 within a persistence id. A primary-key clash means another writer was first: nothing is written.
+
+``clock_timestamp()``, not the transaction start: it is read while the statement already holds its write
+lock on the journal, which is what the visibility horizon (:mod:`pgjournal.horizon`) relies on. A
+transaction that opened long before its first append therefore still stamps its events above every
+horizon a reader computed before that append.
 """
 
 from __future__ import annotations
@@ -42,9 +47,8 @@ FROM ({prev}) AS prev
 CROSS JOIN {events}
 RETURNING seq_nr, db_timestamp
 """
-_NEXT_TIMESTAMP = (
-    "GREATEST(CURRENT_TIMESTAMP, COALESCE(MAX(db_timestamp) + INTERVAL '1 microsecond', CURRENT_TIMESTAMP))"
-)
+# GREATEST ignores the NULL of a persistence id without events; evaluated once (an aggregate's one row).
+_NEXT_TIMESTAMP = "GREATEST(clock_timestamp(), MAX(db_timestamp) + INTERVAL '1 microsecond')"
 # After a given sequence number: no row at all (nothing inserted) when that event does not exist.
 _AFTER_EXPECTED = f"""
     SELECT %(expected)s::bigint AS seq_nr, {_NEXT_TIMESTAMP} AS ts FROM {{table}}

@@ -1,17 +1,18 @@
 """Batch jobs: a full export to Parquet, and an incremental load that never misses or repeats an event.
 
-**Export** writes ``<out>/entity_type=<type>/slice_range=<lo>-<hi>/part-*.parquet``, one JDBC partition
-per slice range.
+**Export** writes ``<out>/entity_type=<type>/slice_range=<lo>-<hi>/part-*.parquet``, one JDBC partition per
+slice range.
 
-**Incremental load** reads, per slice, from that slice's watermark (a TimestampOffset: the timestamp of
-the last event loaded plus the persistence ids seen at it) up to the *visibility horizon*: on PostgreSQL
-the start of the oldest open transaction (no row below it can still commit), in portable mode the clock
-minus a delay. Each load is numbered; its output goes to ``<out>/_incoming/<n>-<random>`` and only after the
-new watermarks and a ledger row are committed (one transaction) is it renamed to ``<out>/load=<n>``.
-A crash before that commit leaves an ``_incoming`` directory that the next run deletes (its rows are read
-again); a crash between the commit and the rename is finished by the next run (the ledger knows the load).
-So ``<out>/load=*`` always holds every event below the last horizon exactly once, and Spark ignores
-``_incoming`` when it reads ``<out>``.
+**Incremental load** reads, per slice, from that slice's watermark (a TimestampOffset: the timestamp of the
+last event loaded plus the persistence ids seen at it) up to the *visibility horizon* of the journal's
+capabilities: on PostgreSQL the writer-lock horizon (no row below it can still commit, whatever the loader's
+role may see; :mod:`pgjournal.horizon`), in portable mode the clock minus a delay. Each load is numbered;
+its output goes to ``<out>/_incoming/<n>-<random>`` and only after the new watermarks and a ledger row are
+committed (one transaction) is it renamed to ``<out>/load=<n>``. A load that fails before that commit
+deletes its output; a process killed before it leaves an ``_incoming`` directory that the next run deletes
+(its rows are read again); a crash between the commit and the rename is finished by the next run (the ledger
+knows the load). So ``<out>/load=*`` always holds every event below the last horizon exactly once, and Spark
+ignores ``_incoming`` when it reads ``<out>``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgjournal.dialects import get_dialect
-from pgjournal.dsn import resolve_dsn
-from pgjournal.errors import InvalidArgument
-from pgjournal.horizon import visibility_horizon
-from pgjournal.settings import Settings
+from pgjournal.errors import InsufficientPrivilege, InvalidArgument
+from pgjournal.journal import Journal
 
 from . import files
 from .jdbc import jdbc_target
@@ -51,6 +49,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 INCOMING = "_incoming"
+#: What an incremental load needs: read the journal, keep watermarks (``spark.watermarks``).
+LOAD_RIGHTS = (("event_journal", "SELECT"), ("projection_timestamp_offset_store", "SELECT"),
+               ("projection_timestamp_offset_store", "INSERT"), ("projection_timestamp_offset_store", "DELETE"))
 #: Columns with (nearly) one value per event: dictionary encoding only fills a dictionary page and falls
 #: back to plain. Turning it off for them cut the JVM's CPU per exported row by ~5-25% (two noisy passes,
 #: 500k events, shared 2-core machine); low-cardinality columns keep their dictionaries.
@@ -173,11 +174,6 @@ def recover(spark: SparkSession, out: str, state: LoadState) -> tuple[str, ...]:
     return tuple(done)
 
 
-def default_behind(settings: Settings, use_transactions: bool) -> float:
-    """Seconds kept behind the clock: short where open transactions bound the horizon, else generous."""
-    return settings.behind_current_time if use_transactions else settings.backtracking_behind_current_time
-
-
 def load_events(
     spark: SparkSession,
     out: str,
@@ -197,43 +193,83 @@ def load_events(
     """Load the events committed since the last run of ``job`` into ``<out>/load=<n>`` (Parquet, by entity type).
 
     Running it again and again loads every event exactly once, however late its transaction commits
-    (PostgreSQL) or as long as transactions commit within ``behind`` seconds (portable mode).
+    (PostgreSQL: the journal's writer-lock horizon, see :mod:`pgjournal.horizon`) or as long as
+    transactions commit within ``behind`` seconds (portable mode; default ``backtracking_behind_current_time``).
+    On PostgreSQL ``behind`` only keeps the load further behind the clock. The role needs SELECT on the
+    journal and SELECT, INSERT, DELETE on ``projection_timestamp_offset_store`` (``pgjournal_loader``);
+    without them :class:`~pgjournal.errors.InsufficientPrivilege` is raised before Spark reads anything.
+    A failed load leaves no output and moves no watermark.
     """
     out = check_output(out)
     check_job_name(job)
     entity_type = check_entity_type(entity_type)
     ranges = resolve_slice_ranges(slice_ranges)
-    settings = Settings.load(portable=portable)
-    use_transactions = not settings.portable and get_dialect(settings.dialect).supports_visibility_horizon
-    if behind is None:
-        behind = default_behind(settings, use_transactions)
-    if isinstance(behind, bool) or not isinstance(behind, int | float) or not 0 <= behind < 86_400:
+    if behind is not None and (isinstance(behind, bool) or not isinstance(behind, int | float)
+                               or not 0 <= behind < 86_400):
         raise InvalidArgument(f"behind must be a number of seconds from 0 to 86400, got {behind!r}")
     started = time.perf_counter()
     target = jdbc_target(dsn)
-    with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+    with Journal.open(dsn, portable=portable, notify=False, pool_min_size=1, pool_max_size=1) as journal, \
+            journal.connection() as conn:
+        check_load_rights(conn)
         state = read_state(conn, job, entity_type)
         recovered = recover(spark, out, state)
         number = state.last_load + 1
         load_id = f"{number:06d}-{uuid.uuid4().hex[:8]}"
-        horizon = visibility_horizon(conn, behind=behind, use_transactions=use_transactions)
+        horizon = final_bound(journal, conn, behind)
         frame = _new_rows(spark, state, ranges, horizon, target_frame=lambda where: jdbc_frame(
             spark, target, table, where, fetch_size=fetch_size), entity_type=entity_type)
         if decode:
             frame = decode_payloads(frame, payload_schema)
         staging = files.join(out, INCOMING, load_id)
-        observed, rows = counted(at_most_one_task_per_core(frame))
-        tracked(spark, f"load {number}", lambda: observed.write.options(**PARQUET_OPTIONS).partitionBy("entity_type")
-                .parquet(staging), progress)
-        written = spark.read.schema(frame.schema).parquet(staging)
-        newest = tracked(spark, "watermarks", lambda: _newest_per_slice(written), progress)
-        slices = [s for lo, hi in ranges for s in range(lo, hi + 1)]
-        commit_load(conn, state, number, load_id, horizon, next_watermarks(state, slices, newest, horizon))
+        committed = False
+        try:
+            observed, rows = counted(at_most_one_task_per_core(frame))
+            tracked(spark, f"load {number}", lambda: observed.write.options(**PARQUET_OPTIONS)
+                    .partitionBy("entity_type").parquet(staging), progress)
+            written = spark.read.schema(frame.schema).parquet(staging)
+            newest = tracked(spark, "watermarks", lambda: _newest_per_slice(written), progress)
+            slices = [s for lo, hi in ranges for s in range(lo, hi + 1)]
+            commit_load(conn, state, number, load_id, horizon, next_watermarks(state, slices, newest, horizon))
+            committed = True
+        finally:
+            if not committed:  # nothing of this load counts: leave nothing of it behind
+                files.delete(spark, staging)
+                _drop_incoming_if_empty(spark, out)
     final = files.join(out, f"load={number:06d}")
     files.rename(spark, staging, final)
-    if not files.list_names(spark, files.join(out, INCOMING)):
-        files.delete(spark, files.join(out, INCOMING))
+    _drop_incoming_if_empty(spark, out)
     return LoadResult(job, number, load_id, final, rows(), horizon, time.perf_counter() - started, recovered)
+
+
+def final_bound(journal: Journal, conn: psycopg.Connection, behind: float | None) -> datetime:
+    """The newest ``db_timestamp`` below which every event is committed, for this journal's role and server:
+    the writer-lock horizon (waiting out writers whose start this role may not see, up to
+    ``longest_transaction``), else the clock minus ``behind`` (portable mode)."""
+    capabilities = journal.capabilities
+    tracker = journal.horizon_tracker()
+    horizon = tracker.settle(conn, timeout=capabilities.longest_transaction)
+    if capabilities.writer_horizon:
+        return horizon.safe if behind is None else min(horizon.safe, horizon.now - timedelta(seconds=behind))
+    return horizon.now - timedelta(seconds=capabilities.longest_transaction if behind is None else behind)
+
+
+def check_load_rights(conn: psycopg.Connection) -> None:
+    """Raise :class:`InsufficientPrivilege` naming what the role lacks for an incremental load."""
+    missing = [f"{right} on {table}" for table, right in LOAD_RIGHTS
+               if not conn.execute("SELECT has_table_privilege(%s, %s)", (table, right)).fetchone()[0]]
+    if missing:
+        role = conn.execute("SELECT current_user").fetchone()[0]
+        raise InsufficientPrivilege(
+            f"role {role!r} cannot run an incremental load: it lacks {', '.join(missing)} (the load reads the "
+            "journal and keeps its watermarks in projection_timestamp_offset_store). Run it as the loader role "
+            "that `pgjournal roles` creates (pgjournal_loader), or grant those rights")
+
+
+def _drop_incoming_if_empty(spark: SparkSession, out: str) -> None:
+    incoming = files.join(out, INCOMING)
+    if files.exists(spark, incoming) and not files.list_names(spark, incoming):
+        files.delete(spark, incoming)
 
 
 def _new_rows(spark: SparkSession, state: LoadState, ranges: list[tuple[int, int]], horizon: datetime, *,

@@ -150,7 +150,7 @@ def test_close_stops_the_iterator_from_another_thread(journal: Journal) -> None:
 def test_portable_mode_uses_no_postgres_only_feature(dsn: str) -> None:
     with Journal.open(dsn, portable=True, **FAST) as journal:
         assert journal.signals is None
-        assert not journal.uses_visibility_horizon
+        assert not journal.capabilities.writer_horizon
 
 
 @pytest.mark.parametrize(

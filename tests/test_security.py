@@ -289,7 +289,8 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
     before = table_names(dsn)
     writer_dsn = roles.dsn(dsn, roles.writer)
     with Journal.open(writer_dsn, **FAST) as journal:
-        assert not journal.uses_visibility_horizon  # pg_read_all_stats is opt-in
+        assert not journal.capabilities.sees_all_sessions  # pg_read_all_stats is opt-in
+        assert journal.capabilities.writer_horizon  # other roles' writers are waited out instead
         journal.append("Cart|w", ["x", "y"], expected_seq_nr=0, tags=["t", "u"])
         journal.append("Cart|seed", ["c"], expected_seq_nr=2, tags=["t"])
         journal.save_snapshot("Cart|w", 2, {"n": 2})
@@ -361,7 +362,7 @@ def test_the_script_is_idempotent_and_the_visibility_horizon_is_opt_in(dsn: str,
     apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader,
                                  visibility_horizon=True))
     with Journal.open(roles.dsn(dsn, roles.writer)) as journal:
-        assert journal.uses_visibility_horizon
+        assert journal.capabilities.sees_all_sessions
     assert _denied(roles.dsn(dsn, roles.writer), WRITER_FORBIDDEN) == []
 
 

@@ -218,7 +218,8 @@ def test_insert_statement_has_no_notify_and_no_lock() -> None:
     for after_latest in (True, False):
         for single in (True, False):
             sql = insert_sql("event_journal", after_latest=after_latest, single=single).upper()
-            assert "NOTIFY" not in sql and "LOCK" not in sql and "FOR UPDATE" not in sql
+            assert "NOTIFY" not in sql and "LOCK " not in sql and "FOR UPDATE" not in sql
+            assert "CLOCK_TIMESTAMP()" in sql and "CURRENT_TIMESTAMP" not in sql  # stamped after the lock
 
 
 def test_notification_comes_after_commit_from_another_session(dsn: str) -> None:

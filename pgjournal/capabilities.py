@@ -1,0 +1,70 @@
+"""What this journal may use on this server, as this role: resolved once when a journal opens.
+
+Every reader (events_by_slices, events_by_tag, projections through them, the Spark incremental load) takes
+its horizon and wake-ups from the same :class:`Capabilities`, so no two of them can disagree about whether
+a bound is safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from .dialects import get_dialect
+from .settings import Settings
+
+# The journal table and its partitions: the relations a journal writer holds a write lock on.
+JOURNAL_RELATIONS_SQL = """
+SELECT to_regclass('event_journal')::oid
+UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')"""
+# Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
+SEES_ALL_SESSIONS_SQL = """
+SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
+WHERE rolname = current_user"""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    #: Writers NOTIFY after commit and live queries LISTEN.
+    notify: bool
+    #: The visibility horizon comes from journal writers' locks (PostgreSQL, not portable); else the clock.
+    writer_horizon: bool
+    #: Other roles' transaction starts are visible, so a horizon needs no waiting (see pgjournal.horizon).
+    sees_all_sessions: bool
+    #: ``event_journal`` and its partitions (OIDs), for the writer-lock view.
+    journal_relations: tuple[int, ...]
+    #: Seconds by-slice reads stay behind the clock besides the horizon.
+    read_margin: float
+    #: A journal writer open longer is reported; in portable mode, backtracking's reach behind the clock.
+    longest_transaction: float
+    #: The role the journal connects as.
+    role: str = ""
+
+    @classmethod
+    def resolve(cls, conn: psycopg.Connection, settings: Settings) -> Capabilities:
+        dialect = get_dialect(settings.dialect)
+        writer_horizon = not settings.portable and dialect.supports_visibility_horizon
+        role, sees_all = "", False
+        relations: tuple[int, ...] = ()
+        if writer_horizon:
+            row = conn.execute(SEES_ALL_SESSIONS_SQL).fetchone()
+            role, sees_all = (row[0], bool(row[1])) if row else ("", False)
+            relations = tuple(oid for (oid,) in conn.execute(JOURNAL_RELATIONS_SQL).fetchall() if oid is not None)
+        return cls(
+            notify=settings.uses_notifications,
+            writer_horizon=writer_horizon and bool(relations),
+            sees_all_sessions=sees_all,
+            journal_relations=relations,
+            read_margin=settings.horizon_margin if writer_horizon else settings.behind_current_time,
+            longest_transaction=settings.backtracking_behind_current_time,
+            role=role,
+        )
+
+    def describe(self) -> str:
+        """One line for ``pgjournal info`` and logs."""
+        notify = "on" if self.notify else "off"
+        if not self.writer_horizon:
+            return f"clock horizon ({self.read_margin:g} s behind), backtracking; notify {notify}"
+        seen = "all sessions visible" if self.sees_all_sessions else "other roles' writers waited out"
+        return f"writer-lock horizon ({seen}); notify {notify}"
