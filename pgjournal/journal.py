@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate as migrations
@@ -19,7 +20,7 @@ from .capabilities import Capabilities
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, InsufficientPrivilege
 from .horizon import HorizonTracker
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
@@ -92,9 +93,14 @@ class Journal:
         with connect(resolved, loaded.connect_timeout) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
-            migrations.check_schema(conn)
-            check_bucket_size(conn, loaded.tag_bucket_size)
-            capabilities = Capabilities.resolve(conn, loaded)
+            try:
+                migrations.check_schema(conn)
+                check_bucket_size(conn, loaded.tag_bucket_size)
+                capabilities = Capabilities.resolve(conn, loaded)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise InsufficientPrivilege(
+                    f"the role of {mask_dsn(resolved)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
+                    "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
         journal = cls(resolved, loaded, serializers or SerializerRegistry(), capabilities)
         journal._pool.open(wait=False)
         return journal

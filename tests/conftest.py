@@ -4,8 +4,10 @@ server. Each test gets a fresh database cloned from a migrated template (``CREAT
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import psycopg
 import psycopg.conninfo
@@ -14,6 +16,7 @@ import pytest
 from pgjournal import Journal
 from pgjournal.embedded import EmbeddedServer
 from pgjournal.migrate import upgrade
+from pgjournal.roles import apply_roles, role_script
 
 TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
 # Short polls keep live tests quick; semantics do not depend on them.
@@ -79,3 +82,45 @@ def mode_journal(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
     """The same journal in default mode and in portable mode (no PostgreSQL-only features)."""
     with Journal.open(dsn, portable=request.param == "portable", **FAST) as opened:
         yield opened
+
+
+def eventually(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Wait until ``condition()`` is true; fail the test, naming the condition, after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not true within {timeout} s: {getattr(condition, '__name__', condition)}")
+        time.sleep(interval)
+
+
+@dataclass
+class Roles:
+    owner: str
+    writer: str
+    reader: str
+    loader: str
+
+    def dsn(self, base: str, role: str) -> str:
+        return psycopg.conninfo.make_conninfo(base, user=role)
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return self.owner, self.writer, self.reader, self.loader
+
+
+@pytest.fixture
+def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
+    """The least-privilege roles of ``pgjournal.roles`` (unique names) set up on this test's database."""
+    suffix = uuid.uuid4().hex[:8]
+    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
+    apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
+    try:
+        yield names
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')

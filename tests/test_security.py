@@ -8,13 +8,11 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import FAST
+from conftest import FAST, Roles
 from faultproxy import fault_proxy
 from typer.testing import CliRunner
 
@@ -192,33 +190,6 @@ def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
 # -- least-privilege roles ------------------------------------------------------------------------
 
 
-@dataclass
-class Roles:
-    owner: str
-    writer: str
-    reader: str
-
-    def dsn(self, base: str, role: str) -> str:
-        return psycopg.conninfo.make_conninfo(base, user=role)
-
-
-@pytest.fixture
-def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
-    suffix = uuid.uuid4().hex[:8]
-    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}")
-    apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader))
-    try:
-        yield names
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for role in (names.owner, names.writer, names.reader):
-                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
-                conn.execute(f'DROP OWNED BY "{role}"')
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            for role in (names.owner, names.writer, names.reader):
-                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
-
-
 WRITER_FORBIDDEN = [
     "CREATE TABLE intruder (id int)",
     "CREATE TEMP TABLE intruder (id int)",
@@ -358,8 +329,8 @@ def test_the_owner_migrates_and_others_cannot_connect(dsn: str, server_dsn: str,
 
 
 def test_the_script_is_idempotent_and_the_visibility_horizon_is_opt_in(dsn: str, roles: Roles) -> None:
-    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader))
-    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader,
+    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader, loader=roles.loader))
+    apply_roles(dsn, role_script(owner=roles.owner, writer=roles.writer, reader=roles.reader, loader=roles.loader,
                                  visibility_horizon=True))
     with Journal.open(roles.dsn(dsn, roles.writer)) as journal:
         assert journal.capabilities.sees_all_sessions
