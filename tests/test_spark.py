@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import FAST
 
 from pgjournal import Journal
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
@@ -338,7 +340,7 @@ def test_crash_before_commit_is_redone_and_after_commit_is_completed(
         patch.setattr(spark_jobs, "commit_load", crash)
         with pytest.raises(RuntimeError):
             spark_jobs.load_events(spark, out, "crashy", dsn=dsn)
-    assert files.list_names(spark, out) == ["_incoming"] and loaded(spark, out) == []
+    assert files.list_names(spark, out) == [] and loaded(spark, out) == []  # a failed load leaves nothing
     fill(journal, pids=3, per_pid=1)
     time.sleep(0.2)
     with monkeypatch.context() as patch:
@@ -400,3 +402,104 @@ def test_cli_export_load_and_watermarks(spark: Any, journal: Journal, dsn: str, 
     bad = runner.invoke(app, ["spark", "load", str(tmp_path / "l"), "--job", "cli", "--dsn", dsn, "-n", "3"])
     assert bad.exit_code == 1 and "divisor of 1024" in " ".join(bad.output.split())
     assert not spark.sparkContext._jsc.sc().isStopped()  # the shared session survived the commands
+
+
+# -- incremental loads as least-privileged roles (writers on another login role) --------------------------
+
+
+def stall_inserts(dsn: str, pattern: str) -> None:
+    """Appends to persistence ids LIKE ``pattern`` sleep 0-0.6 s inside their insert: stamped, then committed
+    late, so commits land out of db_timestamp order."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"""CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF NEW.persistence_id LIKE '{pattern}' THEN PERFORM pg_sleep(random() * 0.6); END IF;
+            RETURN NEW; END $$""")
+        for (partition,) in conn.execute("SELECT inhrelid::regclass::text FROM pg_inherits "
+                                         "WHERE inhparent = 'event_journal'::regclass").fetchall():
+            conn.execute(f"CREATE TRIGGER stall BEFORE INSERT ON {partition} FOR EACH ROW EXECUTE FUNCTION stall()")
+
+
+def pids_outside(lo: int, hi: int, prefix: str, count: int) -> list[str]:
+    """``count`` persistence ids none of whose slices is in lo..hi (that slice range stays empty)."""
+    out, i = [], 0
+    while len(out) < count:
+        pid = f"{prefix}{i}"
+        if not lo <= slice_for_persistence_id(pid) <= hi:
+            out.append(pid)
+        i += 1
+    return out
+
+
+@pytest.mark.parametrize("loader", ["loader", "loader with pg_read_all_stats", "owner"])
+def test_incremental_load_as_a_least_privileged_role_loses_and_repeats_nothing(
+        spark: Any, dsn: str, roles: Any, tmp_path: Path, loader: str) -> None:
+    from conftest import eventually
+
+    stall_inserts(dsn, "Order|stall%")
+    if loader == "loader with pg_read_all_stats":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'GRANT pg_read_all_stats TO "{roles.loader}"')
+    loader_dsn = roles.dsn(dsn, roles.owner if loader == "owner" else roles.loader)
+    out = str(tmp_path / "load")
+    pids = pids_outside(0, 127, "Order|stall", 4) + pids_outside(0, 127, "Order|plain", 4)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write(journal: Journal, pid: str) -> None:
+        try:
+            while not stop.is_set():
+                journal.append(pid, [{"pid": pid}] * 2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    loads = []
+    with Journal.open(roles.dsn(dsn, roles.writer), **FAST) as writer:
+        threads = [threading.Thread(target=write, args=(writer, pid)) for pid in pids]
+        for thread in threads:
+            thread.start()
+        try:
+            eventually(lambda: len(journal_rows(dsn)) > 20)
+            for n in range(4):  # loads while writers commit out of order (ranges change between loads)
+                loads.append(spark_jobs.load_events(spark, out, "roles", dsn=loader_dsn, slice_ranges=(8, 4)[n % 2]))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+    assert not errors, errors
+    loads.append(spark_jobs.load_events(spark, out, "roles", dsn=loader_dsn, slice_ranges=8))
+    rows = loaded(spark, out)
+    expected = journal_rows(dsn)
+    missing, twice = expected - set(rows), len(rows) - len(set(rows))
+    print(f"{loader}: {len(loads)} loads, {len(expected)} events, {len(missing)} missing, {twice} duplicated")
+    assert not missing and not twice
+    assert not any(slice_for_persistence_id(pid) <= 127 for pid, _ in rows)  # slice range 0-127 stayed empty
+    assert spark_jobs.load_events(spark, out, "roles", dsn=loader_dsn).rows == 0
+    assert files.list_names(spark, out) == [f"load={n:06d}" for n in range(1, 7)]
+
+
+def test_load_as_a_role_without_the_rights_fails_before_reading_and_leaves_nothing(
+        spark: Any, dsn: str, server_dsn: str, roles: Any, tmp_path: Path) -> None:
+    from pgjournal import InsufficientPrivilege
+
+    out = str(tmp_path / "load")
+    with Journal.open(dsn) as journal:
+        fill(journal, pids=4, per_pid=1)
+    with pytest.raises(InsufficientPrivilege, match=r"lacks INSERT on projection_timestamp_offset_store.*"
+                                                    r"pgjournal_loader"):
+        spark_jobs.load_events(spark, out, "reader", dsn=roles.dsn(dsn, roles.reader))
+    stranger = f"pgj_stranger_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{stranger}" LOGIN')
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'GRANT CONNECT ON DATABASE "{conn.info.dbname}" TO "{stranger}"')
+        with pytest.raises(InsufficientPrivilege, match="may not read pgjournal's tables"):
+            spark_jobs.load_events(spark, out, "stranger", dsn=roles.dsn(dsn, stranger))
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{stranger}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{stranger}"')
+    assert files.list_names(spark, out) == []
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM projection_timestamp_offset_store").fetchone() == (0,)
