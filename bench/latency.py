@@ -4,23 +4,51 @@
 event arrives. Per event: delivery time minus the moment its append returned (the commit). Contenders:
 ours (PostgreSQL: writers' signals + visibility horizon), the same without signals (polling only), and
 portable mode (no PostgreSQL-only feature). Misses are counted and must be zero.
+
+``latency-readers``: the same with three sessions that read the journal and stay in their transaction for
+the whole run (idle in transaction, a REPEATABLE READ report, a Spark-like cursor fetched slowly), beside
+the same run without them. Only journal writers may hold the visibility horizon back, so the two match.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import psycopg
 
 from pgjournal import Journal, slice_ranges
 
 from .harness import Context, Scenario
 
 
-def run(ctx: Context, settings: dict[str, Any], label: str) -> float:
+@contextlib.contextmanager
+def open_readers(dsn: str) -> Iterator[None]:
+    """Three sessions that read the journal and keep their transaction open until the block ends."""
+    with contextlib.ExitStack() as stack:
+        idle = stack.enter_context(psycopg.connect(dsn))
+        idle.execute("SELECT count(*) FROM event_journal")
+        report = stack.enter_context(psycopg.connect(dsn))
+        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        report.execute("SELECT count(*) FROM event_journal")
+        spark_like = stack.enter_context(psycopg.connect(dsn))
+        cursor = stack.enter_context(spark_like.cursor(name="spark_like"))
+        cursor.execute("SELECT * FROM event_journal")
+        cursor.fetchmany(10)
+        yield
+
+
+def run(ctx: Context, settings: dict[str, Any], label: str, readers: bool = False) -> float:
+    with open_readers(ctx.dsn) if readers else contextlib.nullcontext():
+        return measure(ctx, settings, label)
+
+
+def measure(ctx: Context, settings: dict[str, Any], label: str) -> float:
     rate, seconds = (300, 8) if ctx.quick else (1000, 60)
     committed: dict[tuple[str, int], float] = {}
     received: dict[tuple[str, int], float] = {}
@@ -73,8 +101,8 @@ def run(ctx: Context, settings: dict[str, Any], label: str) -> float:
     return q[98]
 
 
-def contender(label: str, **settings: Any) -> Callable[[Context, Any], float]:
-    return lambda ctx, _state: run(ctx, {"refresh_interval": 1.0, **settings}, label)
+def contender(label: str, readers: bool = False, **settings: Any) -> Callable[[Context, Any], float]:
+    return lambda ctx, _state: run(ctx, {"refresh_interval": 1.0, **settings}, label, readers)
 
 
 SCENARIOS = [
@@ -87,6 +115,16 @@ SCENARIOS = [
             "ours": contender("signals + horizon"),
             "without_signals": contender("polling only", notify=False),
             "portable": contender("portable", portable=True),
+        },
+    ),
+    Scenario(
+        name="latency-readers", metric="p99_ms", lower_is_better=True,
+        description="as latency, with an idle-in-transaction session, a REPEATABLE READ report and a Spark-like "
+                    "cursor open for the whole run, beside the same run without them",
+        setup=lambda _ctx: None,
+        contenders={
+            "ours": contender("with readers open", readers=True),
+            "without_readers": contender("without readers"),
         },
     ),
 ]
