@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .dsn import mask_dsn
 from .errors import JournalError
+from .horizon import Horizon
 from .journal import Journal
 from .offsets import format_timestamp
 from .slices import slice_ranges
@@ -147,8 +148,10 @@ def persistence_ids(
 
 @app.command()
 def info(dsn: DsnOption = None) -> None:
-    """Counts per entity type and a histogram of events over 8 slice ranges."""
+    """Counts per entity type, a histogram of events over 8 slice ranges, and what holds the visibility
+    horizon back (journal writers with an open transaction)."""
     with open_journal(dsn) as journal, journal.connection() as conn:
+        horizon = journal.horizon_tracker().read(conn)
         per_type = conn.execute(
             "SELECT entity_type, count(*), count(DISTINCT persistence_id), min(db_timestamp), max(db_timestamp) "
             "FROM event_journal WHERE NOT deleted GROUP BY entity_type ORDER BY entity_type"
@@ -170,6 +173,22 @@ def info(dsn: DsnOption = None) -> None:
         histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
     console.print(histogram)
     console.print(f"snapshots: {snapshots[0] if snapshots else 0:,}")
+    print_horizon(journal, horizon)
+
+
+def print_horizon(journal: Journal, horizon: Horizon) -> None:
+    console.print(f"visibility horizon: {journal.capabilities.describe()}; "
+                  f"{horizon.held_back:.3f} s behind the database clock")
+    if not horizon.writers:
+        return
+    longest = journal.capabilities.longest_transaction
+    table = Table("backend pid", "transaction", "started", "open for", title="Journal writers with an open transaction")
+    for writer in sorted(horizon.writers, key=lambda w: (w.started is None, w.started)):
+        age = (horizon.now - writer.started).total_seconds() if writer.started else None
+        table.add_row(str(writer.pid), writer.vxid, format_timestamp(writer.started) if writer.started else "(hidden)",
+                      f"{age:.3f} s" if age is not None else "?",
+                      style="bold red" if age is not None and age > longest else None)
+    console.print(table)
 
 
 @app.command()

@@ -260,3 +260,18 @@ def test_a_restricted_one_shot_read_names_the_writer_it_cannot_wait_out(dsn: str
         assert blocked.value.backends == (backend,)
         held.rollback()
         assert list(reader.query.current_events_by_slices(ENTITY, 0, 1023)) == []
+
+
+def test_info_names_the_journal_writer_that_holds_the_horizon_back(dsn: str) -> None:
+    from typer.testing import CliRunner
+
+    from pgjournal.cli import app
+
+    with psycopg.connect(dsn) as held, psycopg.connect(dsn) as idle:
+        idle.execute("SELECT count(*) FROM event_journal")  # a reader: not listed
+        insert_in(held, f"{ENTITY}|open", 0)
+        result = CliRunner().invoke(app, ["info", "--dsn", dsn], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "Journal writers with an open transaction" in result.output
+        assert str(held.info.backend_pid) in result.output and str(idle.info.backend_pid) not in result.output
+        held.rollback()
