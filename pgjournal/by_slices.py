@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import metrics
 from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
 from .errors import InvalidArgument
 from .horizon import Horizon
@@ -103,6 +104,7 @@ class SliceQuery:
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
         self.use_horizon = journal.capabilities.writer_horizon
         self.tracker = journal.horizon_tracker()
+        self.lag = metrics.LIVE_LAG.labels(self.entity_type, metrics.slices_label(min_slice, max_slice))
         # Backtracking state
         self.backtracking: _Cursor | None = None
         self.bt_until = EPOCH
@@ -129,6 +131,9 @@ class SliceQuery:
             self.read_timestamp = horizon.now
             out = self.gate(conn, rows, source, main=True)
         self.after_main(len(rows), horizon)
+        caught_up = len(rows) < self.settings.buffer_size
+        reached = max(horizon.safe, self.main.ts) if caught_up else self.main.ts
+        self.lag.set(max(0.0, (horizon.now - reached).total_seconds()))
         return out, len(rows)
 
     def backtracking_page(self) -> tuple[list[EventEnvelope], int]:

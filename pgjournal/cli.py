@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from .dsn import mask_dsn
@@ -147,10 +149,35 @@ def persistence_ids(
 
 
 @app.command()
-def info(dsn: DsnOption = None) -> None:
+def info(
+    dsn: DsnOption = None,
+    watch: Annotated[float | None, typer.Option(
+        help="Refresh every this many seconds until Ctrl-C.", min=0.1, max=3600)] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="With --watch: also serve Prometheus metrics on 127.0.0.1:PORT (needs pgjournal[metrics]).")] = None,
+) -> None:
     """Counts per entity type, a histogram of events over 8 slice ranges, and what holds the visibility
     horizon back (journal writers with an open transaction)."""
-    with open_journal(dsn) as journal, journal.connection() as conn:
+    with open_journal(dsn) as journal:
+        if watch is None:
+            console.print(info_view(journal))
+            return
+        if metrics_port is not None:
+            from . import metrics
+
+            metrics.serve(metrics_port)
+        from rich.live import Live
+
+        with Live(info_view(journal), console=console, auto_refresh=False) as live, \
+                contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(watch)
+                live.update(info_view(journal), refresh=True)
+
+
+def info_view(journal: Journal) -> Group:
+    """Everything ``pgjournal info`` shows, read in one go."""
+    with journal.connection() as conn:
         horizon = journal.horizon_tracker().read(conn)
         per_type = conn.execute(
             "SELECT entity_type, count(*), count(DISTINCT persistence_id), min(db_timestamp), max(db_timestamp) "
@@ -160,27 +187,25 @@ def info(dsn: DsnOption = None) -> None:
             "SELECT slice / 128, count(*) FROM event_journal WHERE NOT deleted GROUP BY 1"
         ).fetchall())
         snapshots = conn.execute("SELECT count(*) FROM snapshot").fetchone()
-    console.print(f"journal on {mask_dsn(journal.dsn)}")
     table = Table("entity type", "events", "persistence ids", "first", "last", title="Events per entity type")
     for entity_type, count, pids, first, last in per_type:
         table.add_row(entity_type or "(none)", f"{count:,}", f"{pids:,}", format_timestamp(first),
                       format_timestamp(last))
-    console.print(table)
     total = sum(per_slice.values()) or 1
     histogram = Table("slices", "events", "", title="Events per slice range")
     for i, (lo, hi) in enumerate(slice_ranges(8)):
         count = per_slice.get(i, 0)
         histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
-    console.print(histogram)
-    console.print(f"snapshots: {snapshots[0] if snapshots else 0:,}")
-    print_horizon(journal, horizon)
+    return Group(f"journal on {mask_dsn(journal.dsn)}", table, histogram,
+                 f"snapshots: {snapshots[0] if snapshots else 0:,}", *horizon_view(journal, horizon))
 
 
-def print_horizon(journal: Journal, horizon: Horizon) -> None:
-    console.print(f"visibility horizon: {journal.capabilities.describe()}; "
-                  f"{horizon.held_back:.3f} s behind the database clock")
+def horizon_view(journal: Journal, horizon: Horizon) -> list[Any]:
+    """The visibility horizon and the journal writers holding it back."""
+    line = (f"visibility horizon: {journal.capabilities.describe()}; "
+            f"{horizon.held_back:.3f} s behind the database clock")
     if not horizon.writers:
-        return
+        return [line]
     longest = journal.capabilities.longest_transaction
     table = Table("backend pid", "transaction", "started", "open for", title="Journal writers with an open transaction")
     for writer in sorted(horizon.writers, key=lambda w: (w.started is None, w.started)):
@@ -188,7 +213,7 @@ def print_horizon(journal: Journal, horizon: Horizon) -> None:
         table.add_row(str(writer.pid), writer.vxid, format_timestamp(writer.started) if writer.started else "(hidden)",
                       f"{age:.3f} s" if age is not None else "?",
                       style="bold red" if age is not None and age > longest else None)
-    console.print(table)
+    return [line, table]
 
 
 @app.command()
@@ -283,7 +308,7 @@ def verify_command(
     something is off."""
     from .verify import render, verify
 
-    with open_journal(dsn) as journal, reported():
+    with open_journal(dsn) as journal:
         report = verify(journal, examples=examples)
     console.print(render(report))
     if not report.ok:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from . import metrics
 from .errors import HorizonBlocked
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class HorizonTracker:
         hidden = frozenset(w.vxid for w in writers if w.started is None)
         safe = min(safe, self._hidden_bound(now - self._margin, hidden))
         self._warn_long(now, writers)
+        metrics.HORIZON_HELD_BACK.set((now - safe).total_seconds())
         return Horizon(now, safe, writers)
 
     def _hidden_bound(self, reading: datetime, hidden: frozenset[str]) -> datetime:
@@ -132,6 +134,7 @@ class HorizonTracker:
         return self._cleared if self._cleared is not None else EPOCH
 
     def _warn_long(self, now: datetime, writers: tuple[Writer, ...]) -> None:
+        metrics.SLOW_WRITERS.set(sum(1 for w in writers if w.started is not None and now - w.started > self._longest))
         for writer in writers:
             if writer.vxid in self._warned:
                 continue

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.errors
 
+from . import metrics
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
@@ -124,7 +125,11 @@ class EventWriter:
             from .tag_write import prepare
 
             sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
+        started = time.perf_counter()
         rows = self._execute(pid, sql, params)
+        metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
+        metrics.APPENDS.labels(entity_type).inc()
+        metrics.EVENTS_APPENDED.labels(entity_type).inc(len(rows))
         if self._after_commit is not None:
             self._after_commit(slice_, entity_type)
         return [
