@@ -20,7 +20,7 @@ from .capabilities import Capabilities
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
-from .errors import DatabaseUnavailable, InsufficientPrivilege
+from .errors import ConfigurationError, DatabaseUnavailable, InsufficientPrivilege
 from .horizon import HorizonTracker
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
@@ -89,6 +89,10 @@ class Journal:
         :class:`~pgjournal.errors.SchemaNotMigrated`.
         """
         loaded = Settings.load(**settings)
+        if serializers is not None and not isinstance(serializers, SerializerRegistry):
+            raise ConfigurationError(f"serializers must be a SerializerRegistry, got {type(serializers).__name__}")
+        if not isinstance(migrate, bool):
+            raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
         resolved = resolve_dsn(dsn)
         with connect(resolved, loaded.connect_timeout) as conn:
             if migrate:

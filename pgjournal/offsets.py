@@ -73,6 +73,15 @@ class TimestampOffset:
         if not isinstance(self.timestamp, datetime) or self.timestamp.tzinfo is None:
             raise InvalidArgument(f"TimestampOffset.timestamp must be a timezone-aware datetime, "
                                   f"got {self.timestamp!r}")
+        if self.read_timestamp is not None and (
+                not isinstance(self.read_timestamp, datetime) or self.read_timestamp.tzinfo is None):
+            raise InvalidArgument(f"TimestampOffset.read_timestamp must be None or a timezone-aware datetime, "
+                                  f"got {self.read_timestamp!r}")
+        if not isinstance(self.seen, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 2**63
+                for k, v in self.seen.items()):
+            raise InvalidArgument(f"TimestampOffset.seen must map persistence ids (strings) to sequence numbers "
+                                  f">= 1 (and < 2**63), got {self.seen!r}")
         object.__setattr__(self, "seen", MappingProxyType(dict(self.seen)))
 
     def __str__(self) -> str:

@@ -87,9 +87,10 @@ class Settings:
                      "backtracking_window",
                      "backtracking_behind_current_time")
         for name in durations:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
-                raise ConfigurationError(f"setting {name} must be a number of seconds >= 0, got {value!r}")
+            _check_seconds(name, getattr(self, name))
+        for name in ("portable", "backtracking_enabled", "notify"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"setting {name} must be true or false, got {getattr(self, name)!r}")
         if self.refresh_interval <= 0:
             raise ConfigurationError(f"setting refresh_interval must be > 0 seconds, got {self.refresh_interval!r}")
         self._check_tag_settings()
@@ -104,9 +105,7 @@ class Settings:
         tag_durations = ("tag_eventual_consistency_delay", "tag_gap_timeout", "tag_new_persistence_id_scan_timeout",
                          "tag_back_track_interval", "tag_back_track_period", "tag_back_track_long_interval")
         for name in tag_durations:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
-                raise ConfigurationError(f"setting {name} must be a number of seconds >= 0, got {value!r}")
+            _check_seconds(name, getattr(self, name))
         if self.tag_back_track_long_period_seconds is None and not (
                 isinstance(self.tag_back_track_long_period, str)
                 and self.tag_back_track_long_period.strip().lower() == "max"):
@@ -122,7 +121,7 @@ class Settings:
                 value = float(value)
             except ValueError:
                 return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != value:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
             return None
         return float(value)
 
@@ -151,6 +150,16 @@ class Settings:
         from .dialects import get_dialect
 
         return self.notify and not self.portable and get_dialect(self.dialect).supports_notify
+
+
+#: No duration setting needs more than a day; infinity or a year would overflow time arithmetic later.
+MAX_SECONDS = 86_400.0
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_SECONDS:
+        raise ConfigurationError(f"setting {name} must be a number of seconds from 0 to {MAX_SECONDS:,.0f}, "
+                                 f"got {value!r}")
 
 
 def _parse(name: str, type_name: Any, raw: str) -> Any:

@@ -6,7 +6,7 @@ global sequence.
 
 from __future__ import annotations
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, InvalidPersistenceId
 
 NUMBER_OF_SLICES = 1024
 
@@ -22,6 +22,9 @@ def java_string_hash(text: str) -> int:
 
 def slice_for_persistence_id(persistence_id: str) -> int:
     """``abs(hashCode % 1024)`` with Java's truncated remainder (the sign follows the dividend)."""
+    if not isinstance(persistence_id, str):
+        raise InvalidPersistenceId(f"persistence id must be a string, got {type(persistence_id).__name__} "
+                                   f"{persistence_id!r}")
     # abs(truncated remainder) == abs(h) % n for every int32, Integer.MIN_VALUE included.
     return abs(java_string_hash(persistence_id)) % NUMBER_OF_SLICES
 
@@ -39,6 +42,9 @@ def slice_ranges(n: int) -> list[tuple[int, int]]:
 
 def entity_type_of(persistence_id: str) -> str:
     """The text before the first ``|`` of the persistence id, or ``""`` when there is none."""
+    if not isinstance(persistence_id, str):
+        raise InvalidPersistenceId(f"persistence id must be a string, got {type(persistence_id).__name__} "
+                                   f"{persistence_id!r}")
     head, sep, _ = persistence_id.partition("|")
     return head if sep else ""
 

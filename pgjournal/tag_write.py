@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import psycopg
 
 from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
 from .timeuuid import GENERATOR, UUID_EPOCH_OFFSET
@@ -111,10 +114,29 @@ def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
     return size
 
 
+def record_bucket_size(journal: Journal) -> Callable[[psycopg.Connection], None] | None:
+    """Until a tagged append of ``journal`` committed: what records the bucket size in the append's
+    transaction (so an append that fails records nothing); ``None`` after that."""
+    if journal in _bucket_sizes:
+        return None
+
+    def record(conn: psycopg.Connection) -> None:
+        ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+
+    return record
+
+
+def bucket_size_recorded(journal: Journal) -> None:
+    """A tagged append of ``journal`` committed, so its bucket size is recorded."""
+    _bucket_sizes[journal] = BucketSize.parse(journal.settings.tag_bucket_size)
+
+
 def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
             after_latest: bool) -> str:
-    """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement."""
-    size = bucket_size(journal)
+    """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement. The bucket
+    size is the journal's setting, checked against the recorded one when the journal opened; the writer
+    records it with the first tagged append (:func:`record_bucket_size`)."""
+    size = _bucket_sizes.get(journal) or BucketSize.parse(journal.settings.tag_bucket_size)
     # The writer's clock; the statement raises it above the persistence id's last TimeUUID when needed.
     params.update(tv_count=count, tv_time=GENERATOR.next_ticks(count))
     if len(tags) == 1:

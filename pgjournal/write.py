@@ -121,12 +121,18 @@ class EventWriter:
                           payloads=[e.payload for e in encoded])
         sql = insert_sql(self._journal.dialect.event_table(slice_), after_latest=expected_seq_nr is None,
                          single=len(encoded) == 1)
+        before = None
         if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
-            from .tag_write import prepare
+            from .tag_write import prepare, record_bucket_size
 
             sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
+            before = record_bucket_size(self._journal)
         started = time.perf_counter()
-        rows = self._execute(pid, sql, params)
+        rows = self._execute(pid, sql, params, before)
+        if before is not None:
+            from .tag_write import bucket_size_recorded
+
+            bucket_size_recorded(self._journal)
         metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
         metrics.APPENDS.labels(entity_type).inc()
         metrics.EVENTS_APPENDED.labels(entity_type).inc(len(rows))
@@ -138,7 +144,9 @@ class EventWriter:
             for (seq_nr, ts), event in zip(sorted(rows), event_list, strict=True)
         ]
 
-    def _execute(self, pid: str, sql: str, params: dict[str, Any]) -> list[tuple[int, datetime]]:
+    def _execute(self, pid: str, sql: str, params: dict[str, Any],
+                 before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
+        """Run the append statement (after ``before``, in one transaction with it), retrying what may be."""
         expected = params["expected"]
         retries = self._journal.settings.append_retries
         attempt = 0
@@ -146,7 +154,7 @@ class EventWriter:
             attempt += 1
             try:
                 with self._journal.connection() as conn:
-                    rows = self._run(conn, sql, params)
+                    rows = self._run(conn, sql, params, before)
             except psycopg.errors.UniqueViolation:
                 if expected is None:
                     # No expectation was stated: number after the new highest. Each clash means another
@@ -173,9 +181,18 @@ class EventWriter:
             return rows
 
     @staticmethod
-    def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> list[tuple[int, datetime]]:
+    def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
+             before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
         try:
-            return conn.execute(sql, params).fetchall()
+            if before is None:
+                return conn.execute(sql, params).fetchall()
+            with conn.transaction():
+                before(conn)
+                rows = conn.execute(sql, params).fetchall()
+                if not rows:  # a stale expected_seq_nr: a conflict, so nothing of this call stays
+                    raise psycopg.Rollback()
+                return rows
+            return []
         except psycopg.OperationalError as exc:
             # No SQLSTATE: the server never answered (psycopg may say "connection socket closed" before it
             # marks the connection broken), so the statement may or may not have run.

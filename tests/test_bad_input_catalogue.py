@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -29,6 +29,8 @@ from pgjournal import (
     SerializationError,
     Settings,
     TimestampOffset,
+    entity_type_of,
+    slice_for_persistence_id,
     slice_ranges,
 )
 from pgjournal.cli import app
@@ -38,8 +40,6 @@ from pgjournal.serialization import SerializerRegistry
 from projections.examples import counter_writer
 from projections.handlers import Projection
 
-TABLES = ("event_journal", "snapshot", "tag_views", "tag_write_progress", "projection_timestamp_offset_store",
-          "projection_management")
 PID = "Cart|1"
 
 
@@ -145,12 +145,35 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
      "projection name"),
     ("role name that injects", lambda j: role_script(reader='r"; DROP ROLE postgres; --'), ConfigurationError,
      "role name must be"),
+    ("infinite refresh interval", lambda j: Settings.load(refresh_interval=float("inf")), ConfigurationError,
+     "refresh_interval must be a number of seconds from 0 to 86,400, got inf"),
+    ("connect timeout of a year", lambda j: Settings.load(connect_timeout=365 * 86_400), ConfigurationError,
+     "connect_timeout"),
+    ("portable given as a string", lambda j: Settings.load(portable="yes"), ConfigurationError,
+     "portable must be true or false, got 'yes'"),
+    ("notify given as a number", lambda j: Settings.load(notify=3), ConfigurationError, "notify must be true"),
+    ("serializers not a registry", lambda j: Journal.open(j.dsn, serializers={}), ConfigurationError,
+     "serializers must be a SerializerRegistry, got dict"),
+    ("migrate given as a string", lambda j: Journal.open(j.dsn, migrate="yes"), ConfigurationError,
+     "migrate must be True or False"),
+    ("offset seen not a mapping", lambda j: TimestampOffset(datetime(2026, 1, 1, tzinfo=UTC), seen=[1]),
+     InvalidArgument, "seen must map persistence ids"),
+    ("offset seen seq nr a string", lambda j: TimestampOffset(datetime(2026, 1, 1, tzinfo=UTC), seen={"p": "1"}),
+     InvalidArgument, "sequence numbers >= 1"),
+    ("offset read timestamp a string", lambda j: TimestampOffset(datetime(2026, 1, 1, tzinfo=UTC),
+                                                                 read_timestamp="now"),
+     InvalidArgument, "read_timestamp must be None or a timezone-aware datetime"),
+    ("slice of a number", lambda j: slice_for_persistence_id(42), InvalidPersistenceId, "got int 42"),
+    ("entity type of None", lambda j: entity_type_of(None), InvalidPersistenceId, "got NoneType"),
 ]
 
 
 def snapshot_of(dsn: str) -> dict[str, int]:
+    """Rows of every table of the database (side tables included: settings, leases, the version table)."""
     with psycopg.connect(dsn) as conn:
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}  # type: ignore[index]
+        tables = [t for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        assert len(tables) >= 10, tables
+        return {t: conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}  # type: ignore[index]
 
 
 @pytest.fixture
@@ -175,6 +198,20 @@ def test_bad_input_through_the_api(seeded: Journal, dsn: str, name: str, call: C
     assert isinstance(caught.value, JournalError)
     assert fragment in str(caught.value), str(caught.value)
     assert snapshot_of(dsn) == before
+
+
+def test_a_tagged_append_that_conflicts_records_nothing_anywhere(dsn: str) -> None:
+    """The first tagged append also records the tag bucket size: a failing one must not (a later open with
+    another bucket size would then be refused because of a write that never happened)."""
+    before = snapshot_of(dsn)
+    with Journal.open(dsn, **FAST) as journal:
+        with pytest.raises(ConcurrencyConflict):
+            journal.append(PID, ["e"], expected_seq_nr=3, tags=["t"])
+        assert snapshot_of(dsn) == before
+    with Journal.open(dsn, tag_bucket_size="Day", **FAST) as other:  # nothing was fixed by the failed call
+        other.append(PID, ["e"], expected_seq_nr=0, tags=["t"])
+    with pytest.raises(ConfigurationError, match="Day"):
+        Journal.open(dsn, tag_bucket_size="Hour")
 
 
 def test_a_database_without_schema(empty_dsn: str) -> None:
