@@ -6,16 +6,15 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 
+from .cli_support import DsnOption, console, fail, open_journal, reported
+from .cli_tags import cleanup_app, tags_app
 from .dsn import mask_dsn
-from .errors import JournalError
 from .horizon import Horizon
 from .journal import Journal
 from .offsets import format_timestamp
@@ -30,36 +29,6 @@ app = typer.Typer(
 )
 server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
 app.add_typer(server_app, name="server")
-
-console = Console()
-errors = Console(stderr=True)
-
-DsnOption = Annotated[
-    str | None,
-    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
-                 show_envvar=True),
-]
-
-
-def fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/] {mask_dsn(message)}", highlight=False)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def reported() -> Iterator[None]:
-    """Turn pgjournal errors into a clear message and exit code 1 (passwords masked)."""
-    try:
-        yield
-    except JournalError as exc:
-        fail(str(exc))
-
-
-@contextmanager
-def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
-    with reported(), Journal.open(dsn, **settings) as journal:
-        yield journal
-
 
 @app.command()
 def migrate(
@@ -285,18 +254,8 @@ def server_stop() -> None:
     console.print("stopped" if stopped else "was not running")
 
 
-from .cli_tags import cleanup_app, tags_app  # noqa: E402  (they use the helpers above)
-
 app.add_typer(tags_app, name="tags")
 app.add_typer(cleanup_app, name="cleanup")
-
-from spark.cli import spark_app  # noqa: E402  (PySpark itself is imported only when a spark command runs)
-
-app.add_typer(spark_app, name="spark")
-
-from projections.cli import projection_app  # noqa: E402  (it uses the helpers above)
-
-app.add_typer(projection_app, name="projection")
 
 
 @app.command("verify")
@@ -342,6 +301,36 @@ def roles_command(
         resolved = resolve_dsn(dsn)
         apply_roles(resolved, script)
     console.print(f"roles {owner}, {writer}, {reader}, {loader} set up on {mask_dsn(resolved)}")
+
+
+#: Add-ons (``projections``, ``spark``, a third party's) contribute subcommands under this entry-point group:
+#: ``name = "package.module:typer_app"`` in their ``pyproject.toml``. The core never imports them by name.
+COMMANDS_GROUP = "pgjournal.commands"
+
+
+def add_commands(target: typer.Typer) -> None:
+    """Add every installed add-on's subcommands; one that fails to load is reported when it is called."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            sub = entry.load()
+        except Exception as exc:  # a broken add-on must not break the other commands
+            sub = _broken(entry.name, f"{type(exc).__name__}: {exc}")
+        target.add_typer(sub, name=entry.name)
+
+
+def _broken(name: str, reason: str) -> typer.Typer:
+    sub = typer.Typer(help=f"(unavailable: {reason})")
+
+    @sub.callback(invoke_without_command=True)
+    def unavailable() -> None:
+        fail(f"the {name!r} commands could not be loaded: {reason}")
+
+    return sub
+
+
+add_commands(app)
 
 
 def main() -> None:

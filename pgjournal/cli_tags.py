@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .cli import DsnOption, console, fail, open_journal, reported
+from .cli_support import DsnOption, console, fail, open_journal, reported
 from .errors import InvalidArgument
 from .offsets import NoOffset, TimeBasedUUID, parse_offset
 from .reconciliation import Cleanup, CleanupResult, Reconciliation

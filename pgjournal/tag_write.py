@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
+from .store.events import AFTER_EXPECTED, AFTER_LATEST, INSERT, MANY_EVENTS, ONE_EVENT, text_array
 from .timeuuid import GENERATOR, UUID_EPOCH_OFFSET
-from .write import _AFTER_EXPECTED, _AFTER_LATEST, _INSERT, _MANY, _ONE, text_array
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -92,11 +92,11 @@ def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: 
     """The append statement for ``table`` with the tag view rows and progress in the same statement
     (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array). The bucket
     size and this process's TimeUUID low bytes are written into the text: fewer parameters to send."""
-    prev = (_AFTER_LATEST if after_latest else _AFTER_EXPECTED).format(table=table)
-    insert = _INSERT.format(table=table, prev="SELECT * FROM prev", events="e").strip()
+    prev = (AFTER_LATEST if after_latest else AFTER_EXPECTED).format(table=table)
+    insert = INSERT.format(table=table, prev="SELECT * FROM prev", events="e").strip()
     return (_ONE_TAG if one_tag else _TAGGED).format(
-        prev=prev, events=_ONE if single else _MANY, insert=insert, uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"),
-        epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
+        prev=prev, events=ONE_EVENT if single else MANY_EVENTS, insert=insert,
+        uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"), epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
 
 
 def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:

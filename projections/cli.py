@@ -8,15 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-# Defined before importing pgjournal.cli, which imports this module at its end: either may be imported first.
+from pgjournal.cli_support import DsnOption, console, fail, open_journal, reported
+from pgjournal.offsets import format_timestamp, parse_timestamp
+from pgjournal.slices import parse_slice_range
+
+from . import management
+
 projection_app = typer.Typer(help="Projections by slice range: run workers, pause, resume, reset, show lag.",
                              no_args_is_help=True)
-
-from pgjournal.cli import DsnOption, console, fail, open_journal, reported  # noqa: E402
-from pgjournal.offsets import format_timestamp, parse_timestamp  # noqa: E402
-from pgjournal.slices import parse_slice_range  # noqa: E402
-
-from . import management  # noqa: E402
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range A-B (default: all).")]
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.store.events import insert_sql
 from pgjournal.validation import check_name, check_persistence_id
-from pgjournal.write import insert_sql
 
 from .handlers import ExactlyOnce, Grouped, Handler, Projection
 

@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from pgjournal.cli_support import DsnOption, console, reported
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,13 +24,6 @@ spark_app = typer.Typer(
     help="Spark jobs over the journal (needs Java 17+, PySpark and the PostgreSQL JDBC jar).",
     no_args_is_help=True,
 )
-console = Console()
-
-DsnOption = Annotated[
-    str | None,
-    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
-                 show_envvar=True),
-]
 EntityOption = Annotated[str | None, typer.Option("--entity-type", "-e", help="Only this entity type.")]
 TableOption = Annotated[str, typer.Option(help="Journal table (an Akka R2DBC event_journal works too).")]
 DecodeOption = Annotated[bool, typer.Option("--decode/--raw", help="Decode JSON payloads to an `event` struct.")]
@@ -42,8 +36,6 @@ MemoryOption = Annotated[str, typer.Option(help="Driver memory.")]
 @contextmanager
 def _spark(master: str, memory: str) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
-
-    from pgjournal.cli import reported
 
     from .session import spark_session
 
@@ -88,8 +80,6 @@ def export(
     memory: MemoryOption = "1g",
 ) -> None:
     """Export events to Parquet, partitioned by entity_type and slice_range."""
-    from pgjournal.cli import reported
-
     from .jobs import export_events
 
     with _spark(master, memory) as session, reported(), _progress() as update:
@@ -117,7 +107,6 @@ def load(
     memory: MemoryOption = "1g",
 ) -> None:
     """Load the events committed since the last run of JOB (exactly once, late commits included)."""
-    from pgjournal.cli import reported
     from pgjournal.offsets import format_timestamp
 
     from .jobs import load_events
@@ -141,7 +130,6 @@ def watermarks(
     """Show a load job's watermarks per slice range and its last loads (no Spark needed)."""
     import psycopg
 
-    from pgjournal.cli import reported
     from pgjournal.dsn import resolve_dsn
     from pgjournal.offsets import format_timestamp
     from pgjournal.slices import slice_ranges as split

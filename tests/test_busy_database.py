@@ -18,7 +18,7 @@ from conftest import FAST, Roles, eventually
 
 from pgjournal import HorizonBlocked, Journal, slice_for_persistence_id
 from pgjournal.offsets import NoOffset, Offset
-from pgjournal.write import insert_sql
+from pgjournal.store.events import insert_sql
 
 ENTITY = "Busy"
 #: A live event must arrive within this (refresh 0.2 s); one open transaction held delivery 10 s before.

@@ -11,7 +11,7 @@ import pytest
 from conftest import FAST
 
 from pgjournal import InvalidArgument, Journal, NoOffset, Source, TimestampOffset, slice_for_persistence_id
-from pgjournal.write import insert_sql
+from pgjournal.store.events import insert_sql
 
 
 def keys(envelopes) -> list[tuple[str, int]]:

@@ -18,7 +18,7 @@ from restarting import Consumer, consume
 from pgjournal import ConcurrencyConflict, EventEnvelope, Journal, slice_for_persistence_id, slice_ranges
 from pgjournal.offsets import Offset
 from pgjournal.polling import LiveQuery
-from pgjournal.write import insert_sql
+from pgjournal.store.events import insert_sql
 
 ENTITY = "Torture"
 

@@ -13,7 +13,7 @@ import pytest
 
 from pgjournal import ConcurrencyConflict, Journal, slice_for_persistence_id
 from pgjournal.notify import CHANNEL
-from pgjournal.write import insert_sql
+from pgjournal.store.events import insert_sql
 
 PID = "Cart|1"
 

@@ -1,0 +1,44 @@
+"""What every ``pgjournal`` subcommand shares, the add-ons' included: consoles, the ``--dsn`` option, and
+errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.cli` (which loads them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from .dsn import mask_dsn
+from .errors import JournalError
+from .journal import Journal
+
+console = Console()
+errors = Console(stderr=True)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
+                 show_envvar=True),
+]
+
+
+def fail(message: str, code: int = 1) -> None:
+    errors.print(f"[bold red]error:[/] {mask_dsn(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Turn pgjournal errors into a clear message and exit code 1 (passwords masked)."""
+    try:
+        yield
+    except JournalError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
+    with reported(), Journal.open(dsn, **settings) as journal:
+        yield journal
