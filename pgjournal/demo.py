@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import psycopg
 import psycopg.conninfo
@@ -97,27 +98,40 @@ def main() -> None:
             f"twice, {len(set(delivered) - written)} not in the journal"))
         console.print(table)
 
-    from projections.demo import run_demo as run_projection_demo
-
-    console.print("[bold]4.[/] a projection by slice range: 4 workers, then 8, building a read model")
-    run_projection_demo(dsn, console)
-    run_spark_demo(dsn, console)
+    step = 4
+    for name, run_step in demo_steps():
+        console.print(f"[bold]{step}.[/] {name}")
+        run_step(dsn, console)
+        step += 1
     with Journal.open(dsn) as journal:
         report = verify(journal)
-    console.print("[bold]6.[/] pgjournal verify")
+    console.print(f"[bold]{step}.[/] pgjournal verify")
     console.print(render(report))
     if not exactly_once or not report.ok:
         raise SystemExit(1)
 
 
-def run_spark_demo(dsn: str, console: Console) -> None:
-    console.print("[bold]5.[/] Spark: export by slice range and an aggregate")
-    try:
-        from spark.demo import run_demo
-    except ImportError:
-        console.print("[dim]Spark demo skipped: install the spark extra (pip install -e '.\\[spark]').[/]")
-        return
-    run_demo(dsn, console)
+#: Add-ons contribute demo steps under this entry-point group: ``"<order> <title>" = "module:function"``,
+#: the function taking ``(dsn, console)``. The core demo never imports an add-on by name.
+DEMO_STEPS_GROUP = "pgjournal.demo_steps"
+
+
+def demo_steps() -> list[tuple[str, Callable[[str, Console], None]]]:
+    """The installed add-ons' demo steps, in the order their names give (``"1 ..."`` before ``"2 ..."``)."""
+    from importlib.metadata import entry_points
+
+    steps = []
+    for entry in sorted(entry_points(group=DEMO_STEPS_GROUP), key=lambda e: e.name):
+        title = entry.name.split(" ", 1)[-1]
+        try:
+            steps.append((title, entry.load()))
+        except ImportError as exc:
+            steps.append((title, _skipped(f"{title} skipped: {exc}")))
+    return steps
+
+
+def _skipped(message: str) -> Callable[[str, Console], None]:
+    return lambda _dsn, console: console.print(f"[dim]{message}[/]")
 
 
 if __name__ == "__main__":
