@@ -1,12 +1,10 @@
 """pgjournal: an event journal for PostgreSQL and Postgres-compatible distributed SQL."""
 
 from .buckets import BucketSize
-from .by_tag import MissingTaggedEventsError, TagEnvelope
+from .by_tag import TagEnvelope
 from .entity import (
     CircuitBreaker,
-    CircuitOpen,
     CommandResult,
-    ConflictRetriesExhausted,
     DomainError,
     Entity,
     EntityRepository,
@@ -14,15 +12,19 @@ from .entity import (
 )
 from .envelope import EventEnvelope, Source
 from .errors import (
+    CircuitOpen,
     ConcurrencyConflict,
     ConfigurationError,
+    ConflictRetriesExhausted,
     DatabaseUnavailable,
     HorizonBlocked,
     InsufficientPrivilege,
     InvalidArgument,
     InvalidPersistenceId,
     JournalError,
+    LoadConflict,
     MissingEventsError,
+    MissingTaggedEventsError,
     RetriesExhausted,
     SchemaNotMigrated,
     SerializationError,
@@ -56,6 +58,7 @@ __all__ = [
     "InvalidPersistenceId",
     "Journal",
     "JournalError",
+    "LoadConflict",
     "MissingEventsError",
     "MissingTaggedEventsError",
     "NoOffset",

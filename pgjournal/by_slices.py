@@ -26,6 +26,7 @@ from .horizon import Horizon
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import check_slice_range
+from .timeuuid import EPOCH
 from .validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
     from .journal import Journal
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 

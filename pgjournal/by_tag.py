@@ -33,19 +33,19 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from .buckets import BucketSize, parse_first_time_bucket
 from .envelope import Source
-from .errors import InvalidArgument, MissingEventsError, SerializationError
+from .errors import InvalidArgument, MissingTaggedEventsError, SerializationError
 from .offsets import NoOffset, Offset, TimeBasedUUID
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
 from .tag_write import bucket_size
-from .timeuuid import UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
+from .timeuuid import EPOCH, UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
 from .validation import check_name
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ MAX_MISSING = 5000
 STREAM_CHUNK = 50 if psycopg.pq.version() >= 170000 else 1
 _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _COLUMNS = ("ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event, "
             "meta_ser_id, meta_ser_manifest, meta_payload, writer_uuid")
@@ -83,18 +82,6 @@ LOWEST_IN_BUCKET = """
 SELECT persistence_id, min(tag_pid_sequence_nr) FROM tag_views
 WHERE tag_name = %s AND timebucket = %s AND (ts_time, ts_lsb) > (%s, %s)
 GROUP BY persistence_id"""
-
-
-class MissingTaggedEventsError(MissingEventsError):
-    """Tag sequence numbers of a persistence id stayed missing in an ``events_by_tag`` stream."""
-
-    def __init__(self, tag: str, persistence_id: str, missing: Sequence[int], reason: str) -> None:
-        self.tag = tag
-        self.persistence_id = persistence_id
-        self.missing = sorted(missing)
-        shown = ", ".join(map(str, self.missing[:20])) + (", ..." if len(self.missing) > 20 else "")
-        super().__init__(f"events_by_tag {tag!r}: persistence id {persistence_id!r} is missing tag_pid_sequence_nr "
-                         f"{shown} ({len(self.missing)} event(s)) {reason}")
 
 
 class TagEnvelope:
@@ -128,7 +115,7 @@ class TagEnvelope:
 
     @property
     def db_timestamp(self) -> datetime:
-        return _UNIX_EPOCH + timedelta(microseconds=(self._ticks - UUID_EPOCH_OFFSET) // 10)
+        return EPOCH + timedelta(microseconds=(self._ticks - UUID_EPOCH_OFFSET) // 10)
 
     @property
     def slice(self) -> int:
@@ -170,7 +157,7 @@ class _Gap:
 
 
 def _ticks_of(dt: datetime) -> int:
-    return (dt - _UNIX_EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
+    return (dt - EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
 
 
 class TagStream:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class JournalError(Exception):
     """Base of every error pgjournal raises on purpose."""
@@ -88,3 +90,48 @@ class HorizonBlocked(JournalError):
 
 class InsufficientPrivilege(ConfigurationError):
     """The role lacks a right an operation needs; the message names the right and the command to grant it."""
+
+
+class MissingTaggedEventsError(MissingEventsError):
+    """Tag sequence numbers of a persistence id stayed missing in an ``events_by_tag`` stream."""
+
+    def __init__(self, tag: str, persistence_id: str, missing: Sequence[int], reason: str) -> None:
+        self.tag = tag
+        self.persistence_id = persistence_id
+        self.missing = sorted(missing)
+        shown = ", ".join(map(str, self.missing[:20])) + (", ..." if len(self.missing) > 20 else "")
+        super().__init__(f"events_by_tag {tag!r}: persistence id {persistence_id!r} is missing tag_pid_sequence_nr "
+                         f"{shown} ({len(self.missing)} event(s)) {reason}")
+
+
+class CircuitOpen(DatabaseUnavailable):
+    """The database failed repeatedly: commands fail fast, without touching it, until it answers again.
+
+    Nothing was written. ``retry_after`` is the number of seconds until the breaker lets a trial through.
+    """
+
+    def __init__(self, name: str, failures: int, retry_after: float, last_error: str) -> None:
+        self.retry_after = retry_after
+        super().__init__(
+            f"circuit breaker {name!r} is open after {failures} consecutive database failures (last: "
+            f"{last_error}); the command was not applied and nothing was written; next trial in "
+            f"{retry_after:.1f}s"
+        )
+
+
+class ConflictRetriesExhausted(ConcurrencyConflict):
+    """Other writers won the race for the same entity ``attempts`` times in a row; nothing was written."""
+
+    def __init__(self, persistence_id: str, seq_nr: int, attempts: int, actual_seq_nr: int | None) -> None:
+        super().__init__(persistence_id, seq_nr, expected_seq_nr=seq_nr - 1, actual_seq_nr=actual_seq_nr)
+        self.attempts = attempts
+        self.args = (f"command for {persistence_id!r} lost the race to other writers {attempts} times in a row "
+                     f"(last try: sequence number {seq_nr}); nothing of it was written. Retry later or raise "
+                     "max_conflict_retries",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class LoadConflict(JournalError):
+    """Spark incremental load: Another run of the same load job committed first; nothing of this run was committed."""

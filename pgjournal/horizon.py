@@ -29,20 +29,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import psycopg
 
 from . import metrics
 from .errors import HorizonBlocked
+from .timeuuid import EPOCH
 
 if TYPE_CHECKING:
     from .capabilities import Capabilities
 
 log = logging.getLogger("pgjournal.horizon")
-#: The bound before any is proven: nothing in a journal is older.
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
 # there is none). ``xact_start`` is NULL where this role may not see the session.

@@ -21,9 +21,21 @@ MIGRATE_COMMAND = "pgjournal migrate"
 
 
 def _script_location() -> str:
-    import migrations
+    """The ``migrations`` directory installed beside this package (a source checkout, a wheel and an editable
+    install all put it next to ``pgjournal/``), found by path: importing ``migrations`` by name could pick
+    any other installed package of that name."""
+    here = Path(__file__).resolve().parent.parent / "migrations"
+    if (here / "env.py").is_file():
+        return str(here)
+    from importlib.metadata import PackageNotFoundError, files
 
-    return str(Path(migrations.__file__).parent)
+    try:
+        env = next((f for f in files("pgjournal") or () if str(f).replace("\\", "/") == "migrations/env.py"), None)
+    except PackageNotFoundError:
+        env = None
+    if env is None:
+        raise SchemaNotMigrated(f"pgjournal's migrations are not installed next to {Path(__file__).parent}")
+    return str(Path(str(env.locate())).parent)
 
 
 def alembic_config(dsn: str | None = None, dialect: str = "postgres") -> Config:

@@ -16,13 +16,15 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+#: The Unix epoch: the start of every journal (nothing in one is older) and of epoch arithmetic.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 #: 100 ns ticks between the UUID epoch (1582-10-15) and the Unix epoch.
 UUID_EPOCH_OFFSET = 0x01B21DD213814000
 TICKS_PER_MS = 10_000
 _LSB_FLIP = 0x0080808080808080
 _MIN_LSB_BYTES = 0x8080808080808080  # smallest in Cassandra's order
 _MAX_LSB_BYTES = 0x7F7F7F7F7F7F7F7F  # largest in Cassandra's order
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _signed64(value: int) -> int:
@@ -86,7 +88,7 @@ def _epoch_ms(ts: int | datetime) -> int:
     if isinstance(ts, datetime):
         if ts.tzinfo is None:
             raise ValueError(f"timestamp must be timezone-aware, got {ts!r}")
-        return (ts - _UNIX_EPOCH) // timedelta(milliseconds=1)
+        return (ts - EPOCH) // timedelta(milliseconds=1)
     return ts
 
 
@@ -102,7 +104,7 @@ def end_of(ts: int | datetime) -> uuid.UUID:
 
 def uuid_datetime(value: uuid.UUID) -> datetime:
     """The UUID's time as an aware UTC datetime (microsecond precision)."""
-    return _UNIX_EPOCH + timedelta(microseconds=(uuid_ticks(value) - UUID_EPOCH_OFFSET) // 10)
+    return EPOCH + timedelta(microseconds=(uuid_ticks(value) - UUID_EPOCH_OFFSET) // 10)
 
 
 class TimeUUIDGenerator:
@@ -152,8 +154,3 @@ class TimeUUIDGenerator:
 GENERATOR = TimeUUIDGenerator()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=GENERATOR.reseed)
-
-
-def time_uuid() -> uuid.UUID:
-    """A new TimeUUID from this process's generator."""
-    return GENERATOR.next()

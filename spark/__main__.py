@@ -3,17 +3,12 @@
     SPARK_DIR=$(python -c 'import spark, os; print(os.path.dirname(spark.__file__))')
     spark-submit --jars /usr/share/java/postgresql.jar "$SPARK_DIR/__main__.py" load /data/journal --job nightly
 
-Under spark-submit the session (master, memory, jars) comes from spark-submit's options.
+Under spark-submit the session (master, memory, jars) comes from spark-submit's options, and pgjournal must be
+installed in the driver's Python (``pip install 'pgjournal[spark]'``): the file imports ``spark`` as the
+installed package.
 """
 
 from __future__ import annotations
-
-import os
-import sys
-
-if __package__ in (None, ""):  # run as a file by spark-submit: make ``spark`` importable as a package
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.path = [p for p in sys.path if os.path.abspath(p) != os.path.dirname(os.path.abspath(__file__))]
 
 from spark.cli import spark_app
 

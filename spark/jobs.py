@@ -28,6 +28,7 @@ import psycopg
 
 from pgjournal.errors import InsufficientPrivilege, InvalidArgument
 from pgjournal.journal import Journal
+from pgjournal.timeuuid import EPOCH
 
 from . import files
 from .jdbc import jdbc_target
@@ -296,12 +297,12 @@ def _new_rows(spark: SparkSession, state: LoadState, ranges: list[tuple[int, int
 
 
 def _micros(ts: datetime) -> int:
-    delta = ts.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = ts.astimezone(UTC) - EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def _from_micros(micros: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return EPOCH + timedelta(microseconds=micros)
 
 
 def _newest_per_slice(written: DataFrame) -> dict[int, list[tuple[str, int, datetime]]]:

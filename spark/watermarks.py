@@ -22,18 +22,14 @@ from datetime import datetime
 import psycopg
 import psycopg.errors
 
-from pgjournal.errors import ConfigurationError, JournalError
+from pgjournal.errors import ConfigurationError, LoadConflict
 from pgjournal.offsets import TimestampOffset
+from pgjournal.store.offsets import MARKER_PID
 
 PREFIX = "spark-load:"
 LEDGER_SUFFIX = ":loads"
-MARKER_PID = ""
 ALL_TYPES = "*"
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-
-
-class LoadConflict(JournalError):
-    """Another run of the same load job committed first; nothing of this run was committed."""
 
 
 def check_job_name(job: str) -> str:
@@ -167,11 +163,3 @@ def commit_load(
     except psycopg.errors.SerializationFailure:
         raise LoadConflict(f"load job {state.job!r}: another run committed at the same time as load "
                            f"{load_number}; nothing of this run was committed, run it again") from None
-
-
-def reset_job(conn: psycopg.Connection, job: str) -> int:
-    """Forget a job's watermarks and ledger (its output directory is the caller's to remove). Rows deleted."""
-    name = PREFIX + check_job_name(job)
-    cur = conn.execute("DELETE FROM projection_timestamp_offset_store WHERE projection_name IN (%s, %s)",
-                       (name, name + LEDGER_SUFFIX))
-    return cur.rowcount

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from sqlalchemy import Table
 
+from ..slices import NUMBER_OF_SLICES
 from .base import Dialect
 
 PARTITIONS = 8
-SLICES_PER_PARTITION = 1024 // PARTITIONS
+SLICES_PER_PARTITION = NUMBER_OF_SLICES // PARTITIONS
 
 
 def partition_name(index: int) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import Index, Table
 
+from ..slices import NUMBER_OF_SLICES
 from .base import Dialect
 
-SPLIT_POINTS = ", ".join(f"({s})" for s in range(127, 1023, 128))
+SPLIT_POINTS = ", ".join(f"({s})" for s in range(127, NUMBER_OF_SLICES - 1, 128))
 
 
 class YugabyteDialect(Dialect):

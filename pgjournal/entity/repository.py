@@ -84,7 +84,7 @@ class EntityRepository(Generic[S]):
     """Commands in, events persisted, replies out, for one entity type. Thread-safe; share one per process.
 
     ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (0: never; default:
-    the journal's ``snapshot_every`` setting if it has one, else 100).
+    100).
     ``cache_size``: recent entities kept in memory (LRU). ``max_conflict_retries``: how often a command is
     re-run after losing a race before :class:`ConflictRetriesExhausted`. ``max_batch``: at most this many
     queued commands to one entity are decided together and written in one append. ``breaker``: the circuit
@@ -107,7 +107,7 @@ class EntityRepository(Generic[S]):
         self.entity: Entity[S] = entity() if isinstance(entity, type) else entity
         self.name = check_entity_name(self.entity)
         if snapshot_every is None:
-            snapshot_every = getattr(journal.settings, "snapshot_every", DEFAULT_SNAPSHOT_EVERY)
+            snapshot_every = DEFAULT_SNAPSHOT_EVERY
         self.snapshot_every = _check_count(snapshot_every, "snapshot_every", minimum=0)
         self.max_conflict_retries = _check_count(max_conflict_retries, "max_conflict_retries", minimum=0)
         self.max_batch = _check_count(max_batch, "max_batch", minimum=1)
