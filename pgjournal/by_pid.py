@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
+from .envelope import EventEnvelope, Source, envelope_from_row
 from .polling import LiveQuery
-from .slices import entity_type_of, slice_for_persistence_id
+from .slices import entity_type_of
 from .validation import check_persistence_id, check_positive, check_seq_nr
 
 if TYPE_CHECKING:
@@ -15,13 +15,6 @@ if TYPE_CHECKING:
 
 MAX_SEQ_NR = 2**63 - 1
 
-EVENTS_BY_PID = f"""
-SELECT {EVENT_COLUMNS} FROM {{table}}
-WHERE persistence_id = %s AND slice = %s AND seq_nr >= %s AND seq_nr <= %s AND deleted = false
-ORDER BY seq_nr LIMIT %s"""
-HIGHEST_SEQ_NR = "SELECT COALESCE(MAX(seq_nr), 0) FROM {table} WHERE persistence_id = %s AND slice = %s"
-PERSISTENCE_IDS = """
-SELECT DISTINCT persistence_id FROM event_journal WHERE persistence_id > %s ORDER BY persistence_id LIMIT %s"""
 
 
 def _check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -> tuple[str, int, int]:
@@ -39,17 +32,13 @@ class ByPersistenceId:
         """The highest sequence number written (logically deleted events count), 0 when none."""
         pid = check_persistence_id(persistence_id)
         with self._journal.connection() as conn:
-            slice_ = slice_for_persistence_id(pid)
-            sql = HIGHEST_SEQ_NR.format(table=self._journal.dialect.event_table(slice_))
-            row = conn.execute(sql, (pid, slice_)).fetchone()
+            row = conn.execute(*self._journal.events.highest_seq_nr(pid)).fetchone()
         return int(row[0]) if row else 0
 
     def _page(self, pid: str, from_seq_nr: int, to_seq_nr: int, source: Source) -> list[EventEnvelope]:
         limit = self._journal.settings.buffer_size
         with self._journal.connection() as conn:
-            slice_ = slice_for_persistence_id(pid)
-            sql = EVENTS_BY_PID.format(table=self._journal.dialect.event_table(slice_))
-            rows = conn.execute(sql, (pid, slice_, from_seq_nr, to_seq_nr, limit)).fetchall()
+            rows = conn.execute(*self._journal.events.by_persistence_id(pid, from_seq_nr, to_seq_nr, limit)).fetchall()
         return [envelope_from_row(row, self._journal.serializers, source=source) for row in rows]
 
     def current(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
@@ -97,7 +86,7 @@ class ByPersistenceId:
         while left is None or left > 0:
             size = page_size if left is None else min(page_size, left)
             with self._journal.connection() as conn:
-                page = [row[0] for row in conn.execute(PERSISTENCE_IDS, (last, size)).fetchall()]
+                page = [row[0] for row in conn.execute(*self._journal.events.persistence_ids(last, size)).fetchall()]
             yield from page
             if len(page) < size:
                 return

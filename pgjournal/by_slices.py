@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import metrics
-from .envelope import EVENT_COLUMNS, EventEnvelope, Source, envelope_from_row
+from .envelope import EventEnvelope, Source, envelope_from_row
 from .errors import InvalidArgument
 from .horizon import Horizon
 from .offsets import NoOffset, Offset, TimestampOffset
@@ -37,28 +37,12 @@ if TYPE_CHECKING:
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
-# Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
-PAGE = """
-SELECT {columns} FROM event_journal
-WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
-  AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
-  AND NOT (db_timestamp = %(from_ts)s AND (
-        (seq_nr, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
-     OR seq_nr <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[]) AS s(pid, seq)
-                            WHERE s.pid = persistence_id), 0)))
-ORDER BY db_timestamp, seq_nr, persistence_id
-LIMIT %(limit)s"""
 # The predecessors of events whose persistence ids this query has not met yet.
 PREDECESSORS = """
 SELECT e.persistence_id, e.seq_nr, e.db_timestamp FROM event_journal AS e
 JOIN unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, slice, seq)
   ON e.persistence_id = u.pid AND e.slice = u.slice AND e.seq_nr = u.seq - 1
 WHERE NOT e.deleted"""
-MISSING = f"""
-SELECT {EVENT_COLUMNS} FROM {{table}}
-WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr > %(after)s AND seq_nr < %(before)s
-  AND db_timestamp >= %(floor)s AND deleted = false
-ORDER BY seq_nr"""
 
 
 @dataclass
@@ -91,8 +75,7 @@ class SliceQuery:
         self.settings = journal.settings
         self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
         check_slice_range(min_slice, max_slice)
-        slices_sql, self.slice_params = journal.dialect.slice_condition(min_slice, max_slice)
-        self.page_sql = PAGE.format(columns=EVENT_COLUMNS, slices=slices_sql)
+        self.page_sql, self.slice_params = journal.events.page_sql(min_slice, max_slice)
         self.start = _start_offset(offset)
         self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
         self.read_timestamp = self.start.read_timestamp or self.start.timestamp
@@ -199,10 +182,8 @@ class SliceQuery:
               ) -> list[EventEnvelope]:
         """Load and deliver the events of ``pid`` between what was delivered and ``before``."""
         floor = EPOCH if after is not None else max(self.start.timestamp, self.forgotten_before)
-        params = {"pid": pid, "slice": slice_, "after": after or 0, "before": before, "floor": floor}
-        sql = MISSING.format(table=self.journal.dialect.event_table(slice_))
         out = []
-        for row in conn.execute(sql, params).fetchall():
+        for row in conn.execute(*self.journal.events.between(pid, after or 0, before, floor)).fetchall():
             seq_nr, ts = row[3], row[4]
             if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
                 continue  # consumed before this query started

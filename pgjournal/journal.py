@@ -27,14 +27,9 @@ from .polling import LiveQuery, Poll, T
 from .query import Query
 from .serialization import SerializerRegistry
 from .settings import Settings
-from .slices import slice_for_persistence_id
 from .snapshots import SelectedSnapshot, SnapshotStore
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
-
-DELETE_EVENTS = """
-UPDATE {table} SET deleted = true
-WHERE persistence_id = %s AND slice = %s AND seq_nr <= %s AND deleted = false"""
 
 
 def connect(dsn: str, timeout: float) -> psycopg.Connection:
@@ -55,6 +50,8 @@ class Journal:
         self.settings = settings
         self.serializers = serializers
         self.dialect: Dialect = get_dialect(settings.dialect)
+        #: The SQL over event_journal (store layer); nothing above it names the table.
+        self.events = self.dialect.event_store()
         self.writer_id = settings.writer_id or uuid.uuid4().hex
         #: What this journal may use on this server as this role; every reader takes its horizon from it.
         self.capabilities = capabilities
@@ -195,9 +192,7 @@ class Journal:
         pid = check_persistence_id(persistence_id)
         check_seq_nr(to_seq_nr, "to_seq_nr")
         with self.connection() as conn:
-            slice_ = slice_for_persistence_id(pid)
-            sql = DELETE_EVENTS.format(table=self.dialect.event_table(slice_))
-            return conn.execute(sql, (pid, slice_, to_seq_nr)).rowcount
+            return conn.execute(*self.events.mark_deleted(pid, to_seq_nr)).rowcount
 
     def highest_seq_nr(self, persistence_id: str) -> int:
         return self.by_pid.highest_seq_nr(persistence_id)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from .slices import slice_for_persistence_id
 from .tag_write import bucket_size
 from .timeuuid import lsb_key, make_uuid, ms_of_ticks
 from .validation import check_name, check_persistence_id
@@ -47,12 +46,8 @@ class Reconciliation:
     def tags_of(self, persistence_id: str) -> list[str]:
         """Tags the persistence id's events carry in the journal, sorted."""
         pid = check_persistence_id(persistence_id)
-        slice_ = slice_for_persistence_id(pid)
-        table = self._journal.dialect.event_table(slice_)
         with self._journal.connection() as conn:
-            rows = conn.execute(
-                f"SELECT DISTINCT unnest(tags) FROM {table} WHERE persistence_id = %s AND slice = %s",
-                (pid, slice_)).fetchall()
+            rows = conn.execute(*self._journal.events.tags_of(pid)).fetchall()
         return sorted(r[0] for r in rows)
 
     def delete_tag_view(self, persistence_id: str, tag: str) -> int:
@@ -79,15 +74,10 @@ class Reconciliation:
         if not wanted:
             return 0
         size = bucket_size(self._journal)
-        slice_ = slice_for_persistence_id(pid)
-        table = self._journal.dialect.event_table(slice_)
         writer = self._journal.writer_id
         with self._journal.connection() as conn, conn.transaction():
             self._delete(conn, pid, wanted)
-            events = conn.execute(
-                f"SELECT seq_nr, db_timestamp, tags, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, "
-                f"meta_ser_manifest, meta_payload FROM {table} WHERE persistence_id = %s AND slice = %s "
-                "AND tags && %s::text[] ORDER BY seq_nr", (pid, slice_, wanted)).fetchall()
+            events = conn.execute(*self._journal.events.tagged(pid, wanted)).fetchall()
             lsb_bytes = _random_lsb_bytes()
             lsb = lsb_key(lsb_bytes)
             counters = dict.fromkeys(wanted, 0)
@@ -167,18 +157,13 @@ class Cleanup:
         """Physically delete the events. Unless ``reset_sequence_number``, the last one stays as a deleted
         marker so the persistence id continues after its highest sequence number."""
         pid = check_persistence_id(persistence_id)
-        slice_ = slice_for_persistence_id(pid)
-        table = self._journal.dialect.event_table(slice_)
-        where = "persistence_id = %s AND slice = %s"
-        if not reset_sequence_number:
-            where += f" AND seq_nr < (SELECT max(seq_nr) FROM {table} WHERE persistence_id = %s AND slice = %s)"
-        params = (pid, slice_) if reset_sequence_number else (pid, slice_, pid, slice_)
-        result = self._run(pid, "events", f"SELECT count(*) FROM {table} WHERE {where}",
-                           f"DELETE FROM {table} WHERE {where}", params)
-        if not reset_sequence_number and not self.dry_run:
+        events, keep_last = self._journal.events, not reset_sequence_number
+        count_sql, params = events.count_or_delete(pid, keep_last=keep_last, count=True)
+        delete_sql, _ = events.count_or_delete(pid, keep_last=keep_last, count=False)
+        result = self._run(pid, "events", count_sql, delete_sql, tuple(params))
+        if keep_last and not self.dry_run:
             with self._journal.connection() as conn:
-                conn.execute(f"UPDATE {table} SET deleted = true WHERE persistence_id = %s AND slice = %s",
-                             (pid, slice_))
+                conn.execute(*events.mark_all_deleted(pid))
         return result
 
     def delete_all_tagged_events(self, persistence_id: str) -> CleanupResult:

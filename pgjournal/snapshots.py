@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 UPSERT = """
 INSERT INTO snapshot (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id,
     ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload)
-VALUES (%(slice)s, %(entity_type)s, %(pid)s::varchar, %(seq_nr)s::bigint,
-    (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
-     AND seq_nr = %(seq_nr)s),
+VALUES (%(slice)s, %(entity_type)s, %(pid)s::varchar, %(seq_nr)s::bigint, {timestamp_of},
     %(write_timestamp)s, %(ser_id)s, %(manifest)s, %(payload)s, %(tags)s::text[],
     %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s)
 ON CONFLICT (persistence_id) DO UPDATE SET seq_nr = excluded.seq_nr, db_timestamp = excluded.db_timestamp,
@@ -72,7 +70,7 @@ class SnapshotStore:
             "meta_payload": meta.payload if meta else None,
         }
         with self._journal.connection() as conn:
-            conn.execute(UPSERT.format(table=self._journal.dialect.event_table(slice_)), params)
+            conn.execute(UPSERT.format(timestamp_of=self._journal.events.timestamp_of_sql(slice_)), params)
 
     def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
              max_timestamp: datetime | None = None) -> SelectedSnapshot | None:

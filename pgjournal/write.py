@@ -33,7 +33,8 @@ from .errors import (
 )
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
-from .store.events import insert_sql, text_array
+from .store.events import text_array
+from .tag_write import bucket_size_recorded, prepare, record_bucket_size
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
@@ -84,19 +85,14 @@ class EventWriter:
         else:
             params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
                           payloads=[e.payload for e in encoded])
-        sql = insert_sql(self._journal.dialect.event_table(slice_), after_latest=expected_seq_nr is None,
-                         single=len(encoded) == 1)
+        sql = self._journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
         before = None
         if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
-            from .tag_write import prepare, record_bucket_size
-
             sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
             before = record_bucket_size(self._journal)
         started = time.perf_counter()
         rows = self._execute(pid, sql, params, before)
         if before is not None:
-            from .tag_write import bucket_size_recorded
-
             bucket_size_recorded(self._journal)
         metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
         metrics.APPENDS.labels(entity_type).inc()

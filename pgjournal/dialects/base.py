@@ -6,6 +6,8 @@ from sqlalchemy import Index, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ..store.events import EventStore
+
 _PG = postgresql.dialect()
 
 
@@ -32,6 +34,10 @@ class Dialect:
     def event_table(self, slice_: int) -> str:
         """The table to read or write one persistence id's events in (its slice is known)."""
         return "event_journal"
+
+    def event_store(self) -> EventStore:
+        """The SQL over the journal table in this dialect (see :mod:`pgjournal.store`)."""
+        return EventStore(self)
 
     # -- DDL -----------------------------------------------------------------------------------------
 

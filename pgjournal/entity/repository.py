@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 
 from ..errors import ConcurrencyConflict, ConfigurationError, DatabaseUnavailable, InvalidArgument, WriteOutcomeUnknown
-from ..slices import slice_for_persistence_id
 from ..validation import check_persistence_id, check_tags
 from .breaker import CircuitBreaker, is_unavailability
 from .cache import LruCache
@@ -47,7 +46,6 @@ S = TypeVar("S")
 _log = logging.getLogger("pgjournal.entity")
 
 DEFAULT_SNAPSHOT_EVERY = 100
-WRITER_OF = "SELECT writer FROM {table} WHERE persistence_id = %s AND slice = %s AND seq_nr = %s"
 
 
 def _run_batch(pid: str, batch: list[Pending]) -> None:
@@ -299,10 +297,8 @@ class EntityRepository(Generic[S]):
     def _written_by_us(self, pid: str, seq_nr: int) -> bool:
         """Was ``seq_nr`` of ``pid`` written by this Journal? While we lead the entity's mailbox, no other
         thread of this process appends to it, and writer ids are unique per Journal."""
-        slice_ = slice_for_persistence_id(pid)
-        sql = WRITER_OF.format(table=self.journal.dialect.event_table(slice_))
         with self.journal.connection() as conn:
-            row = conn.execute(sql, (pid, slice_, seq_nr)).fetchone()
+            row = conn.execute(*self.journal.events.writer_of(pid, seq_nr)).fetchone()
         return row is not None and row[0] == self.journal.writer_id
 
     def _maybe_snapshot(self, pid: str, before: int, after: int, state: S) -> None:

@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..envelope import EVENT_COLUMNS
+from ..slices import slice_for_persistence_id
+
+if TYPE_CHECKING:
+    from ..dialects import Dialect
 
 INSERT = """
 INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
@@ -49,3 +57,120 @@ def text_array(items: Iterable[str]) -> str:
     """``items`` as a PostgreSQL array literal for a ``%s::text[]`` parameter: psycopg's list dumper costs
     ~20 µs a call (it inspects the elements), a quoted string next to nothing."""
     return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
+
+
+Query = tuple[str, tuple[Any, ...] | dict[str, Any]]
+
+
+class EventStore:
+    """The SQL over ``event_journal`` for one dialect: each method returns ``(sql, params)`` for the caller's
+    connection (sync or async alike) and nothing else names the table. A persistence id's statements go to
+    the dialect's table for its slice (a partition on PostgreSQL: no pruning cost per statement)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+
+    def table(self, slice_: int) -> str:
+        """The table of a slice's events (for the sibling stores that extend these statements)."""
+        return self._dialect.event_table(slice_)
+
+    # -- writes ----------------------------------------------------------------------------------------
+
+    def append(self, slice_: int, *, after_latest: bool, single: bool) -> str:
+        """The append statement (parameters: see :mod:`pgjournal.write`)."""
+        return insert_sql(self.table(slice_), after_latest=after_latest, single=single)
+
+    def mark_deleted(self, pid: str, to_seq_nr: int) -> Query:
+        """Logical delete of the events up to ``to_seq_nr`` (rowcount: how many)."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"UPDATE {self.table(slice_)} SET deleted = true WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr <= %s AND deleted = false", (pid, slice_, to_seq_nr))
+
+    def count_or_delete(self, pid: str, *, keep_last: bool, count: bool) -> Query:
+        """Physical cleanup of a persistence id's events (``keep_last``: all but the highest); ``count``:
+        how many would go, instead of deleting them."""
+        slice_ = slice_for_persistence_id(pid)
+        table = self.table(slice_)
+        where = "persistence_id = %s AND slice = %s"
+        params: tuple[Any, ...] = (pid, slice_)
+        if keep_last:
+            where += f" AND seq_nr < (SELECT max(seq_nr) FROM {table} WHERE persistence_id = %s AND slice = %s)"
+            params += (pid, slice_)
+        return (f"SELECT count(*) FROM {table} WHERE {where}" if count else f"DELETE FROM {table} WHERE {where}",
+                params)
+
+    def mark_all_deleted(self, pid: str) -> Query:
+        slice_ = slice_for_persistence_id(pid)
+        return f"UPDATE {self.table(slice_)} SET deleted = true WHERE persistence_id = %s AND slice = %s", (
+            pid, slice_)
+
+    # -- reads by persistence id -----------------------------------------------------------------------
+
+    def highest_seq_nr(self, pid: str) -> Query:
+        """One row: the highest sequence number written (logically deleted events count), 0 when none."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT COALESCE(MAX(seq_nr), 0) FROM {self.table(slice_)} WHERE persistence_id = %s "
+                "AND slice = %s", (pid, slice_))
+
+    def by_persistence_id(self, pid: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> Query:
+        """Rows of :data:`EVENT_COLUMNS`, not deleted, in sequence order."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT {EVENT_COLUMNS} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr >= %s AND seq_nr <= %s AND deleted = false ORDER BY seq_nr LIMIT %s",
+                (pid, slice_, from_seq_nr, to_seq_nr, limit))
+
+    def between(self, pid: str, after: int, before: int, floor: datetime) -> Query:
+        """Rows of :data:`EVENT_COLUMNS` with ``after < seq_nr < before`` and ``db_timestamp >= floor``."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT {EVENT_COLUMNS} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr > %s AND seq_nr < %s AND db_timestamp >= %s AND deleted = false ORDER BY seq_nr",
+                (pid, slice_, after, before, floor))
+
+    def writer_of(self, pid: str, seq_nr: int) -> Query:
+        """One row (or none): the ``writer`` of an event."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT writer FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr = %s", (pid, slice_, seq_nr))
+
+    def timestamp_of_sql(self, slice_: int) -> str:
+        """A scalar subquery (named parameters ``pid``, ``slice``, ``seq_nr``): an event's db_timestamp."""
+        return (f"(SELECT db_timestamp FROM {self.table(slice_)} WHERE persistence_id = %(pid)s "
+                "AND slice = %(slice)s AND seq_nr = %(seq_nr)s)")
+
+    def tags_of(self, pid: str) -> Query:
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT DISTINCT unnest(tags) FROM {self.table(slice_)} WHERE persistence_id = %s "
+                "AND slice = %s", (pid, slice_))
+
+    def tagged(self, pid: str, tags: list[str]) -> Query:
+        """(seq_nr, db_timestamp, tags, ser_id, manifest, payload, meta...) of events carrying any of ``tags``,
+        logically deleted ones included, in sequence order (the tag view's rebuild)."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT seq_nr, db_timestamp, tags, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, "
+                f"meta_ser_manifest, meta_payload FROM {self.table(slice_)} WHERE persistence_id = %s "
+                "AND slice = %s AND tags && %s::text[] ORDER BY seq_nr", (pid, slice_, tags))
+
+    @staticmethod
+    def persistence_ids(after: str, limit: int) -> Query:
+        return ("SELECT DISTINCT persistence_id FROM event_journal WHERE persistence_id > %s "
+                "ORDER BY persistence_id LIMIT %s", (after, limit))
+
+    # -- reads by slice --------------------------------------------------------------------------------
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
+        """The by-slice page (:data:`PAGE`) for a slice range, and the range's parameters."""
+        slices, params = self._dialect.slice_condition(min_slice, max_slice)
+        return PAGE.format(columns=EVENT_COLUMNS, slices=slices), params
+
+
+# Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
+PAGE = """
+SELECT {columns} FROM event_journal
+WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
+  AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
+  AND NOT (db_timestamp = %(from_ts)s AND (
+        (seq_nr, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
+     OR seq_nr <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[]) AS s(pid, seq)
+                            WHERE s.pid = persistence_id), 0)))
+ORDER BY db_timestamp, seq_nr, persistence_id
+LIMIT %(limit)s"""
