@@ -1,0 +1,129 @@
+"""Restarts cost what is new: one idle persistence id alone in a slice, last written a week ago, no longer
+holds every restart back to its event (the range marks its idle slices, see OffsetStore.advance_markers);
+events written to that slice after its old offset, while stopped and while running, are each handled once."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+from eventually import eventually
+from test_projections_support import FAST_PROJECTION
+
+from pgjournal import Journal, slice_for_persistence_id
+from projections import management
+from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from projections.handlers import Projection
+from projections.offset_store import OffsetStore, Record
+from projections.runner import RangeRunner, run_range
+
+IDLE = "Cart|idle"
+LOOKBACK = 2.0
+# Spread the busy events one second apart over the hour before ten minutes ago (ordered per pid).
+SPREAD = """
+UPDATE event_journal AS e SET db_timestamp = now() - interval '70 minutes' + r.rn * interval '1 second'
+FROM (SELECT persistence_id, seq_nr, row_number() OVER (ORDER BY db_timestamp, seq_nr, persistence_id) AS rn
+      FROM event_journal WHERE entity_type = 'Cart' AND persistence_id <> %(idle)s) AS r
+WHERE e.persistence_id = r.persistence_id AND e.seq_nr = r.seq_nr"""
+WEEK_AGO = "UPDATE event_journal SET db_timestamp = now() - interval '7 days' WHERE persistence_id = %s"
+
+
+def busy_pids(n: int) -> list[str]:
+    idle_slice = slice_for_persistence_id(IDLE)
+    pids = (f"Cart|b{i}" for i in range(10 * n))
+    return [p for p in pids if slice_for_persistence_id(p) != idle_slice][:n]
+
+
+def start_run(journal: Journal, projection: Projection) -> RangeRunner:
+    return run_range(journal, projection, 0, 1023)
+
+
+def stop(runner: RangeRunner) -> RangeRunner:
+    runner.stop()
+    runner.join(timeout=30)
+    assert runner.failed is None, runner.failed
+    return runner
+
+
+def caught_up(journal: Journal, name: str) -> Any:
+    return lambda: not counter_mismatches(journal, name, "Cart")
+
+
+def test_restart_reads_what_is_new_and_the_idle_slice_loses_nothing(journal: Journal) -> None:
+    ensure_counter_table(journal)
+    name = "restart"
+    settings = dataclasses.replace(FAST_PROJECTION, restart_lookback=LOOKBACK)
+    projection = Projection(name, "Cart", counter_writer(name, grouped=False), settings)
+    journal.append(IDLE, [{"n": 0}])
+    busy = busy_pids(40)
+    for pid in busy:
+        journal.append(pid, [{"n": k} for k in range(10)])
+    with journal.connection() as conn:
+        conn.execute(WEEK_AGO, (IDLE,))
+        assert conn.execute(SPREAD, {"idle": IDLE}).rowcount == 400
+
+    first = start_run(journal, projection)
+    eventually(caught_up(journal, name), "first run counted 401 events")
+    stop(first)
+    assert first.stats.read == 401
+
+    # While stopped: new events elsewhere, and one in the idle slice after its week-old offset.
+    for pid in busy[:5]:
+        journal.append(pid, [{"n": 10}])
+    journal.append(IDLE, [{"n": 1}])
+    second = start_run(journal, projection)
+    eventually(caught_up(journal, name), "restart counted the 6 new events")
+    # Still running: the idle pid again.
+    journal.append(IDLE, [{"n": 2}])
+    eventually(caught_up(journal, name), "the idle pid's third event counted")
+    stop(second)
+    assert second.stats.handled == 7
+    # Read: the 7 new events plus what lies within the lookback (2 s) before the newest old event, one per
+    # second; the old code read all 400 busy events again (the week-old slice held the start back).
+    assert second.stats.read <= 7 + LOOKBACK + 1, second.stats
+
+    # Nothing new: the restart reads only the lookback before the newest offset (the 7 events just written
+    # lie within it) and handles nothing.
+    third = start_run(journal, projection)
+    eventually(lambda: third.stats.read >= 7, "third run read the lookback")
+    stop(third)
+    assert third.stats.handled == 0 and third.stats.read == 7, third.stats
+    assert counter_mismatches(journal, name, "Cart") == []
+
+
+def test_start_is_the_earliest_safe_point_and_markers_move_it(journal: Journal) -> None:
+    """A week-old slice holds the start back until a run marks it; a cleared slice starts at its first event."""
+    journal.append(IDLE, [{"n": 0}])
+    busy = busy_pids(3)
+    for pid in busy:
+        journal.append(pid, [{"n": 0}, {"n": 1}])
+    with journal.connection() as conn:
+        conn.execute(WEEK_AGO, (IDLE,))
+        conn.execute(SPREAD, {"idle": IDLE})
+    rows = {e.persistence_id: e for pid in (IDLE, *busy)
+            for e in journal.query.current_events_by_persistence_id(pid)}
+    store = OffsetStore(journal, "m", "Cart", 0, 1023, time_window=10, lookback=LOOKBACK)
+    with journal.connection() as conn, conn.transaction():
+        store.load(conn)
+        pending = {pid: Record(env.slice, env.seq_nr, env.db_timestamp) for pid, env in rows.items()}
+        store.save(conn, pending, fenced=True)
+        store.commit(pending)
+    newest = max(e.db_timestamp for e in rows.values())
+
+    def start() -> Any:
+        s = OffsetStore(journal, "m", "Cart", 0, 1023, time_window=10, lookback=LOOKBACK)
+        with journal.connection() as conn:
+            offset = s.load(conn)
+        return offset.timestamp if offset else None
+
+    # Without markers: 1019 slices have no row (never processed) and the idle slice is a week old.
+    assert start() == rows[IDLE].db_timestamp - timedelta(seconds=LOOKBACK)
+    with journal.connection() as conn:
+        assert store.advance_markers(conn) == 1024 - 1  # every slice but the newest one's
+        assert store.advance_markers(conn) == 0  # nothing older left
+    assert start() == newest - timedelta(seconds=LOOKBACK)
+    # A cleared slice starts again at its first event (never processed as far as the store knows).
+    management.clear_offset(journal, "m", rows[IDLE].slice, rows[IDLE].slice)
+    assert start() == rows[IDLE].db_timestamp
+
