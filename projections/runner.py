@@ -29,6 +29,7 @@ from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import JournalError
 from pgjournal.offsets import NoOffset, Offset
 
+from .dead_letters import decoded, lenient_journal, serializer_of, store_dead_letter
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused
 from .offset_store import OffsetStore, Record, Verdict, range_key
@@ -40,14 +41,21 @@ log = logging.getLogger("projections")
 
 
 class ProjectionFailed(JournalError):
-    """A handler kept failing and the projection is configured to fail: the offset stays before the event."""
+    """A handler kept failing (or the payload does not decode) and the projection is configured to stop
+    (``on_failure="stop"``): the offset stays before the event. ``ser_id``/``manifest`` are those stored with
+    the event (``None`` when they could not be read)."""
 
-    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException) -> None:
+    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException, *,
+                 ser_id: int | None = None, manifest: str | None = None) -> None:
         self.projection = projection
         self.persistence_id = envelope.persistence_id
         self.seq_nr = envelope.seq_nr
+        self.ser_id = ser_id
+        self.manifest = manifest
+        self.cause = cause
         super().__init__(f"projection {projection!r} failed on {envelope.persistence_id!r} seq_nr "
-                         f"{envelope.seq_nr} after {attempts} attempt(s): {cause!r}")
+                         f"{envelope.seq_nr} (ser_id {ser_id}, manifest {manifest!r}) after {attempts} "
+                         f"attempt(s): {cause!r}")
 
 
 class LeaseLost(JournalError):
@@ -88,6 +96,7 @@ class Stats:
     duplicates: int = 0
     rejected: int = 0
     skipped: int = 0
+    dead_lettered: int = 0
     restarts: int = 0
 
 
@@ -124,6 +133,8 @@ class RangeRunner:
         self.guard = guard
         self.epochs: dict[int, int] = guard.epochs(range(min_slice, max_slice + 1)) if guard else {}
         self.stats = Stats()
+        #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
+        self.reading = lenient_journal(journal)
         self._stop = threading.Event()
         self.lookback = lookback(journal, self.settings)
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
@@ -199,7 +210,7 @@ class RangeRunner:
         with self.journal.connection() as conn:
             start = store.load(conn)  # the lookback is applied per slice: see OffsetStore.safe_point
         offset: Offset = NoOffset if start is None else start
-        query = self.journal.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
+        query = self.reading.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
                                                     offset)
         inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
         halt = threading.Event()
@@ -294,7 +305,7 @@ class RangeRunner:
             self.stats.rejected += 1
             log.info("projection %s: %r seq_nr %d rejected (processed up to %d): loading the missing events",
                      self.projection.name, env.persistence_id, env.seq_nr, validation.after)
-            out = list(self.journal.query.current_events_by_persistence_id(
+            out = list(self.reading.query.current_events_by_persistence_id(
                 env.persistence_id, validation.after + 1, env.seq_nr - 1))
         out.append(env)
         for e in out:
@@ -345,31 +356,46 @@ class RangeRunner:
             for env in envelopes:
                 self._transact(store, [env])
             return
-        if self.settings.on_failure == "fail":
-            raise ProjectionFailed(self.projection.name, failed_on, attempts, last)
+        if self.settings.on_failure in ("stop", "fail"):
+            raise self._failed(failed_on, attempts, last)
+        dead_letter = self.settings.on_failure == "dead-letter"
         pending = {}
         with self.journal.connection() as conn:
             todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
-            self._commit(conn, store, todo, pending, handle=False)
+            self._commit(conn, store, todo, pending, handle=dead_letter, dead_letter=dead_letter)
         store.commit(pending)
-        self._log_skipped(todo, last)
+        if not dead_letter:
+            self._log_skipped(todo, last)
 
     def _commit(self, conn: psycopg.Connection, store: OffsetStore, todo: list[EventEnvelope],
-                pending: dict[str, Record], *, handle: bool) -> None:
+                pending: dict[str, Record], *, handle: bool, dead_letter: bool = False) -> None:
+        """Handle ``todo`` (unless not ``handle``) and store its offsets in one transaction. ``dead_letter``:
+        each envelope in its own savepoint; one that fails is stored as a dead letter instead."""
         handler = self.projection.handler
         with conn.transaction():
             if self.guard is not None:
                 slices = sorted({e.slice for e in todo})
                 self.guard.fence(conn, slices, self.epochs)
-            if handle:
+            if handle and dead_letter:
+                for env in todo:
+                    try:
+                        with conn.transaction():
+                            self._handle_in(conn, [env])
+                            self.stats.handled += 1
+                    except Exception as exc:
+                        self._store_dead_letter(conn, env, exc)
+            elif handle:
                 current = todo[0]
                 try:
                     if isinstance(handler, ExactlyOnce):
                         for current in todo:
-                            handler.handle(conn, current)
+                            handler.handle(conn, decoded(self.journal, current))
                     else:
                         assert isinstance(handler, Grouped)
-                        handler.handle(conn, todo)
+                        ready = []
+                        for current in todo:
+                            ready.append(decoded(self.journal, current))
+                        handler.handle(conn, ready)
                 except Exception as exc:
                     raise _HandlerError(current) from exc
             try:
@@ -377,6 +403,33 @@ class RangeRunner:
             except psycopg.errors.UniqueViolation:
                 raise LeaseLost(f"an offset row of {self.key} exists already: another worker processed "
                                 "the same event") from None
+
+    def _handle_in(self, conn: psycopg.Connection, envelopes: list[EventEnvelope]) -> None:
+        handler = self.projection.handler
+        ready = [decoded(self.journal, e) for e in envelopes]
+        if isinstance(handler, ExactlyOnce):
+            for env in ready:
+                handler.handle(conn, env)
+        else:
+            assert isinstance(handler, Grouped)
+            handler.handle(conn, ready)
+
+    def _store_dead_letter(self, conn: psycopg.Connection, env: EventEnvelope, exc: BaseException) -> None:
+        store_dead_letter(conn, self.journal, self.projection.name, self.key, env, exc)
+        self.stats.dead_lettered += 1
+        log.error("projection %s: %r seq_nr %d stored as a dead letter after %d attempt(s): %r",
+                  self.projection.name, env.persistence_id, env.seq_nr, self.settings.attempts, exc)
+
+    def _failed(self, env: EventEnvelope, attempts: int, cause: BaseException) -> ProjectionFailed:
+        ser_id: int | None = None
+        manifest: str | None = None
+        try:
+            with self.journal.connection() as conn:
+                ser_id, manifest = serializer_of(conn, self.journal, env)
+        except (psycopg.Error, JournalError) as exc:
+            log.warning("projection %s: serializer of %r seq_nr %d not read: %r", self.projection.name,
+                        env.persistence_id, env.seq_nr, exc)
+        return ProjectionFailed(self.projection.name, env, attempts, cause, ser_id=ser_id, manifest=manifest)
 
     def _at_least_once(self, store: OffsetStore, env: EventEnvelope, unsaved: dict[str, Record]) -> int:
         handler = self.projection.handler
@@ -389,7 +442,7 @@ class RangeRunner:
                 if self.guard is not None and not self.guard.valid():
                     raise LeaseLost(f"lease of {self.key} not renewed in time")
                 try:
-                    handler.handle(e)
+                    handler.handle(decoded(self.journal, e))
                     self.stats.handled += 1
                     break
                 except Exception as exc:
@@ -397,9 +450,13 @@ class RangeRunner:
                                 self.projection.name, e.persistence_id, e.seq_nr, attempt,
                                 self.settings.attempts, exc)
                     if attempt == self.settings.attempts:
-                        if self.settings.on_failure == "fail":
-                            raise ProjectionFailed(self.projection.name, e, attempt, exc) from exc
-                        self._log_skipped([e], exc)
+                        if self.settings.on_failure in ("stop", "fail"):
+                            raise self._failed(e, attempt, exc) from exc
+                        if self.settings.on_failure == "dead-letter":
+                            with self.journal.connection() as conn:
+                                self._store_dead_letter(conn, e, exc)
+                        else:
+                            self._log_skipped([e], exc)
                     else:
                         self._backoff(attempt)
             unsaved[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)
