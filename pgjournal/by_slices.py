@@ -48,14 +48,17 @@ WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
 ORDER BY db_timestamp, seq_nr, persistence_id
 LIMIT %(limit)s"""
 # The predecessors of events whose persistence ids this query has not met yet: one primary-key probe per
-# pid (a LATERAL nested loop; a plain join over unnest was planned as a hash join over a sequential scan of
-# every partition once the table had statistics, i.e. the whole journal read on each restart's first page).
+# pid. A plain join over unnest was planned as a hash join over a sequential scan of every partition once
+# the table had statistics (the whole journal read on a restart's first page); so was a bare LATERAL, which
+# the planner flattens into the same join. LIMIT 1 keeps the subquery apart: a nested loop of index probes
+# with run-time partition pruning (checked with EXPLAIN at 10k and 1M events, bench/restart_plans.py).
 PREDECESSORS = """
 SELECT u.pid, e.seq_nr, e.db_timestamp
 FROM unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, slice, seq)
 CROSS JOIN LATERAL (
     SELECT p.seq_nr, p.db_timestamp FROM event_journal AS p
-    WHERE p.persistence_id = u.pid AND p.seq_nr = u.seq - 1 AND p.slice = u.slice AND NOT p.deleted) AS e"""
+    WHERE p.persistence_id = u.pid AND p.seq_nr = u.seq - 1 AND p.slice = u.slice AND NOT p.deleted
+    LIMIT 1) AS e"""
 MISSING = f"""
 SELECT {EVENT_COLUMNS} FROM {{table}}
 WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr > %(after)s AND seq_nr < %(before)s
