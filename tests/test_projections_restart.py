@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from eventually import eventually
+from test_projections import counters
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import Journal, slice_for_persistence_id
@@ -19,20 +20,39 @@ from projections.offset_store import OffsetStore, Record
 from projections.runner import RangeRunner, run_range
 
 IDLE = "Cart|idle"
+IDLE2 = next(p for p in (f"Cart|quiet{i}" for i in range(1000))
+             if slice_for_persistence_id(p) != slice_for_persistence_id(IDLE))
 LOOKBACK = 2.0
 # Spread the busy events one second apart over the hour before ten minutes ago (ordered per pid).
 SPREAD = """
 UPDATE event_journal AS e SET db_timestamp = now() - interval '70 minutes' + r.rn * interval '1 second'
 FROM (SELECT persistence_id, seq_nr, row_number() OVER (ORDER BY db_timestamp, seq_nr, persistence_id) AS rn
-      FROM event_journal WHERE entity_type = 'Cart' AND persistence_id <> %(idle)s) AS r
+      FROM event_journal WHERE entity_type = 'Cart' AND persistence_id <> ALL(%(idle)s)) AS r
 WHERE e.persistence_id = r.persistence_id AND e.seq_nr = r.seq_nr"""
-WEEK_AGO = "UPDATE event_journal SET db_timestamp = now() - interval '7 days' WHERE persistence_id = %s"
+WEEK_AGO = "UPDATE event_journal SET db_timestamp = now() - interval '7 days' WHERE persistence_id = ANY(%s)"
+# A late commit into an idle slice: the quiet pid's second event, stamped a second before the newest busy
+# event (inside the restart lookback, after the quiet slice's week-old offset), written while stopped.
+LATE = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, event_ser_id,
+                           event_ser_manifest, event_payload)
+SELECT slice, entity_type, persistence_id, 2,
+       (SELECT max(db_timestamp) FROM event_journal WHERE persistence_id LIKE 'Cart|b%%') - interval '1 second',
+       writer, event_ser_id, event_ser_manifest, event_payload
+FROM event_journal WHERE persistence_id = %s AND seq_nr = 1"""
+
+
+def window_rows(journal: Journal) -> int:
+    """Events at or after the newest one minus the lookback: what a restart reads again at least."""
+    with journal.connection() as conn:
+        return conn.execute("SELECT count(*) FROM event_journal WHERE entity_type = 'Cart' AND db_timestamp >= "
+                            "(SELECT max(db_timestamp) FROM event_journal WHERE entity_type = 'Cart') - %s "
+                            "* interval '1 second'", (LOOKBACK,)).fetchone()[0]
 
 
 def busy_pids(n: int) -> list[str]:
-    idle_slice = slice_for_persistence_id(IDLE)
+    idle_slices = {slice_for_persistence_id(IDLE), slice_for_persistence_id(IDLE2)}
     pids = (f"Cart|b{i}" for i in range(10 * n))
-    return [p for p in pids if slice_for_persistence_id(p) != idle_slice][:n]
+    return [p for p in pids if slice_for_persistence_id(p) not in idle_slices][:n]
 
 
 def start_run(journal: Journal, projection: Projection) -> RangeRunner:
@@ -56,39 +76,47 @@ def test_restart_reads_what_is_new_and_the_idle_slice_loses_nothing(journal: Jou
     settings = dataclasses.replace(FAST_PROJECTION, restart_lookback=LOOKBACK)
     projection = Projection(name, "Cart", counter_writer(name, grouped=False), settings)
     journal.append(IDLE, [{"n": 0}])
+    journal.append(IDLE2, [{"n": 0}])
     busy = busy_pids(40)
     for pid in busy:
         journal.append(pid, [{"n": k} for k in range(10)])
     with journal.connection() as conn:
-        conn.execute(WEEK_AGO, (IDLE,))
-        assert conn.execute(SPREAD, {"idle": IDLE}).rowcount == 400
+        conn.execute(WEEK_AGO, ([IDLE, IDLE2],))
+        assert conn.execute(SPREAD, {"idle": [IDLE, IDLE2]}).rowcount == 400
 
     first = start_run(journal, projection)
-    eventually(caught_up(journal, name), "first run counted 401 events")
+    eventually(caught_up(journal, name), "first run counted 402 events")
     stop(first)
-    assert first.stats.read == 401
+    assert first.stats.read == 402
+    window = window_rows(journal)
+    assert window <= 3  # one busy event a second
 
-    # While stopped: new events elsewhere, and one in the idle slice after its week-old offset.
+    # While stopped: new events elsewhere, one in the idle slice after its week-old offset, and a late commit
+    # in the other idle slice, older than the newest offset but within the lookback.
     for pid in busy[:5]:
         journal.append(pid, [{"n": 10}])
     journal.append(IDLE, [{"n": 1}])
+    with journal.connection() as conn:
+        assert conn.execute(LATE, (IDLE2,)).rowcount == 1
     second = start_run(journal, projection)
-    eventually(caught_up(journal, name), "restart counted the 6 new events")
+    eventually(caught_up(journal, name), "restart counted the 7 new events")
     # Still running: the idle pid again.
     journal.append(IDLE, [{"n": 2}])
     eventually(caught_up(journal, name), "the idle pid's third event counted")
     stop(second)
-    assert second.stats.handled == 7
-    # Read: the 7 new events plus what lies within the lookback (2 s) before the newest old event, one per
-    # second; the old code read all 400 busy events again (the week-old slice held the start back).
-    assert second.stats.read <= 7 + LOOKBACK + 1, second.stats
+    assert second.stats.handled == 8
+    # Read: the 8 new events plus the busy events within the lookback (2 s) before the newest one, one per
+    # second; the old code read all 400 busy events again (the week-old slices held the start back).
+    assert second.stats.read <= 8 + window, second.stats
 
-    # Nothing new: the restart reads only the lookback before the newest offset (the 7 events just written
-    # lie within it) and handles nothing.
+    # Nothing new: the restart reads only the lookback before the newest offset (the events just written lie
+    # within it) and handles nothing.
+    window = window_rows(journal)
     third = start_run(journal, projection)
-    eventually(lambda: third.stats.read >= 7, "third run read the lookback")
+    eventually(lambda: third.stats.read >= window, "third run read the lookback")
     stop(third)
-    assert third.stats.handled == 0 and third.stats.read == 7, third.stats
+    assert third.stats.handled == 0 and third.stats.read == window, third.stats
+    assert counters(journal, name)[IDLE] == (3, 3) and counters(journal, name)[IDLE2] == (2, 2)
     assert counter_mismatches(journal, name, "Cart") == []
 
 
@@ -99,8 +127,8 @@ def test_start_is_the_earliest_safe_point_and_markers_move_it(journal: Journal) 
     for pid in busy:
         journal.append(pid, [{"n": 0}, {"n": 1}])
     with journal.connection() as conn:
-        conn.execute(WEEK_AGO, (IDLE,))
-        conn.execute(SPREAD, {"idle": IDLE})
+        conn.execute(WEEK_AGO, ([IDLE],))
+        conn.execute(SPREAD, {"idle": [IDLE]})
     rows = {e.persistence_id: e for pid in (IDLE, *busy)
             for e in journal.query.current_events_by_persistence_id(pid)}
     store = OffsetStore(journal, "m", "Cart", 0, 1023, time_window=10, lookback=LOOKBACK)
