@@ -121,7 +121,8 @@ def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope
     bad = undecodable(env)
     if bad is not None:
         return bad.ser_id, bad.manifest
-    row = conn.execute(SERIALIZER_SQL.format(table=journal.dialect.event_table(env.slice)),
+    table = journal.dialect.event_table(env.slice)
+    row = conn.execute(SERIALIZER_SQL.format(table=table),
                        {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice}).fetchone()
     return (row[0], row[1]) if row else (None, None)
 
@@ -129,7 +130,8 @@ def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope
 def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key: str, env: EventEnvelope,
                       error: BaseException) -> None:
     """Copy the envelope's journal row into ``projection_dead_letter`` (in the caller's transaction)."""
-    conn.execute(INSERT_SQL.format(table=journal.dialect.event_table(env.slice)),
+    table = journal.dialect.event_table(env.slice)
+    conn.execute(INSERT_SQL.format(table=table),
                  {"name": name, "key": key, "pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
                   "error": f"{type(error).__name__}: {error}"})
 
