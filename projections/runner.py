@@ -362,16 +362,22 @@ class RangeRunner:
         pending = {}
         with self.journal.connection() as conn:
             todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
-            self._commit(conn, store, todo, pending, handle=dead_letter, dead_letter=dead_letter)
+            dead = self._commit(conn, store, todo, pending, handle=dead_letter, dead_letter=dead_letter)
         store.commit(pending)
-        if not dead_letter:
+        if dead_letter:
+            self.stats.handled += len(todo) - len(dead)
+            for env, exc in dead:
+                self._log_dead_letter(env, exc)
+        else:
             self._log_skipped(todo, last)
 
     def _commit(self, conn: psycopg.Connection, store: OffsetStore, todo: list[EventEnvelope],
-                pending: dict[str, Record], *, handle: bool, dead_letter: bool = False) -> None:
+                pending: dict[str, Record], *, handle: bool, dead_letter: bool = False
+                ) -> list[tuple[EventEnvelope, BaseException]]:
         """Handle ``todo`` (unless not ``handle``) and store its offsets in one transaction. ``dead_letter``:
-        each envelope in its own savepoint; one that fails is stored as a dead letter instead."""
+        each envelope in its own savepoint; one that fails is stored as a dead letter instead (returned)."""
         handler = self.projection.handler
+        dead: list[tuple[EventEnvelope, BaseException]] = []
         with conn.transaction():
             if self.guard is not None:
                 slices = sorted({e.slice for e in todo})
@@ -381,9 +387,9 @@ class RangeRunner:
                     try:
                         with conn.transaction():
                             self._handle_in(conn, [env])
-                            self.stats.handled += 1
                     except Exception as exc:
-                        self._store_dead_letter(conn, env, exc)
+                        store_dead_letter(conn, self.journal, self.projection.name, self.key, env, exc)
+                        dead.append((env, exc))
             elif handle:
                 current = todo[0]
                 try:
@@ -403,6 +409,7 @@ class RangeRunner:
             except psycopg.errors.UniqueViolation:
                 raise LeaseLost(f"an offset row of {self.key} exists already: another worker processed "
                                 "the same event") from None
+        return dead
 
     def _handle_in(self, conn: psycopg.Connection, envelopes: list[EventEnvelope]) -> None:
         handler = self.projection.handler
@@ -414,8 +421,7 @@ class RangeRunner:
             assert isinstance(handler, Grouped)
             handler.handle(conn, ready)
 
-    def _store_dead_letter(self, conn: psycopg.Connection, env: EventEnvelope, exc: BaseException) -> None:
-        store_dead_letter(conn, self.journal, self.projection.name, self.key, env, exc)
+    def _log_dead_letter(self, env: EventEnvelope, exc: BaseException) -> None:
         self.stats.dead_lettered += 1
         log.error("projection %s: %r seq_nr %d stored as a dead letter after %d attempt(s): %r",
                   self.projection.name, env.persistence_id, env.seq_nr, self.settings.attempts, exc)
@@ -454,7 +460,8 @@ class RangeRunner:
                             raise self._failed(e, attempt, exc) from exc
                         if self.settings.on_failure == "dead-letter":
                             with self.journal.connection() as conn:
-                                self._store_dead_letter(conn, e, exc)
+                                store_dead_letter(conn, self.journal, self.projection.name, self.key, e, exc)
+                            self._log_dead_letter(e, exc)
                         else:
                             self._log_skipped([e], exc)
                     else:
