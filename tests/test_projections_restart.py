@@ -155,3 +155,32 @@ def test_start_is_the_earliest_safe_point_and_markers_move_it(journal: Journal) 
     management.clear_offset(journal, "m", rows[IDLE].slice, rows[IDLE].slice)
     assert start() == rows[IDLE].db_timestamp
 
+
+
+def test_a_running_range_marks_its_idle_slices_so_a_crash_restart_is_bounded_too(journal: Journal) -> None:
+    """Markers are also written every delete_interval (1 s here), not only on a clean stop: the start a
+    restart after a crash would compute, read while the range still runs, is already near the newest offset."""
+    ensure_counter_table(journal)
+    name = "marked"
+    projection = Projection(name, "Cart", counter_writer(name, grouped=False),
+                            dataclasses.replace(FAST_PROJECTION, restart_lookback=LOOKBACK))
+    journal.append(IDLE, [{"n": 0}])
+    for pid in busy_pids(10):
+        journal.append(pid, [{"n": k} for k in range(5)])
+    with journal.connection() as conn:
+        conn.execute(WEEK_AGO, ([IDLE],))
+        conn.execute(SPREAD, {"idle": [IDLE]})
+        newest = conn.execute("SELECT max(db_timestamp) FROM event_journal").fetchone()[0]
+
+    def start() -> Any:
+        store = OffsetStore(journal, name, "Cart", 0, 1023, time_window=10, lookback=LOOKBACK)
+        with journal.connection() as conn:
+            offset = store.load(conn)
+        return offset.timestamp if offset else None
+
+    runner = start_run(journal, projection)
+    try:
+        eventually(caught_up(journal, name), "51 events counted")
+        eventually(lambda: start() == newest - timedelta(seconds=LOOKBACK), "markers written while running")
+    finally:
+        stop(runner)
