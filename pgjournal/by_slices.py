@@ -37,12 +37,6 @@ if TYPE_CHECKING:
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
-# The predecessors of events whose persistence ids this query has not met yet.
-PREDECESSORS = """
-SELECT e.persistence_id, e.seq_nr, e.db_timestamp FROM event_journal AS e
-JOIN unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, slice, seq)
-  ON e.persistence_id = u.pid AND e.slice = u.slice AND e.seq_nr = u.seq - 1
-WHERE NOT e.deleted"""
 
 
 @dataclass
@@ -174,9 +168,9 @@ class SliceQuery:
                 first[pid] = (row[0], seq_nr)
         if not first:
             return {}
-        params = {"pids": list(first), "slices": [s for s, _ in first.values()],
-                  "seqs": [q for _, q in first.values()]}
-        return {pid: (seq, ts) for pid, seq, ts in conn.execute(PREDECESSORS, params).fetchall()}
+        query = self.journal.events.predecessors(list(first), [s for s, _ in first.values()],
+                                                 [q for _, q in first.values()])
+        return {pid: (seq, ts) for pid, seq, ts in conn.execute(*query).fetchall()}
 
     def _fill(self, conn: psycopg.Connection, pid: str, slice_: int, after: int | None, before: int
               ) -> list[EventEnvelope]:

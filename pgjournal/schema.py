@@ -196,3 +196,25 @@ projection_worker = Table(
 )
 
 PROJECTION_TABLES = (projection_lease, projection_worker)
+
+# -- Projection dead letters (revision 0004) --------------------------------------------------------------
+# Envelopes a projection with ``on_failure="dead-letter"`` could not handle (or decode): kept with their
+# payload so they can be inspected and replayed (``pgjournal projection dead-letters NAME --retry``).
+projection_dead_letter = Table(
+    "projection_dead_letter",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMPTZ, nullable=False),
+    Column("ser_id", Integer, nullable=False),
+    Column("manifest", String(255), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("error", Text, nullable=False),
+    Column("failed_at", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint("projection_name", "persistence_id", "seq_nr", name="projection_dead_letter_pkey"),
+)
+
+DEAD_LETTER_TABLES = (projection_dead_letter,)

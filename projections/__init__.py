@@ -1,12 +1,15 @@
 """Projections by slice range: per-slice offsets, exactly-once / grouped / at-least-once handlers, leases that
-balance slice ranges over worker processes, and management (pause, resume, reset, status with lag)."""
+balance slice ranges over worker processes, management (pause, resume, reset, status with lag) and dead letters
+for poison events."""
 
+from .dead_letters import DeadLetter, Undecodable, list_dead_letters, retry_dead_letters
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .runner import LeaseLost, ProjectionFailed, RangeRunner, RunContext, current_context, run_range
 from .workers import Worker, run_workers
 
 __all__ = [
     "AtLeastOnce",
+    "DeadLetter",
     "ExactlyOnce",
     "Grouped",
     "LeaseLost",
@@ -15,8 +18,11 @@ __all__ = [
     "ProjectionSettings",
     "RangeRunner",
     "RunContext",
+    "Undecodable",
     "Worker",
     "current_context",
+    "list_dead_letters",
+    "retry_dead_letters",
     "run_range",
     "run_workers",
 ]

@@ -1,4 +1,4 @@
-"""``pgjournal projection list | status | run | pause | resume | reset``."""
+"""``pgjournal projection list | status | run | pause | resume | reset | dead-letters``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pgjournal.cli_support import DsnOption, console, fail, open_journal, report
 from pgjournal.offsets import format_timestamp, parse_timestamp
 from pgjournal.slices import parse_slice_range
 
-from . import management
+from . import dead_letters, management
 
 projection_app = typer.Typer(help="Projections by slice range: run workers, pause, resume, reset, show lag.",
                              no_args_is_help=True)
@@ -107,3 +107,39 @@ def reset_cmd(
         else:
             management.set_offset(journal, name, when, lo, hi)
             console.print(f"{name}: slices {lo}-{hi} start after {format_timestamp(when)}")
+
+
+@projection_app.command("dead-letters")
+def dead_letters_cmd(
+    name: str,
+    retry: Annotated[bool, typer.Option("--retry", help="Replay each through the handler; remove those that "
+                                        "now succeed.")] = False,
+    handler: Annotated[str, typer.Option(help="module:factory for --retry; factory(journal, name, entity_type) "
+                                         "-> Projection.")] = "projections.examples:counter_projection",
+    entity_type: Annotated[str, typer.Option("--entity-type", "-e", help="Entity type for the factory "
+                                             "(default: that of the first dead letter).")] = "",
+    dsn: DsnOption = None,
+) -> None:
+    """Envelopes NAME could not handle or decode (``on_failure="dead-letter"``); ``--retry`` replays them."""
+    from pgjournal.slices import entity_type_of
+
+    from .workers import load_factory
+
+    with open_journal(dsn) as journal, reported():
+        letters = dead_letters.list_dead_letters(journal, name)
+        if retry and letters:
+            factory = load_factory(handler)
+            projection = factory(journal, name, entity_type or entity_type_of(letters[0].persistence_id))
+            outcome = dead_letters.retry_dead_letters(journal, projection)
+            console.print(f"{name}: {len(outcome.succeeded)} dead letter(s) handled and removed, "
+                          f"{len(outcome.failed)} failed again", highlight=False)
+            for pid, seq_nr, error in outcome.failed:
+                console.print(f"  {pid} {seq_nr}: {error}", highlight=False, markup=False)
+            letters = dead_letters.list_dead_letters(journal, name)
+    table = Table("persistence id", "seq_nr", "slice", "event time", "ser_id", "manifest", "bytes", "failed at",
+                  "error", title=f"{name}: {len(letters)} dead letter(s)")
+    for d in letters:
+        table.add_row(d.persistence_id, str(d.seq_nr), str(d.slice), format_timestamp(d.db_timestamp),
+                      str(d.ser_id), d.manifest, str(len(d.payload)), format_timestamp(d.failed_at),
+                      d.error if len(d.error) <= 200 else d.error[:197] + "...")
+    console.print(table)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.slices import entity_type_of, slice_for_persistence_id
-from pgjournal.store.events import insert_sql
 from pgjournal.validation import check_name, check_persistence_id
 
 from .handlers import ExactlyOnce, Grouped, Handler, Projection
@@ -115,7 +114,7 @@ class EventProcessor:
                   "writer": self.journal.writer_id, "tags": None, "expected": None, "meta_ser_id": None,
                   "meta_manifest": None, "meta_payload": None, "ser_id": encoded.ser_id,
                   "manifest": encoded.manifest, "payload": encoded.payload}
-        conn.execute(insert_sql(self.journal.dialect.event_table(slice_), after_latest=True, single=True), params)
+        conn.execute(self.journal.events.append(slice_, after_latest=True, single=True), params)
 
     def handler(self) -> ExactlyOnce:
         return ExactlyOnce(self.handle)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 ExactlyOnceHandle = Callable[["psycopg.Connection", "EventEnvelope"], Any]
 GroupedHandle = Callable[["psycopg.Connection", "Sequence[EventEnvelope]"], Any]
 AtLeastOnceHandle = Callable[["EventEnvelope"], Any]
-OnFailure = Literal["fail", "skip"]
+OnFailure = Literal["stop", "fail", "skip", "dead-letter"]
+ON_FAILURE = ("stop", "fail", "skip", "dead-letter")
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,13 @@ class ProjectionSettings:
     #: Backoff before retry n: ``min(backoff_max, backoff * 2**(n-1))`` seconds.
     backoff: float = 0.1
     backoff_max: float = 5.0
-    #: ``fail``: the run stops with :class:`~projections.runner.ProjectionFailed` and the offset stays
-    #: before the event. ``skip``: the event is logged (pid, seq_nr) and counted as processed.
-    on_failure: OnFailure = "fail"
+    #: What happens to an envelope whose handler kept failing, or whose payload does not decode (a poison
+    #: event), after ``attempts``: ``stop`` (``fail`` is the same): the run stops with
+    #: :class:`~projections.runner.ProjectionFailed` (projection, pid, seq_nr, serializer id and manifest) and
+    #: the offset stays before the event. ``dead-letter``: the envelope is stored in ``projection_dead_letter``
+    #: (see :mod:`projections.dead_letters`) and counted as processed, in the transaction of its offset.
+    #: ``skip``: the event is logged (pid, seq_nr) and counted as processed.
+    on_failure: OnFailure = "stop"
     #: Per-pid rows are kept this long behind the latest offset of their slice. At least the backtracking
     #: window plus its distance behind the clock (the runner raises it to that).
     time_window: float = 300.0
@@ -93,8 +98,8 @@ class ProjectionSettings:
             _positive(getattr(self, name), name, allow_zero=name in ("backoff", "backoff_max"))
         if self.restart_lookback is not None:
             _positive(self.restart_lookback, "restart_lookback", allow_zero=True)
-        if self.on_failure not in ("fail", "skip"):
-            raise InvalidArgument(f"on_failure must be 'fail' or 'skip', got {self.on_failure!r}")
+        if self.on_failure not in ON_FAILURE:
+            raise InvalidArgument(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}")
 
     def backoff_for(self, attempt: int) -> float:
         return min(self.backoff_max, self.backoff * 2 ** (attempt - 1))

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument
 from pgjournal.slices import check_slice_range
+from pgjournal.store.offsets import MARKER_PID
 from pgjournal.validation import check_name
 
-from .offset_store import MARKER_PID, OffsetStore
+from .offset_store import OffsetStore
 
 if TYPE_CHECKING:
     import psycopg

@@ -7,14 +7,19 @@ the highest sequence number processed. From these rows:
   window of its slice, which was all processed), *accepted* (the next one, a first event, or a pid whose
   previous event lies before the window), or *rejected* (its predecessors were not processed: the runner
   loads them by persistence id and processes them first, so nothing is ever skipped);
-* the **start offset** of a slice range: the earliest of its slices' latest offsets (after rescaling the
-  slices come from several old ranges), lowered to the first event of any slice that has no row yet, and
-  by the backtracking lookback so that late commits the previous run had not seen yet are read again.
-  What is read again is dropped as duplicate by the rows above.
+* the **start offset** of a slice range: the earliest over its slices of each slice's *safe point* (every
+  event of the slice before it was processed): its latest offset minus the backtracking lookback (late
+  commits the previous run had not seen yet are read again and dropped as duplicates by the rows above),
+  or its marker when that is later; lowered to the first event of any slice that has no row at all.
 
-Marker rows (persistence id ``''``, seq_nr 0) record "everything before this time counts as processed":
-:func:`projections.management.set_offset` writes them. Eviction keeps the latest row per slice, so a slice
-that was ever processed always has a row.
+Marker rows (persistence id ``''``, seq_nr 0) record "everything of this slice before this time counts as
+processed". :func:`projections.management.set_offset` writes them, and so does a running range
+(:meth:`OffsetStore.advance_markers`) for slices that had no event for a while: its query reads all of its
+slices in time order, so once it has committed an event at time N, every event of every slice of the range
+before ``N - lookback`` was processed (an event committed later than that would have been missed by the
+backtracking too; see ``ProjectionSettings.restart_lookback``). Without those markers one idle slice would
+hold every restart back to its last event (one pid written a week ago: a week re-read on each restart).
+Eviction keeps the latest row per slice, so a slice that was ever processed or marked always has a row.
 """
 
 from __future__ import annotations
@@ -22,20 +27,20 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import check_slice_range
+from pgjournal.store.offsets import MARKER_PID
+from pgjournal.timeuuid import EPOCH
 
 if TYPE_CHECKING:
     import psycopg
 
     from pgjournal.journal import Journal
 
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MARKER_PID = ""
 
 # Per slice of the range: the latest row and the latest marker.
 LATEST_SQL = """
@@ -50,23 +55,12 @@ FROM projection_timestamp_offset_store AS s
 JOIN unnest(%(slices)s::int[], %(floors)s::timestamptz[]) AS f(slice, floor) ON s.slice = f.slice
 WHERE s.projection_name = %(name)s AND s.persistence_id <> '' AND s.timestamp_offset >= f.floor
 ORDER BY s.persistence_id, s.seq_nr DESC"""
-# The first event of slices that have no row (their events were never processed).
-FIRST_EVENT_SQL = """
-SELECT min(db_timestamp) FROM event_journal
-WHERE entity_type = %(entity_type)s AND slice = ANY(%(slices)s) AND deleted = false
-  AND db_timestamp < %(before)s"""
 INSERT_SQL = """
 INSERT INTO projection_timestamp_offset_store
     (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
 SELECT %(name)s, %(key)s, u.slice, u.pid, u.seq, u.ts, clock_timestamp()
 FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
 {conflict}"""
-# For a persistence id without a row: its previous event's time, and its highest event before the floor.
-PREVIOUS_SQL = """
-SELECT (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
-          AND seq_nr = %(prev)s AND deleted = false),
-       (SELECT COALESCE(max(seq_nr), 0) FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s
-          AND seq_nr < %(seq)s AND db_timestamp < %(floor)s)"""
 # Superseded rows (a higher event of the same pid has a row: its time is not earlier) and rows older than the
 # window behind their slice's latest; so a slice's latest time always keeps a row.
 DELETE_SQL = """
@@ -118,7 +112,7 @@ class OffsetStore:
     """
 
     def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
-                 time_window: float) -> None:
+                 time_window: float, lookback: float = 0.0) -> None:
         check_slice_range(min_slice, max_slice)
         self.journal = journal
         self.name = name
@@ -126,11 +120,16 @@ class OffsetStore:
         self.min_slice, self.max_slice = min_slice, max_slice
         self.key = range_key(min_slice, max_slice)
         self.window = timedelta(seconds=time_window)
+        #: How far before a slice's latest offset late commits may still arrive (the runner's lookback).
+        self.lookback = timedelta(seconds=lookback)
         #: Per slice: the latest processed event time (markers included) and the latest marker.
         self.latest: dict[int, datetime] = {}
         self.markers: dict[int, datetime] = {}
         self.records: dict[str, Record] = {}
         self.rows_since_delete = 0
+        #: The newest event time committed through this instance (this run), and the markers it wrote.
+        self.run_newest: datetime | None = None
+        self.marked: dict[int, datetime] = {}
 
     # -- loading -------------------------------------------------------------------------------------
 
@@ -147,17 +146,26 @@ class OffsetStore:
             rows = conn.execute(PIDS_SQL, {"name": self.name, "slices": slices,
                                            "floors": [self.floor(s) for s in slices]}).fetchall()
             self.records = {pid: Record(s, seq, ts) for s, pid, seq, ts in rows}
-        start = min(self.latest.values(), default=None)
+        start = min((self.safe_point(s) for s in self.latest), default=None)
         empty = [s for s in range(self.min_slice, self.max_slice + 1) if s not in self.latest]
         if empty and start is not None:
-            # Slices never processed: their events before ``start`` must not be skipped.
-            first = conn.execute(FIRST_EVENT_SQL, {"entity_type": self.entity_type, "slices": empty,
-                                                   "before": start}, prepare=False).fetchone()
+            # Slices never processed (or cleared): their events before ``start`` must not be skipped. Ranges
+            # mark all their slices once they ran (advance_markers), so a plain restart does not run this.
+            first = conn.execute(*self.journal.events.first_event(self.entity_type, empty, start),
+                                 prepare=False).fetchone()
             if first and first[0] is not None:
                 start = first[0]
         elif empty:
             return None
-        return TimestampOffset(start) if start is not None else None
+        return TimestampOffset(max(EPOCH, start)) if start is not None else None
+
+    def safe_point(self, slice_: int) -> datetime:
+        """Every event of the slice before this time was processed (``EPOCH`` for a slice without a row)."""
+        latest = self.latest.get(slice_)
+        if latest is None:
+            return self.marked.get(slice_, EPOCH)
+        point = max(latest - self.lookback, self.markers.get(slice_, EPOCH), self.marked.get(slice_, EPOCH))
+        return max(point, EPOCH)
 
     def floor(self, slice_: int) -> datetime:
         """Events of the slice before this time all count as processed; rows are kept from here on."""
@@ -182,9 +190,7 @@ class OffsetStore:
             return Validation(Verdict.DUPLICATE)
         if env.seq_nr == 1:
             return Validation(Verdict.ACCEPTED)
-        sql = PREVIOUS_SQL.format(table=self.journal.dialect.event_table(env.slice))
-        row = conn.execute(sql, {"pid": env.persistence_id, "slice": env.slice, "prev": env.seq_nr - 1,
-                                 "seq": env.seq_nr, "floor": floor}).fetchone()
+        row = conn.execute(*self.journal.events.previous(env.persistence_id, env.seq_nr, floor)).fetchone()
         prev_ts, before_floor = row if row else (None, 0)
         if prev_ts is None or prev_ts < floor:
             return Validation(Verdict.ACCEPTED)  # the previous event was processed (or deleted)
@@ -211,6 +217,8 @@ class OffsetStore:
         """Take ``pending`` into memory once its transaction committed."""
         for pid, record in pending.items():
             self.records[pid] = record
+            if self.run_newest is None or record.timestamp > self.run_newest:
+                self.run_newest = record.timestamp
             if record.timestamp > self.latest.get(record.slice, EPOCH):
                 self.latest[record.slice] = record.timestamp
         self.rows_since_delete += len(pending)
@@ -220,6 +228,31 @@ class OffsetStore:
         conn.execute(INSERT_SQL.format(conflict="ON CONFLICT DO NOTHING"), {
             "name": self.name, "key": self.key, "slices": rows, "pids": [MARKER_PID] * len(rows),
             "seqs": [0] * len(rows), "tss": [timestamp] * len(rows)})
+
+    def advance_markers(self, conn: psycopg.Connection, *, slack: float = 0.0) -> int:
+        """Mark ``run_newest - lookback`` in every slice of the range whose safe point is older (by more than
+        ``slack`` seconds), so that the next run starts near the newest offset instead of at the last event of
+        the idlest slice. Returns the number of slices marked.
+
+        Why it is safe: this run's query read all slices of the range in (db_timestamp, seq_nr) order from
+        the run's start (no later than any slice's safe point), and what it delivered was committed in
+        delivery order. An event delivered after the one at ``run_newest`` came from backtracking, which never
+        reads earlier than ``lookback`` behind the query's position, so every event before
+        ``run_newest - lookback`` in any slice of the range was delivered and committed (or was processed
+        before this run). In-memory floors stay as loaded: the markers only move where the next run starts.
+        """
+        if self.run_newest is None:
+            return 0
+        mark = self.run_newest - self.lookback
+        due = timedelta(seconds=slack)
+        slices = [s for s in range(self.min_slice, self.max_slice + 1) if self.safe_point(s) < mark - due]
+        if not slices:
+            return 0
+        self.save_marker(conn, slices, mark)
+        for s in slices:
+            self.marked[s] = mark
+        self.rows_since_delete += len(slices)
+        return len(slices)
 
     # -- eviction and deletion -----------------------------------------------------------------------
 

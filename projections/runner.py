@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 import psycopg
@@ -28,11 +27,12 @@ import psycopg.errors
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import JournalError
-from pgjournal.offsets import NoOffset, TimestampOffset
+from pgjournal.offsets import NoOffset, Offset
 
+from .dead_letters import decoded, lenient_journal, serializer_of, store_dead_letter
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused
-from .offset_store import EPOCH, OffsetStore, Record, Verdict, range_key
+from .offset_store import OffsetStore, Record, Verdict, range_key
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -41,14 +41,21 @@ log = logging.getLogger("projections")
 
 
 class ProjectionFailed(JournalError):
-    """A handler kept failing and the projection is configured to fail: the offset stays before the event."""
+    """A handler kept failing (or the payload does not decode) and the projection is configured to stop
+    (``on_failure="stop"``): the offset stays before the event. ``ser_id``/``manifest`` are those stored with
+    the event (``None`` when they could not be read)."""
 
-    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException) -> None:
+    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException, *,
+                 ser_id: int | None = None, manifest: str | None = None) -> None:
         self.projection = projection
         self.persistence_id = envelope.persistence_id
         self.seq_nr = envelope.seq_nr
+        self.ser_id = ser_id
+        self.manifest = manifest
+        self.cause = cause
         super().__init__(f"projection {projection!r} failed on {envelope.persistence_id!r} seq_nr "
-                         f"{envelope.seq_nr} after {attempts} attempt(s): {cause!r}")
+                         f"{envelope.seq_nr} (ser_id {ser_id}, manifest {manifest!r}) after {attempts} "
+                         f"attempt(s): {cause!r}")
 
 
 class LeaseLost(JournalError):
@@ -83,10 +90,13 @@ current_context: contextvars.ContextVar[RunContext | None] = contextvars.Context
 
 @dataclass
 class Stats:
+    #: Envelopes the slice query delivered (duplicates included): what a (re)start costs in rows.
+    read: int = 0
     handled: int = 0
     duplicates: int = 0
     rejected: int = 0
     skipped: int = 0
+    dead_lettered: int = 0
     restarts: int = 0
 
 
@@ -123,6 +133,8 @@ class RangeRunner:
         self.guard = guard
         self.epochs: dict[int, int] = guard.epochs(range(min_slice, max_slice + 1)) if guard else {}
         self.stats = Stats()
+        #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
+        self.reading = lenient_journal(journal)
         self._stop = threading.Event()
         self.lookback = lookback(journal, self.settings)
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
@@ -194,13 +206,11 @@ class RangeRunner:
 
     def _run_once(self) -> None:
         store = OffsetStore(self.journal, self.projection.name, self.projection.entity_type, self.min_slice,
-                            self.max_slice, time_window=self.time_window)
+                            self.max_slice, time_window=self.time_window, lookback=self.lookback)
         with self.journal.connection() as conn:
-            start = store.load(conn)
-        offset = NoOffset
-        if start is not None:
-            offset = TimestampOffset(max(EPOCH, start.timestamp - timedelta(seconds=self.lookback)))
-        query = self.journal.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
+            start = store.load(conn)  # the lookback is applied per slice: see OffsetStore.safe_point
+        offset: Offset = NoOffset if start is None else start
+        query = self.reading.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
                                                     offset)
         inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
         halt = threading.Event()
@@ -239,6 +249,7 @@ class RangeRunner:
                     raise item.error
                 now = time.monotonic()
                 if item is not None:
+                    self.stats.read += 1
                     if isinstance(handler, Grouped):
                         if not group:
                             group_due = now + handler.max_wait
@@ -264,13 +275,23 @@ class RangeRunner:
                 if now >= next_delete:
                     next_delete = now + self.settings.delete_interval
                     store.evict()
-                    if store.rows_since_delete:
-                        with self.journal.connection() as conn:
+                    with self.journal.connection() as conn:
+                        store.advance_markers(conn, slack=self.lookback / 2)
+                        if store.rows_since_delete:
                             store.delete_old(conn)
         finally:
             # What was handled is stored; a group not handled yet is read again by the next run.
             if unsaved:
                 self._save(store, unsaved)
+            self._mark_on_stop(store)
+
+    def _mark_on_stop(self, store: OffsetStore) -> None:
+        """Best effort: let the next run start near the newest offset (it starts earlier, safely, without)."""
+        try:
+            with self.journal.connection() as conn:
+                store.advance_markers(conn)
+        except (psycopg.Error, JournalError) as exc:
+            log.info("projection %s %s: markers not advanced on stop: %r", self.projection.name, self.key, exc)
 
     def _admit(self, conn: psycopg.Connection, store: OffsetStore, env: EventEnvelope,
                pending: MutableMapping[str, Record]) -> list[EventEnvelope]:
@@ -284,7 +305,7 @@ class RangeRunner:
             self.stats.rejected += 1
             log.info("projection %s: %r seq_nr %d rejected (processed up to %d): loading the missing events",
                      self.projection.name, env.persistence_id, env.seq_nr, validation.after)
-            out = list(self.journal.query.current_events_by_persistence_id(
+            out = list(self.reading.query.current_events_by_persistence_id(
                 env.persistence_id, validation.after + 1, env.seq_nr - 1))
         out.append(env)
         for e in out:
@@ -335,31 +356,52 @@ class RangeRunner:
             for env in envelopes:
                 self._transact(store, [env])
             return
-        if self.settings.on_failure == "fail":
-            raise ProjectionFailed(self.projection.name, failed_on, attempts, last)
+        if self.settings.on_failure in ("stop", "fail"):
+            raise self._failed(failed_on, attempts, last)
+        dead_letter = self.settings.on_failure == "dead-letter"
         pending = {}
         with self.journal.connection() as conn:
             todo = [e for env in envelopes for e in self._admit(conn, store, env, pending)]
-            self._commit(conn, store, todo, pending, handle=False)
+            dead = self._commit(conn, store, todo, pending, handle=dead_letter, dead_letter=dead_letter)
         store.commit(pending)
-        self._log_skipped(todo, last)
+        if dead_letter:
+            self.stats.handled += len(todo) - len(dead)
+            for env, exc in dead:
+                self._log_dead_letter(env, exc)
+        else:
+            self._log_skipped(todo, last)
 
     def _commit(self, conn: psycopg.Connection, store: OffsetStore, todo: list[EventEnvelope],
-                pending: dict[str, Record], *, handle: bool) -> None:
+                pending: dict[str, Record], *, handle: bool, dead_letter: bool = False
+                ) -> list[tuple[EventEnvelope, BaseException]]:
+        """Handle ``todo`` (unless not ``handle``) and store its offsets in one transaction. ``dead_letter``:
+        each envelope in its own savepoint; one that fails is stored as a dead letter instead (returned)."""
         handler = self.projection.handler
+        dead: list[tuple[EventEnvelope, BaseException]] = []
         with conn.transaction():
             if self.guard is not None:
                 slices = sorted({e.slice for e in todo})
                 self.guard.fence(conn, slices, self.epochs)
-            if handle:
+            if handle and dead_letter:
+                for env in todo:
+                    try:
+                        with conn.transaction():
+                            self._handle_in(conn, [env])
+                    except Exception as exc:
+                        store_dead_letter(conn, self.journal, self.projection.name, self.key, env, exc)
+                        dead.append((env, exc))
+            elif handle:
                 current = todo[0]
                 try:
                     if isinstance(handler, ExactlyOnce):
                         for current in todo:
-                            handler.handle(conn, current)
+                            handler.handle(conn, decoded(self.journal, current))
                     else:
                         assert isinstance(handler, Grouped)
-                        handler.handle(conn, todo)
+                        ready = []
+                        for current in todo:
+                            ready.append(decoded(self.journal, current))
+                        handler.handle(conn, ready)
                 except Exception as exc:
                     raise _HandlerError(current) from exc
             try:
@@ -367,6 +409,33 @@ class RangeRunner:
             except psycopg.errors.UniqueViolation:
                 raise LeaseLost(f"an offset row of {self.key} exists already: another worker processed "
                                 "the same event") from None
+        return dead
+
+    def _handle_in(self, conn: psycopg.Connection, envelopes: list[EventEnvelope]) -> None:
+        handler = self.projection.handler
+        ready = [decoded(self.journal, e) for e in envelopes]
+        if isinstance(handler, ExactlyOnce):
+            for env in ready:
+                handler.handle(conn, env)
+        else:
+            assert isinstance(handler, Grouped)
+            handler.handle(conn, ready)
+
+    def _log_dead_letter(self, env: EventEnvelope, exc: BaseException) -> None:
+        self.stats.dead_lettered += 1
+        log.error("projection %s: %r seq_nr %d stored as a dead letter after %d attempt(s): %r",
+                  self.projection.name, env.persistence_id, env.seq_nr, self.settings.attempts, exc)
+
+    def _failed(self, env: EventEnvelope, attempts: int, cause: BaseException) -> ProjectionFailed:
+        ser_id: int | None = None
+        manifest: str | None = None
+        try:
+            with self.journal.connection() as conn:
+                ser_id, manifest = serializer_of(conn, self.journal, env)
+        except (psycopg.Error, JournalError) as exc:
+            log.warning("projection %s: serializer of %r seq_nr %d not read: %r", self.projection.name,
+                        env.persistence_id, env.seq_nr, exc)
+        return ProjectionFailed(self.projection.name, env, attempts, cause, ser_id=ser_id, manifest=manifest)
 
     def _at_least_once(self, store: OffsetStore, env: EventEnvelope, unsaved: dict[str, Record]) -> int:
         handler = self.projection.handler
@@ -379,7 +448,7 @@ class RangeRunner:
                 if self.guard is not None and not self.guard.valid():
                     raise LeaseLost(f"lease of {self.key} not renewed in time")
                 try:
-                    handler.handle(e)
+                    handler.handle(decoded(self.journal, e))
                     self.stats.handled += 1
                     break
                 except Exception as exc:
@@ -387,9 +456,14 @@ class RangeRunner:
                                 self.projection.name, e.persistence_id, e.seq_nr, attempt,
                                 self.settings.attempts, exc)
                     if attempt == self.settings.attempts:
-                        if self.settings.on_failure == "fail":
-                            raise ProjectionFailed(self.projection.name, e, attempt, exc) from exc
-                        self._log_skipped([e], exc)
+                        if self.settings.on_failure in ("stop", "fail"):
+                            raise self._failed(e, attempt, exc) from exc
+                        if self.settings.on_failure == "dead-letter":
+                            with self.journal.connection() as conn:
+                                store_dead_letter(conn, self.journal, self.projection.name, self.key, e, exc)
+                            self._log_dead_letter(e, exc)
+                        else:
+                            self._log_skipped([e], exc)
                     else:
                         self._backoff(attempt)
             unsaved[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)

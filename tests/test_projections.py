@@ -256,7 +256,8 @@ def test_event_processor_writes_one_event_per_source_event(journal: Journal) -> 
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: ProjectionSettings(on_failure="ignore"), "on_failure must be 'fail' or 'skip', got 'ignore'"),
+    (lambda: ProjectionSettings(on_failure="ignore"),
+     "on_failure must be one of stop, fail, skip, dead-letter, got 'ignore'"),
     (lambda: ProjectionSettings(attempts=0), "attempts must be an integer >= 1, got 0"),
     (lambda: Grouped(lambda c, e: None, max_count=0), "Grouped.max_count must be an integer >= 1, got 0"),
     (lambda: AtLeastOnce(lambda e: None, save_interval=-1), "AtLeastOnce.save_interval must be a number > 0"),

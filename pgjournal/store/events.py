@@ -126,6 +126,25 @@ class EventStore:
                 "AND seq_nr > %s AND seq_nr < %s AND db_timestamp >= %s AND deleted = false ORDER BY seq_nr",
                 (pid, slice_, after, before, floor))
 
+    def previous(self, pid: str, seq_nr: int, floor: datetime) -> Query:
+        """One row: the db_timestamp of the event before ``seq_nr`` (NULL when missing or deleted), and the
+        highest sequence number below ``seq_nr`` written before ``floor`` (0 when none)."""
+        slice_ = slice_for_persistence_id(pid)
+        table = self.table(slice_)
+        return (f"SELECT (SELECT db_timestamp FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s "
+                "AND seq_nr = %(prev)s AND deleted = false), (SELECT COALESCE(max(seq_nr), 0) FROM "
+                f"{table} WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr < %(seq)s "
+                "AND db_timestamp < %(floor)s)",
+                {"pid": pid, "slice": slice_, "prev": seq_nr - 1, "seq": seq_nr, "floor": floor})
+
+    @staticmethod
+    def first_event(entity_type: str, slices: list[int], before: datetime) -> Query:
+        """One row (or none): the db_timestamp of the first event of ``slices`` before ``before`` (an ordered
+        walk of the time index that stops at the first match)."""
+        return ("SELECT db_timestamp FROM event_journal WHERE entity_type = %(entity_type)s "
+                "AND slice = ANY(%(slices)s) AND deleted = false AND db_timestamp < %(before)s "
+                "ORDER BY db_timestamp LIMIT 1", {"entity_type": entity_type, "slices": slices, "before": before})
+
     def writer_of(self, pid: str, seq_nr: int) -> Query:
         """One row (or none): the ``writer`` of an event."""
         slice_ = slice_for_persistence_id(pid)
@@ -151,6 +170,12 @@ class EventStore:
                 "AND slice = %s AND tags && %s::text[] ORDER BY seq_nr", (pid, slice_, tags))
 
     @staticmethod
+    def predecessors(pids: list[str], slices: list[int], seqs: list[int]) -> Query:
+        """(pid, seq_nr, db_timestamp) of the event before ``seqs[i]`` of each ``pids[i]``, where it exists and
+        is not deleted."""
+        return PREDECESSORS, {"pids": pids, "slices": slices, "seqs": seqs}
+
+    @staticmethod
     def persistence_ids(after: str, limit: int) -> Query:
         return ("SELECT DISTINCT persistence_id FROM event_journal WHERE persistence_id > %s "
                 "ORDER BY persistence_id LIMIT %s", (after, limit))
@@ -174,3 +199,14 @@ WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
                             WHERE s.pid = persistence_id), 0)))
 ORDER BY db_timestamp, seq_nr, persistence_id
 LIMIT %(limit)s"""
+# One primary-key probe per pid. A plain join over unnest was planned as a hash join over a sequential scan of
+# every partition once the table had statistics (the whole journal read on a restart's first page); so was a
+# bare LATERAL, which the planner flattens into the same join. LIMIT 1 keeps the subquery apart: a nested loop
+# of index probes with run-time partition pruning (EXPLAIN at 10k and 1M events: bench/restart_plans.py).
+PREDECESSORS = """
+SELECT u.pid, e.seq_nr, e.db_timestamp
+FROM unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, slice, seq)
+CROSS JOIN LATERAL (
+    SELECT p.seq_nr, p.db_timestamp FROM event_journal AS p
+    WHERE p.persistence_id = u.pid AND p.seq_nr = u.seq - 1 AND p.slice = u.slice AND NOT p.deleted
+    LIMIT 1) AS e"""

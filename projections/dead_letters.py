@@ -1,0 +1,214 @@
+"""Poison events: envelopes a projection cannot decode or handle.
+
+The runner reads through a *lenient* view of the journal (:func:`lenient_journal`): a payload that does not
+decode becomes an :class:`Undecodable` event instead of failing the query (which made the range restart
+without end). The runner treats it like a handler failure: retried with backoff, then
+``ProjectionSettings.on_failure`` applies — ``stop`` raises :class:`~projections.runner.ProjectionFailed`
+naming projection, persistence id, sequence number, serializer id and manifest; ``dead-letter`` stores the
+envelope in ``projection_dead_letter`` (payload kept) and goes on, in exactly-once and grouped modes in the
+same transaction as the offset past it.
+
+:func:`retry_dead_letters` replays stored dead letters through a (fixed) handler and removes each that
+succeeds. A replay runs after later events of the same persistence id were handled: handlers that depend on
+per-entity order must tolerate that.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pgjournal.by_pid import ByPersistenceId
+from pgjournal.by_slices import BySlices
+from pgjournal.envelope import EventEnvelope, Source
+from pgjournal.errors import SerializationError
+from pgjournal.offsets import TimestampOffset
+from pgjournal.query import Query
+from pgjournal.slices import entity_type_of
+from pgjournal.validation import check_name
+
+from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from pgjournal.journal import Journal
+    from pgjournal.serialization import SerializerRegistry
+
+# The stored row is the source of serializer id, manifest and payload: the envelope has only the event.
+INSERT_SQL = """
+INSERT INTO projection_dead_letter (projection_name, projection_key, slice, persistence_id, seq_nr, db_timestamp,
+    ser_id, manifest, payload, error, failed_at)
+SELECT %(name)s, %(key)s, slice, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
+       event_payload, %(error)s, clock_timestamp()
+FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s AND slice = %(slice)s
+ON CONFLICT (projection_name, persistence_id, seq_nr) DO UPDATE
+SET error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, projection_key = EXCLUDED.projection_key"""
+SERIALIZER_SQL = """
+SELECT event_ser_id, event_ser_manifest FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s
+  AND slice = %(slice)s"""
+LIST_SQL = """
+SELECT projection_key, slice, persistence_id, seq_nr, db_timestamp, ser_id, manifest, payload, error, failed_at
+FROM projection_dead_letter WHERE projection_name = %(name)s ORDER BY persistence_id, seq_nr"""
+DELETE_SQL = """
+DELETE FROM projection_dead_letter WHERE projection_name = %(name)s AND persistence_id = %(pid)s
+  AND seq_nr = %(seq_nr)s"""
+UPDATE_SQL = """
+UPDATE projection_dead_letter SET error = %(error)s, failed_at = clock_timestamp()
+WHERE projection_name = %(name)s AND persistence_id = %(pid)s AND seq_nr = %(seq_nr)s"""
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """The event (or metadata) of an envelope whose payload the serializers could not decode."""
+
+    ser_id: int
+    manifest: str
+    payload: bytes = field(repr=False)
+    error: SerializationError
+
+
+class LenientSerializers:
+    """Delegates to a registry; a payload that does not decode becomes an :class:`Undecodable`."""
+
+    def __init__(self, inner: SerializerRegistry) -> None:
+        self._inner = inner
+
+    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, where: str = "") -> Any:
+        try:
+            return self._inner.deserialize(ser_id, manifest, payload, where=where)
+        except SerializationError as exc:
+            return Undecodable(ser_id, manifest, bytes(payload), exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def lenient_journal(journal: Journal) -> Journal:
+    """The same journal (pool, settings, signals) whose queries yield :class:`Undecodable` events instead of
+    raising on a payload that does not decode. For reading only."""
+    view = copy.copy(journal)
+    view.serializers = LenientSerializers(journal.serializers)  # type: ignore[assignment]
+    view.by_pid = ByPersistenceId(view)
+    view.by_slices = BySlices(view)
+    view.query = Query(view)
+    return view
+
+
+def undecodable(env: EventEnvelope) -> Undecodable | None:
+    for part in (env.event, env.metadata):
+        if isinstance(part, Undecodable):
+            return part
+    return None
+
+
+def decoded(journal: Journal, env: EventEnvelope) -> EventEnvelope:
+    """``env`` with an :class:`Undecodable` event or metadata decoded again (a serializer may have been
+    registered since), or :class:`~pgjournal.errors.SerializationError`."""
+    if undecodable(env) is None:
+        return env
+    where = f" of {env.persistence_id!r} seq_nr {env.seq_nr}"
+    parts = [journal.serializers.deserialize(p.ser_id, p.manifest, p.payload, where=where)
+             if isinstance(p, Undecodable) else p for p in (env.event, env.metadata)]
+    return replace(env, event=parts[0], metadata=parts[1])
+
+
+def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope) -> tuple[int | None, str | None]:
+    """The serializer id and manifest stored with the envelope's event (``None`` when it is gone)."""
+    bad = undecodable(env)
+    if bad is not None:
+        return bad.ser_id, bad.manifest
+    row = conn.execute(SERIALIZER_SQL,
+                       {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice}).fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
+def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key: str, env: EventEnvelope,
+                      error: BaseException) -> None:
+    """Copy the envelope's journal row into ``projection_dead_letter`` (in the caller's transaction)."""
+    conn.execute(INSERT_SQL,
+                 {"name": name, "key": key, "pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
+                  "error": f"{type(error).__name__}: {error}"})
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    projection_key: str
+    slice: int
+    persistence_id: str
+    seq_nr: int
+    db_timestamp: datetime
+    ser_id: int
+    manifest: str
+    payload: bytes = field(repr=False)
+    error: str
+    failed_at: datetime
+
+
+def list_dead_letters(journal: Journal, name: str) -> list[DeadLetter]:
+    """The dead letters of projection ``name``, by persistence id and sequence number."""
+    check_name(name, "projection name")
+    with journal.connection() as conn:
+        rows = conn.execute(LIST_SQL, {"name": name}).fetchall()
+    return [DeadLetter(*row[:7], bytes(row[7]), *row[8:]) for row in rows]
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    succeeded: list[tuple[str, int]]
+    #: ``(persistence_id, seq_nr, error)`` of those that failed again (they stay, with the new error).
+    failed: list[tuple[str, int, str]]
+
+
+def retry_dead_letters(journal: Journal, projection: Projection) -> RetryOutcome:
+    """Replay the dead letters of ``projection.name`` through its handler, once each; remove each that
+    succeeds (exactly-once and grouped: in the handler's transaction). The event is read from the journal
+    again (it may have been repaired), or decoded from the stored payload when the journal no longer has it."""
+    succeeded: list[tuple[str, int]] = []
+    failed: list[tuple[str, int, str]] = []
+    for letter in list_dead_letters(journal, projection.name):
+        key = {"name": projection.name, "pid": letter.persistence_id, "seq_nr": letter.seq_nr}
+        try:
+            env = _envelope(journal, letter)
+            _handle(journal, projection, env, key)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            with journal.connection() as conn:
+                conn.execute(UPDATE_SQL, {**key, "error": error})
+            failed.append((letter.persistence_id, letter.seq_nr, error))
+        else:
+            succeeded.append((letter.persistence_id, letter.seq_nr))
+    return RetryOutcome(succeeded, failed)
+
+
+def _envelope(journal: Journal, letter: DeadLetter) -> EventEnvelope:
+    found = list(journal.query.current_events_by_persistence_id(letter.persistence_id, letter.seq_nr,
+                                                                letter.seq_nr))
+    if found:
+        return found[0]
+    where = f" of {letter.persistence_id!r} seq_nr {letter.seq_nr}"
+    event = journal.serializers.deserialize(letter.ser_id, letter.manifest, letter.payload, where=where)
+    ts = letter.db_timestamp
+    return EventEnvelope(letter.persistence_id, letter.seq_nr, letter.slice, entity_type_of(letter.persistence_id),
+                         ts, TimestampOffset(ts, ts, {letter.persistence_id: letter.seq_nr}), event,
+                         source=Source.BACKTRACKING)
+
+
+def _handle(journal: Journal, projection: Projection, env: EventEnvelope, key: dict[str, Any]) -> None:
+    handler = projection.handler
+    if isinstance(handler, AtLeastOnce):
+        handler.handle(env)
+        with journal.connection() as conn:
+            conn.execute(DELETE_SQL, key)
+        return
+    with journal.connection() as conn, conn.transaction():
+        if isinstance(handler, ExactlyOnce):
+            handler.handle(conn, env)
+        else:
+            assert isinstance(handler, Grouped)
+            envs: Sequence[EventEnvelope] = [env]
+            handler.handle(conn, envs)
+        conn.execute(DELETE_SQL, key)

@@ -1,0 +1,21 @@
+"""``eventually(condition)``: wait for a condition instead of sleeping a guessed time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def eventually(condition: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns a truthy value (returned); fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what} (last value {value!r})")
+        time.sleep(interval)
