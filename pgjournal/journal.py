@@ -27,6 +27,7 @@ from .serialization import SerializerRegistry
 from .settings import Settings
 from .slices import slice_for_persistence_id
 from .snapshots import SelectedSnapshot, SnapshotStore
+from .stored_format import read_stored_format
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
@@ -94,7 +95,8 @@ class Journal:
             migrations.check_schema(conn)
             check_bucket_size(conn, loaded.tag_bucket_size)
             sees_all = can_see_all_transactions(conn)
-        journal = cls(resolved, loaded, serializers or SerializerRegistry())
+            stored = read_stored_format(conn)
+        journal = cls(resolved, loaded, (serializers or SerializerRegistry()).for_stored_format(stored))
         journal.uses_visibility_horizon = (
             not loaded.portable and journal.dialect.supports_visibility_horizon and sees_all
         )
