@@ -28,6 +28,7 @@ import psycopg
 
 FORMAT_TABLE = "pgjournal_format"
 LEGACY_JSON_SER_ID = "legacy_json_ser_id"
+_SELECT = f"SELECT name, value FROM {FORMAT_TABLE}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,5 +43,5 @@ def read_stored_format(conn: psycopg.Connection) -> StoredFormat:
     found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (FORMAT_TABLE,)).fetchone()
     if not found or not found[0]:
         return StoredFormat()
-    values = dict(conn.execute(f"SELECT name, value FROM {FORMAT_TABLE}").fetchall())
+    values = dict(conn.execute(_SELECT).fetchall())
     return StoredFormat(legacy_json_33=values.get(LEGACY_JSON_SER_ID) == "33")
