@@ -30,6 +30,7 @@ from pgjournal.dsn import resolve_dsn
 from pgjournal.errors import InvalidArgument
 from pgjournal.horizon import visibility_horizon
 from pgjournal.settings import Settings
+from pgjournal.stored_format import read_stored_format
 
 from . import files
 from .jdbc import jdbc_target
@@ -220,7 +221,7 @@ def load_events(
         frame = _new_rows(spark, state, ranges, horizon, target_frame=lambda where: jdbc_frame(
             spark, target, table, where, fetch_size=fetch_size), entity_type=entity_type)
         if decode:
-            frame = decode_payloads(frame, payload_schema)
+            frame = decode_payloads(frame, payload_schema, legacy_json_33=read_stored_format(conn).legacy_json_33)
         staging = files.join(out, INCOMING, load_id)
         observed, rows = counted(at_most_one_task_per_core(frame))
         tracked(spark, f"load {number}", lambda: observed.write.options(**PARQUET_OPTIONS).partitionBy("entity_type")
