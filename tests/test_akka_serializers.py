@@ -3,7 +3,6 @@ queries, the legacy JSON-under-33 databases, and corrupt payloads."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,8 +253,7 @@ def test_round_trip_jackson_json(value: Any) -> None:
 @settings(max_examples=150, deadline=None)
 @given(value=cbor_values, ser_id=st.sampled_from([akka.JACKSON_CBOR, akka.JACKSON_CBOR_264]))
 def test_round_trip_jackson_cbor(value: Any, ser_id: int) -> None:
-    decoded = SerializerRegistry().deserialize(ser_id, "", akka.encode_cbor(value))
-    assert decoded == value or (isinstance(value, float) and math.isinf(value) and decoded == value)
+    assert SerializerRegistry().deserialize(ser_id, "", akka.encode_cbor(value)) == value
 
 
 @settings(max_examples=100, deadline=None)
