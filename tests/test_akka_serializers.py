@@ -3,6 +3,7 @@ queries, the legacy JSON-under-33 databases, and corrupt payloads."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 from alembic import command
 from conftest import FAST
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgjournal import Journal, SerializationError, SerializerRegistry, slice_for_persistence_id
@@ -275,6 +276,26 @@ def test_legacy_33_reads_old_json_and_akka_cbor(value: Any) -> None:
     assert reg.deserialize(33, "", akka.encode_json(value)) == value  # what pgjournal wrote before 0004
     as_object = {"v": value}  # what Akka's jackson-cbor writes: an object
     assert reg.deserialize(33, "", akka.encode_cbor(as_object)) == as_object
+
+
+@dataclass(frozen=True)
+class Boxed:
+    value: Any
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(st.one_of(
+    st.text(), st.integers(akka.LONG_MIN, akka.LONG_MAX), st.booleans(), st.binary(),
+    st.dictionaries(st.text(max_size=8), json_values, max_size=3), st.builds(Boxed, json_values),
+    st.builds(CartItemAdded, st.text(), st.integers(akka.INT_MIN, akka.INT_MAX)),
+), min_size=1, max_size=6))
+def test_round_trip_of_every_id_through_postgres(journal: Journal, events: list[Any]) -> None:
+    """bytea keeps every payload byte: what is appended reads back equal, whichever serializer wrote it."""
+    journal.serializers.register(Boxed, "com.example.Boxed", ser_id=akka.JACKSON_CBOR)  # again: no-op
+    journal.serializers.register(CartItemAdded, "com.example.CartItemAdded", ser_id=akka.JACKSON_CBOR_264)
+    pid = f"ShoppingCart|{uuid.uuid4().hex}"
+    journal.append(pid, events)
+    assert [e.event for e in journal.query.current_events_by_persistence_id(pid)] == events
 
 
 # -- corrupt payloads --------------------------------------------------------------------------------
