@@ -17,7 +17,10 @@ Why a marker and not a data migration (``UPDATE ... SET event_ser_id = 31 WHERE 
   33, once) and one row read when a journal opens.
 
 The marker is per database and never removed: rows written with 33 after the migration (by Akka's CBOR
-serializer, or by an older pgjournal still running) read correctly under the same rule.
+serializer, or by an older pgjournal still running) read correctly under the same rule. Without the marker
+(the database had no row with 33 when it was migrated) an older pgjournal still writing JSON-33 rows after
+the migration would leave rows that read as broken CBOR: stop older writers before migrating, or record the
+marker by hand as the owner: ``INSERT INTO pgjournal_format VALUES ('legacy_json_ser_id', '33')``.
 """
 
 from __future__ import annotations
