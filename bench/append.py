@@ -30,7 +30,7 @@ assert 180 <= len(PAYLOAD) <= 220
 RAW_TABLE = "bench_raw_journal"
 RAW_INSERT = (
     f"INSERT INTO {RAW_TABLE} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, "
-    "event_ser_id, event_ser_manifest, event_payload) VALUES (%s, %s, %s, %s, now(), %s, 33, '', %s)"
+    "event_ser_id, event_ser_manifest, event_payload) VALUES (%s, %s, %s, %s, now(), %s, 31, '', %s)"
 )
 
 
@@ -114,7 +114,7 @@ def copy_batches(writers: int, total: int, batch: int) -> Callable[[Context, Any
                         copy.set_types(types)
                         now = datetime.now(UTC)
                         for seq in range(first, first + batch):
-                            copy.write_row((1, "Bench", pid, seq, now, "copy", 33, "", PAYLOAD))
+                            copy.write_row((1, "Bench", pid, seq, now, "copy", 31, "", PAYLOAD))
 
         return total / _threads(writers, total // writers, work)
 

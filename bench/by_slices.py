@@ -40,7 +40,7 @@ def load(dsn: str, events: int, pids: int) -> None:
                 i = n % pids
                 seq[i] += 1
                 ts = start + timedelta(microseconds=n * 5)
-                copy.write_row((slices[i], ENTITY_TYPES[i % 5], names[i], seq[i], ts, "bench", 33, "", PAYLOAD))
+                copy.write_row((slices[i], ENTITY_TYPES[i % 5], names[i], seq[i], ts, "bench", 31, "", PAYLOAD))
         conn.commit()
         conn.execute("ANALYZE event_journal")
         conn.commit()

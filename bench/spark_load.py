@@ -31,7 +31,7 @@ INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timest
     event_ser_manifest, event_payload, tags)
 SELECT p.slice, split_part(p.pid, '|', 1), p.pid, s.seq,
        TIMESTAMPTZ '2026-11-01 00:00:00+00' + ((s.seq - 1) * %(pids)s + p.idx) * INTERVAL '1 microsecond',
-       'bench', 33, '',
+       'bench', 31, '',
        convert_to(json_build_object('item', 'sku-' || p.idx, 'qty', s.seq, 'note', repeat('x', 40))::text, 'UTF8'),
        CASE WHEN p.idx %% 10 = 0 THEN ARRAY['promo'] END
 FROM unnest(%(pid_list)s::text[], %(slices)s::int[]) WITH ORDINALITY AS p(pid, slice, idx)

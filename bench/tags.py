@@ -70,7 +70,7 @@ def _catchup_setup(ctx: Context) -> dict[str, Any]:
                 seq = i // CATCHUP_PIDS + 1
                 bucket = size.bucket_of(ms_of_ticks(ticks))
                 copy.write_row((CATCHUP_TAG, bucket, ticks, lsb, make_uuid(ticks, lsb_bytes),
-                                f"Bench|{i % CATCHUP_PIDS}", seq, seq, "bench", 33, "", PAYLOAD))
+                                f"Bench|{i % CATCHUP_PIDS}", seq, seq, "bench", 31, "", PAYLOAD))
         conn.execute("VACUUM ANALYZE tag_views")
     ctx.note(f"tag view: {total:,} events of {CATCHUP_PIDS} persistence ids, Hour buckets")
     journal = Journal.open(ctx.dsn, tag_bucket_size="Hour", tag_eventual_consistency_delay=0.1)

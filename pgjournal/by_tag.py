@@ -223,10 +223,12 @@ class TagStream:
             event = serializers.deserialize(ser_id, manifest, payload)
             metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta)
         except SerializationError:
-            where = f" of {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
-            event = serializers.deserialize(ser_id, manifest, payload, where=where)
-            metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta,
-                                                                             where=where)
+            where = f" of persistence id {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
+            event = serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid,
+                                            seq_nr=seq_nr)
+            metadata = None if meta_id is None else serializers.deserialize(
+                meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid,
+                seq_nr=seq_nr)
         return TagEnvelope(self._tag, pid, seq_nr, tag_seq, ticks, lsb, pos, event, metadata, writer, source)
 
     def _in_current_bucket(self, ticks: int) -> bool:

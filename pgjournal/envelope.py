@@ -54,9 +54,10 @@ def envelope_from_row(
 ) -> EventEnvelope:
     """Decode one row selected with :data:`EVENT_COLUMNS`."""
     slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row
-    where = f" of {pid!r} seq_nr {seq_nr}"
-    event = serializers.deserialize(ser_id, manifest, payload, where=where)
-    metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta, where=where)
+    event = serializers.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
+    metadata = None if meta_id is None else serializers.deserialize(
+        meta_id, meta_manifest or "", meta, where=f" of the metadata of persistence id {pid!r} seq_nr {seq_nr}",
+        persistence_id=pid, seq_nr=seq_nr)
     if offset is None:
         offset = TimestampOffset(ts, read_timestamp or ts, {pid: seq_nr})
     return EventEnvelope(pid, seq_nr, slice_, entity_type, ts, offset, event, tuple(tags or ()), metadata, source)

@@ -22,7 +22,26 @@ class InvalidArgument(JournalError, ValueError):
 
 
 class SerializationError(JournalError):
-    """An event or snapshot could not be encoded, or a stored payload could not be decoded."""
+    """An event or snapshot could not be encoded, or a stored payload could not be decoded.
+
+    A payload that could not be decoded sets ``ser_id`` and ``manifest``, and ``persistence_id`` and
+    ``seq_nr`` when it is an event's (``None`` where not known).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        persistence_id: str | None = None,
+        seq_nr: int | None = None,
+        ser_id: int | None = None,
+        manifest: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.persistence_id = persistence_id
+        self.seq_nr = seq_nr
+        self.ser_id = ser_id
+        self.manifest = manifest
 
 
 class ConcurrencyConflict(JournalError):

@@ -28,6 +28,7 @@ from .query import Query
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
+from .stored_format import read_stored_format
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
@@ -98,11 +99,12 @@ class Journal:
                 migrations.check_schema(conn)
                 check_bucket_size(conn, loaded.tag_bucket_size)
                 capabilities = Capabilities.resolve(conn, loaded)
+                stored = read_stored_format(conn)
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise InsufficientPrivilege(
                     f"the role of {mask_dsn(resolved)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
                     "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
-        journal = cls(resolved, loaded, serializers or SerializerRegistry(), capabilities)
+        journal = cls(resolved, loaded, (serializers or SerializerRegistry()).for_stored_format(stored), capabilities)
         journal._pool.open(wait=False)
         return journal
 

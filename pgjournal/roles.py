@@ -11,7 +11,8 @@ migrations then run as the *owner* role the script creates. The script:
 * **writer** (``pgjournal_writer``): applications and projection workers. Reads everything; appends to
   ``event_journal`` and may change only its ``deleted`` column (logical delete), so history cannot be
   rewritten or removed; reads and writes the other tables (snapshots, tag views, projection offsets,
-  management, leases). It cannot create, alter, drop or truncate anything.
+  management, leases) except the migrations' own records (schema version, stored format), which it only
+  reads. It cannot create, alter, drop or truncate anything.
 * **reader** (``pgjournal_reader``): Spark exports, queries, ``pgjournal verify``: SELECT only.
 * **loader** (``pgjournal_loader``): the Spark incremental load. Reads everything; keeps its watermarks in
   ``projection_timestamp_offset_store`` (SELECT, INSERT, DELETE there and nowhere else).
@@ -36,6 +37,7 @@ from .dsn import mask_dsn
 from .errors import ConfigurationError, DatabaseUnavailable, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
+from .stored_format import FORMAT_TABLE
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -116,7 +118,7 @@ BEGIN
     END IF;
     IF t.journal THEN
       EXECUTE format('GRANT INSERT, UPDATE (deleted) ON {s}.%I TO {w}', t.relname);
-    ELSIF t.relname <> '{VERSION_TABLE}' THEN
+    ELSIF t.relname NOT IN ('{VERSION_TABLE}', '{FORMAT_TABLE}') THEN
       EXECUTE format('GRANT INSERT, UPDATE, DELETE ON {s}.%I TO {w}', t.relname);
     END IF;
   END LOOP;

@@ -218,3 +218,16 @@ projection_dead_letter = Table(
 )
 
 DEAD_LETTER_TABLES = (projection_dead_letter,)
+
+# -- Stored format (revision 0005) -----------------------------------------------------------------------
+# Facts about how this database's payloads were written, recorded by migrations and read at open: see
+# pgjournal.stored_format. Applications read it; only migrations write it.
+pgjournal_format = Table(
+    "pgjournal_format",
+    metadata,
+    Column("name", String(255), nullable=False),
+    Column("value", String(255), nullable=False),
+    PrimaryKeyConstraint("name", name="pgjournal_format_pkey"),
+)
+
+FORMAT_TABLES = (pgjournal_format,)

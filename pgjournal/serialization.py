@@ -1,21 +1,43 @@
 """Serializer registry: every payload is stored as ``(ser_id, manifest, bytes)``. Nothing is pickled.
 
-Built in: JSON (``ser_id`` 33, Akka's Jackson JSON id, so Akka-written JSON events decode to dicts) for
-plain JSON values and registered types, and raw bytes (``ser_id`` 4, Akka's byte-array serializer).
+Ids and byte layouts are Akka's (see :mod:`pgjournal.akka_formats`), so either side reads what the other
+wrote. Writing picks the serializer Akka's default bindings pick for the same kind of value:
+
+* ``bool`` -> primitive-boolean 35, ``int`` within 64 bits -> primitive-long 18, ``str`` -> primitive-string
+  20, ``bytes`` -> byte array 4 (no manifest);
+* a type registered with :meth:`SerializerRegistry.register` -> Jackson JSON 31 (or CBOR 33/32 when
+  registered so) with its manifest (the class name Akka would write, ``#N`` when it has a version);
+* a type registered with :meth:`SerializerRegistry.register_serializer` -> that serializer's id;
+* any other JSON value (dict, list, float, ``None``, larger int) -> Jackson JSON 31 with an empty manifest.
+
+Reading goes by ``ser_id``: Jackson JSON and CBOR payloads of registered manifests become their types, of
+unknown manifests plain dicts and lists. Databases that pgjournal wrote before it used Akka's ids keep JSON
+under 33: see :mod:`pgjournal.stored_format` for how those rows still read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from . import akka_formats as akka
 from .errors import SerializationError
 
-JSON_SER_ID = 33
-BYTES_SER_ID = 4
+if TYPE_CHECKING:
+    from .stored_format import StoredFormat
+
+JSON_SER_ID = akka.JACKSON_JSON
+CBOR_SER_ID = akka.JACKSON_CBOR
+BYTES_SER_ID = akka.BYTES
+#: Ids with a built-in meaning; :meth:`SerializerRegistry.register_serializer` refuses them.
+BUILT_IN_IDS = frozenset(akka.NAMES)
+
+_PRIMITIVE_DECODERS: dict[int, Callable[[bytes], Any]] = {
+    akka.LONG: akka.decode_long, akka.INT: akka.decode_int, akka.STRING: akka.decode_string,
+    akka.BOOLEAN: akka.decode_boolean, akka.BYTES: bytes, akka.BYTESTRING: bytes,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,39 +56,48 @@ class Serializer(Protocol):
 
 
 @dataclass(frozen=True)
-class _JsonType:
+class _JacksonType:
     cls: type
-    manifest: str
+    name: str
+    ser_id: int
+    version: int | None
     to_dict: Callable[[Any], Any]
     from_dict: Callable[[Any], Any]
+    upcast: Callable[[Any, int], Any] | None
+
+    @property
+    def manifest(self) -> str:
+        return self.name if self.version is None else f"{self.name}#{self.version}"
 
 
-_scan_once = json.JSONDecoder().scan_once
+class _Registrations:
+    """What a registry knows; shared by the registries :meth:`SerializerRegistry.for_stored_format` derives."""
 
-
-def _loads(payload: bytes) -> Any:
-    """``json.loads`` for the common case at a third of its cost (the C scanner without the wrappers);
-    anything unusual (leading or trailing text, invalid JSON) goes through ``json.loads`` for its error."""
-    text = bytes(payload).decode()
-    try:
-        value, end = _scan_once(text, 0)
-    except StopIteration:
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    def __init__(self) -> None:
+        self.jackson_by_type: dict[type, _JacksonType] = {}
+        self.jackson_by_name: dict[str, _JacksonType] = {}
+        self.custom_by_type: dict[type, tuple[int, Serializer]] = {}
+        self.custom_by_id: dict[int, Serializer] = {}
 
 
 class SerializerRegistry:
     """Maps Python types to stored formats and back."""
 
     def __init__(self) -> None:
-        self._json_by_type: dict[type, _JsonType] = {}
-        self._json_by_manifest: dict[str, _JsonType] = {}
-        self._custom_by_type: dict[type, tuple[int, Serializer]] = {}
-        self._custom_by_id: dict[int, Serializer] = {}
+        self._known = _Registrations()
+        #: Read ``ser_id`` 33 as JSON where the payload is JSON (a database written by pgjournal before it
+        #: used Akka's ids), else as CBOR. Set by :meth:`for_stored_format`, never by hand.
+        self.legacy_json_33 = False
+
+    def for_stored_format(self, stored: StoredFormat) -> SerializerRegistry:
+        """This registry as it must read one database (``Journal.open`` calls it): the same registrations,
+        later ones included, with that database's reading of id 33. ``self`` when nothing differs."""
+        if stored.legacy_json_33 == self.legacy_json_33:
+            return self
+        derived = SerializerRegistry.__new__(SerializerRegistry)
+        derived._known = self._known
+        derived.legacy_json_33 = stored.legacy_json_33
+        return derived
 
     def register(
         self,
@@ -75,87 +106,211 @@ class SerializerRegistry:
         *,
         to_dict: Callable[[Any], Any] | None = None,
         from_dict: Callable[[Any], Any] | None = None,
+        ser_id: int = JSON_SER_ID,
+        version: int | None = None,
+        upcast: Callable[[Any, int], Any] | None = None,
     ) -> type:
-        """Store ``cls`` as JSON under ``manifest`` (default: the class name). Dataclasses need no functions.
+        """Store ``cls`` with Jackson JSON (``ser_id`` 31) or CBOR (33, or 32) under ``manifest``.
 
-        Usable as a decorator: ``@registry.register``.
+        ``manifest`` is what Akka writes: the JVM class name, like ``com.example.CartItemAdded`` (default: the
+        Python class name). Dataclasses and pydantic models need no functions; other classes pass
+        ``to_dict`` and ``from_dict``. ``version`` is the Jackson migration's current version: writes then
+        carry ``manifest#version``, and a row of an older version goes through ``upcast(data, from_version)``
+        before ``from_dict``. Usable as a decorator: ``@registry.register``.
         """
-        manifest = manifest or cls.__name__
-        if to_dict is None:
-            if not dataclasses.is_dataclass(cls):
-                raise SerializationError(f"{cls.__qualname__} is not a dataclass: pass to_dict and from_dict")
-            to_dict = dataclasses.asdict
-        if from_dict is None:
-            def from_dict(data: Any, _cls: type = cls) -> Any:
-                return _cls(**data)
-        known = self._json_by_manifest.get(manifest)
+        manifest = cls.__name__ if manifest is None else manifest
+        if not isinstance(manifest, str) or not manifest or "#" in manifest:
+            raise SerializationError(f"manifest must be a non-empty class name without '#' (pass version= for "
+                                     f"'#N'), got {manifest!r}")
+        if ser_id not in akka.JACKSON_IDS:
+            raise SerializationError(f"register stores types with Jackson JSON ({akka.JACKSON_JSON}) or CBOR "
+                                     f"({akka.JACKSON_CBOR}, {akka.JACKSON_CBOR_264}), got ser_id {ser_id!r}; use "
+                                     "register_serializer for other formats")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+            raise SerializationError(f"version must be a positive int or None, got {version!r}")
+        if upcast is not None and version is None:
+            raise SerializationError(f"upcast for {manifest!r} needs the current version (version=)")
+        to_dict, from_dict = _conversions(cls, to_dict, from_dict, json=ser_id == akka.JACKSON_JSON)
+        known = self._known.jackson_by_name.get(manifest)
         if known is not None and known.cls is not cls:
             raise SerializationError(f"manifest {manifest!r} is already registered for {known.cls.__qualname__}")
-        entry = _JsonType(cls, manifest, to_dict, from_dict)
-        self._json_by_type[cls] = entry
-        self._json_by_manifest[manifest] = entry
+        entry = _JacksonType(cls, manifest, ser_id, version, to_dict, from_dict, upcast)
+        self._known.jackson_by_type[cls] = entry
+        self._known.jackson_by_name[manifest] = entry
         return cls
 
     def register_serializer(self, ser_id: int, serializer: Serializer, *types: type) -> None:
         """Use ``serializer`` under ``ser_id`` for ``types`` (and for every stored row with that id)."""
-        if ser_id in (JSON_SER_ID, BYTES_SER_ID) or not 0 < ser_id < 2**31:
-            raise SerializationError(f"ser_id must be a positive int32 other than {JSON_SER_ID} and "
-                                     f"{BYTES_SER_ID} (built in), got {ser_id!r}")
-        self._custom_by_id[ser_id] = serializer
+        if isinstance(ser_id, bool) or not isinstance(ser_id, int) or ser_id in BUILT_IN_IDS or not (
+            0 < ser_id < 2**31
+        ):
+            raise SerializationError(f"ser_id must be a positive int32 other than the built-in ids "
+                                     f"{_id_list(BUILT_IN_IDS)}, got {ser_id!r}")
+        self._known.custom_by_id[ser_id] = serializer
         for cls in types:
-            self._custom_by_type[cls] = (ser_id, serializer)
+            self._known.custom_by_type[cls] = (ser_id, serializer)
+
+    # -- writing -------------------------------------------------------------------------------------
 
     def serialize(self, obj: Any) -> Serialized:
         kind = type(obj)
-        custom = self._custom_by_type.get(kind)
+        custom = self._known.custom_by_type.get(kind)
         if custom is not None:
-            ser_id, serializer = custom
+            return _custom(obj, *custom)
+        if kind is str:
             try:
-                manifest, payload = serializer.to_binary(obj)
-            except Exception as exc:
-                raise SerializationError(f"serializer {ser_id} could not encode {kind.__qualname__}: {exc}") from exc
-            if not isinstance(manifest, str) or not isinstance(payload, bytes | bytearray | memoryview):
-                raise SerializationError(
-                    f"serializer {ser_id} returned ({type(manifest).__name__}, {type(payload).__name__}) for "
-                    f"{kind.__qualname__}; expected to_binary to return (str manifest, bytes payload)"
-                )
-            return Serialized(ser_id, manifest, bytes(payload))
+                return Serialized(akka.STRING, "", akka.encode_string(obj))
+            except UnicodeEncodeError as exc:
+                raise SerializationError(f"cannot serialize str value {_short(obj)}: {exc.reason} at index "
+                                         f"{exc.start} (a lone surrogate has no UTF-8 form)") from None
+        if kind is int and akka.LONG_MIN <= obj <= akka.LONG_MAX:
+            return Serialized(akka.LONG, "", akka.encode_long(obj))
+        if kind is bool:
+            return Serialized(akka.BOOLEAN, "", akka.encode_boolean(obj))
         if isinstance(obj, bytes | bytearray | memoryview):
-            return Serialized(BYTES_SER_ID, "", bytes(obj))
-        entry = self._json_by_type.get(kind)
+            return Serialized(akka.BYTES, "", bytes(obj))
+        entry = self._known.jackson_by_type.get(kind)
         try:
-            if entry is not None:
-                return Serialized(JSON_SER_ID, entry.manifest, _dumps(entry.to_dict(obj)))
-            return Serialized(JSON_SER_ID, "", _dumps(obj))
+            if entry is None:
+                return Serialized(JSON_SER_ID, "", akka.encode_json(obj))
+            data = entry.to_dict(obj)
+            payload = akka.encode_json(data) if entry.ser_id == JSON_SER_ID else akka.encode_cbor(data)
+            return Serialized(entry.ser_id, entry.manifest, payload)
         except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(
                 f"cannot serialize {kind.__qualname__} value {_short(obj)}: {exc}; expected a JSON value "
                 "(dict, list, str, int, finite float, bool, None), bytes, or a registered type"
             ) from None
 
-    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, where: str = "") -> Any:
+    # -- reading -------------------------------------------------------------------------------------
+
+    def deserialize(
+        self,
+        ser_id: int,
+        manifest: str,
+        payload: bytes,
+        *,
+        where: str = "",
+        persistence_id: str | None = None,
+        seq_nr: int | None = None,
+    ) -> Any:
+        """The value stored as ``(ser_id, manifest, payload)``.
+
+        A payload its serializer cannot read raises :class:`SerializationError` naming ``ser_id``,
+        ``manifest`` and the row: ``persistence_id`` and ``seq_nr`` where given, and ``where`` (a phrase like
+        ``" of snapshot 'Cart|1'"``) otherwise.
+        """
+        if persistence_id is not None and not where:
+            where = f" of persistence id {persistence_id!r} seq_nr {seq_nr}"
         try:
-            if ser_id == JSON_SER_ID:
-                data = _loads(payload)
-                entry = self._json_by_manifest.get(manifest)
-                return entry.from_dict(data) if entry is not None else data
-            if ser_id == BYTES_SER_ID:
-                return bytes(payload)
-            serializer = self._custom_by_id.get(ser_id)
+            if ser_id == akka.JACKSON_JSON:
+                return self._from_jackson(manifest, akka.decode_json(payload))
+            if ser_id in akka.CBOR_IDS:
+                if ser_id == akka.JACKSON_CBOR and self.legacy_json_33:
+                    return self._from_jackson(manifest, _legacy_33(payload))
+                return self._from_jackson(manifest, akka.decode_cbor(payload))
+            primitive = _PRIMITIVE_DECODERS.get(ser_id)
+            if primitive is not None:
+                return primitive(bytes(payload))
+            serializer = self._known.custom_by_id.get(ser_id)
+        except SerializationError:
+            raise
         except Exception as exc:
-            raise SerializationError(f"cannot decode payload{where} (ser_id {ser_id}, manifest {manifest!r}): "
-                                     f"{exc}") from exc
+            raise SerializationError(
+                f"cannot decode payload{where} (ser_id {ser_id} {akka.NAMES.get(ser_id, '')}, manifest "
+                f"{manifest!r}, {len(payload)} bytes): {exc}",
+                persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
+            ) from exc
         if serializer is None:
             raise SerializationError(
                 f"unknown serializer id {ser_id} (manifest {manifest!r}){where}; known ids: "
-                f"{', '.join(map(str, sorted({JSON_SER_ID, BYTES_SER_ID, *self._custom_by_id})))}; "
-                "register it with register_serializer"
+                f"{_id_list({*BUILT_IN_IDS, *self._known.custom_by_id})}; register it with register_serializer",
+                persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
             )
         try:
             return serializer.from_binary(bytes(payload), manifest)
         except Exception as exc:
-            raise SerializationError(f"serializer {ser_id} could not decode manifest {manifest!r}{where}: "
-                                     f"{exc}") from exc
+            raise SerializationError(
+                f"serializer {ser_id} could not decode manifest {manifest!r}{where}: {exc}",
+                persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
+            ) from exc
+
+    def _from_jackson(self, manifest: str, data: Any) -> Any:
+        """``data`` as the registered type of ``manifest`` (upcast from an older version first), or as it is
+        when no type is registered for it."""
+        by_name = self._known.jackson_by_name
+        entry = by_name.get(manifest)
+        from_version = 1
+        if entry is None and "#" in manifest:
+            try:
+                name, from_version = akka.split_manifest(manifest)
+            except ValueError:
+                return data  # not a Jackson version suffix: not a manifest of a registered type
+            entry = by_name.get(name)
+        if entry is None:
+            return data
+        if entry.version is not None:
+            if from_version > entry.version:
+                raise ValueError(f"written by version {from_version} of {entry.name!r}, but {entry.cls.__qualname__} "
+                                 f"is registered with version {entry.version}")
+            if from_version < entry.version and entry.upcast is not None:
+                data = entry.upcast(data, from_version)
+        return entry.from_dict(data)
+
+
+def _legacy_33(payload: bytes) -> Any:
+    """Id 33 in a database pgjournal wrote before it used Akka's ids: JSON where the payload is JSON, else
+    CBOR. No payload Akka's CBOR serializer writes for an object (a CBOR map, first byte 0xa0-0xbf) or array
+    is valid UTF-8, let alone JSON; only bare CBOR scalars could be mistaken, and Akka writes those with its
+    primitive serializers."""
+    try:
+        return akka.decode_json(payload)
+    except ValueError:
+        pass
+    try:
+        return akka.decode_cbor(payload)
+    except ValueError as exc:
+        reason = str(exc).removeprefix("not CBOR: ")
+        raise ValueError(f"neither JSON (as pgjournal wrote id 33 before revision 0004) nor CBOR: {reason}") from None
+
+
+def _conversions(cls: type, to_dict: Callable[[Any], Any] | None, from_dict: Callable[[Any], Any] | None,
+                 *, json: bool) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """Dataclasses and pydantic models (found by their methods: no import of pydantic) convert themselves."""
+    if to_dict is None:
+        if dataclasses.is_dataclass(cls):
+            to_dict = dataclasses.asdict
+        elif callable(getattr(cls, "model_dump", None)) and callable(getattr(cls, "model_validate", None)):
+            mode = "json" if json else "python"
+            to_dict = lambda obj: obj.model_dump(mode=mode)  # noqa: E731
+            from_dict = from_dict or cls.model_validate  # type: ignore[attr-defined]
+        else:
+            raise SerializationError(f"{cls.__qualname__} is neither a dataclass nor a pydantic model: pass "
+                                     "to_dict and from_dict")
+    if from_dict is None:
+        def from_dict(data: Any, _cls: type = cls) -> Any:
+            if not isinstance(data, dict):
+                raise TypeError(f"expected an object for {_cls.__qualname__}, got {type(data).__name__}")
+            return _cls(**data)
+    return to_dict, from_dict
+
+
+def _custom(obj: Any, ser_id: int, serializer: Serializer) -> Serialized:
+    kind = type(obj)
+    try:
+        manifest, payload = serializer.to_binary(obj)
+    except Exception as exc:
+        raise SerializationError(f"serializer {ser_id} could not encode {kind.__qualname__}: {exc}") from exc
+    if not isinstance(manifest, str) or not isinstance(payload, bytes | bytearray | memoryview):
+        raise SerializationError(
+            f"serializer {ser_id} returned ({type(manifest).__name__}, {type(payload).__name__}) for "
+            f"{kind.__qualname__}; expected to_binary to return (str manifest, bytes payload)"
+        )
+    return Serialized(ser_id, manifest, bytes(payload))
+
+
+def _id_list(ids: set[int] | frozenset[int]) -> str:
+    return ", ".join(map(str, sorted(ids)))
 
 
 def _short(obj: Any) -> str:

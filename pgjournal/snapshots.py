@@ -87,10 +87,13 @@ class SnapshotStore:
             return None
         pid, seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row
         serializers = self._journal.serializers
-        where = f" of snapshot {pid!r} seq_nr {seq_nr}"
+        where = f" of the snapshot of persistence id {pid!r} at seq_nr {seq_nr}"
         return SelectedSnapshot(
-            pid, seq_nr, db_ts, write_ts, serializers.deserialize(ser_id, manifest, payload, where=where),
-            None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta, where=where),
+            pid, seq_nr, db_ts, write_ts,
+            serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid, seq_nr=seq_nr),
+            None if meta_id is None else serializers.deserialize(
+                meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid,
+                seq_nr=seq_nr),
             tuple(tags or ()),
         )
 

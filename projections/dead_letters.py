@@ -77,9 +77,9 @@ class LenientSerializers:
     def __init__(self, inner: SerializerRegistry) -> None:
         self._inner = inner
 
-    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, where: str = "") -> Any:
+    def deserialize(self, ser_id: int, manifest: str, payload: bytes, **where: Any) -> Any:
         try:
-            return self._inner.deserialize(ser_id, manifest, payload, where=where)
+            return self._inner.deserialize(ser_id, manifest, payload, **where)
         except SerializationError as exc:
             return Undecodable(ser_id, manifest, bytes(payload), exc)
 

@@ -28,6 +28,7 @@ import psycopg
 
 from pgjournal.errors import InsufficientPrivilege, InvalidArgument
 from pgjournal.journal import Journal
+from pgjournal.stored_format import read_stored_format
 from pgjournal.timeuuid import EPOCH
 
 from . import files
@@ -221,7 +222,7 @@ def load_events(
         frame = _new_rows(spark, state, ranges, horizon, target_frame=lambda where: jdbc_frame(
             spark, target, table, where, fetch_size=fetch_size), entity_type=entity_type)
         if decode:
-            frame = decode_payloads(frame, payload_schema)
+            frame = decode_payloads(frame, payload_schema, legacy_json_33=read_stored_format(conn).legacy_json_33)
         staging = files.join(out, INCOMING, load_id)
         committed = False
         try:

@@ -13,14 +13,16 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+import psycopg
 from psycopg import sql
 
-from pgjournal.dsn import mask_dsn
-from pgjournal.errors import ConfigurationError, InvalidArgument
+from pgjournal.dsn import mask_dsn, resolve_dsn
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pgjournal.offsets import parse_timestamp
-from pgjournal.serialization import JSON_SER_ID
+from pgjournal.serialization import CBOR_SER_ID, JSON_SER_ID
 from pgjournal.slices import check_slice_range
 from pgjournal.slices import slice_ranges as split_slices
+from pgjournal.stored_format import StoredFormat, read_stored_format
 from pgjournal.validation import MAX_NAME_LENGTH
 
 from .jdbc import JdbcTarget, jdbc_target
@@ -159,34 +161,55 @@ def jdbc_error(exc: BaseException) -> str:
     return mask_dsn(lines[0] if lines else type(exc).__name__)
 
 
-def payload_json(frame: DataFrame) -> Column:
-    """The payload as JSON text where it is JSON (``event_ser_id`` 33), else null."""
+def payload_json(frame: DataFrame, *, legacy_json_33: bool = False) -> Column:
+    """The payload as JSON text where it is JSON, else null.
+
+    JSON is Akka's jackson-json (``event_ser_id`` 31), and with ``legacy_json_33`` (the database's marker, see
+    :mod:`pgjournal.stored_format`) id 33 where the payload is a JSON object or array: a CBOR payload (what
+    33 means to Akka) never starts with ``{`` or ``[``. CBOR is not decoded here, nor gzip-compressed JSON
+    (Akka compresses JSON above 32 KiB): those rows get null.
+    """
     from pyspark.sql import functions as F
 
-    return F.when(F.col("event_ser_id") == JSON_SER_ID, F.col("event_payload").cast("string"))
+    ser_id, payload = F.col("event_ser_id"), F.col("event_payload")
+    is_json = ser_id == JSON_SER_ID
+    if legacy_json_33:
+        is_json = is_json | ((ser_id == CBOR_SER_ID) & F.hex(F.substring(payload, 1, 1)).isin("7B", "5B"))
+    return F.when(is_json, payload.cast("string"))
 
 
-def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0) -> StructType:
+def stored_format(dsn: str | None) -> StoredFormat:
+    """The database's payload markers (:mod:`pgjournal.stored_format`), read once through psycopg."""
+    try:
+        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+            return read_stored_format(conn)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot read the stored format: {mask_dsn(' '.join(str(exc).split()))}") from None
+
+
+def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0, legacy_json_33: bool = False
+                         ) -> StructType:
     """The schema Spark's JSON reader infers over the JSON payloads of ``frame`` (one pass over the rows)."""
     if not isinstance(sampling_ratio, int | float) or not 0 < sampling_ratio <= 1:
         raise InvalidArgument(f"sampling_ratio must be in (0, 1], got {sampling_ratio!r}")
-    texts = frame.select(payload_json(frame).alias("value")).where("value IS NOT NULL")
+    texts = frame.select(payload_json(frame, legacy_json_33=legacy_json_33).alias("value")).where("value IS NOT NULL")
     return frame.sparkSession.read.option("samplingRatio", sampling_ratio).json(texts).schema
 
 
 def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = None, *,
-                    sampling_ratio: float = 1.0) -> DataFrame:
+                    sampling_ratio: float = 1.0, legacy_json_33: bool = False) -> DataFrame:
     """Add ``event``: the JSON payload decoded to a struct by ``payload_schema`` (a StructType or DDL text
     like ``"item STRING, qty INT"``), or by the schema inferred from the payloads when ``None``.
 
-    Non-JSON payloads (and JSON that does not fit) give a null ``event``. When no JSON payload exists to infer
-    from, no ``event`` column is added (Parquet cannot store an empty struct).
+    Non-JSON payloads (and JSON that does not fit) give a null ``event``; which payloads are JSON: see
+    :func:`payload_json` (``legacy_json_33``: pass ``stored_format(dsn).legacy_json_33``). When no JSON payload
+    exists to infer from, no ``event`` column is added (Parquet cannot store an empty struct).
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
     if payload_schema is None:
-        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio)
+        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio, legacy_json_33=legacy_json_33)
     elif isinstance(payload_schema, StructType):
         schema = payload_schema
     elif isinstance(payload_schema, str):
@@ -200,7 +223,7 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
         raise InvalidArgument(f"payload_schema must be a StructType, DDL text or None, got {payload_schema!r}")
     if not schema.fields:
         return frame
-    return frame.withColumn("event", F.from_json(payload_json(frame), schema))
+    return frame.withColumn("event", F.from_json(payload_json(frame, legacy_json_33=legacy_json_33), schema))
 
 
 def read_events(
@@ -222,9 +245,9 @@ def read_events(
 
     Columns: :data:`EVENT_COLUMNS` (``db_timestamp`` a timestamp, shown in UTC by sessions from
     :func:`spark.session.spark_session`; ``tags`` an ``array<string>``, empty when none) and, with ``decode``,
-    ``event``: the JSON payload as a struct. ``since`` is inclusive, ``until`` exclusive. ``table`` may
-    name an Akka Persistence R2DBC journal (same columns). ``dsn`` ``None``: ``$PGJOURNAL_DSN`` or the
-    embedded server.
+    ``event``: the JSON payload as a struct (:func:`payload_json` says which payloads are JSON). ``since`` is
+    inclusive, ``until`` exclusive. ``table`` may name an Akka Persistence R2DBC journal (same columns).
+    ``dsn`` ``None``: ``$PGJOURNAL_DSN`` or the embedded server.
     """
     ranges = resolve_slice_ranges(slice_ranges)
     lower, upper = time_bound(since, "since"), time_bound(until, "until")
@@ -233,4 +256,7 @@ def read_events(
     where = predicates(ranges, entity_type=check_entity_type(entity_type), since=lower, until=upper,
                        include_deleted=include_deleted)
     frame = jdbc_frame(spark, jdbc_target(dsn), table, where, fetch_size=fetch_size)
-    return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio) if decode else frame
+    if not decode:
+        return frame
+    return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio,
+                           legacy_json_33=stored_format(dsn).legacy_json_33)

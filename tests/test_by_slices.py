@@ -90,7 +90,7 @@ def _held_open_append(dsn: str, pid: str, expected: int, started: threading.Even
         conn.execute(insert_sql(table, after_latest=False, single=True), {
             "slice": slice_, "entity_type": pid.split("|")[0], "pid": pid, "writer": "held", "tags": None,
             "expected": expected, "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
-            "ser_id": 33, "manifest": "", "payload": b'{"late": true}'})
+            "ser_id": 31, "manifest": "", "payload": b'{"late": true}'})
         conn.commit()
 
 

@@ -210,6 +210,9 @@ WRITER_FORBIDDEN = [
     "UPDATE event_journal_s0000_0127 SET seq_nr = seq_nr + 1",
     "UPDATE pgjournal_version SET version_num = '0000'",
     "DELETE FROM pgjournal_version",
+    "UPDATE event_journal SET event_ser_id = 31 WHERE event_ser_id = 33",  # why revision 0004 records a marker
+    "INSERT INTO pgjournal_format (name, value) VALUES ('legacy_json_ser_id', '33')",
+    "DELETE FROM pgjournal_format",
     "CREATE ROLE intruder",
     "CREATE DATABASE intruder",
 ]
@@ -226,6 +229,7 @@ READER_FORBIDDEN = [
     "UPDATE projection_management SET paused = true",
     "INSERT INTO tag_views SELECT * FROM tag_views",
     "DELETE FROM tag_write_progress",
+    "DELETE FROM pgjournal_format",
     "TRUNCATE event_journal",
     "CREATE TABLE intruder (id int)",
     "CREATE TEMP TABLE intruder (id int)",

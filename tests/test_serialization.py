@@ -1,4 +1,6 @@
-"""Serializer registry: JSON by default, raw bytes, registered types, custom binary formats, clear errors."""
+"""Serializer registry: JSON by default, raw bytes, registered types, custom binary formats, clear errors.
+
+Akka's ids, bytes, legacy databases and corrupt payloads: tests/test_akka_serializers.py."""
 
 from __future__ import annotations
 
@@ -67,12 +69,22 @@ def stored(dsn: str, pid: str) -> list[tuple[int, str, bytes]]:
 # -- unit level ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [{"a": [1, 2.5, None, True]}, "text ünïcode", 42, None, [], {"nested": {"k": "v"}}])
+@pytest.mark.parametrize("value", [{"a": [1, 2.5, None, True]}, 2.5, 2**64, None, [], {"nested": {"k": "v"}}])
 def test_json_is_the_default(value: Any) -> None:
     reg = SerializerRegistry()
     encoded = reg.serialize(value)
     assert (encoded.ser_id, encoded.manifest) == (JSON_SER_ID, "")
+    assert JSON_SER_ID == 31  # Akka's jackson-json
     assert reg.deserialize(encoded.ser_id, encoded.manifest, encoded.payload) == value
+
+
+@pytest.mark.parametrize(("value", "ser_id"), [("text ünïcode", 20), (42, 18), (False, 35)])
+def test_scalars_use_akkas_primitive_serializers(value: Any, ser_id: int) -> None:
+    reg = SerializerRegistry()
+    encoded = reg.serialize(value)
+    assert (encoded.ser_id, encoded.manifest) == (ser_id, "")
+    decoded = reg.deserialize(encoded.ser_id, encoded.manifest, encoded.payload)
+    assert decoded == value and type(decoded) is type(value)
 
 
 def test_raw_bytes() -> None:
@@ -96,11 +108,11 @@ def test_registered_types_carry_their_manifest() -> None:
 
 def test_register_rejects_what_it_cannot_handle() -> None:
     reg = registry()
-    with pytest.raises(SerializationError, match=r"Money.* is not a dataclass: pass to_dict and from_dict"):
+    with pytest.raises(SerializationError, match=r"Money.* is neither a dataclass nor a pydantic model: pass to_dict "):
         SerializerRegistry().register(Money)
     with pytest.raises(SerializationError, match=r"manifest 'cart\.item-added' is already registered for ItemAdded"):
         reg.register(Point, "cart.item-added")
-    for bad_id in (JSON_SER_ID, BYTES_SER_ID, 0, -1, 2**31):
+    for bad_id in (JSON_SER_ID, BYTES_SER_ID, 18, 19, 20, 21, 32, 33, 35, 0, -1, 2**31):
         with pytest.raises(SerializationError, match=f"ser_id must be a positive int32.*got {bad_id}"):
             reg.register_serializer(bad_id, PointSerializer(), Point)
 
@@ -168,7 +180,7 @@ def test_round_trip_of_every_kind_through_the_journal(dsn: str) -> None:
     rows = stored(dsn, PID)
     assert [(r[0], r[1]) for r in rows] == [
         (JSON_SER_ID, ""), (BYTES_SER_ID, ""), (JSON_SER_ID, "cart.item-added"), (JSON_SER_ID, "Money"),
-        (1001, "point-v1"), (JSON_SER_ID, ""),
+        (1001, "point-v1"), (20, ""),
     ]
     assert rows[1][2] == b"\x00raw\xff"
     assert rows[4][2] == struct.pack(">dd", 1.5, -2.0)

@@ -195,11 +195,54 @@ def test_reads_an_akka_r2dbc_table(spark: Any, dsn: str) -> None:
             conn.execute(
                 "INSERT INTO akka.event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, "
                 "event_ser_id, event_ser_manifest, event_payload, writer, tags) "
-                "VALUES (%s, %s, %s, %s, now(), 33, 'com.example.ItemAdded', %s, 'akka', NULL)",
+                "VALUES (%s, %s, %s, %s, now(), 31, 'com.example.ItemAdded', %s, 'akka', NULL)",
                 (slice_for_persistence_id(pid), entity_type_of(pid), pid, seq, b'{"itemId":"x","quantity":%d}' % seq))
     frame = read_events(spark, dsn, table="akka.event_journal", entity_type="ShoppingCart")
     rows = sorted((r["persistence_id"], r["seq_nr"], r["event"]["quantity"], tuple(r["tags"])) for r in frame.collect())
     assert rows == [("ShoppingCart|a", 1, 1, ()), ("ShoppingCart|a", 2, 2, ())]
+
+
+def insert_payload(conn: psycopg.Connection, pid: str, seq_nr: int, ser_id: int, payload: bytes) -> None:
+    conn.execute(
+        "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
+        "event_ser_manifest, event_payload, writer) VALUES (%s, %s, %s, %s, now(), %s, '', %s, 'sql')",
+        (slice_for_persistence_id(pid), entity_type_of(pid), pid, seq_nr, ser_id, payload))
+
+
+def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any, empty_dsn: str, tmp_path: Path
+                                                                     ) -> None:
+    """Id 31 is JSON; 33 is JSON only in a database migrated with pgjournal's old JSON-33 rows, and only where
+    the payload is JSON (a CBOR map never starts with '{'); CBOR itself is not decoded (null event)."""
+    import cbor2
+    from alembic import command
+
+    from pgjournal.migrate import alembic_config
+    from spark.read import read_events
+
+    command.upgrade(alembic_config(empty_dsn), "0003")
+    with psycopg.connect(empty_dsn) as conn:
+        insert_payload(conn, "Cart|old", 1, 33, b'{"item":"old","qty":1}')
+    command.upgrade(alembic_config(empty_dsn), "head")
+    with psycopg.connect(empty_dsn) as conn:
+        insert_payload(conn, "Cart|new", 1, 31, b'{"item":"new","qty":2}')
+        insert_payload(conn, "Cart|cbor", 1, 33, cbor2.dumps({"item": "cbor", "qty": 3}))
+    events = {r["persistence_id"]: r["event"] for r in read_events(spark, empty_dsn, slice_ranges=2).collect()}
+    assert events["Cart|old"]["item"] == "old" and events["Cart|new"]["qty"] == 2
+    assert events["Cart|cbor"] is None
+    out = str(tmp_path / "load")
+    spark_jobs.load_events(spark, out, "legacy", dsn=empty_dsn, decode=True, behind=0.0)
+    loaded_events = {r["persistence_id"]: r["event"] for r in spark.read.parquet(out).collect()}
+    assert loaded_events["Cart|old"]["item"] == "old" and loaded_events["Cart|cbor"] is None
+
+
+def test_json_under_33_is_cbor_in_a_fresh_database(spark: Any, dsn: str) -> None:
+    from spark.read import read_events
+
+    with psycopg.connect(dsn) as conn:
+        insert_payload(conn, "Cart|a", 1, 31, b'{"item":"a"}')
+        insert_payload(conn, "Cart|b", 1, 33, b'{"item":"b"}')
+    events = {r["persistence_id"]: r["event"] for r in read_events(spark, dsn, slice_ranges=1).collect()}
+    assert events["Cart|a"]["item"] == "a" and events["Cart|b"] is None
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
@@ -279,7 +322,7 @@ def insert_late(conn: psycopg.Connection, pid: str, seq_nr: int) -> None:
     """Insert one event stamped with this transaction's start time (as the write path does), uncommitted."""
     conn.execute(
         "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
-        "event_ser_manifest, event_payload, writer) VALUES (%s, %s, %s, %s, CURRENT_TIMESTAMP, 33, '', %s, 'late')",
+        "event_ser_manifest, event_payload, writer) VALUES (%s, %s, %s, %s, CURRENT_TIMESTAMP, 31, '', %s, 'late')",
         (slice_for_persistence_id(pid), entity_type_of(pid), pid, seq_nr, b'{"late":true}'))
 
 

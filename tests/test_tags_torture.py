@@ -49,10 +49,10 @@ def slow_writer(journal: Journal, stop: threading.Event, rng: random.Random, pid
             params: dict[str, Any] = {
                 "slice": slice_for_persistence_id(pid), "entity_type": entity_type_of(pid), "pid": pid,
                 "writer": "slow", "tags": [TAG], "expected": highest[pid], "meta_ser_id": None,
-                "meta_manifest": None, "meta_payload": None, "ser_ids": [33] * count, "manifests": [""] * count,
+                "meta_manifest": None, "meta_payload": None, "ser_ids": [31] * count, "manifests": [""] * count,
                 "payloads": [b'{"w":"slow"}'] * count}
             if count == 1:
-                params.update(ser_id=33, manifest="", payload=b'{"w":"slow"}')
+                params.update(ser_id=31, manifest="", payload=b'{"w":"slow"}')
             sql = prepare(journal, params, (TAG,), count, after_latest=False)
             conn.execute(sql, params)
             conn.commit()

@@ -49,7 +49,7 @@ def slow_writer(dsn: str, stop: threading.Event, rng: random.Random, pids: list[
             conn.execute(insert_sql("event_journal", after_latest=False, single=False), {
                 "slice": slice_, "entity_type": ENTITY, "pid": pid, "writer": "slow", "tags": None,
                 "expected": highest[pid], "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
-                "ser_ids": [33] * count, "manifests": [""] * count, "payloads": [b'{"w":"slow"}'] * count})
+                "ser_ids": [31] * count, "manifests": [""] * count, "payloads": [b'{"w":"slow"}'] * count})
             time.sleep(rng.uniform(0, 1.0))  # stamped at the insert, committed later
             conn.commit()
             highest[pid] += count

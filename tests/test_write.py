@@ -26,7 +26,7 @@ def rows(dsn: str, pid: str) -> list[tuple]:
         ).fetchall()
 
 
-def insert_row(dsn: str, pid: str, seq_nr: int, ts_sql: str = "now()", ser_id: int = 33,
+def insert_row(dsn: str, pid: str, seq_nr: int, ts_sql: str = "now()", ser_id: int = 31,
                payload: bytes = b"{}") -> None:
     """Write a row behind the journal's back (another writer, a gap, a future timestamp...)."""
     with psycopg.connect(dsn) as conn:
@@ -272,7 +272,7 @@ def test_append_does_not_wait_for_another_open_writing_transaction(journal: Jour
     with psycopg.connect(dsn) as blocker:  # a transaction that inserted and has not committed
         blocker.execute(
             "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
-            "event_ser_manifest, event_payload, writer) VALUES (%s, 'Cart', %s, 1, now(), 33, '', '{}', 'x')",
+            "event_ser_manifest, event_payload, writer) VALUES (%s, 'Cart', %s, 1, now(), 31, '', '{}', 'x')",
             (slice_for_persistence_id(other), other),
         )
         done = threading.Event()
