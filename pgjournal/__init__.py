@@ -16,6 +16,7 @@ from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
+    ConnectionTimedOut,
     DatabaseUnavailable,
     InvalidArgument,
     InvalidPersistenceId,
@@ -42,6 +43,7 @@ __all__ = [
     "ConcurrencyConflict",
     "ConfigurationError",
     "ConflictRetriesExhausted",
+    "ConnectionTimedOut",
     "DatabaseUnavailable",
     "DomainError",
     "Entity",

@@ -15,10 +15,11 @@ from . import migrate as migrations
 from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
+from .connections import ServerSilent, connection_kwargs, limited_connection_class
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
-from .errors import DatabaseUnavailable
+from .errors import ConnectionTimedOut, DatabaseUnavailable
 from .horizon import can_see_all_transactions
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
@@ -35,10 +36,10 @@ UPDATE {table} SET deleted = true
 WHERE persistence_id = %s AND slice = %s AND seq_nr <= %s AND deleted = false"""
 
 
-def connect(dsn: str, timeout: float) -> psycopg.Connection:
+def connect(dsn: str, timeout: float, settings: Settings | None = None) -> psycopg.Connection:
     """One autocommit connection, with an unreachable server reported as :class:`DatabaseUnavailable`."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(timeout)))
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings(connect_timeout=timeout)))
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or exc.__class__.__name__
         raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
@@ -53,7 +54,7 @@ class Journal:
         self.serializers = serializers
         self.dialect: Dialect = get_dialect(settings.dialect)
         self.writer_id = settings.writer_id or uuid.uuid4().hex
-        self.signals = Signals(dsn) if settings.uses_notifications else None
+        self.signals = Signals(dsn, connection_kwargs(settings)) if settings.uses_notifications else None
         #: Live and current queries bound reads by the oldest open transaction (PostgreSQL, not portable,
         #: and only when this role can see every session's transaction start).
         self.uses_visibility_horizon = False
@@ -61,7 +62,8 @@ class Journal:
             dsn,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
+            connection_class=limited_connection_class(settings),
             timeout=settings.connect_timeout,
             name="pgjournal",
             open=False,
@@ -88,7 +90,7 @@ class Journal:
         """
         loaded = Settings.load(**settings)
         resolved = resolve_dsn(dsn)
-        with connect(resolved, loaded.connect_timeout) as conn:
+        with connect(resolved, loaded.connect_timeout, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             migrations.check_schema(conn)
@@ -132,7 +134,8 @@ class Journal:
             if not (conn.closed or conn.broken or exc.sqlstate is None):
                 raise  # the server answered (a serialization failure, a cancelled statement, ...)
             reason = " ".join(str(exc).split()) or exc.__class__.__name__
-            raise DatabaseUnavailable(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
+            kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
+            raise kind(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
         finally:
             self._pool.putconn(conn)
 
@@ -146,6 +149,7 @@ class Journal:
             refresh_interval=self.settings.refresh_interval,
             subscribe=self.signals.subscribe(entity_types) if self.signals else None,
             settle=settle,
+            max_failures=self.settings.live_query_retries,
         )
 
     @property

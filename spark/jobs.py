@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from pgjournal.connections import connection_kwargs
 from pgjournal.dialects import get_dialect
 from pgjournal.dsn import resolve_dsn
 from pgjournal.errors import InvalidArgument
@@ -211,7 +212,7 @@ def load_events(
         raise InvalidArgument(f"behind must be a number of seconds from 0 to 86400, got {behind!r}")
     started = time.perf_counter()
     target = jdbc_target(dsn)
-    with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+    with psycopg.connect(resolve_dsn(dsn), autocommit=True, **connection_kwargs(settings)) as conn:
         state = read_state(conn, job, entity_type)
         recovered = recover(spark, out, state)
         number = state.last_load + 1
