@@ -87,6 +87,8 @@ def test_jdbc_target_from_url_keeps_the_password_out_of_url_and_repr() -> None:
     assert target.properties["password"] == "s3cret"
     assert target.properties["sslmode"] == "require"
     assert target.properties["ApplicationName"] == "etl"
+    # bounded like every pgjournal connection: connect timeout (connect_timeout, 10 s) and keepalives
+    assert (target.properties["connectTimeout"], target.properties["tcpKeepAlive"]) == ("10", "true")
     assert "s3cret" not in repr(target) and "s3cret" not in target.url
 
 
