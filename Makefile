@@ -1,4 +1,5 @@
-# `make demo` and `make test` work on a fresh machine: they create or refresh .venv themselves.
+# `make demo` and `make test` work on a fresh machine: they create or refresh .venv themselves and install
+# what Spark needs (see setup).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev,spark]"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
+# Java 17+ and the PostgreSQL JDBC jar for the Spark step and tests: installed with apt-get when missing
+# (as root or with passwordless sudo), else one message with the command to run. PGJOURNAL_SKIP_SPARK=1: no Spark.
 setup: $(STAMP)
+	$(PY) -m spark.system --install
 
 demo: setup
 	$(PY) -m pgjournal.demo

@@ -31,8 +31,13 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
+    from pgjournal.connections import connection_kwargs
+    from pgjournal.settings import Settings
+
     dsn = _dsn()
-    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=pool.NullPool)
+    limits = connection_kwargs(Settings.load())  # no statement timeout: DDL may wait for locks or build indexes
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn, **limits),
+                           poolclass=pool.NullPool)
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
         with context.begin_transaction():

@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .connections import connection_kwargs
 from .dsn import configured_dsn, mask_dsn, resolve_dsn
 from .journal import Journal
+from .settings import Settings
 from .slices import slice_ranges
 from .verify import render, verify
 
@@ -29,7 +31,7 @@ COMMANDS = 4000
 
 def demo_database(console: Console) -> str:
     server = resolve_dsn(configured_dsn())
-    with psycopg.connect(server, autocommit=True) as conn:
+    with psycopg.connect(server, autocommit=True, **connection_kwargs(Settings.load())) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DEMO_DB}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{DEMO_DB}"')
     dsn = psycopg.conninfo.make_conninfo(server, dbname=DEMO_DB)
@@ -98,25 +100,27 @@ def main() -> None:
             f"twice, {len(set(delivered) - written)} not in the journal"))
         console.print(table)
 
-    step = 4
+    step, failed = 4, []
     for name, run_step in demo_steps():
         console.print(f"[bold]{step}.[/] {name}")
-        run_step(dsn, console)
+        if run_step(dsn, console) is False:  # a step that checks something says False when it failed
+            failed.append(name)
         step += 1
     with Journal.open(dsn) as journal:
         report = verify(journal)
     console.print(f"[bold]{step}.[/] pgjournal verify")
     console.print(render(report))
-    if not exactly_once or not report.ok:
+    if not exactly_once or not report.ok or failed:
         raise SystemExit(1)
 
 
 #: Add-ons contribute demo steps under this entry-point group: ``"<order> <title>" = "module:function"``,
-#: the function taking ``(dsn, console)``. The core demo never imports an add-on by name.
+#: the function taking ``(dsn, console)`` and returning False when its check failed. The core demo never
+#: imports an add-on by name.
 DEMO_STEPS_GROUP = "pgjournal.demo_steps"
 
 
-def demo_steps() -> list[tuple[str, Callable[[str, Console], None]]]:
+def demo_steps() -> list[tuple[str, Callable[[str, Console], bool | None]]]:
     """The installed add-ons' demo steps, in the order their names give (``"1 ..."`` before ``"2 ..."``)."""
     from importlib.metadata import entry_points
 
@@ -130,7 +134,7 @@ def demo_steps() -> list[tuple[str, Callable[[str, Console], None]]]:
     return steps
 
 
-def _skipped(message: str) -> Callable[[str, Console], None]:
+def _skipped(message: str) -> Callable[[str, Console], bool | None]:
     return lambda _dsn, console: console.print(f"[dim]{message}[/]")
 
 

@@ -85,6 +85,11 @@ class DatabaseUnavailable(JournalError):
     """The database server could not be reached or dropped the connection."""
 
 
+class ConnectionTimedOut(DatabaseUnavailable):
+    """The server did not answer within the client-side limit (``statement_timeout + tcp_user_timeout``): a dead
+    or hung network. The connection was closed; a statement sent on it may or may not have run."""
+
+
 class WriteOutcomeUnknown(JournalError):
     """The connection was lost while a write committed: it may or may not have been written.
 

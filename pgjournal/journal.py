@@ -17,10 +17,11 @@ from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
+from .connections import ServerSilent, connection_kwargs, limited_connection_class
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, DatabaseUnavailable, InsufficientPrivilege
+from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege
 from .horizon import HorizonTracker
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
@@ -33,10 +34,10 @@ from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
 
-def connect(dsn: str, timeout: float) -> psycopg.Connection:
+def connect(dsn: str, timeout: float, settings: Settings | None = None) -> psycopg.Connection:
     """One autocommit connection, with an unreachable server reported as :class:`DatabaseUnavailable`."""
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(timeout)))
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings(connect_timeout=timeout)))
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or exc.__class__.__name__
         raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
@@ -56,12 +57,13 @@ class Journal:
         self.writer_id = settings.writer_id or uuid.uuid4().hex
         #: What this journal may use on this server as this role; every reader takes its horizon from it.
         self.capabilities = capabilities
-        self.signals = Signals(dsn) if capabilities.notify else None
+        self.signals = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = ConnectionPool(
             dsn,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
+            connection_class=limited_connection_class(settings),
             timeout=settings.connect_timeout,
             name="pgjournal",
             open=False,
@@ -92,7 +94,7 @@ class Journal:
         if not isinstance(migrate, bool):
             raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
         resolved = resolve_dsn(dsn)
-        with connect(resolved, loaded.connect_timeout) as conn:
+        with connect(resolved, loaded.connect_timeout, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             try:
@@ -139,7 +141,8 @@ class Journal:
             if not (conn.closed or conn.broken or exc.sqlstate is None):
                 raise  # the server answered (a serialization failure, a cancelled statement, ...)
             reason = " ".join(str(exc).split()) or exc.__class__.__name__
-            raise DatabaseUnavailable(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
+            kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
+            raise kind(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
         finally:
             self._pool.putconn(conn)
 
@@ -153,6 +156,7 @@ class Journal:
             refresh_interval=self.settings.refresh_interval,
             subscribe=self.signals.subscribe(entity_types) if self.signals else None,
             settle=settle,
+            max_failures=self.settings.live_query_retries,
         )
 
     @property

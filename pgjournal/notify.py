@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import psycopg
 
@@ -23,8 +25,10 @@ _log = logging.getLogger(__name__)
 
 
 class Signals:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, connect_kwargs: dict[str, Any] | None = None) -> None:
         self._dsn = dsn
+        #: Connect timeout, keepalives, tcp_user_timeout (pgjournal.connections); no statement timeout.
+        self._kwargs = connect_kwargs or {}
         self._lock = threading.Condition()
         self._pending: set[str] = set()
         self._subscribers: dict[threading.Event, frozenset[str] | None] = {}
@@ -61,7 +65,7 @@ class Signals:
             next_send = time.monotonic() + SEND_INTERVAL
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self._dsn, autocommit=True)
+                    conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
                 with conn.pipeline():
                     for entity_type in batch:
                         conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, entity_type))
@@ -103,7 +107,7 @@ class Signals:
         backoff = 0.1
         while not self._closed:
             try:
-                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                with psycopg.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self._wake(None)  # anything sent while we were not listening is caught by a poll now
                     backoff = 0.1
@@ -112,7 +116,7 @@ class Signals:
                             self._wake(note.payload)
             except psycopg.Error as exc:
                 _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
-                time.sleep(backoff)
+                time.sleep(random.uniform(backoff / 2, backoff))  # jitter: listeners do not reconnect in step
                 backoff = min(backoff * 2, 5.0)
 
     def close(self) -> None:

@@ -8,14 +8,18 @@ looks once more, so an event signalled before it became readable is not left for
 lost signal costs only latency.
 
 A poll that fails because the database is unreachable is retried with exponential backoff (0.1 s up to
-5 s) until it succeeds or the query is closed; ``poll`` must leave its state unchanged when it raises, so
-the query resumes exactly where it was. When the journal is closed under it, the query ends.
+5 s, with jitter so many queries do not retry in step) until it succeeds or the query is closed; ``poll``
+must leave its state unchanged when it raises, so the query resumes exactly where it was. After
+``max_failures`` failed polls in a row (setting ``live_query_retries``) the query raises
+:class:`DatabaseUnavailable` naming the count. When the journal is closed under it, the query ends.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
@@ -44,6 +48,7 @@ class LiveQuery(Generic[T]):
         refresh_interval: float,
         subscribe: Subscribe | None = None,
         settle: float = 0.0,
+        max_failures: int | None = None,
     ) -> None:
         self._poll = poll
         self._buffer_size = buffer_size
@@ -56,6 +61,8 @@ class LiveQuery(Generic[T]):
         self._settle = settle
         self._settling = False
         self._failures = 0
+        self._max_failures = max_failures
+        self._failing_since = 0.0
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -79,9 +86,19 @@ class LiveQuery(Generic[T]):
                 raise StopIteration from None
             except RETRYABLE as exc:
                 self._failures += 1
-                self._delay = min(0.1 * 2 ** (self._failures - 1), 5.0)
-                _log.warning("live query poll failed (%s: %s); retrying in %.1f s", type(exc).__name__,
-                             str(exc).strip().splitlines()[0] if str(exc).strip() else "", self._delay)
+                if self._failures == 1:
+                    self._failing_since = time.monotonic()
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                if self._max_failures is not None and self._failures > self._max_failures:
+                    self.close()
+                    raise DatabaseUnavailable(
+                        f"live query gave up after {self._failures} failed polls in a row over "
+                        f"{time.monotonic() - self._failing_since:.1f} s (live_query_retries is "
+                        f"{self._max_failures}); last: {type(exc).__name__}: {first_line}") from exc
+                cap = min(0.1 * 2 ** (self._failures - 1), 5.0)
+                self._delay = random.uniform(cap / 2, cap)
+                _log.warning("live query poll failed (%s: %s); retrying in %.2f s (failure %d in a row)",
+                             type(exc).__name__, first_line, self._delay, self._failures)
                 continue
             self._failures = 0
             self._pending.extend(items)

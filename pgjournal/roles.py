@@ -33,10 +33,12 @@ import re
 
 import psycopg
 
+from .connections import connection_kwargs
 from .dsn import mask_dsn
 from .errors import ConfigurationError, DatabaseUnavailable, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
+from .settings import Settings
 from .stored_format import FORMAT_TABLE
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -134,7 +136,7 @@ ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT INSERT, UPDATE, DELETE
 def apply_roles(dsn: str, script: str) -> None:
     """Run ``script`` (from :func:`role_script`) on ``dsn`` in one transaction."""
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn, autocommit=True, **connection_kwargs(Settings.load())) as conn:
             conn.execute(script.encode())  # bytes: no client-side placeholder parsing of the script
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot set up roles on {mask_dsn(dsn)}: {mask_dsn(str(exc).strip())}") from None

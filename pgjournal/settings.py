@@ -25,6 +25,13 @@ class Settings:
     pool_max_size: int = 16
     #: Seconds to wait for a connection before the server counts as unreachable.
     connect_timeout: float = 10.0
+    #: Server-side limit on pgjournal's own statements (its pool connections; 0: none). Each answer on a
+    #: pool connection is also awaited at most statement_timeout + tcp_user_timeout (client side).
+    statement_timeout: float = 30.0
+    #: Sent data unacknowledged this long, or keepalive probes unanswered, drop the connection (0: OS default).
+    tcp_user_timeout: float = 30.0
+    #: Failed polls in a row after which a live query gives up with DatabaseUnavailable (backoff 0.1-5 s).
+    live_query_retries: int = 60
     #: Rows per query page.
     buffer_size: int = 1000
     #: Live queries poll at least this often.
@@ -79,11 +86,12 @@ class Settings:
             raise ConfigurationError(
                 f"setting pool_min_size ({self.pool_min_size}) exceeds pool_max_size ({self.pool_max_size})"
             )
-        if isinstance(self.append_retries, bool) or not isinstance(self.append_retries, int) or (
-            self.append_retries < 0
-        ):
-            raise ConfigurationError(f"setting append_retries must be an integer >= 0, got {self.append_retries!r}")
-        durations = ("connect_timeout", "refresh_interval", "behind_current_time", "horizon_margin",
+        for name in ("append_retries", "live_query_retries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"setting {name} must be an integer >= 0, got {value!r}")
+        durations = ("connect_timeout", "statement_timeout", "tcp_user_timeout", "refresh_interval",
+                     "behind_current_time", "horizon_margin",
                      "backtracking_window",
                      "backtracking_behind_current_time")
         for name in durations:

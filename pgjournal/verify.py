@@ -109,6 +109,8 @@ FROM projection_timestamp_offset_store AS o
 LEFT JOIN LATERAL (SELECT max(e.seq_nr) AS highest FROM event_journal AS e
                    WHERE e.persistence_id = o.persistence_id) AS h ON true
 WHERE o.persistence_id <> '' AND (h.highest IS NULL OR o.seq_nr > h.highest)
+  -- a Spark load job's ledger (spark/watermarks.py): one row per load (load id, load number), not an offset
+  AND NOT (o.projection_name LIKE 'spark-load:%' AND o.projection_name LIKE '%:loads')
 ORDER BY 1, 2, 4, 5"""
 
 Check = Callable[["psycopg.Connection", CheckResult, int], None]

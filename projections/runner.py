@@ -16,6 +16,7 @@ import collections
 import contextvars
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 import psycopg
 import psycopg.errors
 
+from pgjournal.connections import user_statements
 from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import JournalError
 from pgjournal.offsets import NoOffset, Offset
@@ -36,6 +38,9 @@ from .offset_store import OffsetStore, Record, Verdict, range_key
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
+
+#: Deadlocks in a row on one commit before the range restarts.
+DEADLOCK_RETRIES = 10
 
 log = logging.getLogger("projections")
 
@@ -330,11 +335,14 @@ class RangeRunner:
                     return
                 try:
                     self._commit(conn, store, todo, pending, handle=True)
-                except psycopg.errors.DeadlockDetected:
+                except psycopg.errors.DeadlockDetected as exc:
                     # Lease rows are locked in slice order, so this is rare; not the handler's fault.
                     conflicts += 1
-                    if conflicts > 10:
-                        raise
+                    if conflicts > DEADLOCK_RETRIES:
+                        raise JournalError(f"projection {self.projection.name} {self.key}: deadlocked "
+                                           f"{conflicts} times in a row committing {len(todo)} envelope(s); "
+                                           "the range restarts") from exc
+                    self._stop.wait(random.uniform(0, min(1.0, 0.01 * 2 ** conflicts)))  # backoff, jitter
                     attempt -= 1
                     continue
                 except _HandlerError as exc:
@@ -393,15 +401,13 @@ class RangeRunner:
             elif handle:
                 current = todo[0]
                 try:
-                    if isinstance(handler, ExactlyOnce):
-                        for current in todo:
-                            handler.handle(conn, decoded(self.journal, current))
-                    else:
-                        assert isinstance(handler, Grouped)
-                        ready = []
-                        for current in todo:
-                            ready.append(decoded(self.journal, current))
-                        handler.handle(conn, ready)
+                    with user_statements(conn):  # pgjournal's statement limits are not the handler's
+                        if isinstance(handler, ExactlyOnce):
+                            for current in todo:
+                                handler.handle(conn, decoded(self.journal, current))
+                        else:
+                            assert isinstance(handler, Grouped)
+                            handler.handle(conn, [decoded(self.journal, current) for current in todo])
                 except Exception as exc:
                     raise _HandlerError(current) from exc
             try:

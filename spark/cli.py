@@ -130,15 +130,18 @@ def watermarks(
     """Show a load job's watermarks per slice range and its last loads (no Spark needed)."""
     import psycopg
 
+    from pgjournal.connections import connection_kwargs
     from pgjournal.dsn import resolve_dsn
     from pgjournal.offsets import format_timestamp
+    from pgjournal.settings import Settings
     from pgjournal.slices import slice_ranges as split
 
     from .watermarks import LEDGER_SUFFIX, PREFIX, check_job_name, read_state
 
     with reported():
         check_job_name(job)
-        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+        with psycopg.connect(resolve_dsn(dsn), autocommit=True,
+                             **connection_kwargs(Settings.load(), statement_timeout=True)) as conn:
             key = conn.execute("SELECT min(projection_key) FROM projection_timestamp_offset_store "
                                "WHERE projection_name = %s", (PREFIX + job + LEDGER_SUFFIX,)).fetchone()
             state = read_state(conn, job, None if key is None or key[0] in (None, "*") else key[0])

@@ -1,9 +1,12 @@
-"""The Spark part of ``make demo``: export the journal to Parquet, then aggregate over the Parquet files."""
+"""The Spark part of ``make demo``: export the journal to Parquet by slice range, aggregate over the Parquet
+files, then two incremental loads (everything so far, then only what was appended since)."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,36 +14,51 @@ from rich.table import Table
 
 from pgjournal.errors import ConfigurationError
 
-ENABLE = ("to enable it: apt-get install -y openjdk-17-jre-headless libpostgresql-jdbc-java && "
-          "pip install 'pgjournal[spark]'")
+from .jobs import LoadResult, export_events, load_events
+from .system import SKIP_ENV, spark_skipped
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: Events appended between the two incremental loads (entity type ``SparkDemo``, outside the carts).
+INCREMENT = 300
 
 
-def run_demo(dsn: str, console: Console) -> None:
-    """Export the journal at ``dsn`` with Spark (8 slice-range partitions) and show an aggregate per entity
-    type read back from Parquet (timestamps in UTC, the session's zone); or say how to enable Spark when
-    Java, the jar or PySpark is missing."""
+def run_demo(dsn: str, console: Console) -> bool:
+    """Export the journal at ``dsn`` with Spark (8 slice-range partitions), show an aggregate per entity type
+    read back from Parquet (timestamps in UTC, the session's zone) and run two incremental loads.
+
+    Returns False when Spark cannot run (setup installs what it needs); with ``PGJOURNAL_SKIP_SPARK`` set it
+    says so and returns True.
+    """
     from .session import check_spark_available
 
+    if spark_skipped():
+        console.print(f"[yellow]Spark step skipped:[/] {SKIP_ENV} is set")
+        return True
     try:
         check_spark_available()
     except ConfigurationError as exc:
-        console.print(f"[yellow]Spark demo skipped:[/] {escape(str(exc))}\n{escape(ENABLE)}")
-        return
+        console.print(f"[red]Spark step cannot run:[/] {escape(str(exc))}\n`make setup` installs what Spark "
+                      f"needs; {SKIP_ENV}=1 skips this step")
+        return False
     from pyspark.sql import functions as F
 
-    from .jobs import export_events
     from .session import spark_session
 
-    out = tempfile.mkdtemp(prefix="pgjournal-spark-demo-")
+    work = Path(tempfile.mkdtemp(prefix="pgjournal-spark-demo-"))
+    out = str(work / "export")
     with console.status("starting Spark"):
         spark = spark_session("pgjournal-demo")
     try:
         with console.status("exporting the journal to Parquet with Spark (8 JDBC partitions, one per slice range)"):
             result = export_events(spark, out, dsn=dsn, slice_ranges=8, decode=True)
-        console.print(f"Spark exported [bold]{result.rows:,}[/] events to {out} "
-                      f"(entity_type=*/slice_range=*/part-*.parquet) in {result.seconds:.1f} s")
+        console.print(f"Spark exported [bold]{result.rows:,}[/] events by slice range ({len(result.slice_ranges)} "
+                      f"ranges, one JDBC partition each) to {out} (entity_type=*/slice_range=*/part-*.parquet) "
+                      f"in {result.seconds:.1f} s ({result.rows_per_second:,.0f} rows/s)")
+        loaded = False
         if result.rows == 0:
-            return
+            return True
         events = spark.read.parquet(out)
         summary = (events.groupBy("entity_type")
                    .agg(F.count(F.lit(1)).alias("events"), F.countDistinct("persistence_id").alias("pids"),
@@ -57,6 +75,37 @@ def run_demo(dsn: str, console: Console) -> None:
         if "event" in events.columns:
             fields = ", ".join(f.name for f in events.schema["event"].dataType.fields[:12])  # type: ignore[attr-defined]
             console.print(f"JSON payloads decoded to a struct column `event` with fields: {fields}")
+        loaded = incremental_loads(spark, dsn, str(work / "loads"), console)
     finally:
         spark.stop()
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return loaded
+
+
+def incremental_loads(spark: SparkSession, dsn: str, out: str, console: Console) -> bool:
+    """Load 1 takes everything committed so far; after :data:`INCREMENT` more appends, load 2 takes exactly
+    those. True when it did."""
+    from pgjournal import Journal
+
+    def show(r: LoadResult) -> None:
+        rate = r.rows / r.seconds if r.seconds > 0 else 0.0
+        console.print(f"incremental load [bold]{r.load_number}[/] of job 'demo': [bold]{r.rows:,}[/] rows in "
+                      f"{r.seconds:.1f} s ({rate:,.0f} rows/s), every event below {r.horizon:%H:%M:%S.%f} UTC, "
+                      f"in {r.path}")
+
+    with console.status("incremental load 1 (every event committed so far)"):
+        show(load_events(spark, out, "demo", dsn=dsn))
+    with Journal.open(dsn) as journal:
+        for i in range(INCREMENT):
+            journal.append(f"SparkDemo|{i % 30}", [{"n": i}])
+        with journal.connection() as conn:  # wait (in the server) until the next horizon is past the last commit
+            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM (SELECT max(db_timestamp) "
+                         "FROM event_journal) + make_interval(secs => %s) - clock_timestamp())))",
+                         (journal.read_margin + 0.2,))
+    with console.status(f"incremental load 2 ({INCREMENT} events appended since load 1)"):
+        second = load_events(spark, out, "demo", dsn=dsn)
+    show(second)
+    ok = second.rows == INCREMENT
+    console.print(f"load 2 took exactly the {INCREMENT} events appended since load 1: "
+                  + ("[green]yes[/]" if ok else f"[red]NO[/] ({second.rows:,} rows)"))
+    return ok

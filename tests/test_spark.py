@@ -1,7 +1,7 @@
 """Spark readers and jobs against a real PostgreSQL, with one local Spark for the whole file.
 
-Skipped (not failed) when PySpark, Java 17+ or the PostgreSQL JDBC jar is missing; on Debian/Ubuntu
-``apt-get install -y openjdk-17-jre-headless libpostgresql-jdbc-java`` and ``pip install 'pgjournal[spark]'``.
+Skipped only with ``PGJOURNAL_SKIP_SPARK=1``. Otherwise a missing PySpark, Java 17+ or PostgreSQL JDBC jar
+fails them with what to do: ``make setup`` installs all three (see spark/system.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from spark import files
 from spark import jobs as spark_jobs
 from spark.jdbc import jdbc_target
 from spark.session import JAR_ENV, check_spark_available, find_java, find_jdbc_jar
+from spark.system import SKIP_ENV, spark_skipped
 
 pytestmark = pytest.mark.spark
-pytest.importorskip("pyspark")
+if spark_skipped():
+    pytest.skip(f"{SKIP_ENV} is set", allow_module_level=True)
 
 AKKA_DDL = """
 CREATE SCHEMA akka;
@@ -45,11 +47,15 @@ CREATE INDEX event_journal_slice_idx ON akka.event_journal(slice, entity_type, d
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """One local Spark for every test here; skip when Java or the JDBC jar is missing."""
+    """One local Spark for every test here; a missing Java, jar or PySpark fails (setup installs them)."""
+    problem = None
     try:
         check_spark_available()
     except ConfigurationError as exc:
-        pytest.skip(f"Spark unavailable: {exc}")
+        problem = str(exc)
+    if problem is not None:
+        pytest.fail(f"Spark unavailable: {problem}\n`make setup` installs what Spark needs; {SKIP_ENV}=1 skips "
+                    "the Spark tests", pytrace=False)
     from spark.session import spark_session
 
     session = spark_session("pgjournal-tests")
@@ -83,6 +89,8 @@ def test_jdbc_target_from_url_keeps_the_password_out_of_url_and_repr() -> None:
     assert target.properties["password"] == "s3cret"
     assert target.properties["sslmode"] == "require"
     assert target.properties["ApplicationName"] == "etl"
+    # bounded like every pgjournal connection: connect timeout (connect_timeout, 10 s) and keepalives
+    assert (target.properties["connectTimeout"], target.properties["tcpKeepAlive"]) == ("10", "true")
     assert "s3cret" not in repr(target) and "s3cret" not in target.url
 
 

@@ -32,6 +32,9 @@ def build(journal: Journal) -> None:
         conn.execute("INSERT INTO projection_timestamp_offset_store VALUES "
                      "('p', '0-1023', %s, 'Cart|a', 6, now(), now()), ('p', '0-1023', 0, '', 0, now(), now())",
                      (A_SLICE,))
+        # A Spark load job's ledger row (load id, load number) is no offset: verify flagged it after make demo.
+        conn.execute("INSERT INTO projection_timestamp_offset_store VALUES "
+                     "('spark-load:nightly:loads', '*', 0, '000001-1a2b3c4d', 1, now(), now())")
 
 
 def test_a_healthy_journal_passes(journal: Journal, dsn: str) -> None:
