@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pgjournal import metrics
 from pgjournal.errors import InvalidArgument
 from pgjournal.validation import check_name
 
@@ -147,6 +148,7 @@ class LeaseManager:
             if len(live) > 1 and sent % 10 < self.renew_interval:
                 conn.execute(FORGET_DEAD_SQL, params)
         held = {s: e for s, e in rows}
+        metrics.LEASED_SLICES.labels(self.name, self.owner).set(len(held))
         with self._lock:
             lost = set(self.held) - set(held)
             self.held, self.target = held, target
@@ -169,6 +171,7 @@ class LeaseManager:
         with self._lock:
             self.held = {}
             self._deadline = 0.0
+        metrics.LEASED_SLICES.labels(self.name, self.owner).set(0)
         with self.journal.connection() as conn:
             conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner, "slices": list(range(SLICES))})
             conn.execute(LEAVE_SQL, {"name": self.name, "owner": self.owner})

@@ -21,11 +21,13 @@ import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 import psycopg
 import psycopg.errors
 
+from pgjournal import metrics
 from pgjournal.connections import user_statements
 from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import JournalError
@@ -105,6 +107,15 @@ class Stats:
     restarts: int = 0
 
 
+class _RangeMetrics:
+    """The Prometheus series of one projection range (no-ops without the metrics extra)."""
+
+    def __init__(self, projection: str, slices: str) -> None:
+        self.envelopes = metrics.PROJECTION_ENVELOPES.labels(projection, slices)
+        self.lag = metrics.PROJECTION_LAG.labels(projection, slices)
+        self.errors = metrics.PROJECTION_ERRORS.labels(projection, slices)
+
+
 class _HandlerError(Exception):
     def __init__(self, envelope: EventEnvelope) -> None:
         super().__init__()
@@ -138,6 +149,7 @@ class RangeRunner:
         self.guard = guard
         self.epochs: dict[int, int] = guard.epochs(range(min_slice, max_slice + 1)) if guard else {}
         self.stats = Stats()
+        self._metrics = _RangeMetrics(projection.name, metrics.slices_label(min_slice, max_slice))
         #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
         self.reading = lenient_journal(journal)
         self._stop = threading.Event()
@@ -200,6 +212,7 @@ class RangeRunner:
                     return
                 except (psycopg.Error, JournalError, OSError) as exc:
                     self.stats.restarts += 1
+                    self._metrics.errors.inc()
                     log.warning("projection %s %s restarts after %r", self.projection.name, self.key, exc)
                     self._stop.wait(self.settings.restart_backoff)
         finally:
@@ -354,7 +367,7 @@ class RangeRunner:
                         self._backoff(attempt)
                     continue
             store.commit(pending)
-            self.stats.handled += len(todo)
+            self._handled(todo)
             return
         assert last is not None
         if isinstance(handler, Grouped) and len(envelopes) > 1:
@@ -373,7 +386,8 @@ class RangeRunner:
             dead = self._commit(conn, store, todo, pending, handle=dead_letter, dead_letter=dead_letter)
         store.commit(pending)
         if dead_letter:
-            self.stats.handled += len(todo) - len(dead)
+            failed = {(env.persistence_id, env.seq_nr) for env, _ in dead}
+            self._handled([e for e in todo if (e.persistence_id, e.seq_nr) not in failed])
             for env, exc in dead:
                 self._log_dead_letter(env, exc)
         else:
@@ -427,7 +441,17 @@ class RangeRunner:
             assert isinstance(handler, Grouped)
             handler.handle(conn, ready)
 
+    def _handled(self, envelopes: Sequence[EventEnvelope]) -> None:
+        """Count envelopes whose handling committed; the lag is the clock minus the newest one's time."""
+        if not envelopes:
+            return
+        self.stats.handled += len(envelopes)
+        self._metrics.envelopes.inc(len(envelopes))
+        newest = max(e.db_timestamp for e in envelopes)
+        self._metrics.lag.set(max(0.0, (datetime.now(UTC) - newest).total_seconds()))
+
     def _log_dead_letter(self, env: EventEnvelope, exc: BaseException) -> None:
+        self._metrics.errors.inc()
         self.stats.dead_lettered += 1
         log.error("projection %s: %r seq_nr %d stored as a dead letter after %d attempt(s): %r",
                   self.projection.name, env.persistence_id, env.seq_nr, self.settings.attempts, exc)
@@ -455,7 +479,7 @@ class RangeRunner:
                     raise LeaseLost(f"lease of {self.key} not renewed in time")
                 try:
                     handler.handle(decoded(self.journal, e))
-                    self.stats.handled += 1
+                    self._handled([e])
                     break
                 except Exception as exc:
                     log.warning("projection %s: handler failed on %r seq_nr %d (attempt %d/%d): %r",
@@ -486,6 +510,7 @@ class RangeRunner:
 
     def _log_skipped(self, envelopes: Sequence[EventEnvelope], cause: BaseException | None) -> None:
         for e in envelopes:
+            self._metrics.errors.inc()
             self.stats.skipped += 1
             log.error("projection %s SKIPPED %r seq_nr %d after %d attempt(s): %r", self.projection.name,
                       e.persistence_id, e.seq_nr, self.settings.attempts, cause)

@@ -50,3 +50,29 @@ def test_metrics_are_served_over_http() -> None:
     assert "pgjournal_appends_total" in body and "pgjournal_horizon_held_back_seconds" in body
     with pytest.raises(ConfigurationError, match="port must be"):
         metrics.serve(70000)
+
+
+def test_a_projection_range_reports_envelopes_lag_and_leased_slices(dsn: str) -> None:
+    from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+    from projections.handlers import Projection
+    from projections.leases import LeaseManager
+    from projections.runner import run_range
+
+    with Journal.open(dsn, **FAST) as journal:
+        ensure_counter_table(journal)
+        for i in range(5):
+            journal.append(f"Metered|p{i}", [{"n": 1}, {"n": 2}])
+        runner = run_range(journal, Projection("metered", "Metered", counter_writer("metered")), 0, 1023)
+        try:
+            eventually(lambda: not counter_mismatches(journal, "metered", "Metered")
+                       and runner.stats.handled == 10)
+        finally:
+            runner.stop()
+            runner.join(10)
+        assert sample("pgjournal_projection_envelopes_total", projection="metered", slices="0-1023") == 10
+        assert 0 < sample("pgjournal_projection_lag_seconds", projection="metered", slices="0-1023") < 60
+        leases = LeaseManager(journal, "metered", owner="metrics-test", duration=5.0)
+        held, _ = leases.cycle()
+        assert sample("pgjournal_projection_leased_slices", projection="metered", owner="metrics-test") == len(held)
+        leases.leave()
+        assert sample("pgjournal_projection_leased_slices", projection="metered", owner="metrics-test") == 0
