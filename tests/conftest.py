@@ -4,9 +4,8 @@ server. Each test gets a fresh database cloned from a migrated template (``CREAT
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -82,15 +81,6 @@ def mode_journal(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
     """The same journal in default mode and in portable mode (no PostgreSQL-only features)."""
     with Journal.open(dsn, portable=request.param == "portable", **FAST) as opened:
         yield opened
-
-
-def eventually(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> None:
-    """Wait until ``condition()`` is true; fail the test, naming the condition, after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not true within {timeout} s: {getattr(condition, '__name__', condition)}")
-        time.sleep(interval)
 
 
 @dataclass

@@ -9,13 +9,15 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def eventually(condition: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.05) -> T:
-    """Poll ``condition`` until it returns a truthy value (returned); fail naming ``what`` after ``timeout``."""
+def eventually(condition: Callable[[], T], what: str = "", timeout: float = 20.0, interval: float = 0.02) -> T:
+    """Poll ``condition`` until it returns a truthy value (returned); fail naming ``what`` (default: the
+    condition) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what} (last value {value!r})")
+            raise AssertionError(f"not within {timeout}s: {what or getattr(condition, '__qualname__', condition)} "
+                                 f"(last value {value!r})")
         time.sleep(interval)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from conftest import FAST, Roles, eventually
+from conftest import FAST, Roles
+from eventually import eventually
 
 from pgjournal import HorizonBlocked, Journal, slice_for_persistence_id
 from pgjournal.offsets import NoOffset, Offset

@@ -7,7 +7,8 @@ import urllib.request
 
 import psycopg
 import pytest
-from conftest import FAST, eventually
+from conftest import FAST
+from eventually import eventually
 from test_busy_database import insert_in
 
 from pgjournal import ConfigurationError, Journal, metrics

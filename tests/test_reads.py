@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from conftest import FAST
+from eventually import eventually
 
 from pgjournal import Journal, Source
 
@@ -70,22 +70,13 @@ def collect_in_thread(stream, into: list, done: threading.Event) -> threading.Th
     return thread
 
 
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 def test_live_events_deliver_later_appends_and_stop_at_to_seq_nr(mode_journal: Journal) -> None:
     mode_journal.append(PID, ["a", "b", "c"])
     got: list = []
     done = threading.Event()
     stream = mode_journal.query.events_by_persistence_id(PID, 2, 6)
     collect_in_thread(stream, got, done)
-    assert wait_for(lambda: len(got) == 2)
+    eventually(lambda: len(got) == 2)
     mode_journal.append(PID, ["d"])
     mode_journal.append("Cart|2", ["unrelated"])
     mode_journal.append(PID, ["e", "f", "g"])  # g (7) is beyond to_seq_nr
@@ -101,9 +92,9 @@ def test_live_events_stop_on_close_from_another_thread(mode_journal: Journal) ->
     stream = mode_journal.query.events_by_persistence_id(PID)
     collect_in_thread(stream, got, done)
     mode_journal.append(PID, ["a"])
-    assert wait_for(lambda: len(got) == 1)
+    eventually(lambda: len(got) == 1)
     mode_journal.append(PID, ["b", "c"])
-    assert wait_for(lambda: len(got) == 3)
+    eventually(lambda: len(got) == 3)
     stream.close()
     assert done.wait(5), "close() must end the iteration"
     assert seq_nrs(got) == [1, 2, 3]
@@ -125,7 +116,7 @@ def test_live_events_are_woken_by_the_writer_signal(dsn: str) -> None:
         stream = journal.query.events_by_persistence_id(PID, 1, 2)
         collect_in_thread(stream, got, done)
         journal.append(PID, ["a"])
-        assert wait_for(lambda: len(got) == 1, timeout=5)
+        eventually(lambda: len(got) == 1, timeout=5)
         journal.append(PID, ["b"])
         assert done.wait(5)
         assert seq_nrs(got) == [1, 2]

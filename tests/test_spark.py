@@ -484,7 +484,7 @@ def pids_outside(lo: int, hi: int, prefix: str, count: int) -> list[str]:
 @pytest.mark.parametrize("loader", ["loader", "loader with pg_read_all_stats", "owner"])
 def test_incremental_load_as_a_least_privileged_role_loses_and_repeats_nothing(
         spark: Any, dsn: str, roles: Any, tmp_path: Path, loader: str) -> None:
-    from conftest import eventually
+    from eventually import eventually
 
     stall_inserts(dsn, "Order|stall%")
     if loader == "loader with pg_read_all_stats":
