@@ -245,46 +245,20 @@ class RangeRunner:
     # -- consuming -----------------------------------------------------------------------------------
 
     def _consume(self, store: OffsetStore, inbox: queue.Queue[EventEnvelope | _ReaderFailed]) -> None:
-        handler = self.projection.handler
+        """Hand envelopes to the handler as its mode wants them, and keep the range's housekeeping on time."""
+        pending = self._pending_for(store)
         now = time.monotonic()
         next_check = now + self.settings.management_interval
         next_delete = now + min(self.settings.delete_interval, self.time_window)
-        group: list[EventEnvelope] = []
-        group_due = 0.0
-        unsaved: dict[str, Record] = {}
-        unsaved_count = 0
-        save_due = 0.0
         try:
             while not self._stop.is_set():
-                if self.guard is not None and not self.guard.valid():
-                    raise LeaseLost(f"lease of {self.key} not renewed in time")
-                timeout = 0.05 if group or unsaved else 0.2
-                try:
-                    item: EventEnvelope | _ReaderFailed | None = inbox.get(timeout=timeout)
-                except queue.Empty:
-                    item = None
-                if isinstance(item, _ReaderFailed):
-                    raise item.error
+                self._check_lease()
+                item = self._next(inbox, timeout=0.05 if pending.waiting() else 0.2)
                 now = time.monotonic()
                 if item is not None:
                     self.stats.read += 1
-                    if isinstance(handler, Grouped):
-                        if not group:
-                            group_due = now + handler.max_wait
-                        group.append(item)
-                    elif isinstance(handler, ExactlyOnce):
-                        self._transact(store, [item])
-                    else:
-                        if not unsaved:
-                            save_due = now + handler.save_interval
-                        unsaved_count += self._at_least_once(store, item, unsaved)
-                if isinstance(handler, Grouped) and group and (len(group) >= handler.max_count or now >= group_due):
-                    self._transact(store, group)
-                    group = []
-                if isinstance(handler, AtLeastOnce) and unsaved and (
-                        unsaved_count >= handler.save_every or now >= save_due):
-                    self._save(store, unsaved)
-                    unsaved_count = 0
+                    pending.take(item, now)
+                pending.flush_if_due(now)
                 if now >= next_check:
                     next_check = now + self.settings.management_interval
                     if self._paused():
@@ -292,16 +266,41 @@ class RangeRunner:
                         return
                 if now >= next_delete:
                     next_delete = now + self.settings.delete_interval
-                    store.evict()
-                    with self.journal.connection() as conn:
-                        store.advance_markers(conn, slack=self.lookback / 2)
-                        if store.rows_since_delete:
-                            store.delete_old(conn)
+                    self._housekeeping(store)
         finally:
-            # What was handled is stored; a group not handled yet is read again by the next run.
-            if unsaved:
-                self._save(store, unsaved)
+            pending.on_stop()  # what was handled is stored; a group not handled yet is read again
             self._mark_on_stop(store)
+
+    def _pending_for(self, store: OffsetStore) -> _Pending:
+        handler = self.projection.handler
+        if isinstance(handler, Grouped):
+            return _Groups(self, store, handler)
+        if isinstance(handler, AtLeastOnce):
+            return _Unsaved(self, store, handler)
+        return _Each(self, store)
+
+    def _check_lease(self) -> None:
+        if self.guard is not None and not self.guard.valid():
+            raise LeaseLost(f"lease of {self.key} not renewed in time")
+
+    @staticmethod
+    def _next(inbox: queue.Queue[EventEnvelope | _ReaderFailed], timeout: float) -> EventEnvelope | None:
+        """The next envelope the reader delivered (``None`` after ``timeout``); the reader's failure raised."""
+        try:
+            item = inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if isinstance(item, _ReaderFailed):
+            raise item.error
+        return item
+
+    def _housekeeping(self, store: OffsetStore) -> None:
+        """Evict old records, move the idle slices' markers, delete superseded offset rows."""
+        store.evict()
+        with self.journal.connection() as conn:
+            store.advance_markers(conn, slack=self.lookback / 2)
+            if store.rows_since_delete:
+                store.delete_old(conn)
 
     def _mark_on_stop(self, store: OffsetStore) -> None:
         """Best effort: let the next run start near the newest offset (it starts earlier, safely, without)."""
@@ -514,6 +513,83 @@ class RangeRunner:
             self.stats.skipped += 1
             log.error("projection %s SKIPPED %r seq_nr %d after %d attempt(s): %r", self.projection.name,
                       e.persistence_id, e.seq_nr, self.settings.attempts, cause)
+
+
+class _Pending:
+    """Envelopes taken but not yet stored, in the way one handler mode stores them."""
+
+    def __init__(self, runner: RangeRunner, store: OffsetStore) -> None:
+        self.runner, self.store = runner, store
+
+    def waiting(self) -> bool:
+        return False
+
+    def take(self, env: EventEnvelope, now: float) -> None:
+        raise NotImplementedError
+
+    def flush_if_due(self, now: float) -> None:
+        pass
+
+    def on_stop(self) -> None:
+        pass
+
+
+class _Each(_Pending):
+    """Exactly-once: every envelope handled and stored in its own transaction."""
+
+    def take(self, env: EventEnvelope, now: float) -> None:
+        self.runner._transact(self.store, [env])
+
+
+class _Groups(_Pending):
+    """Grouped: up to ``max_count`` envelopes gathered for at most ``max_wait``, one transaction each group."""
+
+    def __init__(self, runner: RangeRunner, store: OffsetStore, handler: Grouped) -> None:
+        super().__init__(runner, store)
+        self.handler = handler
+        self.group: list[EventEnvelope] = []
+        self.due = 0.0
+
+    def waiting(self) -> bool:
+        return bool(self.group)
+
+    def take(self, env: EventEnvelope, now: float) -> None:
+        if not self.group:
+            self.due = now + self.handler.max_wait
+        self.group.append(env)
+
+    def flush_if_due(self, now: float) -> None:
+        if self.group and (len(self.group) >= self.handler.max_count or now >= self.due):
+            group, self.group = self.group, []
+            self.runner._transact(self.store, group)
+
+
+class _Unsaved(_Pending):
+    """At-least-once: handled at once, offsets stored every ``save_every`` envelopes or ``save_interval``."""
+
+    def __init__(self, runner: RangeRunner, store: OffsetStore, handler: AtLeastOnce) -> None:
+        super().__init__(runner, store)
+        self.handler = handler
+        self.unsaved: dict[str, Record] = {}
+        self.count = 0
+        self.due = 0.0
+
+    def waiting(self) -> bool:
+        return bool(self.unsaved)
+
+    def take(self, env: EventEnvelope, now: float) -> None:
+        if not self.unsaved:
+            self.due = now + self.handler.save_interval
+        self.count += self.runner._at_least_once(self.store, env, self.unsaved)
+
+    def flush_if_due(self, now: float) -> None:
+        if self.unsaved and (self.count >= self.handler.save_every or now >= self.due):
+            self.runner._save(self.store, self.unsaved)
+            self.count = 0
+
+    def on_stop(self) -> None:
+        if self.unsaved:
+            self.runner._save(self.store, self.unsaved)
 
 
 def _read(query: object, inbox: queue.Queue[EventEnvelope | _ReaderFailed], halt: threading.Event) -> None:
