@@ -29,7 +29,7 @@ test-all: setup
 
 bench: setup
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
-	$(PY) -m bench all $(BENCH_ARGS)
+	$(PY) -m bench all --report bench/results/report $(BENCH_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

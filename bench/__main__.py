@@ -13,6 +13,7 @@ from rich.table import Table
 from pgjournal.dsn import mask_dsn, resolve_dsn
 
 from .harness import Outcome, Scenario, run_scenario
+from .report import plot_all, write_report
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
@@ -48,23 +49,6 @@ def render(outcome: Outcome, console: Console) -> None:
         console.print(f"  [dim]{note}[/]")
 
 
-def plot(outcomes: list[Outcome], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(outcomes), figsize=(4 * len(outcomes), 3.5), squeeze=False)
-    for ax, outcome in zip(axes[0], outcomes, strict=True):
-        names = list(outcome.values)
-        ax.bar(names, [outcome.median(n) for n in names], color=["tab:blue"] + ["tab:gray"] * (len(names) - 1))
-        ax.set_title(outcome.scenario.name)
-        ax.set_ylabel(outcome.scenario.metric)
-        ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     scenarios = load_scenarios()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
@@ -73,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="server to run on (default: the embedded PostgreSQL)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per contender (default 3)")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object per scenario run")
-    parser.add_argument("--plot", metavar="PNG", help="write a bar chart of the medians")
+    parser.add_argument("--plot", metavar="PNG", help="write one chart of every scenario run (ours vs references)")
+    parser.add_argument("--report", metavar="DIR", help="write a chart per scenario, all.png and index.html to DIR")
     args = parser.parse_args(argv)
     names = list(scenarios) if args.scenario == ["all"] else [
         match for name in args.scenario
@@ -95,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             render(outcome, console)
             outcomes.append(outcome)
     if args.plot:
-        plot(outcomes, args.plot)
+        plot_all(outcomes, args.plot)
         console.print(f"plot written to {args.plot}")
+    if args.report:
+        console.print(f"report written to {write_report(outcomes, args.report)}")
     if args.json:
         summaries = [o.summary() for o in outcomes]
         sys.stdout.write(json.dumps(summaries[0] if len(summaries) == 1 else summaries) + "\n")

@@ -48,10 +48,10 @@ def _load(dsn: str, events: int, pids: int) -> str:
                     i = n % pids
                     seq[i] += 1
                     copy.write_row((slices[i], entity_type, names[i], seq[i], now - timedelta(hours=1) + n * step,
-                                    "bench", 33, "", b'{"n": 1}'))
+                                    "bench", 31, "", b'{"n": 1}'))
         idle = next(p for p in (f"Cart|idle{i}" for i in itertools.count())
                     if slice_for_persistence_id(p) not in used)
-        conn.execute(f"INSERT INTO event_journal ({COLUMNS}) VALUES (%s, 'Cart', %s, 1, %s, 'bench', 33, '', %s)",
+        conn.execute(f"INSERT INTO event_journal ({COLUMNS}) VALUES (%s, 'Cart', %s, 1, %s, 'bench', 31, '', %s)",
                      (slice_for_persistence_id(idle), idle, now - timedelta(days=7), b'{"n": 1}'))
         conn.commit()
         conn.execute("ANALYZE event_journal")

@@ -26,12 +26,12 @@ GENERATE = """
 INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, event_ser_id,
                            event_ser_manifest, event_payload)
 SELECT ((i %% %(pids)s) * 10) %% 1023, 'Cart', 'Cart|p' || (i %% %(pids)s), i / %(pids)s + 1,
-       now() - (%(events)s - i) * interval '1 second', 'gen', 33, '', '{"n": 1}'::bytea
+       now() - (%(events)s - i) * interval '1 second', 'gen', 31, '', '{"n": 1}'::bytea
 FROM generate_series(0, %(events)s - 1) AS i"""
 IDLE = """
 INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, event_ser_id,
                            event_ser_manifest, event_payload)
-VALUES (1023, 'Cart', 'Cart|idle', 1, now() - interval '30 days', 'gen', 33, '', '{"n": 1}'::bytea)"""
+VALUES (1023, 'Cart', 'Cart|idle', 1, now() - interval '30 days', 'gen', 31, '', '{"n": 1}'::bytea)"""
 # What a range 0-1023 that processed everything up to 10 s ago leaves: per slice the latest event, per pid
 # the rows of the last 5 minutes (the time window), and markers at newest - 130 s (the lookback).
 OFFSETS = """
