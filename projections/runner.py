@@ -30,8 +30,9 @@ import psycopg.errors
 from pgjournal import metrics
 from pgjournal.connections import user_statements
 from pgjournal.envelope import EventEnvelope
-from pgjournal.errors import JournalError
+from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
 from pgjournal.offsets import NoOffset, Offset
+from pgjournal.slices import check_slice_range
 
 from .dead_letters import decoded, lenient_journal, serializer_of, store_dead_letter
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
@@ -141,6 +142,9 @@ class RangeRunner:
 
     def __init__(self, journal: Journal, projection: Projection, min_slice: int, max_slice: int, *,
                  guard: LeaseGuard | None = None) -> None:
+        if not isinstance(projection, Projection):
+            raise InvalidArgument(f"projection must be a Projection, got {type(projection).__name__}")
+        check_slice_range(min_slice, max_slice)
         self.journal = journal
         self.projection = projection
         self.settings = projection.settings
@@ -204,8 +208,8 @@ class RangeRunner:
                         self._stop.wait(self.settings.management_interval)
                         continue
                     self._run_once()
-                except ProjectionFailed as exc:
-                    self.failed = exc
+                except (ProjectionFailed, InvalidArgument, ConfigurationError) as exc:
+                    self.failed = exc  # a failure, or a programming error: running again would not help
                     raise
                 except LeaseLost as exc:
                     log.warning("projection %s %s: %s", self.projection.name, self.key, exc)

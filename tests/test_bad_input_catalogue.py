@@ -39,6 +39,7 @@ from pgjournal.roles import role_script
 from pgjournal.serialization import SerializerRegistry
 from projections.examples import counter_writer
 from projections.handlers import Projection
+from projections.runner import run_range
 
 PID = "Cart|1"
 
@@ -164,6 +165,12 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
                                                                  read_timestamp="now"),
      InvalidArgument, "read_timestamp must be None or a timezone-aware datetime"),
     ("slice of a number", lambda j: slice_for_persistence_id(42), InvalidPersistenceId, "got int 42"),
+    ("projection range backwards", lambda j: run_range(j, Projection("p", "Cart", counter_writer("p")), 5, 2),
+     InvalidArgument, "min_slice 5 is greater than max_slice 2"),
+    ("projection range past 1023", lambda j: run_range(j, Projection("p", "Cart", counter_writer("p")), 0, 1024),
+     InvalidArgument, "max_slice must be an integer from 0 to 1023"),
+    ("projection not a Projection", lambda j: run_range(j, counter_writer("p"), 0, 3), InvalidArgument,
+     "projection must be a Projection"),
     ("entity type of None", lambda j: entity_type_of(None), InvalidPersistenceId, "got NoneType"),
 ]
 
