@@ -98,6 +98,10 @@ def main() -> None:
         table.add_row("every event delivered exactly once", "[green]yes[/]" if exactly_once else (
             f"[red]NO[/]: {len(written - set(delivered))} missing, {sum(n > 1 for n in delivered.values())} "
             f"twice, {len(set(delivered) - written)} not in the journal"))
+        with journal.connection() as conn:
+            horizon = journal.horizon_tracker().read(conn)
+        table.add_row("visibility horizon", f"{journal.capabilities.describe()}; {horizon.held_back * 1000:.0f} ms "
+                      f"behind the clock, {len(horizon.writers)} journal writer(s) open")
         console.print(table)
 
     step, failed = 4, []
