@@ -134,6 +134,7 @@ class HorizonTracker:
 
     def _warn_long(self, now: datetime, writers: tuple[Writer, ...]) -> None:
         metrics.SLOW_WRITERS.set(sum(1 for w in writers if w.started is not None and now - w.started > self._longest))
+        self._warned &= {w.vxid for w in writers}  # warn once per writer, remember only open ones
         for writer in writers:
             if writer.vxid in self._warned:
                 continue
