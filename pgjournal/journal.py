@@ -34,10 +34,10 @@ from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
 
-def connect(dsn: str, timeout: float, settings: Settings | None = None) -> psycopg.Connection:
+def connect(dsn: str, settings: Settings) -> psycopg.Connection:
     """One autocommit connection, with an unreachable server reported as :class:`DatabaseUnavailable`."""
     try:
-        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings(connect_timeout=timeout)))
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings))
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or exc.__class__.__name__
         raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
@@ -94,7 +94,7 @@ class Journal:
         if not isinstance(migrate, bool):
             raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
         resolved = resolve_dsn(dsn)
-        with connect(resolved, loaded.connect_timeout, loaded) as conn:
+        with connect(resolved, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             try:
