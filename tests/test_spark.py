@@ -481,7 +481,8 @@ def pids_outside(lo: int, hi: int, prefix: str, count: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("loader", ["loader", "loader with pg_read_all_stats", "owner"])
+@pytest.mark.parametrize("loader", ["loader", "loader with pg_read_all_stats",
+                                    pytest.param("owner", marks=pytest.mark.slow)])  # the owner: as other tests
 def test_incremental_load_as_a_least_privileged_role_loses_and_repeats_nothing(
         spark: Any, dsn: str, roles: Any, tmp_path: Path, loader: str) -> None:
     from eventually import eventually
