@@ -76,6 +76,9 @@ class EmbeddedServer:
         self.home = home
         self.data_dir = home / "pgdata"
         self.log_file = home / "server.log"
+        #: The port of the last start: the next start takes it again when it is free, so a restarted server
+        #: stays at the address its clients (pools, DSNs in other processes) already have.
+        self.port_file = home / "port"
 
     @classmethod
     def default(cls) -> EmbeddedServer:
@@ -182,9 +185,22 @@ class EmbeddedServer:
             "--encoding=UTF8", "--no-locale", "--no-instructions",
         )
 
+    def _remembered_port(self) -> int | None:
+        try:
+            port = int(self.port_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is fine
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return None  # taken meanwhile: start on a new one
+        return port
+
     def _start(self) -> None:
-        for _attempt in range(3):
-            port = _free_port()
+        for attempt in range(3):
+            port = (self._remembered_port() if attempt == 0 else None) or _free_port()
             options = " ".join(("-h", "127.0.0.1", "-p", str(port), *SERVER_OPTIONS))
             try:
                 self._pg("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w",
@@ -195,6 +211,7 @@ class EmbeddedServer:
                 time.sleep(0.2)
                 continue
             if self.status().running:
+                self.port_file.write_text(f"{port}\n")
                 return
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {self.data_dir}; see {self.log_file}"

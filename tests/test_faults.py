@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import FAST
+from eventually import eventually
 from faultproxy import FaultProxy, fault_proxy
 
 from pgjournal import (
@@ -320,30 +321,27 @@ def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-# Slow, and kept out of `make test`: in 1 of about 6 full runs the writer's appends stayed "unknown" for 60 s
-# after a restart (investigation open: reconnect through the retargeted proxy, or a pool holding dead
-# connections). `make test-all` runs it.
-@pytest.mark.slow
 def test_live_queries_and_a_writer_survive_server_restarts(
         private_server: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
     """Stop and start the (private) server twice while a writer appends and two live queries follow.
 
-    The embedded server picks a new port on every start, so clients reach it through the proxy, which is
-    pointed at the new port: to them it is the same address, restarted."""
+    The embedded server starts again on the port it had, so every client keeps its DSN: its pool reconnects
+    to the same address, restarted."""
     direct = private_server.dsn
+    port = private_server.status().port
     Journal.open(direct, migrate=True).close()
     pids = [f"Cart|r{i}" for i in range(6)]
     per_pid = 30
     restarts = 2
     faults = {"unknown": 0, "unavailable": 0, "settled_by_conflict": 0}
-    with fault_proxy(direct) as (proxy, via), caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
-            Journal.open(via, connect_timeout=2, **FAST) as consumer:
+    with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
+            Journal.open(direct, connect_timeout=2, **FAST) as consumer:
         by_slices, wait_slices = _consume(consumer.query.events_by_slices("Cart", 0, 1023), len(pids) * per_pid, 90)
         by_pid, wait_pid = _consume(consumer.query.events_by_persistence_id(pids[0]), per_pid, 90)
         done = threading.Event()
 
         def write() -> None:
-            with Journal.open(via, notify=False, connect_timeout=2) as writer:
+            with Journal.open(direct, notify=False, connect_timeout=2) as writer:
                 for n in range(per_pid):
                     for pid in pids:
                         append_surely(writer, pid, [f"{pid}#{n + 1}"], expected=n, faults=faults)
@@ -353,11 +351,10 @@ def test_live_queries_and_a_writer_survive_server_restarts(
         writer = threading.Thread(target=write, daemon=True)
         writer.start()
         for _ in range(restarts):
-            time.sleep(0.6)
+            eventually(lambda: len(by_slices) > 0, "events delivered before the restart")
             private_server.stop()
-            time.sleep(0.3)
             private_server.ensure_running()
-            proxy.retarget("127.0.0.1", private_server.status().port or 0)
+            assert private_server.status().port == port, "the restarted server moved to another port"
         writer.join(90)
         assert done.is_set(), f"the writer did not finish: {faults}"
         wait_slices()
@@ -368,9 +365,9 @@ def test_live_queries_and_a_writer_survive_server_restarts(
     with psycopg.connect(private_server.dsn) as conn:
         total = conn.execute("SELECT count(*), count(DISTINCT (persistence_id, seq_nr)) FROM event_journal").fetchone()
     assert total == (len(pids) * per_pid, len(pids) * per_pid)
-    assert retries >= 2
-    print(f"\nFAULTS server restarts: {restarts} restarts, writer saw {faults}, {retries} failed polls retried; "
-          f"{len(by_slices)} + {len(by_pid)} events delivered, 0 lost, 0 duplicated")
+    assert retries >= 1 and sum(faults.values()) >= 1, "the restarts did not happen mid-stream"
+    print(f"\nFAULTS server restarts: {restarts} restarts on port {port}, writer saw {faults}, {retries} failed polls "
+          f"retried; {len(by_slices)} + {len(by_pid)} events delivered, 0 lost, 0 duplicated")
 
 
 def test_no_raw_driver_error_escapes_an_append_when_the_server_is_gone(
