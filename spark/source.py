@@ -273,12 +273,12 @@ def infer_payload_ddl(conn: psycopg.Connection, entity_type: str | None, registr
 
 
 def source_schema(options: SourceOptions) -> str:
-    """The schema DDL of a read: :data:`BASE_SCHEMA`, plus ``event`` when decoding."""
-    if not options.decode:
-        return BASE_SCHEMA
+    """The schema DDL of a read: :data:`BASE_SCHEMA`, plus ``event`` when decoding. Spark asks for it at
+    ``load()``, so the database checks happen here too: a bad DSN or entity type fails before any task."""
     ddl = payload_struct_ddl(options.payload_schema) if options.payload_schema is not None else None
-    if ddl is None:
-        with options.open_journal() as journal, journal.connection() as conn:
+    with options.open_journal() as journal, journal.connection() as conn:
+        check_entity_type_known(conn, options.entity_type, options.dsn)
+        if options.decode and ddl is None:
             ddl = infer_payload_ddl(conn, options.entity_type, journal.serializers)
     return BASE_SCHEMA if ddl is None else f"{BASE_SCHEMA}, event {ddl}"
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import FAST, eventually
+from conftest import eventually
 
 from pgjournal import Journal
+from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import slice_for_persistence_id
 from pgjournal.write import insert_sql
 from spark.session import check_spark_available
@@ -158,6 +159,208 @@ def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal
         {p for p, _ in journal_keys(dsn, None) if slice_for_persistence_id(p) in (target, (target + 1) % 1024)})
 
 
+# -- streaming: offsets, driven directly ----------------------------------------------------------------
+
+RAW_INSERT = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, event_ser_id,
+    event_ser_manifest, event_payload)
+VALUES (%s, %s, %s, %s, %s, 'test', 4, '', '\\x00'::bytea)"""
+
+
+def insert_shared_timestamps(dsn: str, base: datetime, stamps: int = 6, pids: int = 5, per_pid: int = 2,
+                             name: str = "shared") -> None:
+    """``stamps`` timestamps, at each of them ``per_pid`` events of each of ``pids`` persistence ids."""
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.cursor() as cur:
+        rows = []
+        for t in range(stamps):
+            for p in range(pids):
+                pid = f"{ENTITY}|{name}-{p}"
+                for k in range(per_pid):
+                    rows.append((slice_for_persistence_id(pid), ENTITY, pid, t * per_pid + k + 1,
+                                 base + timedelta(microseconds=t)))
+        cur.executemany(RAW_INSERT, rows)
+
+
+def drain(reader: Any, start: dict[str, str], limit: Any) -> tuple[list[tuple[str, int]], dict[str, str], int]:
+    """Micro-batches as Spark would run them (latestOffset, partitions, read) until nothing is new."""
+    got: list[tuple[str, int]] = []
+    batches = 0
+    while True:
+        end = reader.latestOffset(start, limit)
+        if end == start:
+            return got, start, batches
+        batches += 1
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                got.extend(zip(batch.column("persistence_id").to_pylist(), batch.column("seq_nr").to_pylist(),
+                               strict=True))
+        start = json.loads(json.dumps(end))  # what a checkpoint stores
+    return got, start, batches
+
+
+def stream_reader(spark: Any, dsn: str, **options: Any) -> Any:
+    from spark.source import SourceOptions
+    from spark.stream import JournalStreamReader
+
+    schema = source(spark, dsn, entityType=ENTITY).schema
+    return JournalStreamReader(SourceOptions.parse({"dsn": dsn, "entityType": ENTITY, **options}), schema)
+
+
+def test_stream_offsets_cut_between_events_sharing_a_timestamp(spark: Any, journal: Journal, dsn: str) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    base = datetime.now(UTC) - timedelta(minutes=5)
+    insert_shared_timestamps(dsn, base)  # 6 timestamps x 5 pids x 2 events
+    reader = stream_reader(spark, dsn, sliceRanges=4, maxEventsPerTrigger=7)
+    assert reader.getDefaultReadLimit() == ReadMaxRows(7)
+    start = reader.initialOffset()
+    assert sorted(start) == ["0-255", "256-511", "512-767", "768-1023"]
+    got, end, batches = drain(reader, start, ReadMaxRows(7))
+    assert len(got) == len(set(got)) == 60 and set(got) == journal_keys(dsn)
+    assert batches == 9  # ceil(60 / 7): every batch full but the last
+    # more events at the end offset's own timestamp and later are read once, from the checkpointed offset
+    assert TimestampOffset.parse(end["0-255"]).timestamp <= base + timedelta(microseconds=5)
+    insert_shared_timestamps(dsn, base + timedelta(microseconds=5), stamps=3, pids=2, per_pid=1, name="late")
+    more, _, _ = drain(reader, end, ReadAllAvailable())
+    assert not set(more) & set(got) and set(got) | set(more) == journal_keys(dsn)
+    reader.stop()
+
+
+def test_stream_starting_offsets_latest_and_json(spark: Any, journal: Journal, dsn: str) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    fill(journal, pids=10, kinds=(ENTITY,))
+    latest = stream_reader(spark, dsn, startingOffsets="latest")
+    start = latest.initialOffset()
+    assert drain(latest, start, ReadAllAvailable())[0] == []
+    journal.append(f"{ENTITY}|new", ["a", "b"])
+
+    def new_events_read() -> bool:  # once the horizon (a margin behind the clock) has passed them
+        return sorted(drain(latest, start, ReadAllAvailable())[0]) == [(f"{ENTITY}|new", 1), (f"{ENTITY}|new", 2)]
+
+    eventually(new_events_read, timeout=10)
+    given = stream_reader(spark, dsn, startingOffsets=json.dumps(start))
+    assert given.initialOffset() == start
+    latest.stop()
+    given.stop()
+
+
+# -- streaming: Spark queries with a checkpointed Parquet sink -----------------------------------------
+
+
+class Writers:
+    """Appends in the background: plain appends, and every round a transaction that inserts, holds its write
+    lock a second, then commits (so rows appear below timestamps a naive reader would have passed). Runs
+    until told to finish, then ``after`` more rounds (at most ``max_rounds`` in all)."""
+
+    def __init__(self, journal: Journal, dsn: str, after: int = 3, max_rounds: int = 40, pids: int = 12) -> None:
+        self.journal, self.dsn, self.after, self.max_rounds, self.pids = journal, dsn, after, max_rounds, pids
+        self.rounds = 0
+        self.error: BaseException | None = None
+        self.finish = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            remaining = self.after
+            while self.rounds < self.max_rounds and remaining > 0:
+                r = self.rounds
+                for p in range(self.pids):
+                    self.journal.append(f"{ENTITY}|w{p}", [{"item": f"r{r}", "qty": p}] * 2)
+                with psycopg.connect(self.dsn) as held:  # inserted first, committed a second later
+                    insert_in(held, f"{ENTITY}|held{r}", 0, count=3)
+                    time.sleep(1.0)
+                    held.commit()
+                self.journal.append(f"{ENTITY}|late", [r])
+                self.rounds += 1
+                if self.finish.is_set():
+                    remaining -= 1
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def __enter__(self) -> Writers:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.finish.set()
+        self.thread.join(timeout=120)
+
+
+def start_stream(spark: Any, dsn: str, out: Path, trigger: dict[str, Any], **options: Any) -> Any:
+    reader = spark.readStream.format("pgjournal").option("dsn", dsn).option("entityType", ENTITY)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (reader.load().writeStream.format("parquet").option("path", str(out / "data"))
+            .option("checkpointLocation", str(out / "checkpoint")).trigger(**trigger).start())
+
+
+def delivered(spark: Any, out: Path) -> list[tuple[str, int]]:
+    if not (out / "data" / "_spark_metadata").exists():
+        return []
+    return keys(spark.read.schema("persistence_id STRING, seq_nr BIGINT").parquet(str(out / "data")))
+
+
+def test_stream_to_parquet_exactly_once_across_a_restart_with_writers_holding_transactions(
+        spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:
+    fill(journal, pids=20, kinds=(ENTITY,))  # 60 events before the stream starts
+    options = {"sliceRanges": 4, "maxEventsPerTrigger": 40, "payloadSchema": "item STRING, qty INT"}
+    with Writers(journal, dsn) as writers:  # rounds of 24 + 3 (held 1 s) + 1 events
+        first = start_stream(spark, dsn, tmp_path, {"processingTime": "300 milliseconds"}, **options)
+        eventually(lambda: len(delivered(spark, tmp_path)) >= 80, timeout=60)
+        first.stop()  # mid-stream: the writers go on until three rounds after the restart
+        second = start_stream(spark, dsn, tmp_path, {"processingTime": "300 milliseconds"}, **options)
+    assert writers.error is None and not writers.thread.is_alive()
+    expected = journal_keys(dsn)
+    assert len(expected) == 60 + writers.rounds * 28
+
+    def all_delivered() -> bool:
+        return len(delivered(spark, tmp_path)) >= len(expected)
+
+    try:
+        eventually(all_delivered, timeout=90, interval=0.5)
+    finally:
+        second.stop()
+    got = delivered(spark, tmp_path)
+    assert len(got) == len(set(got)) and set(got) == expected
+    events = spark.read.parquet(str(tmp_path / "data")).where("persistence_id = 'Cart|w3'").select("event.*")
+    assert {tuple(r) for r in events.collect()} == {(f"r{r}", 3) for r in range(writers.rounds)}
+
+
+def test_stream_available_now_and_a_checkpoint_refuses_other_slice_ranges(spark: Any, journal: Journal, dsn: str,
+                                                                           tmp_path: Path) -> None:
+    fill(journal, pids=30, kinds=(ENTITY,))
+    query = start_stream(spark, dsn, tmp_path, {"availableNow": True}, sliceRanges=8, maxEventsPerTrigger=25)
+    query.awaitTermination(120)
+    got = delivered(spark, tmp_path)
+    assert len(got) == len(set(got)) == 90 and set(got) == journal_keys(dsn)
+    assert len(query.recentProgress) >= 4  # 90 events, at most 25 per micro-batch
+    again = start_stream(spark, dsn, tmp_path, {"availableNow": True}, sliceRanges=4)
+    with pytest.raises(Exception, match=r"SliceRangesChanged.*slice ranges 8 \(0-127,.*sliceRanges gives 4 \(0-255,"):
+        again.awaitTermination(120)
+
+
+# -- bad options: a pgjournal error at load(), before any task ---------------------------------------------
+
+
+def test_bad_options_fail_at_load_with_pgjournal_errors(spark: Any, journal: Journal, dsn: str) -> None:
+    fill(journal, pids=3)
+    with pytest.raises(Exception, match=r"ConfigurationError: entity type 'Nope' has no events.*'Cart', 'Order'"):
+        source(spark, dsn, entityType="Nope")
+    with pytest.raises(Exception, match=r"InvalidArgument: option sliceRanges='3': .*divisor of 1024.*got 3"):
+        source(spark, dsn, sliceRanges=3)
+    with pytest.raises(Exception, match=r"InvalidArgument: option sliceRanges='0-600,500-1023': .*overlap"):
+        source(spark, dsn, sliceRanges="0-600,500-1023")
+    with pytest.raises(Exception, match=r"InvalidArgument: unknown option\(s\) entitytyp\b"):
+        source(spark, dsn, entityTyp="Cart")
+    unreachable = "postgresql://alice:s3cret-pw@127.0.0.1:1/nowhere"
+    with pytest.raises(Exception, match=r"DatabaseUnavailable: cannot connect to .*127\.0\.0\.1") as failed:
+        source(spark, unreachable)
+    assert "s3cret-pw" not in str(failed.value)
+    with pytest.raises(Exception, match=r"ConfigurationError: entity type 'Nope'"):
+        spark.readStream.format("pgjournal").option("dsn", dsn).option("entityType", "Nope").load()
+
+
 # -- helpers --------------------------------------------------------------------------------------------
 
 
@@ -168,5 +371,3 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1, en
         "tags": None, "expected": after, "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
         "ser_ids": [4] * count, "manifests": [""] * count, "payloads": [b'{"held":true}'] * count})
 
-
-_unused = (json, threading, time, timedelta, datetime, Path, FAST, eventually)
