@@ -16,7 +16,7 @@ from .harness import Outcome, Scenario, run_scenario
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
-                    "bench.spark_load", "bench.projection"]
+                    "bench.spark_load", "bench.spark_source", "bench.projection"]
 
 
 def load_scenarios() -> dict[str, Scenario]:

@@ -2,9 +2,10 @@
 
 ``spark.read.format("pgjournal").option("entityType", "Cart").option("sliceRanges", 8).load()`` reads
 ``event_journal`` with one input partition per slice range. Each task streams its range from PostgreSQL
-through a server-side cursor into Arrow record batches. The upper bound of a batch read is the visibility
-horizon (:mod:`pgjournal.horizon`), settled once while Spark plans the read: every partition reads below
-the same bound, so the result is a consistent, final set that a later read only adds to.
+(``COPY ... TO STDOUT`` as CSV, parsed by Arrow's C++ reader) into Arrow record batches. The upper bound
+of a batch read is the visibility horizon (:mod:`pgjournal.horizon`), settled once while Spark plans the
+read: every partition reads below the same bound, so the result is a consistent, final set that a later
+read only adds to.
 
 ``spark.readStream.format("pgjournal")`` is in :mod:`spark.stream`; both share the options, the schema and
 the row -> Arrow conversion here.
@@ -56,15 +57,17 @@ FORMAT = "pgjournal"
 BASE_SCHEMA = ("slice INT, entity_type STRING, persistence_id STRING, seq_nr BIGINT, db_timestamp TIMESTAMP, "
                "writer STRING, tags ARRAY<STRING>, event_ser_id INT, event_ser_manifest STRING, "
                "event_payload BINARY")
-#: The SELECT list, in :data:`EVENT_COLUMNS` order: the timestamp as epoch microseconds (cheaper to turn
-#: into Arrow than datetimes), no tags as an empty array.
+#: The SELECT list, in :data:`EVENT_COLUMNS` order, as text that Arrow's C++ CSV reader turns into columns
+#: (measured on 100k events in one process: 320-470k rows/s, a server-side cursor into Python tuples 116k):
+#: the timestamp as epoch microseconds, tags as a JSON array, the payload as hex.
 SELECT_LIST = ("slice, entity_type, persistence_id, seq_nr, "
-               "(EXTRACT(EPOCH FROM db_timestamp) * 1000000)::bigint, writer, COALESCE(tags, '{}'), "
-               "event_ser_id, event_ser_manifest, event_payload")
+               "(EXTRACT(EPOCH FROM db_timestamp) * 1000000)::bigint, writer, "
+               "COALESCE(array_to_json(tags)::text, '[]'), event_ser_id, event_ser_manifest, "
+               "encode(event_payload, 'hex')")
 #: Spark setting that must be on for pushFilters to be called (else Spark refuses the reader).
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 DEFAULT_SLICE_RANGES = 4
-DEFAULT_BATCH_ROWS = 10_000
+DEFAULT_BATCH_ROWS = 20_000
 #: Payloads sampled to infer the ``event`` struct when decoding without a payloadSchema.
 INFER_SAMPLE = 1_000
 OPTIONS = {
@@ -75,7 +78,7 @@ OPTIONS = {
     "payloadschema": "DDL of the payload struct, e.g. 'item STRING, qty INT' (implies decode)",
     "since": "ISO 8601 lower bound on db_timestamp, inclusive (batch)",
     "until": "ISO 8601 upper bound on db_timestamp, exclusive (batch; never above the horizon)",
-    "batchrows": "rows per Arrow batch and cursor fetch (default 10000)",
+    "batchrows": "rows per Arrow batch (default 20000)",
     "portable": "true: the clock minus longest_transaction instead of the writer-lock horizon",
     "startingoffsets": "stream: earliest (default), latest, or a JSON offset",
     "maxeventspertrigger": "stream: at most this many events per micro-batch",
@@ -305,7 +308,8 @@ def _deserialize(registry: SerializerRegistry, ser_id: int, manifest: str, paylo
 
 
 class ArrowRows:
-    """Journal rows (:data:`SELECT_LIST` order) -> Arrow record batches of a read's Spark schema.
+    """COPY CSV blocks of journal rows (:data:`SELECT_LIST` order) -> Arrow record batches of a read's Spark
+    schema, with no Python object per row (except payloads being decoded to ``event``).
 
     Picklable: built on the driver, used in every task. Payloads that are not JSON objects, or do not fit
     ``event``'s type, give a null ``event`` (as ``from_json`` would).
@@ -329,20 +333,34 @@ class ArrowRows:
             self._arrow = to_arrow_schema(StructType.fromJson(json.loads(self.schema_json)), timezone="UTC")
         return self._arrow
 
-    def batch(self, rows: Sequence[tuple[Any, ...]]) -> pa.RecordBatch:
+    def batches(self, block: bytes, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """The rows of one CSV ``block`` (whole rows) as record batches of at most ``batch_rows``."""
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        types = dict(zip(EVENT_COLUMNS, (pa.int32(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(),
+                                         pa.string(), pa.int32(), pa.string(), pa.string()), strict=True))
+        table = pcsv.read_csv(
+            pa.BufferReader(block),
+            read_options=pcsv.ReadOptions(column_names=list(EVENT_COLUMNS), use_threads=False),
+            parse_options=pcsv.ParseOptions(newlines_in_values=True),
+            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
+                                                quoted_strings_can_be_null=False))
+        for raw in table.to_batches(max_chunksize=batch_rows):
+            yield self.convert(raw)
+
+    def convert(self, raw: pa.RecordBatch) -> pa.RecordBatch:
         import pyarrow as pa
 
         schema = self.arrow_schema
-        columns = list(zip(*rows, strict=True)) if rows else [()] * len(EVENT_COLUMNS)
-        arrays = []
-        for i, column in enumerate(columns):
-            target = schema.field(i).type
-            if i == 4:  # epoch microseconds -> timestamp[us, UTC]
-                arrays.append(pa.array(column, pa.int64()).cast(target))
-            else:
-                arrays.append(pa.array(column, target))
+        arrays = list(raw.columns)
+        arrays[4] = arrays[4].cast(schema.field(4).type)  # epoch microseconds -> timestamp[us, UTC]
+        arrays[6] = _json_lists(arrays[6])
+        arrays[9] = _unhex(arrays[9])
         if self.decode:
-            arrays.append(self._events(columns[7], columns[8], columns[9], schema.field(len(EVENT_COLUMNS)).type))
+            arrays.append(self._events(arrays[7].to_pylist(), arrays[8].to_pylist(), arrays[9].to_pylist(),
+                                       schema.field(len(EVENT_COLUMNS)).type))
+        arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     def _events(self, ser_ids: Sequence[int], manifests: Sequence[str], payloads: Sequence[bytes],
@@ -359,6 +377,45 @@ class ArrowRows:
             return pa.array([_fitting(v, struct) for v in values], type=struct)
 
 
+def _string_data(array: pa.Array) -> tuple[pa.Array, bytes]:
+    """The offsets (rebased to 0) and the concatenated bytes of a string array without nulls."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets = pa.Array.from_buffers(pa.int32(), len(array) + 1, [None, array.buffers()[1]], offset=array.offset)
+    first, last = offsets[0].as_py(), offsets[-1].as_py()
+    data = array.buffers()[2]
+    return pc.subtract(offsets, first), (data.to_pybytes()[first:last] if data is not None else b"")
+
+
+def _unhex(array: pa.Array) -> pa.Array:
+    """Hex text (``encode(bytea, 'hex')``) -> binary, decoded in one ``bytes.fromhex`` call for the batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets, text = _string_data(array)
+    data = bytes.fromhex(text.decode("ascii"))
+    halved = pc.divide(offsets, 2).cast(pa.int32())
+    return pa.Array.from_buffers(pa.binary(), len(array), [None, halved.buffers()[1], pa.py_buffer(data)],
+                                 offset=halved.offset)
+
+
+def _json_lists(array: pa.Array) -> pa.Array:
+    """JSON arrays of strings (``array_to_json(tags)``) -> ``list<string>``, parsed by Arrow's JSON reader."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pjson
+
+    if len(array) == 0:
+        return pa.array([], pa.list_(pa.string()))
+    lines = pc.binary_join_element_wise('{"t":', array, "}\n", "")
+    _, text = _string_data(lines)
+    schema = pa.schema([("t", pa.list_(pa.string()))])
+    table = pjson.read_json(pa.BufferReader(text), read_options=pjson.ReadOptions(use_threads=False),
+                            parse_options=pjson.ParseOptions(explicit_schema=schema))
+    return table.column(0).combine_chunks()
+
+
 def _fitting(value: dict | None, struct: pa.DataType) -> dict | None:
     import pyarrow as pa
 
@@ -369,9 +426,17 @@ def _fitting(value: dict | None, struct: pa.DataType) -> dict | None:
     return value
 
 
-def stream_rows(dsn: str, statement: str, params: Mapping[str, Any], converter: ArrowRows, batch_rows: int
+#: Bytes of CSV handed to Arrow at a time.
+BLOCK_BYTES = 4 << 20
+
+
+def stream_rows(dsn: str, query: str, params: Mapping[str, Any], converter: ArrowRows, batch_rows: int
                 ) -> Iterator[pa.RecordBatch]:
-    """Run ``statement`` in a read-only transaction through a server-side cursor, ``batch_rows`` at a time."""
+    """``COPY (query) TO STDOUT (FORMAT CSV)`` in a read-only transaction, parsed block by block by Arrow.
+
+    PostgreSQL sends one COPY message per row, so blocks cut at message ends hold whole rows. psycopg binds
+    the parameters of a COPY client-side (quoted, never spliced as text).
+    """
     try:
         conn = psycopg.connect(dsn, connect_timeout=10)
     except psycopg.OperationalError as exc:
@@ -380,14 +445,18 @@ def stream_rows(dsn: str, statement: str, params: Mapping[str, Any], converter: 
     try:
         with conn:
             conn.read_only = True
-            with conn.cursor(name="pgjournal_spark_source", binary=True) as cur:
-                cur.itersize = batch_rows
-                cur.execute(statement, params)
-                while True:
-                    rows = cur.fetchmany(batch_rows)
-                    if not rows:
-                        break
-                    yield converter.batch(rows)
+            with conn.cursor() as cur, cur.copy(f"COPY ({query}) TO STDOUT (FORMAT CSV)", params) as copy:
+                parts: list[bytes] = []
+                size = 0
+                for message in copy:
+                    part = bytes(message)
+                    parts.append(part)
+                    size += len(part)
+                    if size >= BLOCK_BYTES and part.endswith(b"\n"):
+                        yield from converter.batches(b"".join(parts), batch_rows)
+                        parts, size = [], 0
+                if parts:
+                    yield from converter.batches(b"".join(parts), batch_rows)
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise DatabaseUnavailable(f"lost the connection to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
