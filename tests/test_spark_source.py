@@ -136,7 +136,7 @@ def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal
     from pyspark.sql import functions as F
 
     fill(journal, pids=30, per_pid=4)
-    frame = source(spark, dsn, sliceRanges=8)
+    frame = source(spark, f"{dsn} password=Sup3rSecret", sliceRanges=8)  # the server trusts: ignored
     pid = "Cart|4"
     target = slice_for_persistence_id(pid)
     one = frame.where((F.col("persistence_id") == pid) & (F.col("seq_nr") >= 2))
@@ -144,6 +144,7 @@ def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal
     # pushed: Spark keeps only its own not-null checks above the scan
     plan = one._jdf.queryExecution().executedPlan().toString()
     assert "Cart|4" not in plan and "Filter (isnotnull(persistence_id" in plan, plan
+    assert "Sup3rSecret" not in plan and "Sup3rSecret" not in one._jdf.queryExecution().toString()
     by_slice = frame.where(F.col("slice") == target)
     assert by_slice.rdd.getNumPartitions() == 1
     assert {p for p, _ in keys(by_slice)} == {p for p, _ in journal_keys(dsn, None)
