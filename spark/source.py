@@ -58,7 +58,7 @@ BASE_SCHEMA = ("slice INT, entity_type STRING, persistence_id STRING, seq_nr BIG
                "writer STRING, tags ARRAY<STRING>, event_ser_id INT, event_ser_manifest STRING, "
                "event_payload BINARY")
 #: The SELECT list, in :data:`EVENT_COLUMNS` order, as text that Arrow's C++ CSV reader turns into columns
-#: (measured on 100k events in one process: 320-470k rows/s, a server-side cursor into Python tuples 116k):
+#: (measured on 100k events in one process: 240-490k rows/s; a server-side cursor into Python tuples: 116k):
 #: the timestamp as epoch microseconds, tags as a JSON array, the payload as hex.
 SELECT_LIST = ("slice, entity_type, persistence_id, seq_nr, "
                "(EXTRACT(EPOCH FROM db_timestamp) * 1000000)::bigint, writer, "
