@@ -342,7 +342,9 @@ class ArrowRows:
                                          pa.string(), pa.int32(), pa.string(), pa.string()), strict=True))
         table = pcsv.read_csv(
             pa.BufferReader(block),
-            read_options=pcsv.ReadOptions(column_names=list(EVENT_COLUMNS), use_threads=False),
+            # one parse block for the whole buffer: a row may be larger than Arrow's default block (1 MiB)
+            read_options=pcsv.ReadOptions(column_names=list(EVENT_COLUMNS), use_threads=False,
+                                          block_size=max(len(block) + 1, 1 << 20)),
             parse_options=pcsv.ParseOptions(newlines_in_values=True),
             convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
                                                 quoted_strings_can_be_null=False))

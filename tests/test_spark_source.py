@@ -85,6 +85,7 @@ def test_batch_columns_types_tags_and_utc_timestamps(spark: Any, journal: Journa
     fill(journal, pids=4)
     # text that CSV must quote, a newline inside a value, non-ASCII, and bytes that are not text
     journal.append('Cart|we,ird "id"\nline2', [b"\x00\xff,\n\"", {"é": "ü"}], tags=['a,b', 'q"uote', "é\x1f", "[]"])
+    journal.append("Cart|big", [b"\x07" * (3 << 20)])  # one row larger than a parse block
     frame = source(spark, dsn, entityType=ENTITY)
     types = dict(frame.dtypes)
     assert types == {"slice": "int", "entity_type": "string", "persistence_id": "string", "seq_nr": "bigint",
@@ -95,7 +96,7 @@ def test_batch_columns_types_tags_and_utc_timestamps(spark: Any, journal: Journa
                     conn.execute("SELECT persistence_id, seq_nr, slice, db_timestamp, tags, event_payload "
                                  "FROM event_journal WHERE entity_type = %s", (ENTITY,)).fetchall()}
     got = frame.collect()
-    assert len(got) == len(expected) == 8
+    assert len(got) == len(expected) == 9
     for row in got:
         slice_, ts, tags, payload = expected[(row["persistence_id"], row["seq_nr"])]
         assert row["slice"] == slice_ == slice_for_persistence_id(row["persistence_id"])
