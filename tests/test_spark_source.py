@@ -131,6 +131,11 @@ def test_batch_stops_at_the_settled_horizon_an_open_writer_is_not_read(spark: An
         assert set(keys(frame)) == before
         held.commit()
     assert set(keys(source(spark, dsn, entityType=ENTITY))) == before | {("Cart|held", 1), ("Cart|held", 2)}
+    with psycopg.connect(dsn) as conn:
+        (middle,) = conn.execute("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Cart|held'").fetchone()
+    assert set(keys(source(spark, dsn, entityType=ENTITY, until=middle.isoformat()))) == before
+    assert set(keys(source(spark, dsn, entityType=ENTITY, since=middle.isoformat()))) == {("Cart|held", 1),
+                                                                                          ("Cart|held", 2)}
 
 
 def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal, dsn: str) -> None:
