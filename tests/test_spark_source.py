@@ -250,7 +250,7 @@ def test_stream_starting_offsets_latest_and_json(spark: Any, journal: Journal, d
     def new_events_read() -> bool:  # once the horizon (a margin behind the clock) has passed them
         return sorted(drain(latest, start, ReadAllAvailable())[0]) == [(f"{ENTITY}|new", 1), (f"{ENTITY}|new", 2)]
 
-    eventually(new_events_read, timeout=10)
+    eventually(new_events_read, timeout=30)
     given = stream_reader(spark, dsn, startingOffsets=json.dumps(start))
     assert given.initialOffset() == start
     latest.stop()
@@ -296,7 +296,7 @@ class Writers:
 
     def __exit__(self, *_exc: object) -> None:
         self.finish.set()
-        self.thread.join(timeout=120)
+        self.thread.join(timeout=300)
 
 
 def start_stream(spark: Any, dsn: str, out: Path, trigger: dict[str, Any], **options: Any) -> Any:
@@ -319,7 +319,7 @@ def test_stream_to_parquet_exactly_once_across_a_restart_with_writers_holding_tr
     options = {"sliceRanges": 4, "maxEventsPerTrigger": 40, "payloadSchema": "item STRING, qty INT"}
     with Writers(journal, dsn) as writers:  # rounds of 24 + 3 (held 1 s) + 1 events
         first = start_stream(spark, dsn, tmp_path, {"processingTime": "300 milliseconds"}, **options)
-        eventually(lambda: len(delivered(spark, tmp_path)) >= 80, timeout=60)
+        eventually(lambda: len(delivered(spark, tmp_path)) >= 80, timeout=180)
         first.stop()  # mid-stream: the writers go on until three rounds after the restart
         second = start_stream(spark, dsn, tmp_path, {"processingTime": "300 milliseconds"}, **options)
     assert writers.error is None and not writers.thread.is_alive()
@@ -330,7 +330,7 @@ def test_stream_to_parquet_exactly_once_across_a_restart_with_writers_holding_tr
         return len(delivered(spark, tmp_path)) >= len(expected)
 
     try:
-        eventually(all_delivered, timeout=90, interval=0.5)
+        eventually(all_delivered, timeout=240, interval=0.5)
     finally:
         second.stop()
     got = delivered(spark, tmp_path)
@@ -343,13 +343,13 @@ def test_stream_available_now_and_a_checkpoint_refuses_other_slice_ranges(spark:
                                                                            tmp_path: Path) -> None:
     fill(journal, pids=30, kinds=(ENTITY,))
     query = start_stream(spark, dsn, tmp_path, {"availableNow": True}, sliceRanges=8, maxEventsPerTrigger=25)
-    query.awaitTermination(120)
+    query.awaitTermination(300)
     got = delivered(spark, tmp_path)
     assert len(got) == len(set(got)) == 90 and set(got) == journal_keys(dsn)
     assert len(query.recentProgress) >= 4  # 90 events, at most 25 per micro-batch
     again = start_stream(spark, dsn, tmp_path, {"availableNow": True}, sliceRanges=4)
     with pytest.raises(Exception, match=r"SliceRangesChanged.*slice ranges 8 \(0-127,.*sliceRanges gives 4 \(0-255,"):
-        again.awaitTermination(120)
+        again.awaitTermination(300)
 
 
 # -- bad options: a pgjournal error at load(), before any task ---------------------------------------------
