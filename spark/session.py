@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from pgjournal.errors import ConfigurationError
 
+from .datasource import register
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -143,7 +145,8 @@ def spark_session(
     shuffle_partitions: int = 4,
     conf: dict[str, str] | None = None,
 ) -> SparkSession:
-    """Get or create a SparkSession ready for :func:`spark.read.read_events`.
+    """Get or create a SparkSession ready for :func:`spark.read.read_events` and ``format("pgjournal")``
+    (:mod:`spark.source`, registered here).
 
     Python workers run on this interpreter; the session time zone is UTC; logs show errors only; the UI is
     off; memory and shuffle partitions suit a 2-core machine. Settings apply only when this call starts
@@ -156,6 +159,7 @@ def spark_session(
         session = (SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
                    .config("spark.ui.showConsoleProgress", "false").getOrCreate())
         session.sparkContext.setLogLevel("ERROR")
+        register(session)
         return session
     java, jar = check_spark_available()
 
@@ -187,4 +191,5 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    register(session)
     return session

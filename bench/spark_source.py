@@ -1,0 +1,92 @@
+"""spark-source: the journal to Parquet through the native ``format("pgjournal")`` source vs Spark's JDBC source.
+
+Workload: 1,000,000 events (``--quick``: 100,000), the same rows as the ``spark`` scenario (20 events per
+persistence id, ~100-byte JSON payloads, time order). Every contender writes the same plain Parquet
+(no partitioning, payload as binary) from the same table in the same run:
+
+* ours: the native source, 2 slice ranges (one task per core: its best configuration here, as for JDBC);
+* ours_8 ranges: the native source, 8 slice ranges (more Python tasks, each with its fixed cost);
+* JDBC 2 ranges: ``spark.read.read_events`` with 2 ranges, the JDBC reader's best measured configuration
+  (DESIGN.md: 2 ranges beat 8 on this 2-core machine), and JDBC 8 ranges;
+* psycopg COPY TO (parse): binary COPY parsed into Python rows, no Spark, no Parquet (a floor for what one
+  Python process gets out of PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import psycopg
+
+from pgjournal.slices import slice_for_persistence_id
+
+from .harness import Context, Scenario
+from .spark_load import _FILL, EVENTS_PER_PID, _copy
+
+
+def setup(ctx: Context) -> dict[str, Any]:
+    from spark.session import spark_session
+
+    total = 100_000 if ctx.quick else 1_000_000
+    pids = [f"{'Cart' if i % 2 else 'Order'}|{i:07d}" for i in range(total // EVENTS_PER_PID)]
+    params = {"pids": len(pids), "pid_list": pids, "slices": [slice_for_persistence_id(p) for p in pids]}
+    with psycopg.connect(ctx.dsn, autocommit=True) as conn:
+        for first in range(1, EVENTS_PER_PID + 1, 5):  # several transactions, each in time order
+            conn.execute(_FILL, {**params, "first": first, "last": min(first + 4, EVENTS_PER_PID)})
+        conn.execute("VACUUM ANALYZE event_journal")
+    spark = spark_session("pgjournal-bench")
+    state = {"spark": spark, "out": tempfile.mkdtemp(prefix="pgjournal-bench-source-"), "total": total}
+    _native(ctx, state, 8)  # warm the JVM, the Python workers and the page cache, untimed
+    _jdbc(ctx, state, 2)
+    return state
+
+
+def _timed_write(state: dict[str, Any], frame: Any, label: str) -> float:
+    out = f"{state['out']}/{label}"
+    started = time.perf_counter()
+    frame.write.mode("overwrite").parquet(out)
+    seconds = time.perf_counter() - started
+    rows = state["spark"].read.parquet(out).count()
+    if rows != state["total"]:
+        raise AssertionError(f"{label}: wrote {rows} rows, expected {state['total']}")
+    return rows / seconds
+
+
+def _native(ctx: Context, state: dict[str, Any], ranges: int) -> float:
+    frame = (state["spark"].read.format("pgjournal").option("dsn", ctx.dsn).option("sliceRanges", ranges)
+             .option("batchRows", 20_000).load())
+    return _timed_write(state, frame, f"native{ranges}")
+
+
+def _jdbc(ctx: Context, state: dict[str, Any], ranges: int) -> float:
+    from spark.read import read_events
+
+    frame = read_events(state["spark"], ctx.dsn, slice_ranges=ranges, decode=False)
+    return _timed_write(state, frame, f"jdbc{ranges}")
+
+
+def teardown(_ctx: Context, state: dict[str, Any]) -> None:
+    state["spark"].stop()
+    shutil.rmtree(state["out"], ignore_errors=True)
+
+
+SCENARIOS = [
+    Scenario(
+        name="spark-source",
+        metric="rows/s",
+        description="journal -> Parquet: native format('pgjournal') source (ours: 2 slice ranges) vs Spark JDBC "
+                    "and psycopg COPY, same rows, same run",
+        setup=setup,
+        contenders={
+            "ours": lambda ctx, st: _native(ctx, st, 2),
+            "ours_8 ranges": lambda ctx, st: _native(ctx, st, 8),
+            "JDBC 2 ranges (best)": lambda ctx, st: _jdbc(ctx, st, 2),
+            "JDBC 8 ranges": lambda ctx, st: _jdbc(ctx, st, 8),
+            "psycopg COPY TO (parse)": _copy,
+        },
+        teardown=teardown,
+    ),
+]
