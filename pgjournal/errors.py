@@ -73,6 +73,16 @@ class ConcurrencyConflict(JournalError):
         super().__init__(detail + "; nothing of this batch was written")
 
 
+class EventNotFound(JournalError, LookupError):
+    """``load_envelope``: no event (or only a logically deleted one) at that persistence id and sequence number."""
+
+    def __init__(self, persistence_id: str, seq_nr: int) -> None:
+        self.persistence_id = persistence_id
+        self.seq_nr = seq_nr
+        super().__init__(f"no event at sequence number {seq_nr} of persistence id {persistence_id!r} "
+                         "(never written, or deleted)")
+
+
 class MissingEventsError(JournalError):
     """A gap in a stream (tag or slice) could not be filled in time."""
 

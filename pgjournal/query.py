@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .envelope import EventEnvelope
@@ -28,8 +29,21 @@ class Query:
     ) -> LiveQuery[EventEnvelope]:
         return self._journal.by_pid.live(persistence_id, from_seq_nr, to_seq_nr)
 
-    def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000) -> Iterator[str]:
-        return self._journal.by_pid.persistence_ids(after, limit)
+    def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
+                                entity_type: str | None = None) -> Iterator[str]:
+        """Persistence ids after ``after`` in id order, at most ``limit`` (``None``: all), keyset-paged;
+        with ``entity_type`` only that type's (Akka's ``currentPersistenceIds(entityType, afterId, limit)``)."""
+        return self._journal.by_pid.persistence_ids(after, limit, entity_type=entity_type)
+
+    def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of event ``seq_nr`` of ``persistence_id``; ``None`` when there is none (or it is
+        deleted). Akka's ``timestampOf``."""
+        return self._journal.by_pid.timestamp_of(persistence_id, seq_nr)
+
+    def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        """Event ``seq_nr`` of ``persistence_id``; raises :class:`~pgjournal.errors.EventNotFound` when there
+        is none (or it is deleted). Akka's ``loadEnvelope``."""
+        return self._journal.by_pid.load_envelope(persistence_id, seq_nr)
 
     def current_events_by_slices(
         self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
