@@ -2,6 +2,7 @@
 
 from .buckets import BucketSize
 from .by_tag import TagEnvelope
+from .durable_state import DurableState, DurableStateChange, DurableStateStore
 from .entity import (
     CircuitBreaker,
     CommandResult,
@@ -28,6 +29,7 @@ from .errors import (
     MissingEventsError,
     MissingTaggedEventsError,
     RetriesExhausted,
+    RevisionConflict,
     SchemaNotMigrated,
     SerializationError,
     WriteOutcomeUnknown,
@@ -52,6 +54,9 @@ __all__ = [
     "ConnectionTimedOut",
     "DatabaseUnavailable",
     "DomainError",
+    "DurableState",
+    "DurableStateChange",
+    "DurableStateStore",
     "Entity",
     "EntityRepository",
     "EventEnvelope",
@@ -68,6 +73,7 @@ __all__ = [
     "NoOffset",
     "Reconciliation",
     "RetriesExhausted",
+    "RevisionConflict",
     "SchemaNotMigrated",
     "SelectedSnapshot",
     "SerializationError",
