@@ -292,7 +292,11 @@ class BySlices:
                 rows: SliceRows | None = None) -> Iterator[EventEnvelope]:
         """Events (or other ``rows``) up to the safe bound seen when the query starts, then one backtracking
         pass."""
-        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows)
+        return self.run_current(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+
+    def run_current(self, query: SliceQuery) -> Iterator[EventEnvelope]:
+        """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.from_snapshots`) by
+        the caller."""
         with self._journal.connection() as conn:
             horizon = query.tracker.settle(conn, timeout=query.tracker.capabilities.longest_transaction)
         return self._current(query, horizon)
@@ -319,7 +323,10 @@ class BySlices:
 
     def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
              rows: SliceRows | None = None) -> LiveQuery[EventEnvelope]:
-        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows)
+        return self.run_live(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+
+    def run_live(self, query: SliceQuery) -> LiveQuery[EventEnvelope]:
+        """:meth:`live` of a query built (and perhaps prepared) by the caller."""
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
             saved = query.checkpoint()
@@ -335,4 +342,5 @@ class BySlices:
                 query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
                 raise
 
-        return self._journal.live_query(poll, entity_types={entity_type}, settle=self._journal.read_margin + 0.005)
+        return self._journal.live_query(poll, entity_types={query.entity_type},
+                                        settle=self._journal.read_margin + 0.005)
