@@ -108,7 +108,7 @@ class DurableStateStore:
     def decode(self, row: tuple[Any, ...]) -> DurableState:
         """A row of :data:`pgjournal.store.durable_state.STATE_COLUMNS` as a :class:`DurableState`."""
         _slice, _entity_type, pid, revision, ts, ser_id, manifest, payload, tags = row
-        if ser_id == DELETED_SER_ID and len(payload) == 0:
+        if ser_id == DELETED_SER_ID:  # Akka tells a deleted state by the ser_id alone (its payload may be NULL)
             return DurableState(pid, revision, None, ts, tuple(tags or ()), deleted=True)
         value = self.journal.serializers.deserialize(
             ser_id, manifest or "", payload, where=f" of the durable state of persistence id {pid!r} revision "

@@ -326,3 +326,41 @@ def test_roles_writer_writes_state_and_reader_only_reads(dsn: str, roles) -> Non
     with Journal.open(dsn, **FAST) as journal:
         got = journal.durable_state.get("Account|1")
         assert got is not None and (got.revision, got.value) == (2, "again")
+
+
+AKKA_DDL = """
+CREATE TABLE durable_state (
+  slice INT NOT NULL, entity_type VARCHAR(255) NOT NULL, persistence_id VARCHAR(255) NOT NULL,
+  revision BIGINT NOT NULL, db_timestamp timestamp with time zone NOT NULL,
+  state_ser_id INTEGER NOT NULL, state_ser_manifest VARCHAR(255), state_payload BYTEA NOT NULL, tags TEXT ARRAY,
+  PRIMARY KEY(persistence_id, revision));
+CREATE INDEX durable_state_slice_idx ON durable_state(slice, entity_type, db_timestamp, revision)"""
+
+
+def test_a_table_created_with_akkas_ddl_works_the_same(dsn: str) -> None:
+    """Akka keys durable_state (persistence_id, revision): the statements never rely on a key of
+    persistence_id alone, so a first write still cannot make a second row and conflicts are the same."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE durable_state")
+        conn.execute(AKKA_DDL)
+    with Journal.open(dsn, **FAST) as journal:
+        store = journal.durable_state
+        store.upsert("Account|1", 1, "a")
+        store.upsert("Account|1", 2, "b")
+        with pytest.raises(RevisionConflict, match="but it is 2"):
+            store.upsert("Account|1", 1, "a second row?")
+        with pytest.raises(RevisionConflict, match="but it is 2"):
+            store.upsert("Account|1", 2, "stale")
+        readable(journal, store.delete("Account|1", 3))
+        assert [(c.revision, c.deleted) for c in store.current_changes_by_slices("Account", 0, 1023)] == [(3, True)]
+    assert row_count(dsn) == 1
+
+
+def test_a_deleted_state_written_by_akka_reads_as_deleted(journal: Journal, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # Akka's delete marker: ser_id 0, manifest '', no bytes
+        conn.execute("INSERT INTO durable_state (slice, entity_type, persistence_id, revision, db_timestamp, "
+                     "state_ser_id, state_ser_manifest, state_payload) VALUES (%s, 'Account', 'Account|1', 4, now(), "
+                     "0, '', ''::bytea)", (slice_for_persistence_id("Account|1"),))
+    got = journal.durable_state.get("Account|1")
+    assert got is not None and (got.revision, got.value, got.deleted) == (4, None, True)
+    assert journal.durable_state.upsert("Account|1", 5, "back").revision == 5

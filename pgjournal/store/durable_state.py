@@ -27,7 +27,8 @@ TABLE = "durable_state"
 #: expects them (slice, entity_type, persistence_id, number, db_timestamp).
 STATE_COLUMNS = ("slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id, state_ser_manifest, "
                  "state_payload, tags")
-#: What a deleted state stores (Akka's ``deleteObject`` with a revision): ser_id 0, no manifest, no bytes.
+#: What a deleted state stores (Akka's ``deleteObject`` with a revision): ser_id 0 (what readers go by), no
+#: manifest, no bytes.
 DELETED_SER_ID = 0
 
 INSERT_FIRST = f"""
