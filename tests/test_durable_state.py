@@ -22,6 +22,7 @@ from pgjournal import (
     RevisionConflict,
     SerializationError,
     SerializerRegistry,
+    Source,
     TimestampOffset,
     slice_for_persistence_id,
 )
@@ -364,3 +365,29 @@ def test_a_deleted_state_written_by_akka_reads_as_deleted(journal: Journal, dsn:
     got = journal.durable_state.get("Account|1")
     assert got is not None and (got.revision, got.value, got.deleted) == (4, None, True)
     assert journal.durable_state.upsert("Account|1", 5, "back").revision == 5
+
+
+def test_a_late_commit_reaches_live_changes(mode_journal: Journal, dsn: str) -> None:
+    """A durable-state transaction stamps its row, then commits after a later write: by default the horizon
+    holds the later one back until it commits (delivered in time order); in portable mode the main cursor
+    passes it and backtracking delivers it afterwards. Either way each once."""
+    store = mode_journal.durable_state
+    portable = mode_journal.settings.portable
+    got: list[DurableStateChange] = []
+    with store.changes_by_slices("Account", 0, 1023) as live:
+        reader = threading.Thread(target=lambda: got.extend(live), daemon=True)
+        reader.start()
+        with psycopg.connect(dsn) as held:
+            assert held.execute(*store.sql.write("Account|A", 1, 20, "", b"late", None)).fetchone() is not None
+            store.upsert("Account|B", 1, "on time")
+            if portable:
+                eventually(lambda: [c.persistence_id for c in got] == ["Account|B"], timeout=10)
+            else:
+                readable(mode_journal, store.get("Account|B"))
+                assert got == []  # held back by the open writer, not by the clock
+            held.commit()
+        eventually(lambda: len(got) == 2, timeout=15)
+    assert [c.persistence_id for c in got] == (["Account|B", "Account|A"] if portable else ["Account|A", "Account|B"])
+    late = next(c for c in got if c.persistence_id == "Account|A")
+    assert late.value == "late"
+    assert late.source in ({Source.BACKTRACKING} if portable else {Source.QUERY, Source.NOTIFIED})
