@@ -2,6 +2,7 @@
 
 from .buckets import BucketSize
 from .by_tag import TagEnvelope
+from .durable_state import DurableState, DurableStateChange, DurableStateStore
 from .entity import (
     CircuitBreaker,
     CommandResult,
@@ -18,6 +19,7 @@ from .errors import (
     ConflictRetriesExhausted,
     ConnectionTimedOut,
     DatabaseUnavailable,
+    EventNotFound,
     HorizonBlocked,
     InsufficientPrivilege,
     InvalidArgument,
@@ -27,6 +29,7 @@ from .errors import (
     MissingEventsError,
     MissingTaggedEventsError,
     RetriesExhausted,
+    RevisionConflict,
     SchemaNotMigrated,
     SerializationError,
     WriteOutcomeUnknown,
@@ -51,9 +54,13 @@ __all__ = [
     "ConnectionTimedOut",
     "DatabaseUnavailable",
     "DomainError",
+    "DurableState",
+    "DurableStateChange",
+    "DurableStateStore",
     "Entity",
     "EntityRepository",
     "EventEnvelope",
+    "EventNotFound",
     "HorizonBlocked",
     "InsufficientPrivilege",
     "InvalidArgument",
@@ -66,6 +73,7 @@ __all__ = [
     "NoOffset",
     "Reconciliation",
     "RetriesExhausted",
+    "RevisionConflict",
     "SchemaNotMigrated",
     "SelectedSnapshot",
     "SerializationError",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .envelope import EventEnvelope, Source, envelope_from_row
+from .errors import EventNotFound
 from .polling import LiveQuery
 from .slices import entity_type_of
-from .validation import check_persistence_id, check_positive, check_seq_nr
+from .validation import check_name, check_persistence_id, check_positive, check_seq_nr
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -75,18 +77,44 @@ class ByPersistenceId:
         query = self._journal.live_query(poll, entity_types={entity_type_of(pid)})
         return query
 
-    def persistence_ids(self, after: str | None = None, limit: int | None = None) -> Iterator[str]:
-        """Every persistence id once, in order, keyset-paged; ``limit`` caps the total."""
+    def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of an event, ``None`` when there is none (or it is deleted)."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(seq_nr, "seq_nr", minimum=1)
+        with self._journal.connection() as conn:
+            row = conn.execute(*self._journal.events.timestamp_of(pid, seq_nr)).fetchone()
+        return None if row is None else row[0]
+
+    def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        """One event as an envelope (its offset: its own timestamp, seen at it); :class:`EventNotFound` when
+        there is none (or it is deleted)."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(seq_nr, "seq_nr", minimum=1)
+        with self._journal.connection() as conn:
+            row = conn.execute(*self._journal.events.one_event(pid, seq_nr)).fetchone()
+        if row is None:
+            raise EventNotFound(pid, seq_nr)
+        return envelope_from_row(row, self._journal.serializers)
+
+    def persistence_ids(self, after: str | None = None, limit: int | None = None, *,
+                        entity_type: str | None = None) -> Iterator[str]:
+        """Every persistence id (of ``entity_type`` when given; ``""``: ids without ``|``) once, in order,
+        keyset-paged; ``limit`` caps the total."""
         if after is not None:
             check_persistence_id(after)
         if limit is not None:
             check_positive(limit, "limit")
+        if entity_type is not None and entity_type != "":
+            check_name(entity_type, "entity type")
+        events = self._journal.events
         page_size = self._journal.settings.buffer_size
         last, left = after or "", limit
         while left is None or left > 0:
             size = page_size if left is None else min(page_size, left)
             with self._journal.connection() as conn:
-                page = [row[0] for row in conn.execute(*self._journal.events.persistence_ids(last, size)).fetchall()]
+                query = (events.persistence_ids(last, size) if entity_type is None
+                         else events.persistence_ids_of_type(entity_type, last, size))
+                page = [row[0] for row in conn.execute(*query).fetchall()]
             yield from page
             if len(page) < size:
                 return

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
 from .envelope import EventEnvelope, Source, envelope_from_row
@@ -61,15 +61,49 @@ class _Cursor:
         self.last_seq, self.last_pid = seq_nr, pid
 
 
-class SliceQuery:
-    """The state of one events_by_slices query: cursors, the delivered map and the gate."""
+class SliceRows(Protocol):
+    """What a by-slice query reads: rows whose first five columns are (slice, entity_type, persistence_id,
+    number, db_timestamp), paged by the store's SQL, and how a row becomes what the reader receives."""
 
-    def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset) -> None:
+    #: Per persistence id every number is a row to deliver (events): the gate loads a missing predecessor.
+    #: ``False`` (durable state, whose row is overwritten): only what was delivered is dropped.
+    contiguous: bool
+    #: The tables whose writers bound the visibility horizon (``None``: the journal's).
+    horizon_relations: tuple[int, ...] | None
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]: ...
+
+    def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> Any: ...
+
+
+class EventRows:
+    """The journal's events (the default rows of a :class:`SliceQuery`)."""
+
+    contiguous = True
+    horizon_relations = None
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
+        return self._journal.events.page_sql(min_slice, max_slice)
+
+    def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> EventEnvelope:
+        return envelope_from_row(row, self._journal.serializers, offset=offset, source=source)
+
+
+class SliceQuery:
+    """The state of one events_by_slices query (or, with other ``rows``, a query of the same shape such as
+    durable state's changes): cursors, the delivered map and the gate."""
+
+    def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+                 rows: SliceRows | None = None) -> None:
         self.journal = journal
         self.settings = journal.settings
         self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
         check_slice_range(min_slice, max_slice)
-        self.page_sql, self.slice_params = journal.events.page_sql(min_slice, max_slice)
+        self.rows: SliceRows = rows if rows is not None else EventRows(journal)
+        self.page_sql, self.slice_params = self.rows.page_sql(min_slice, max_slice)
         self.start = _start_offset(offset)
         self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
         self.read_timestamp = self.start.read_timestamp or self.start.timestamp
@@ -80,7 +114,7 @@ class SliceQuery:
         self.window = timedelta(seconds=self.settings.backtracking_window)
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
         self.use_horizon = journal.capabilities.writer_horizon
-        self.tracker = journal.horizon_tracker()
+        self.tracker = journal.horizon_tracker(self.rows.horizon_relations)
         self.lag = metrics.LIVE_LAG.labels(self.entity_type, metrics.slices_label(min_slice, max_slice))
         # Backtracking state
         self.backtracking: _Cursor | None = None
@@ -128,7 +162,7 @@ class SliceQuery:
     def gate(self, conn: psycopg.Connection, rows: list[tuple[Any, ...]], source: Source, *, main: bool
              ) -> list[EventEnvelope]:
         """Deliver each row once, after its predecessor; advance the cursors."""
-        predecessors = self._predecessors_of_unknown(conn, rows)
+        predecessors = self._predecessors_of_unknown(conn, rows) if self.rows.contiguous else {}
         out: list[EventEnvelope] = []
         for row in rows:
             slice_, pid, seq_nr, ts = row[0], row[2], row[3], row[4]
@@ -140,9 +174,10 @@ class SliceQuery:
             known = self.delivered.get(pid)
             if known is not None and seq_nr <= known[0]:
                 continue  # a duplicate (backtracking, or a replayed gap)
-            after = known[0] if known is not None else self._delivered_up_to(pid, seq_nr, predecessors)
-            if after is None or seq_nr > after + 1:
-                out.extend(self._fill(conn, pid, slice_, after, seq_nr))
+            if self.rows.contiguous:
+                after = known[0] if known is not None else self._delivered_up_to(pid, seq_nr, predecessors)
+                if after is None or seq_nr > after + 1:
+                    out.extend(self._fill(conn, pid, slice_, after, seq_nr))
             out.append(self._envelope(row, source))
         return out
 
@@ -188,7 +223,7 @@ class SliceQuery:
         pid, seq_nr, ts = row[2], row[3], row[4]
         self.delivered[pid] = (seq_nr, ts)
         offset = TimestampOffset(self.main.ts, self.read_timestamp, self.main.seen)
-        return envelope_from_row(row, self.journal.serializers, offset=offset, source=source)
+        return self.rows.envelope(row, offset, source)
 
     # -- failure atomicity ---------------------------------------------------------------------------
 
@@ -253,10 +288,15 @@ class BySlices:
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
 
-    def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                ) -> Iterator[EventEnvelope]:
-        """Events up to the safe bound seen when the query starts, then one backtracking pass."""
-        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
+    def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                rows: SliceRows | None = None) -> Iterator[EventEnvelope]:
+        """Events (or other ``rows``) up to the safe bound seen when the query starts, then one backtracking
+        pass."""
+        return self.run_current(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+
+    def run_current(self, query: SliceQuery) -> Iterator[EventEnvelope]:
+        """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.from_snapshots`) by
+        the caller."""
         with self._journal.connection() as conn:
             horizon = query.tracker.settle(conn, timeout=query.tracker.capabilities.longest_transaction)
         return self._current(query, horizon)
@@ -281,9 +321,12 @@ class BySlices:
             page, _ = query.backtracking_page()
             yield from page
 
-    def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-             ) -> LiveQuery[EventEnvelope]:
-        query = SliceQuery(self._journal, entity_type, min_slice, max_slice, offset)
+    def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+             rows: SliceRows | None = None) -> LiveQuery[EventEnvelope]:
+        return self.run_live(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+
+    def run_live(self, query: SliceQuery) -> LiveQuery[EventEnvelope]:
+        """:meth:`live` of a query built (and perhaps prepared) by the caller."""
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
             saved = query.checkpoint()
@@ -299,4 +342,5 @@ class BySlices:
                 query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
                 raise
 
-        return self._journal.live_query(poll, entity_types={entity_type}, settle=self._journal.read_margin + 0.005)
+        return self._journal.live_query(poll, entity_types={query.entity_type},
+                                        settle=self._journal.read_margin + 0.005)

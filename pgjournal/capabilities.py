@@ -18,6 +18,8 @@ from .settings import Settings
 JOURNAL_RELATIONS_SQL = """
 SELECT to_regclass('event_journal')::oid
 UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')"""
+# The durable state table: the relation its writers hold a write lock on (changes_by_slices' horizon).
+STATE_RELATIONS_SQL = "SELECT to_regclass('durable_state')::oid"
 # Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
 SEES_ALL_SESSIONS_SQL = """
 SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
@@ -40,6 +42,8 @@ class Capabilities:
     longest_transaction: float
     #: The role the journal connects as.
     role: str = ""
+    #: ``durable_state`` (OID): durable state changes take their horizon from its writers instead.
+    state_relations: tuple[int, ...] = ()
 
     @classmethod
     def resolve(cls, conn: psycopg.Connection, settings: Settings) -> Capabilities:
@@ -47,10 +51,12 @@ class Capabilities:
         writer_horizon = not settings.portable and dialect.supports_visibility_horizon
         role, sees_all = "", False
         relations: tuple[int, ...] = ()
+        state_relations: tuple[int, ...] = ()
         if writer_horizon:
             row = conn.execute(SEES_ALL_SESSIONS_SQL).fetchone()
             role, sees_all = (row[0], bool(row[1])) if row else ("", False)
             relations = tuple(oid for (oid,) in conn.execute(JOURNAL_RELATIONS_SQL).fetchall() if oid is not None)
+            state_relations = tuple(oid for (oid,) in conn.execute(STATE_RELATIONS_SQL).fetchall() if oid is not None)
         return cls(
             notify=settings.uses_notifications,
             writer_horizon=writer_horizon and bool(relations),
@@ -59,6 +65,7 @@ class Capabilities:
             read_margin=settings.horizon_margin if writer_horizon else settings.behind_current_time,
             longest_transaction=settings.backtracking_behind_current_time,
             role=role,
+            state_relations=state_relations,
         )
 
     def describe(self) -> str:

@@ -21,6 +21,9 @@ class Source(enum.StrEnum):
     NOTIFIED = "notified"
     #: Found by the backtracking query: it committed after the main cursor had passed its timestamp.
     BACKTRACKING = "backtracking"
+    #: A snapshot standing in for a persistence id's events up to its sequence number
+    #: (``events_by_slices_starting_from_snapshots``).
+    SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,33 @@ class ConcurrencyConflict(JournalError):
         super().__init__(detail + "; nothing of this batch was written")
 
 
+class EventNotFound(JournalError, LookupError):
+    """``load_envelope``: no event (or only a logically deleted one) at that persistence id and sequence number."""
+
+    def __init__(self, persistence_id: str, seq_nr: int) -> None:
+        self.persistence_id = persistence_id
+        self.seq_nr = seq_nr
+        super().__init__(f"no event at sequence number {seq_nr} of persistence id {persistence_id!r} "
+                         "(never written, or deleted)")
+
+
+class RevisionConflict(ConcurrencyConflict):
+    """A durable state write whose revision is not the current revision + 1 (1 for a new persistence id):
+    another writer got there first, or the caller's revision was stale. Nothing was written.
+    ``actual_revision`` is the current revision found after the failure (0: none; ``None``: unreadable)."""
+
+    def __init__(self, persistence_id: str, revision: int, actual_revision: int | None) -> None:
+        JournalError.__init__(
+            self,
+            f"revision {revision} of the durable state of persistence id {persistence_id!r} could not be written: "
+            f"expected the current revision to be {revision - 1}"
+            + ("" if actual_revision is None else f" but it is {actual_revision}") + "; nothing was written")
+        self.persistence_id = persistence_id
+        self.seq_nr = self.revision = revision
+        self.expected_seq_nr = self.expected_revision = revision - 1
+        self.actual_seq_nr = self.actual_revision = actual_revision
+
+
 class MissingEventsError(JournalError):
     """A gap in a stream (tag or slice) could not be filled in time."""
 

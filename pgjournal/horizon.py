@@ -85,8 +85,10 @@ class Horizon:
 class HorizonTracker:
     """The visibility horizon of one reader, remembered from read to read (see the module docstring)."""
 
-    def __init__(self, capabilities: Capabilities) -> None:
+    def __init__(self, capabilities: Capabilities, relations: tuple[int, ...] | None = None) -> None:
         self.capabilities = capabilities
+        #: The tables whose writers bound this reader: the journal's unless told (durable state's changes).
+        self.relations = capabilities.journal_relations if relations is None else relations
         self._margin = timedelta(seconds=capabilities.read_margin)
         self._longest = timedelta(seconds=capabilities.longest_transaction)
         #: Clock readings taken while writers hidden from this role were open: (reading, their vxids).
@@ -102,7 +104,7 @@ class HorizonTracker:
             row = conn.execute(CLOCK_SQL, prepare=False).fetchone()
             assert row is not None
             return Horizon(row[0], row[0] - self._margin)
-        rows = conn.execute(WRITERS_SQL, {"relations": list(self.capabilities.journal_relations)},
+        rows = conn.execute(WRITERS_SQL, {"relations": list(self.relations)},
                             prepare=False).fetchall()
         now = rows[0][0]
         writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)

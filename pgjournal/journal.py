@@ -20,6 +20,7 @@ from .capabilities import Capabilities
 from .connections import ServerSilent, connection_kwargs, limited_connection_class
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
+from .durable_state import DurableStateStore
 from .envelope import EventEnvelope
 from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege
 from .horizon import HorizonTracker
@@ -73,6 +74,8 @@ class Journal:
         self.by_slices = BySlices(self)
         self.snapshots = SnapshotStore(self)
         self.query = Query(self)
+        #: Akka's durable state store: the latest state per persistence id, with revisions and changes.
+        self.durable_state = DurableStateStore(self)
 
     @classmethod
     def open(
@@ -165,9 +168,10 @@ class Journal:
         where it is used, else ``behind_current_time``. An event committed less than this ago is not read yet."""
         return self.capabilities.read_margin
 
-    def horizon_tracker(self) -> HorizonTracker:
-        """A new reader's view of the visibility horizon (see :mod:`pgjournal.horizon`)."""
-        return HorizonTracker(self.capabilities)
+    def horizon_tracker(self, relations: tuple[int, ...] | None = None) -> HorizonTracker:
+        """A new reader's view of the visibility horizon (see :mod:`pgjournal.horizon`); ``relations``: the
+        tables whose writers bound it (default: the journal's)."""
+        return HorizonTracker(self.capabilities, relations)
 
     def migrate(self) -> None:
         migrations.upgrade(self.dsn, self.settings.dialect)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from .envelope import EventEnvelope
 from .offsets import NoOffset, Offset
@@ -11,6 +12,7 @@ from .polling import LiveQuery
 
 if TYPE_CHECKING:
     from .by_tag import TagEnvelope
+    from .from_snapshots import SnapshotsThenLive
     from .journal import Journal
 
 
@@ -28,8 +30,21 @@ class Query:
     ) -> LiveQuery[EventEnvelope]:
         return self._journal.by_pid.live(persistence_id, from_seq_nr, to_seq_nr)
 
-    def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000) -> Iterator[str]:
-        return self._journal.by_pid.persistence_ids(after, limit)
+    def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
+                                entity_type: str | None = None) -> Iterator[str]:
+        """Persistence ids after ``after`` in id order, at most ``limit`` (``None``: all), keyset-paged;
+        with ``entity_type`` only that type's (Akka's ``currentPersistenceIds(entityType, afterId, limit)``)."""
+        return self._journal.by_pid.persistence_ids(after, limit, entity_type=entity_type)
+
+    def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of event ``seq_nr`` of ``persistence_id``; ``None`` when there is none (or it is
+        deleted). Akka's ``timestampOf``."""
+        return self._journal.by_pid.timestamp_of(persistence_id, seq_nr)
+
+    def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        """Event ``seq_nr`` of ``persistence_id``; raises :class:`~pgjournal.errors.EventNotFound` when there
+        is none (or it is deleted). Akka's ``loadEnvelope``."""
+        return self._journal.by_pid.load_envelope(persistence_id, seq_nr)
 
     def current_events_by_slices(
         self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
@@ -43,6 +58,28 @@ class Query:
     ) -> LiveQuery[EventEnvelope]:
         """Like :meth:`current_events_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
         return self._journal.by_slices.live(entity_type, min_slice, max_slice, offset)
+
+    def current_events_by_slices_starting_from_snapshots(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        transform: Callable[[Any], Any],
+    ) -> Iterator[EventEnvelope]:
+        """Like :meth:`current_events_by_slices`, but a persistence id with a snapshot taken after ``offset``
+        starts with that snapshot (an envelope with ``source`` ``snapshot``, its sequence number, and
+        ``transform(snapshot)`` as its event) and continues with its events after it. Akka's
+        ``currentEventsBySlicesStartingFromSnapshots``; see :mod:`pgjournal.from_snapshots`."""
+        from . import from_snapshots
+
+        return from_snapshots.current(self._journal, entity_type, min_slice, max_slice, offset, transform=transform)
+
+    def events_by_slices_starting_from_snapshots(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        transform: Callable[[Any], Any],
+    ) -> SnapshotsThenLive:
+        """Like :meth:`current_events_by_slices_starting_from_snapshots`, but keeps polling; ``close()`` (or
+        ``with``) stops it."""
+        from . import from_snapshots
+
+        return from_snapshots.live(self._journal, entity_type, min_slice, max_slice, offset, transform=transform)
 
     def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events tagged ``tag`` after ``offset`` (a :class:`~pgjournal.offsets.TimeBasedUUID` or ``NoOffset``:

@@ -231,3 +231,28 @@ pgjournal_format = Table(
 )
 
 FORMAT_TABLES = (pgjournal_format,)
+
+# -- Durable state (revision 0006) -----------------------------------------------------------------------
+# Akka Persistence R2DBC's ``durable_state``: the latest state of each persistence id, one row updated in
+# place at every revision. Akka's DDL keys it (persistence_id, revision); pgjournal keys it by persistence_id
+# alone, which Akka's statements satisfy as well (they update the one row) and which makes a second row per
+# persistence id impossible. A deleted state is a row with an empty payload and ser_id 0, as Akka writes it.
+durable_state = Table(
+    "durable_state",
+    metadata,
+    Column("slice", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMPTZ, nullable=False),
+    Column("state_ser_id", Integer, nullable=False),
+    Column("state_ser_manifest", String(255)),
+    Column("state_payload", LargeBinary, nullable=False),
+    Column("tags", ARRAY(Text)),
+    PrimaryKeyConstraint("persistence_id", name="durable_state_pkey"),
+)
+# Akka's index for changes_by_slices.
+Index("durable_state_slice_idx", durable_state.c.slice, durable_state.c.entity_type, durable_state.c.db_timestamp,
+      durable_state.c.revision)
+
+STATE_TABLES = (durable_state,)

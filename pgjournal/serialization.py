@@ -78,6 +78,8 @@ class _Registrations:
         self.jackson_by_name: dict[str, _JacksonType] = {}
         self.custom_by_type: dict[type, tuple[int, Serializer]] = {}
         self.custom_by_id: dict[int, Serializer] = {}
+        #: Per manifest (without ``#N``): version -> the function that turns that version into the next.
+        self.upcasters: dict[str, dict[int, Callable[[Any], Any]]] = {}
 
 
 class SerializerRegistry:
@@ -130,6 +132,15 @@ class SerializerRegistry:
             raise SerializationError(f"version must be a positive int or None, got {version!r}")
         if upcast is not None and version is None:
             raise SerializationError(f"upcast for {manifest!r} needs the current version (version=)")
+        steps = self._known.upcasters.get(manifest)
+        if steps:
+            if upcast is not None:
+                raise SerializationError(f"{manifest!r} has upcasters from register_upcaster (versions "
+                                         f"{_id_list(set(steps))}); pass either those or upcast=, not both")
+            if version is None or max(steps) >= version:
+                raise SerializationError(
+                    f"{manifest!r} has upcasters up to version {max(steps) + 1}, so it needs version= of at least "
+                    f"{max(steps) + 1} (got {version!r}): a write without that version would read as version 1")
         to_dict, from_dict = _conversions(cls, to_dict, from_dict, json=ser_id == akka.JACKSON_JSON)
         known = self._known.jackson_by_name.get(manifest)
         if known is not None and known.cls is not cls:
@@ -138,6 +149,38 @@ class SerializerRegistry:
         self._known.jackson_by_type[cls] = entry
         self._known.jackson_by_name[manifest] = entry
         return cls
+
+    def register_upcaster(self, manifest: str, from_version: int, upcaster: Callable[[Any], Any]) -> None:
+        """On read, turn the JSON (or CBOR) form of version ``from_version`` of ``manifest`` (the class name,
+        without ``#``) into that of version ``from_version + 1``: ``upcaster(data) -> data``.
+
+        A row written as ``manifest#k`` (no ``#``: version 1) passes through the upcasters from ``k`` up to
+        the current version: the version of the type registered under ``manifest``, or, for a manifest read
+        as plain data, the version after the highest upcaster. Every step must be registered; a version with
+        no way to the current one, or newer than it, fails the read with a :class:`SerializationError` that
+        names it. Works for every read: by persistence id, by slices, by tag, snapshots and durable state.
+        """
+        if not isinstance(manifest, str) or not manifest or "#" in manifest:
+            raise SerializationError(f"manifest must be a non-empty class name without '#', got {manifest!r}")
+        if isinstance(from_version, bool) or not isinstance(from_version, int) or not 1 <= from_version < 10**9:
+            raise SerializationError(f"from_version must be a positive int, got {from_version!r}")
+        if not callable(upcaster):
+            raise SerializationError(f"upcaster for {manifest!r} version {from_version} must be callable, got "
+                                     f"{type(upcaster).__name__}")
+        steps = self._known.upcasters.setdefault(manifest, {})
+        if from_version in steps:
+            raise SerializationError(f"{manifest!r} already has an upcaster from version {from_version}")
+        entry = self._known.jackson_by_name.get(manifest)
+        if entry is not None:
+            if entry.upcast is not None:
+                raise SerializationError(f"{entry.cls.__qualname__} was registered under {manifest!r} with upcast=; "
+                                         "pass either that or register_upcaster, not both")
+            if entry.version is None or from_version >= entry.version:
+                raise SerializationError(
+                    f"an upcaster from version {from_version} of {manifest!r} goes past the version "
+                    f"{entry.cls.__qualname__} is registered with ({entry.version}); register it with version= "
+                    f"above {from_version}")
+        steps[from_version] = upcaster
 
     def register_serializer(self, ser_id: int, serializer: Serializer, *types: type) -> None:
         """Use ``serializer`` under ``ser_id`` for ``types`` (and for every stored row with that id)."""
@@ -240,13 +283,18 @@ class SerializerRegistry:
         when no type is registered for it."""
         by_name = self._known.jackson_by_name
         entry = by_name.get(manifest)
-        from_version = 1
+        name, from_version = manifest, 1
         if entry is None and "#" in manifest:
             try:
                 name, from_version = akka.split_manifest(manifest)
             except ValueError:
                 return data  # not a Jackson version suffix: not a manifest of a registered type
             entry = by_name.get(name)
+        steps = self._known.upcasters.get(name)
+        if steps:
+            current = entry.version if entry is not None and entry.version is not None else max(steps) + 1
+            data = _upcast(name, steps, data, from_version, current)
+            return data if entry is None else entry.from_dict(data)
         if entry is None:
             return data
         if entry.version is not None:
@@ -256,6 +304,24 @@ class SerializerRegistry:
             if from_version < entry.version and entry.upcast is not None:
                 data = entry.upcast(data, from_version)
         return entry.from_dict(data)
+
+
+def _upcast(name: str, steps: dict[int, Callable[[Any], Any]], data: Any, from_version: int, current: int) -> Any:
+    """``data`` of version ``from_version`` of ``name`` through the upcasters up to version ``current``."""
+    if from_version > current:
+        raise ValueError(f"written by version {from_version} of {name!r}, but the current version is {current} "
+                         f"(upcasters from versions {_id_list(set(steps))}): unknown version {from_version}")
+    for version in range(from_version, current):
+        step = steps.get(version)
+        if step is None:
+            raise ValueError(f"unknown version {from_version} of {name!r}: no upcaster from version {version} "
+                             f"(upcasters from versions {_id_list(set(steps))}, current version {current})")
+        try:
+            data = step(data)
+        except Exception as exc:
+            raise ValueError(f"the upcaster from version {version} of {name!r} failed on version {from_version} "
+                             f"data: {type(exc).__name__}: {exc}") from exc
+    return data
 
 
 def _legacy_33(payload: bytes) -> Any:

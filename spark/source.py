@@ -65,6 +65,9 @@ SELECT_LIST = ("slice, entity_type, persistence_id, seq_nr, "
                "encode(event_payload, 'hex')")
 #: Spark setting that must be on for pushFilters to be called (else Spark refuses the reader).
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+#: Payloads to infer a schema from: of one entity type, or of all (entity_type NULL).
+SAMPLE_SQL = ("SELECT event_ser_id, event_ser_manifest, event_payload FROM event_journal WHERE NOT deleted "
+              "AND (%(entity_type)s::varchar IS NULL OR entity_type = %(entity_type)s) LIMIT %(sample)s")
 DEFAULT_SLICE_RANGES = 4
 DEFAULT_BATCH_ROWS = 20_000
 #: Payloads sampled to infer the ``event`` struct when decoding without a payloadSchema.
@@ -259,10 +262,7 @@ def infer_payload_ddl(conn: psycopg.Connection, entity_type: str | None, registr
     """The struct DDL of the JSON object payloads among the first ``sample`` events (``None``: none)."""
     import pyarrow as pa
 
-    where, params = ("entity_type = %(entity_type)s AND NOT deleted", {"entity_type": entity_type}) \
-        if entity_type is not None else ("NOT deleted", {})
-    rows = conn.execute(f"SELECT event_ser_id, event_ser_manifest, event_payload FROM event_journal "
-                        f"WHERE {where} LIMIT %(sample)s", {**params, "sample": sample}).fetchall()
+    rows = conn.execute(SAMPLE_SQL, {"entity_type": entity_type, "sample": sample}).fetchall()
     objects = [v for v in (_deserialize(registry, *row) for row in rows) if v is not None]
     if not objects:
         return None

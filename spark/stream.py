@@ -172,15 +172,14 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 cap: TimestampOffset | None, bound: datetime) -> TimestampOffset:
         """Everything committed after ``start``: the newest timestamp and every pid at it."""
         where, params = self._where(lo, hi, start, cap, bound)
-        row = conn.execute(f"SELECT max(db_timestamp) FROM event_journal WHERE {where}", params,
-                           prepare=False).fetchone()
+        row = conn.execute(_statement("SELECT max(db_timestamp)", where), params, prepare=False).fetchone()
         newest = row[0] if row else None
         if newest is None:
             return start
         seen = dict(start.seen) if newest == start.timestamp else {}
-        rows = conn.execute(f"SELECT persistence_id, max(seq_nr) FROM event_journal WHERE {where} "
-                            "AND db_timestamp = %(newest)s GROUP BY persistence_id", {**params, "newest": newest},
-                            prepare=False).fetchall()
+        rows = conn.execute(_statement("SELECT persistence_id, max(seq_nr)", where,
+                                       "AND db_timestamp = %(newest)s GROUP BY persistence_id"),
+                            {**params, "newest": newest}, prepare=False).fetchall()
         for pid, seq_nr in rows:
             seen[pid] = max(seq_nr, seen.get(pid, 0))
         return TimestampOffset(newest, seen=seen)
@@ -191,8 +190,8 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         keyed: list[tuple[datetime, int, str, str]] = []
         for key, (lo, hi) in zip(self.keys, self.options.ranges, strict=True):
             where, params = self._where(lo, hi, starts[key], caps[key] if caps else None, bound)
-            rows = conn.execute(f"SELECT db_timestamp, seq_nr, persistence_id FROM event_journal WHERE {where} "
-                                "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT %(limit)s",
+            rows = conn.execute(_statement("SELECT db_timestamp, seq_nr, persistence_id", where,
+                                           "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT %(limit)s"),
                                 {**params, "limit": limit}, prepare=False).fetchall()
             keyed.extend((ts, seq_nr, pid, key) for ts, seq_nr, pid in rows)
         keyed.sort()
@@ -226,7 +225,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         where = f"{RANGE}{ENTITY if self.options.entity_type is not None else ''} AND {AFTER_START} AND {UP_TO_END}"
         params = {"lo": partition.lo, "hi": partition.hi, "entity_type": self.options.entity_type,
                   **_offset_params("from", start), **_offset_params("to", end)}
-        return stream_rows(self.options.dsn, f"SELECT {SELECT_LIST} FROM event_journal WHERE {where}", params,
+        return stream_rows(self.options.dsn, _statement(f"SELECT {SELECT_LIST}", where), params,
                            self.converter, self.options.batch_rows)
 
 
@@ -240,3 +239,7 @@ def _json_offset(text: str) -> dict[str, Any]:
                               f"got {text[:200]!r}")
     return value
 
+
+def _statement(select: str, where: str, tail: str = "") -> str:
+    """A statement over the journal from the module's constant fragments (values always go as parameters)."""
+    return f"{select} FROM event_journal WHERE {where} {tail}".rstrip()

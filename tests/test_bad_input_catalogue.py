@@ -21,10 +21,12 @@ from pgjournal import (
     ConcurrencyConflict,
     ConfigurationError,
     DatabaseUnavailable,
+    EventNotFound,
     InvalidArgument,
     InvalidPersistenceId,
     Journal,
     JournalError,
+    RevisionConflict,
     SchemaNotMigrated,
     SerializationError,
     Settings,
@@ -172,6 +174,24 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
     ("projection not a Projection", lambda j: run_range(j, counter_writer("p"), 0, 3), InvalidArgument,
      "projection must be a Projection"),
     ("entity type of None", lambda j: entity_type_of(None), InvalidPersistenceId, "got NoneType"),
+    # issue 20: lookups, durable state, upcasting, events from snapshots
+    ("load a missing event", lambda j: j.query.load_envelope("Cart|seeded", 3), EventNotFound,
+     "no event at sequence number 3 of persistence id 'Cart|seeded'"),
+    ("timestamp of seq nr 0", lambda j: j.query.timestamp_of(PID, 0), InvalidArgument, "seq_nr must be"),
+    ("persistence ids of an entity type with NUL", lambda j: list(j.query.current_persistence_ids(entity_type="a\x00")),
+     InvalidArgument, "entity type"),
+    ("state at revision 0", lambda j: j.durable_state.upsert(PID, 0, "s"), InvalidArgument, "revision must be"),
+    ("state first written at revision 2", lambda j: j.durable_state.upsert(PID, 2, "s"), RevisionConflict,
+     "expected the current revision to be 1 but it is 0"),
+    ("state not serializable", lambda j: j.durable_state.upsert(PID, 1, object()), SerializationError,
+     "cannot serialize"),
+    ("state deleted skipping revisions", lambda j: j.durable_state.delete(PID, 3), RevisionConflict, "revision 3"),
+    ("state changes from a string offset", lambda j: list(j.durable_state.current_changes_by_slices(
+        "Cart", 0, 1023, "2026-01-01")), InvalidArgument, "TimestampOffset"),
+    ("upcaster from version 0", lambda j: SerializerRegistry().register_upcaster("M", 0, str), SerializationError,
+     "from_version must be a positive int"),
+    ("snapshots start without a transform", lambda j: j.query.current_events_by_slices_starting_from_snapshots(
+        "Cart", 0, 1023, transform=None), InvalidArgument, "transform must be a function"),
 ]
 
 

@@ -6,6 +6,7 @@ from sqlalchemy import Index, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ..store.durable_state import DurableStateSQL
 from ..store.events import EventStore
 
 _PG = postgresql.dialect()
@@ -38,6 +39,10 @@ class Dialect:
     def event_store(self) -> EventStore:
         """The SQL over the journal table in this dialect (see :mod:`pgjournal.store`)."""
         return EventStore(self)
+
+    def durable_state_store(self) -> DurableStateSQL:
+        """The SQL over the durable state table in this dialect."""
+        return DurableStateSQL(self)
 
     # -- DDL -----------------------------------------------------------------------------------------
 

@@ -180,6 +180,27 @@ class EventStore:
         return ("SELECT DISTINCT persistence_id FROM event_journal WHERE persistence_id > %s "
                 "ORDER BY persistence_id LIMIT %s", (after, limit))
 
+    # -- lookups (Akka's timestampOf, loadEnvelope, currentPersistenceIds(entityType, afterId, limit)) ---
+
+    def timestamp_of(self, pid: str, seq_nr: int) -> Query:
+        """One row (or none): the db_timestamp of an event that is not deleted."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT db_timestamp FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr = %s AND deleted = false", (pid, slice_, seq_nr))
+
+    def one_event(self, pid: str, seq_nr: int) -> Query:
+        """One row of :data:`EVENT_COLUMNS` (or none): an event that is not deleted."""
+        slice_ = slice_for_persistence_id(pid)
+        return (f"SELECT {EVENT_COLUMNS} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+                "AND seq_nr = %s AND deleted = false", (pid, slice_, seq_nr))
+
+    @staticmethod
+    def persistence_ids_of_type(entity_type: str, after: str, limit: int) -> Query:
+        """Keyset page of the persistence ids of one entity type (the primary-key index, in id order; rows of
+        other types are filtered on the way)."""
+        return ("SELECT DISTINCT persistence_id FROM event_journal WHERE entity_type = %s AND persistence_id > %s "
+                "ORDER BY persistence_id LIMIT %s", (entity_type, after, limit))
+
     # -- reads by slice --------------------------------------------------------------------------------
 
     def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,26 @@
+"""Durable state: Akka Persistence R2DBC's ``durable_state`` table and its slice index.
+
+Revision ID: 0006
+Revises: 0005
+"""
+
+from alembic import op
+
+from pgjournal.dialects import Dialect
+from pgjournal.schema import STATE_TABLES
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade(dialect: Dialect) -> None:
+    for table in STATE_TABLES:
+        for statement in dialect.create_table(table):
+            op.execute(statement)
+
+
+def downgrade(dialect: Dialect) -> None:
+    for table in reversed(STATE_TABLES):
+        op.execute(f"DROP TABLE IF EXISTS {table.name}")

@@ -1,0 +1,203 @@
+"""Durable state: the latest state of each persistence id, with a revision, in Akka's ``durable_state`` table.
+
+``upsert(pid, revision, value)`` is optimistic: ``revision`` must be the current revision + 1 (1 for a new
+persistence id), else :class:`~pgjournal.errors.RevisionConflict` and nothing is written. ``delete(pid,
+revision)`` writes Akka's deleted state (an empty payload) at that revision, so readers of the changes see the
+deletion and the revision keeps counting. ``changes_by_slices`` reads the table with the journal's by-slice
+machinery (:class:`~pgjournal.by_slices.SliceQuery`): the same TimestampOffsets, horizon and backtracking,
+and each persistence id's latest revision delivered (a revision overwritten before the reader came by is
+never seen, as in Akka), never one older than a revision already delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import psycopg.errors
+
+from .envelope import Source
+from .errors import (
+    ConfigurationError,
+    JournalError,
+    RetriesExhausted,
+    RevisionConflict,
+    SchemaNotMigrated,
+    WriteOutcomeUnknown,
+)
+from .offsets import NoOffset, Offset, TimestampOffset
+from .polling import LiveQuery
+from .slices import entity_type_of, slice_for_persistence_id
+from .store.durable_state import DELETED_SER_ID
+from .validation import check_name, check_persistence_id, check_seq_nr
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+
+@dataclass(frozen=True, slots=True)
+class DurableState:
+    """A persistence id's stored state. ``value`` is ``None`` when ``deleted``; ``revision`` counts on."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    db_timestamp: datetime
+    tags: tuple[str, ...] = ()
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DurableStateChange:
+    """What ``changes_by_slices`` delivers: a persistence id's state at a revision (Akka's
+    ``UpdatedDurableState``, or ``DeletedDurableState`` when ``deleted``), with the offset to resume after it."""
+
+    persistence_id: str
+    revision: int
+    slice: int
+    entity_type: str
+    db_timestamp: datetime
+    offset: TimestampOffset
+    value: Any
+    deleted: bool = False
+    tags: tuple[str, ...] = ()
+    source: Source = Source.QUERY
+
+
+class _StateRows:
+    """``durable_state`` as the rows of a by-slice query (see :class:`pgjournal.by_slices.SliceRows`)."""
+
+    contiguous = False  # one row per persistence id, overwritten: only its latest revision can be read
+
+    def __init__(self, store: DurableStateStore) -> None:
+        self._store = store
+        capabilities = store.journal.capabilities
+        if capabilities.writer_horizon and not capabilities.state_relations:
+            raise SchemaNotMigrated("the database has no durable_state table; run `pgjournal migrate`")
+        self.horizon_relations = capabilities.state_relations
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
+        return self._store.sql.page_sql(min_slice, max_slice)
+
+    def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> DurableStateChange:
+        state = self._store.decode(row)
+        return DurableStateChange(state.persistence_id, state.revision, row[0], row[1], state.db_timestamp, offset,
+                                  state.value, state.deleted, state.tags, source)
+
+
+class DurableStateStore:
+    """The durable state store of a journal (``journal.durable_state``); thread-safe like the journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        #: The SQL over durable_state (store layer).
+        self.sql = journal.dialect.durable_state_store()
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(self, persistence_id: str) -> DurableState | None:
+        """The current state (``deleted`` set after :meth:`delete`), ``None`` when never written."""
+        pid = check_persistence_id(persistence_id)
+        with self.journal.connection() as conn:
+            row = conn.execute(*self.sql.get(pid)).fetchone()
+        return None if row is None else self.decode(row)
+
+    def decode(self, row: tuple[Any, ...]) -> DurableState:
+        """A row of :data:`pgjournal.store.durable_state.STATE_COLUMNS` as a :class:`DurableState`."""
+        _slice, _entity_type, pid, revision, ts, ser_id, manifest, payload, tags = row
+        if ser_id == DELETED_SER_ID:  # Akka tells a deleted state by the ser_id alone (its payload may be NULL)
+            return DurableState(pid, revision, None, ts, tuple(tags or ()), deleted=True)
+        value = self.journal.serializers.deserialize(
+            ser_id, manifest or "", payload, where=f" of the durable state of persistence id {pid!r} revision "
+            f"{revision}", persistence_id=pid, seq_nr=revision)
+        return DurableState(pid, revision, value, ts, tuple(tags or ()))
+
+    def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
+                                  offset: Offset = NoOffset) -> Iterator[DurableStateChange]:
+        """The states of ``entity_type`` in slices ``min_slice..max_slice`` changed after ``offset``, up to the
+        bound seen when the query starts, in (db_timestamp, revision) order: each persistence id's latest
+        revision, each revision at most once."""
+        return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
+                                              rows=_StateRows(self))
+
+    def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                          ) -> LiveQuery[DurableStateChange]:
+        """Like :meth:`current_changes_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
+        return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
+                                           rows=_StateRows(self))
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
+        """Store ``value`` as revision ``revision`` (the current revision + 1; 1 for a new persistence id) with
+        an optional ``tag``. Raises :class:`~pgjournal.errors.RevisionConflict` otherwise; nothing is written."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(revision, "revision", minimum=1)
+        tags = (check_name(tag, "tag"),) if tag not in (None, "") else ()
+        encoded = self.journal.serializers.serialize(value)
+        ts = self._write(pid, revision, encoded.ser_id, encoded.manifest, encoded.payload, tags)
+        return DurableState(pid, revision, value, ts, tags)
+
+    def delete(self, persistence_id: str, revision: int) -> DurableState:
+        """Mark the state deleted at ``revision`` (the current revision + 1, as for :meth:`upsert`): Akka's
+        ``deleteObject(persistenceId, revision)``. A later upsert continues at ``revision + 1``."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(revision, "revision", minimum=1)
+        ts = self._write(pid, revision, DELETED_SER_ID, "", b"", ())
+        return DurableState(pid, revision, None, ts, (), deleted=True)
+
+    def _write(self, pid: str, revision: int, ser_id: int, manifest: str, payload: bytes,
+               tags: tuple[str, ...]) -> datetime:
+        statement = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
+        retries = self.journal.settings.append_retries
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with self.journal.connection() as conn:
+                    row = self._run(conn, pid, statement)
+                break
+            except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
+                row = None
+                break
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                if attempt <= retries:
+                    continue  # one statement, one transaction: running it again is safe
+                raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
+                                       f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written") from exc
+            except psycopg.Error as exc:  # the server refused it: the statement rolled back
+                kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
+                           f"{exc.sqlstate} ({first}); nothing was written") from exc
+        if row is None:
+            raise RevisionConflict(pid, revision, self._current_revision(pid))
+        if self.journal.signals is not None:
+            self.journal.signals.written(slice_for_persistence_id(pid), entity_type_of(pid))
+        return row[0]
+
+    @staticmethod
+    def _run(conn: psycopg.Connection, pid: str, statement: tuple[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            return conn.execute(*statement).fetchone()
+        except psycopg.OperationalError as exc:
+            if conn.closed or conn.broken or exc.sqlstate is None:
+                raise WriteOutcomeUnknown(
+                    f"the connection was lost while writing the durable state of {pid!r}; it may or may not be "
+                    "written. Retrying with the same revision is safe (it writes, or raises RevisionConflict)"
+                ) from exc
+            raise
+
+    def _current_revision(self, pid: str) -> int | None:
+        try:
+            with self.journal.connection() as conn:
+                row = conn.execute(*self.sql.revision(pid)).fetchone()
+        except (psycopg.Error, JournalError):
+            return None
+        return 0 if row is None else int(row[0])
+
+
+__all__ = ["DurableState", "DurableStateChange", "DurableStateStore"]
