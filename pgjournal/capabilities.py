@@ -14,10 +14,12 @@ import psycopg
 from .dialects import get_dialect
 from .settings import Settings
 
-# The journal table and its partitions: the relations a journal writer holds a write lock on.
+# The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
+# Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
 JOURNAL_RELATIONS_SQL = """
 SELECT to_regclass('event_journal')::oid
-UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')"""
+UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')
+UNION SELECT to_regclass('event_journal_' || n)::oid FROM generate_series(0, 1023) AS n"""
 # Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
 SEES_ALL_SESSIONS_SQL = """
 SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
