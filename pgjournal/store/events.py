@@ -24,7 +24,7 @@ INSERT = """
 INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
     event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, meta_ser_manifest, meta_payload)
 SELECT %(slice)s, %(entity_type)s, %(pid)s, prev.seq_nr + e.ord, prev.ts, %(writer)s, '',
-    e.ser_id, e.manifest, e.payload, %(tags)s::text[], %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s
+    e.ser_id, e.manifest, {payload}, %(tags)s::text[], %(meta_ser_id)s, %(meta_manifest)s, {meta_payload}
 FROM ({prev}) AS prev
 CROSS JOIN {events}
 RETURNING seq_nr, db_timestamp
