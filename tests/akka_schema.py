@@ -108,9 +108,10 @@ def akka_insert(conn: psycopg.Connection, pid: str, seq_nr: int, ser_id: int, ma
     conn.execute(
         f"INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, writer, adapter_manifest, event_ser_id, "
         "event_ser_manifest, event_payload, tags, meta_ser_id, meta_ser_manifest, meta_payload, db_timestamp) "
-        f"VALUES (%(slice)s, %(et)s, %(pid)s::varchar, %(seq)s, 'akka-writer-1', '', %(ser_id)s, %(manifest)s, {value}, "
-        "%(tags)s, NULL, NULL, NULL, GREATEST(CURRENT_TIMESTAMP, (SELECT db_timestamp + '1 microsecond'::interval "
-        f"FROM {table} WHERE persistence_id = %(pid)s::varchar AND seq_nr = %(prev)s)))",
+        f"VALUES (%(slice)s, %(et)s, %(pid)s::varchar, %(seq)s, 'akka-writer-1', '', %(ser_id)s, %(manifest)s, "
+        f"{value}, %(tags)s, NULL, NULL, NULL, GREATEST(CURRENT_TIMESTAMP, "
+        f"(SELECT db_timestamp + '1 microsecond'::interval FROM {table} "
+        "WHERE persistence_id = %(pid)s::varchar AND seq_nr = %(prev)s)))",
         {"slice": slice_for_persistence_id(pid), "et": pid.partition("|")[0], "pid": pid, "seq": seq_nr,
          "ser_id": ser_id, "manifest": manifest, "payload": payload, "tags": tags, "prev": seq_nr - 1})
 
