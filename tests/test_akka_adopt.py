@@ -5,6 +5,7 @@ wrote, and projections continuing from each other's offsets."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from pgjournal.cli import app
 from pgjournal.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, plan, upgrade
 from pgjournal.offsets import NoOffset
 from pgjournal.stored_format import read_stored_format
+from projections.dead_letters import store_dead_letter
 from projections.handlers import AtLeastOnce, Projection, ProjectionSettings
 from projections.offset_store import AKKA_OFFSET_TABLE
 from projections.runner import run_range
@@ -228,6 +230,11 @@ def test_jsonb_payloads(empty_dsn: str) -> None:
         journal.save_snapshot("ShoppingCart|json", 4, {"items": 4})
         assert journal.load_snapshot("ShoppingCart|json").snapshot == {"items": 4}
         eventually(lambda: len(list(journal.query.current_events_by_slices("ShoppingCart", 0, 1023))) == 4)
+        env = next(iter(journal.query.current_events_by_persistence_id("ShoppingCart|json", 3, 3)))
+        with journal.connection() as conn:  # a projection's dead letter keeps the JSONB payload as its bytes
+            store_dead_letter(conn, journal, "carts", "0-1023", env, RuntimeError("boom"))
+            payload = conn.execute("SELECT payload FROM projection_dead_letter").fetchone()[0]
+        assert json.loads(payload) == {"itemId": "socks", "quantity": 5}
     with psycopg.connect(empty_dsn) as conn:
         socks = conn.execute("SELECT seq_nr FROM event_journal WHERE event_payload->>'itemId' = 'socks' "
                              "ORDER BY seq_nr").fetchall()
