@@ -83,7 +83,8 @@ def clear_offset(journal: Journal, name: str, min_slice: int = 0, max_slice: int
     check_name(name, "projection name")
     check_slice_range(min_slice, max_slice)
     with journal.connection() as conn:
-        return conn.execute(CLEAR_SQL.format(table=check_offset_table(offset_table)),
+        table = check_offset_table(offset_table)
+        return conn.execute(CLEAR_SQL.format(table=table),
                             {"name": name, "min": min_slice, "max": max_slice}).rowcount
 
 
@@ -96,7 +97,8 @@ def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int 
         raise InvalidArgument(f"offset timestamp must be a timezone-aware datetime, got {timestamp!r}")
     store = OffsetStore(journal, name, "", min_slice, max_slice, time_window=1, table=offset_table)
     with journal.connection() as conn, conn.transaction():
-        conn.execute(CLEAR_SQL.format(table=store.table), {"name": name, "min": min_slice, "max": max_slice})
+        table = store.table
+        conn.execute(CLEAR_SQL.format(table=table), {"name": name, "min": min_slice, "max": max_slice})
         store.save_marker(conn, range(min_slice, max_slice + 1), timestamp)
 
 

@@ -130,8 +130,12 @@ class OffsetStore:
     def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
                  time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE) -> None:
         check_slice_range(min_slice, max_slice)
-        #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`).
+        #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
         self.table = check_offset_table(table)
+        self._latest_sql, self._pids_sql, self._delete_sql = (
+            sql.format(table=self.table) for sql in (LATEST_SQL, PIDS_SQL, DELETE_SQL))
+        self._insert_fenced = INSERT_SQL.format(table=self.table, conflict="")
+        self._insert_unfenced = INSERT_SQL.format(table=self.table, conflict="ON CONFLICT DO NOTHING")
         self.journal = journal
         self.name = name
         self.entity_type = entity_type
@@ -155,13 +159,13 @@ class OffsetStore:
         """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
         params = {"name": self.name, "min": self.min_slice, "max": self.max_slice}
         self.latest, self.markers, self.records = {}, {}, {}
-        for slice_, latest, marker in conn.execute(LATEST_SQL.format(table=self.table), params).fetchall():
+        for slice_, latest, marker in conn.execute(self._latest_sql, params).fetchall():
             self.latest[slice_] = latest
             if marker is not None:
                 self.markers[slice_] = marker
         if self.latest:
             slices = sorted(self.latest)
-            rows = conn.execute(PIDS_SQL.format(table=self.table), {"name": self.name, "slices": slices,
+            rows = conn.execute(self._pids_sql, {"name": self.name, "slices": slices,
                                            "floors": [self.floor(s) for s in slices]}).fetchall()
             self.records = {pid: Record(s, seq, ts) for s, pid, seq, ts in rows}
         start = min((self.safe_point(s) for s in self.latest), default=None)
@@ -229,7 +233,7 @@ class OffsetStore:
             "name": self.name, "key": self.key, "slices": [r.slice for _, r in items],
             "pids": [pid for pid, _ in items], "seqs": [r.seq_nr for _, r in items],
             "tss": [r.timestamp for _, r in items]}
-        conn.execute(INSERT_SQL.format(table=self.table, conflict="" if fenced else "ON CONFLICT DO NOTHING"), params)
+        conn.execute(self._insert_fenced if fenced else self._insert_unfenced, params)
 
     def commit(self, pending: Mapping[str, Record]) -> None:
         """Take ``pending`` into memory once its transaction committed."""
@@ -243,7 +247,7 @@ class OffsetStore:
 
     def save_marker(self, conn: psycopg.Connection, slices: Iterable[int], timestamp: datetime) -> None:
         rows = list(slices)
-        conn.execute(INSERT_SQL.format(table=self.table, conflict="ON CONFLICT DO NOTHING"), {
+        conn.execute(self._insert_unfenced, {
             "name": self.name, "key": self.key, "slices": rows, "pids": [MARKER_PID] * len(rows),
             "seqs": [0] * len(rows), "tss": [timestamp] * len(rows)})
 
@@ -281,6 +285,6 @@ class OffsetStore:
     def delete_old(self, conn: psycopg.Connection) -> int:
         """Delete superseded rows and rows older than the window (the latest row per slice stays)."""
         self.rows_since_delete = 0
-        cur = conn.execute(DELETE_SQL.format(table=self.table), {
+        cur = conn.execute(self._delete_sql, {
             "name": self.name, "min": self.min_slice, "max": self.max_slice, "window": self.window.total_seconds()})
         return cur.rowcount
