@@ -213,6 +213,15 @@ def test_adoption_refuses_an_old_akka_journal(empty_dsn: str) -> None:
         assert conn.execute("SELECT to_regclass('tag_views')").fetchone() == (None,)
 
 
+def test_adoption_refuses_data_partitions_that_do_not_divide_the_slices(empty_dsn: str) -> None:
+    create_akka_database(empty_dsn, partitions=3)
+    with pytest.raises(SchemaNotMigrated, match=r"n dividing 1024, found event_journal_0, event_journal_1, "
+                                                r"event_journal_2"):
+        upgrade(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        assert current_revision(conn) is None
+
+
 def test_jsonb_payloads(empty_dsn: str) -> None:
     """Akka's ``payload-column-type = JSONB``: events and snapshots are JSONB both ways, SQL filters on fields."""
     create_akka_database(empty_dsn, payload="JSONB")

@@ -6,6 +6,7 @@ from sqlalchemy import Index, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ..errors import ConfigurationError
 from ..slices import NUMBER_OF_SLICES
 from ..store.events import EventStore
 
@@ -29,7 +30,8 @@ class Dialect:
     def use_akka_layout(self, partitions: int) -> None:
         """Read and write Akka's tables as they are (recorded in ``pgjournal_format`` by the adoption)."""
         if partitions < 1 or NUMBER_OF_SLICES % partitions:
-            raise ValueError(f"Akka data partitions must divide {NUMBER_OF_SLICES}, got {partitions}")
+            raise ConfigurationError(f"Akka's data partitions must divide {NUMBER_OF_SLICES}, got {partitions!r} "
+                                     "(pgjournal_format.akka_data_partitions)")
         self.akka_partitions = partitions
 
     # -- queries -------------------------------------------------------------------------------------
