@@ -143,10 +143,13 @@ def _view_sql(schema: AkkaSchema) -> str:
 def adoption_steps(schema: AkkaSchema, dialect: Dialect, version_table: str) -> list[tuple[Step, list[str]]]:
     """What adopting takes: each step with its statements (none for what is kept as it is)."""
     steps: list[tuple[Step, list[str]]] = []
-    jsonb = f"; JSONB payloads: {', '.join(schema.jsonb)}" if schema.jsonb else ""
+    def jsonb(table: str) -> str:
+        columns = [name.split(".", 1)[1] for name in schema.jsonb if name.startswith(f"{table}.")]
+        return f"; JSONB: {', '.join(columns)}" if columns else ""
+
     for table in schema.event_tables:
-        steps.append((Step("keep", table, f"Akka's journal table, not partitioned, key (persistence_id, seq_nr), "
-                                          f"not altered{jsonb}"), []))
+        steps.append((Step("keep", table, "Akka's journal table, not partitioned, key (persistence_id, seq_nr), "
+                                          f"not altered{jsonb(table)}"), []))
     if schema.partitions > 1:
         steps.append((Step("create view", "event_journal",
                            f"read-only UNION ALL of the {schema.partitions} data partitions (writes go to "
@@ -155,9 +158,13 @@ def adoption_steps(schema: AkkaSchema, dialect: Dialect, version_table: str) -> 
         if table.name == "event_journal":
             continue
         if table.name in schema.tables:
-            steps.append((Step("keep", table.name, "exists (Akka's)" if table.name == "snapshot" else "exists"), []))
+            detail = f"Akka's{jsonb('snapshot')}" if table.name == "snapshot" else "exists"
+            steps.append((Step("keep", table.name, detail), []))
             continue
-        steps.append((Step("create table", table.name, "pgjournal's, as revision 0001-0005 define it"),
+        if table.name == "snapshot" and "snapshot_0" in schema.tables:
+            steps.append((Step("note", "snapshot_0..", "Akka's partitioned snapshots are not read: pgjournal keeps "
+                                                     "its snapshots in its own snapshot table"), []))
+        steps.append((Step("create table", table.name, f"pgjournal's (revisions up to {ADOPTED_REVISION})"),
                       dialect.create_table(table)))
     akka_only = sorted(t for t in schema.tables if t.startswith("akka_projection") or t.startswith("durable_state"))
     for table in akka_only:
