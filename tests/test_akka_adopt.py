@@ -302,3 +302,37 @@ def test_offset_table_names_only_known_tables() -> None:
     with pytest.raises(InvalidArgument, match=r"offset_table must be one of .* got 'offsets; DROP TABLE x'"):
         ProjectionSettings(offset_table="offsets; DROP TABLE x")
 
+
+
+def test_writer_horizon_watches_akka_data_partitions(empty_dsn: str) -> None:
+    """Journal writers hold their lock on a data partition (the view is never written): the visibility horizon
+    must watch those tables, or a live query could pass an open Akka or pgjournal transaction."""
+    create_akka_database(empty_dsn, partitions=4)
+    upgrade(empty_dsn)
+    with Journal.open(empty_dsn, **FAST) as journal, psycopg.connect(empty_dsn) as conn:
+        oids = {conn.execute("SELECT %s::regclass::oid", (f"event_journal_{i}",)).fetchone()[0] for i in range(4)}
+        assert journal.capabilities.writer_horizon
+        assert oids <= set(journal.capabilities.journal_relations)
+
+
+def test_reads_wait_for_an_open_akka_transaction(empty_dsn: str) -> None:
+    """An Akka writer stamps its transaction start; while it is open on a data partition, by-slice reads stop
+    before that start (the horizon), so the later pgjournal event is not passed; after commit both come, the
+    Akka event (earlier timestamp) first."""
+    create_akka_database(empty_dsn, partitions=4)
+    upgrade(empty_dsn)
+    akka_tx = psycopg.connect(empty_dsn)  # not autocommit: one open transaction
+    try:
+        akka_insert(akka_tx, "Cart|akka", 1, akka.STRING, "", b"early", partitions=4)
+        with Journal.open(empty_dsn, **FAST) as journal:
+            written = journal.append("Cart|py", ["later"])[0].db_timestamp
+            with journal.connection() as conn:  # past every margin behind the clock: only the horizon holds it
+                eventually(lambda: (conn.execute("SELECT clock_timestamp()").fetchone()[0] - written
+                                    ).total_seconds() > 1.0)
+            held = [e.persistence_id for e in journal.query.current_events_by_slices("Cart", 0, 1023)]
+            assert held == [], "the horizon is the open Akka transaction's start"
+            akka_tx.commit()
+            eventually(lambda: [e.persistence_id for e in journal.query.current_events_by_slices(
+                "Cart", 0, 1023)] == ["Cart|akka", "Cart|py"])
+    finally:
+        akka_tx.close()
