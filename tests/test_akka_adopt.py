@@ -336,3 +336,18 @@ def test_reads_wait_for_an_open_akka_transaction(empty_dsn: str) -> None:
                 "Cart", 0, 1023)] == ["Cart|akka", "Cart|py"])
     finally:
         akka_tx.close()
+
+
+def test_jsonb_metadata_column(empty_dsn: str) -> None:
+    """A JSONB ``meta_payload`` (some Akka setups make every payload column JSONB) round-trips too."""
+    create_akka_database(empty_dsn, payload="JSONB")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE event_journal ALTER COLUMN meta_payload TYPE jsonb USING NULL")
+    upgrade(empty_dsn)
+    with Journal.open(empty_dsn, **FAST) as journal:
+        assert journal.events.jsonb == {"event_payload", "meta_payload"}
+        journal.append("Cart|m", [{"n": 1}], metadata={"trace": "abc"})
+        env = next(iter(journal.query.current_events_by_persistence_id("Cart|m")))
+        assert (env.event, env.metadata) == ({"n": 1}, {"trace": "abc"})
+        with pytest.raises(SerializationError, match="meta_payload of event_journal is JSONB"):
+            journal.append("Cart|m", [{"n": 2}], metadata=b"\x00binary")
