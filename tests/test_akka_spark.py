@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import cbor2
 import psycopg
 import pytest
 from akka_schema import akka_insert, create_akka_database
@@ -45,11 +46,23 @@ def test_jsonb_payloads_are_a_struct(empty_dsn: str, spark: Any) -> None:  # noq
 
 
 def test_data_partitions_read_through_the_view(empty_dsn: str, spark: Any) -> None:  # noqa: F811
+    """Rows of every serializer Akka writes: JSON decodes into ``event``; CBOR, string, long and bytes rows come
+    with their payload bytes as Akka stored them and a null ``event``."""
     create_akka_database(empty_dsn, partitions=4)
+    others = {"Cart|cbor": (akka.JACKSON_CBOR, MANIFEST, cbor2.dumps({"n": 99})),
+              "Cart|string": (akka.STRING, "", b"text"), "Cart|long": (akka.LONG, "", akka.encode_long(7)),
+              "Cart|bytes": (akka.BYTES, "", b"\x00\xff")}
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         for i in range(20):
             with conn.transaction():
                 akka_insert(conn, f"Cart|{i}", 1, akka.JACKSON_JSON, MANIFEST, f'{{"n":{i}}}'.encode(), partitions=4)
+        for pid, (ser_id, manifest, payload) in others.items():
+            with conn.transaction():
+                akka_insert(conn, pid, 1, ser_id, manifest, payload, partitions=4)
     upgrade(empty_dsn)
     frame = read_events(spark, empty_dsn, entity_type="Cart", slice_ranges=4, payload_schema="n INT")
-    assert sorted(r[0] for r in frame.select("event.n").collect()) == list(range(20))
+    rows = {r[0]: (r[1], bytes(r[2]), r[3]) for r in
+            frame.select("persistence_id", "event_ser_id", "event_payload", "event.n").collect()}
+    assert sorted(rows[f"Cart|{i}"][2] for i in range(20)) == list(range(20))
+    assert {pid: rows[pid] for pid in others} == {pid: (ser_id, payload, None)
+                                                  for pid, (ser_id, _, payload) in others.items()}
