@@ -19,7 +19,8 @@ from .settings import Settings
 JOURNAL_RELATIONS_SQL = """
 SELECT to_regclass('event_journal')::oid
 UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')
-UNION SELECT to_regclass('event_journal_' || n)::oid FROM generate_series(0, 1023) AS n"""
+UNION SELECT oid FROM pg_class
+      WHERE relname ~ '^event_journal_[0-9]+$' AND relkind = 'r' AND pg_table_is_visible(oid)"""
 # Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
 SEES_ALL_SESSIONS_SQL = """
 SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
