@@ -14,10 +14,13 @@ import psycopg
 from .dialects import get_dialect
 from .settings import Settings
 
-# The journal table and its partitions: the relations a journal writer holds a write lock on.
+# The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
+# Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
 JOURNAL_RELATIONS_SQL = """
 SELECT to_regclass('event_journal')::oid
-UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')"""
+UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')
+UNION SELECT oid FROM pg_class
+      WHERE relname ~ '^event_journal_[0-9]+$' AND relkind = 'r' AND pg_table_is_visible(oid)"""
 # The durable state table: the relation its writers hold a write lock on (changes_by_slices' horizon).
 STATE_RELATIONS_SQL = "SELECT to_regclass('durable_state')::oid"
 # Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).

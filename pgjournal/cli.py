@@ -35,8 +35,11 @@ def migrate(
     dsn: DsnOption = None,
     sql: Annotated[bool, typer.Option("--sql", help="Print the DDL instead of running it.")] = False,
     dialect: Annotated[str, typer.Option(help="postgres, yugabyte or cockroach.")] = "postgres",
+    check: Annotated[bool, typer.Option("--check", help="Show what it would do (adoption of an Akka R2DBC "
+                                                        "schema, revisions to run) without doing it.")] = False,
 ) -> None:
-    """Create or upgrade the schema (Alembic `upgrade head`), or print its DDL for review."""
+    """Create or upgrade the schema (Alembic `upgrade head`), adopting an Akka/Pekko R2DBC schema where it finds
+    one, or print its DDL for review."""
     from . import migrate as migrations
     from .dsn import resolve_dsn
 
@@ -45,7 +48,19 @@ def migrate(
             sys.stdout.write(migrations.upgrade_sql(dialect))
             return
         resolved = resolve_dsn(dsn)
-        migrations.upgrade(resolved, dialect)
+        if check:
+            steps = migrations.plan(resolved, dialect)
+            table = Table("action", "object", "detail", title=f"pgjournal migrate on {mask_dsn(resolved)} would")
+            for step in steps:
+                table.add_row(step.action, step.target, step.detail)
+            console.print(table)
+            if any(step.action == "refuse" for step in steps):
+                raise typer.Exit(1)
+            return
+        adopted = migrations.upgrade(resolved, dialect)
+    if adopted:
+        console.print(f"adopted the Akka R2DBC schema: {sum(s.action != 'keep' for s in adopted)} steps, "
+                      f"Akka's tables kept as they are")
     console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {mask_dsn(resolved)}")
 
 

@@ -30,7 +30,7 @@ from .query import Query
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
-from .stored_format import read_stored_format
+from .stored_format import StoredFormat, read_stored_format
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
@@ -48,13 +48,18 @@ class Journal:
     """An event journal on one database. Thread-safe; open one per process and share it."""
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
-                 capabilities: Capabilities) -> None:
+                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
         self.dsn = dsn
         self.settings = settings
         self.serializers = serializers
+        #: How this database's tables were laid out and payloads written (read at open).
+        self.stored = stored or StoredFormat()
         self.dialect: Dialect = get_dialect(settings.dialect)
+        if self.stored.akka_layout:
+            self.dialect.use_akka_layout(self.stored.data_partitions)
         #: The SQL over event_journal (store layer); nothing above it names the table.
-        self.events = self.dialect.event_store()
+        self.events = self.dialect.event_store(frozenset(
+            column for column in ("event_payload", "meta_payload") if self.stored.jsonb(column)))
         self.writer_id = settings.writer_id or uuid.uuid4().hex
         #: What this journal may use on this server as this role; every reader takes its horizon from it.
         self.capabilities = capabilities
@@ -109,7 +114,8 @@ class Journal:
                 raise InsufficientPrivilege(
                     f"the role of {mask_dsn(resolved)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
                     "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
-        journal = cls(resolved, loaded, (serializers or SerializerRegistry()).for_stored_format(stored), capabilities)
+        journal = cls(resolved, loaded, (serializers or SerializerRegistry()).for_stored_format(stored), capabilities,
+                      stored)
         journal._pool.open(wait=False)
         return journal
 

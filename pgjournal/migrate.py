@@ -12,6 +12,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
+from . import adopt as adoption
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn
 from .errors import DatabaseUnavailable, SchemaNotMigrated
@@ -56,14 +57,16 @@ def migration_dialect() -> Dialect:
     return get_dialect(name)
 
 
-def upgrade(dsn: str, dialect: str = "postgres") -> None:
-    """Bring the database at ``dsn`` to the newest schema (idempotent).
+def upgrade(dsn: str, dialect: str = "postgres") -> list[adoption.Step]:
+    """Bring the database at ``dsn`` to the newest schema (idempotent). A database with Akka R2DBC's tables
+    and no pgjournal schema is adopted first (:mod:`pgjournal.adopt`); the adoption's steps are returned.
 
     Raises :class:`DatabaseUnavailable` when the server cannot be reached and :class:`SchemaNotMigrated`
     when the migration fails (the database's revision is unknown, or a statement is refused).
     """
-    get_dialect(dialect)
+    chosen = get_dialect(dialect)
     try:
+        adopted = _adopt_akka(dsn, chosen)
         command.upgrade(alembic_config(dsn, dialect), "head")
     except sqlalchemy.exc.DBAPIError as exc:
         reason = mask_dsn(" ".join(str(exc.orig).split()) or exc.__class__.__name__)
@@ -72,6 +75,60 @@ def upgrade(dsn: str, dialect: str = "postgres") -> None:
         raise SchemaNotMigrated(f"migrating {mask_dsn(dsn)} failed: {reason}") from None
     except CommandError as exc:
         raise SchemaNotMigrated(f"cannot migrate {mask_dsn(dsn)}: {exc}; {_unknown_hint()}") from None
+    return adopted
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    from .connections import connection_kwargs
+    from .settings import Settings
+
+    try:  # no statement timeout: DDL may wait for locks
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(Settings.load()))
+    except psycopg.OperationalError as exc:
+        reason = mask_dsn(" ".join(str(exc).split()) or exc.__class__.__name__)
+        raise DatabaseUnavailable(f"cannot migrate {mask_dsn(dsn)}: {reason}") from None
+
+
+def _adopt_akka(dsn: str, dialect: Dialect) -> list[adoption.Step]:
+    """Adopt Akka's tables when the database has them and no pgjournal schema (see :mod:`pgjournal.adopt`)."""
+    with _connect(dsn) as conn:
+        schema = adoption.inspect(conn, VERSION_TABLE)
+        if schema is None:
+            return []
+        if schema.problems:
+            raise SchemaNotMigrated(f"cannot adopt the Akka R2DBC schema of {mask_dsn(dsn)}: "
+                                    + "; ".join(schema.problems))
+        try:
+            return adoption.adopt(conn, schema, dialect, VERSION_TABLE)
+        except psycopg.Error as exc:
+            raise SchemaNotMigrated(f"adopting the Akka R2DBC schema of {mask_dsn(dsn)} failed (nothing was "
+                                    f"changed): {mask_dsn(' '.join(str(exc).split()))}") from None
+
+
+def plan(dsn: str, dialect: str = "postgres") -> list[adoption.Step]:
+    """What ``upgrade`` would do to the database at ``dsn``, step by step, without doing it: the adoption of
+    an Akka R2DBC schema (with ``problems`` as ``refuse`` steps), then the Alembic revisions to run."""
+    chosen = get_dialect(dialect)
+    steps: list[adoption.Step] = []
+    with _connect(dsn) as conn:
+        schema = adoption.inspect(conn, VERSION_TABLE)
+        if schema is not None:
+            if schema.problems:
+                return [adoption.Step("refuse", "event_journal", problem) for problem in schema.problems]
+            steps = [step for step, _ in adoption.adoption_steps(schema, chosen, VERSION_TABLE)]
+            current: str | None = adoption.ADOPTED_REVISION
+        else:
+            current = current_revision(conn)
+    script = ScriptDirectory.from_config(alembic_config())
+    if current is not None and current not in known_revisions():
+        return [*steps, adoption.Step("refuse", VERSION_TABLE, f"revision {current} is unknown; {_unknown_hint()}")]
+    pending = list(reversed(list(script.iterate_revisions(head_revision(), current))))
+    for revision in pending:
+        doc = (revision.doc or "").strip().splitlines()[0] if revision.doc else ""
+        steps.append(adoption.Step("upgrade", f"revision {revision.revision}", doc))
+    if not steps:
+        steps.append(adoption.Step("nothing", VERSION_TABLE, f"already at revision {current}"))
+    return steps
 
 
 def upgrade_sql(dialect: str = "postgres") -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgument
 from .slices import entity_type_of, slice_for_persistence_id
+from .store.events import read_payload
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
@@ -20,20 +21,25 @@ UPSERT = """
 INSERT INTO snapshot (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id,
     ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload)
 VALUES (%(slice)s, %(entity_type)s, %(pid)s::varchar, %(seq_nr)s::bigint, {timestamp_of},
-    %(write_timestamp)s, %(ser_id)s, %(manifest)s, %(payload)s, %(tags)s::text[],
-    %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s)
+    %(write_timestamp)s, %(ser_id)s, %(manifest)s, {payload}, %(tags)s::text[],
+    %(meta_ser_id)s, %(meta_manifest)s, {meta_payload})
 ON CONFLICT (persistence_id) DO UPDATE SET seq_nr = excluded.seq_nr, db_timestamp = excluded.db_timestamp,
     write_timestamp = excluded.write_timestamp, ser_id = excluded.ser_id, ser_manifest = excluded.ser_manifest,
     snapshot = excluded.snapshot, tags = excluded.tags, meta_ser_id = excluded.meta_ser_id,
     meta_ser_manifest = excluded.meta_ser_manifest, meta_payload = excluded.meta_payload
 WHERE snapshot.seq_nr <= excluded.seq_nr"""
 SELECT = """
-SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, snapshot, tags,
-    meta_ser_id, meta_ser_manifest, meta_payload
+SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, {snapshot}, tags,
+    meta_ser_id, meta_ser_manifest, {meta_payload}
 FROM snapshot WHERE persistence_id = %s AND seq_nr <= %s
     AND (%s::timestamptz IS NULL
          OR COALESCE(db_timestamp, to_timestamp(write_timestamp / 1000.0)) <= %s::timestamptz)"""
 DELETE = "DELETE FROM snapshot WHERE persistence_id = %s"
+
+
+def _jsonb_in(param: str) -> str:
+    """A bytes parameter written into a JSONB column (Akka's ``payload-column-type = JSONB``)."""
+    return f"convert_from(%({param})s::bytea, 'UTF8')::jsonb"
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,11 @@ class SelectedSnapshot:
 class SnapshotStore:
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
+        jsonb = journal.stored.jsonb("snapshot", "snapshot"), journal.stored.jsonb("meta_payload", "snapshot")
+        self._upsert = UPSERT.replace("{payload}", _jsonb_in("payload") if jsonb[0] else "%(payload)s").replace(
+            "{meta_payload}", _jsonb_in("meta_payload") if jsonb[1] else "%(meta_payload)s")
+        self._select = SELECT.format(snapshot=read_payload("snapshot", jsonb[0]),
+                                     meta_payload=read_payload("meta_payload", jsonb[1]))
 
     def save(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
              tags: Iterable[str] = ()) -> None:
@@ -70,7 +81,7 @@ class SnapshotStore:
             "meta_payload": meta.payload if meta else None,
         }
         with self._journal.connection() as conn:
-            conn.execute(UPSERT.format(timestamp_of=self._journal.events.timestamp_of_sql(slice_)), params)
+            conn.execute(self._upsert.format(timestamp_of=self._journal.events.timestamp_of_sql(slice_)), params)
 
     def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
              max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
@@ -82,7 +93,7 @@ class SnapshotStore:
         if max_timestamp is not None and (not isinstance(max_timestamp, datetime) or max_timestamp.tzinfo is None):
             raise InvalidArgument(f"max_timestamp must be a timezone-aware datetime, got {max_timestamp!r}")
         with self._journal.connection() as conn:
-            row = conn.execute(SELECT, (pid, max_seq, max_timestamp, max_timestamp)).fetchone()
+            row = conn.execute(self._select, (pid, max_seq, max_timestamp, max_timestamp)).fetchone()
         if row is None:
             return None
         pid, seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row

@@ -76,4 +76,4 @@ def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], cou
         params["tv_tags"] = text_array(sorted(tags))  # sorted: racing appends lock progress rows in one order
     return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, single=count == 1,
                              one_tag=len(tags) == 1, bucket_ms=size.millis, lsb=GENERATOR.lsb,
-                             lsb_bytes=GENERATOR.lsb_bytes)
+                             lsb_bytes=GENERATOR.lsb_bytes, **journal.events.payload_sql)

@@ -72,6 +72,8 @@ class EventWriter:
         serializers = self._journal.serializers
         encoded = [serializers.serialize(event) for event in event_list]
         meta = serializers.serialize(metadata) if metadata is not None else None
+        if self._journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
+            self._journal.events.check_payloads(pid, encoded, meta)
         slice_ = slice_for_persistence_id(pid)
         entity_type = entity_type_of(pid)
         params: dict[str, Any] = {

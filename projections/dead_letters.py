@@ -28,6 +28,7 @@ from pgjournal.errors import SerializationError
 from pgjournal.offsets import TimestampOffset
 from pgjournal.query import Query
 from pgjournal.slices import entity_type_of
+from pgjournal.store.events import read_payload
 from pgjournal.validation import check_name
 
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
@@ -43,10 +44,12 @@ INSERT_SQL = """
 INSERT INTO projection_dead_letter (projection_name, projection_key, slice, persistence_id, seq_nr, db_timestamp,
     ser_id, manifest, payload, error, failed_at)
 SELECT %(name)s, %(key)s, slice, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
-       event_payload, %(error)s, clock_timestamp()
+       {payload}, %(error)s, clock_timestamp()
 FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s AND slice = %(slice)s
 ON CONFLICT (projection_name, persistence_id, seq_nr) DO UPDATE
 SET error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, projection_key = EXCLUDED.projection_key"""
+# A JSONB journal's payload (Akka's JSONB option) is kept as its JSON bytes.
+INSERT_SQLS = {jsonb: INSERT_SQL.format(payload=read_payload("event_payload", jsonb)) for jsonb in (False, True)}
 SERIALIZER_SQL = """
 SELECT event_ser_id, event_ser_manifest FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s
   AND slice = %(slice)s"""
@@ -129,7 +132,7 @@ def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope
 def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key: str, env: EventEnvelope,
                       error: BaseException) -> None:
     """Copy the envelope's journal row into ``projection_dead_letter`` (in the caller's transaction)."""
-    conn.execute(INSERT_SQL,
+    conn.execute(INSERT_SQLS["event_payload" in journal.events.jsonb],
                  {"name": name, "key": key, "pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
                   "error": f"{type(error).__name__}: {error}"})
 

@@ -90,8 +90,15 @@ class ProjectionSettings:
     #: backtracking window plus its distance behind the clock. Lower it only if no writing transaction runs
     #: longer than that.
     restart_lookback: float | None = None
+    #: Where the per-slice offsets live: ``projection_timestamp_offset_store`` (pgjournal's), or
+    #: ``akka_projection_timestamp_offset_store`` to share offsets with Akka Projection R2DBC: a projection of
+    #: the same name continues from what Akka stored, and Akka from what it stores (move one at a time).
+    offset_table: str = "projection_timestamp_offset_store"
 
     def __post_init__(self) -> None:
+        from .offset_store import check_offset_table
+
+        check_offset_table(self.offset_table)
         _positive(self.attempts, "attempts", integer=True)
         for name in ("backoff", "backoff_max", "time_window", "delete_interval", "management_interval",
                      "restart_backoff"):

@@ -18,7 +18,7 @@ from pgjournal.slices import check_slice_range
 from pgjournal.store.offsets import MARKER_PID
 from pgjournal.validation import check_name
 
-from .offset_store import OffsetStore
+from .offset_store import OFFSET_TABLE, OffsetStore, check_offset_table
 
 if TYPE_CHECKING:
     import psycopg
@@ -36,7 +36,7 @@ VALUES (%(name)s, %(key)s, %(paused)s, %(now)s)
 ON CONFLICT (projection_name, projection_key) DO UPDATE SET paused = EXCLUDED.paused,
     last_updated = EXCLUDED.last_updated"""
 CLEAR_SQL = """
-DELETE FROM projection_timestamp_offset_store
+DELETE FROM {table}
 WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s"""
 LATEST_PER_SLICE_SQL = """
 SELECT DISTINCT ON (slice) slice, projection_key, timestamp_offset, timestamp_consumed, persistence_id
@@ -76,23 +76,29 @@ def resume(journal: Journal, name: str) -> None:
     _set_paused(journal, name, False)
 
 
-def clear_offset(journal: Journal, name: str, min_slice: int = 0, max_slice: int = 1023) -> int:
-    """Forget the offsets of the slices: the projection processes them again from the first event."""
+def clear_offset(journal: Journal, name: str, min_slice: int = 0, max_slice: int = 1023, *,
+                 offset_table: str = OFFSET_TABLE) -> int:
+    """Forget the offsets of the slices: the projection processes them again from the first event.
+    ``offset_table``: see ``ProjectionSettings.offset_table``."""
     check_name(name, "projection name")
     check_slice_range(min_slice, max_slice)
     with journal.connection() as conn:
-        return conn.execute(CLEAR_SQL, {"name": name, "min": min_slice, "max": max_slice}).rowcount
+        table = check_offset_table(offset_table)
+        return conn.execute(CLEAR_SQL.format(table=table),
+                            {"name": name, "min": min_slice, "max": max_slice}).rowcount
 
 
-def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int = 0, max_slice: int = 1023) -> None:
+def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int = 0, max_slice: int = 1023, *,
+               offset_table: str = OFFSET_TABLE) -> None:
     """Count every event before ``timestamp`` as processed (and nothing after it) in the slices."""
     check_name(name, "projection name")
     check_slice_range(min_slice, max_slice)
     if not isinstance(timestamp, datetime) or timestamp.tzinfo is None:
         raise InvalidArgument(f"offset timestamp must be a timezone-aware datetime, got {timestamp!r}")
-    store = OffsetStore(journal, name, "", min_slice, max_slice, time_window=1)
+    store = OffsetStore(journal, name, "", min_slice, max_slice, time_window=1, table=offset_table)
     with journal.connection() as conn, conn.transaction():
-        conn.execute(CLEAR_SQL, {"name": name, "min": min_slice, "max": max_slice})
+        table = store.table
+        conn.execute(CLEAR_SQL.format(table=table), {"name": name, "min": min_slice, "max": max_slice})
         store.save_marker(conn, range(min_slice, max_slice + 1), timestamp)
 
 

@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
+from pgjournal.errors import InvalidArgument
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import check_slice_range
 from pgjournal.store.offsets import MARKER_PID
@@ -45,18 +46,18 @@ if TYPE_CHECKING:
 # Per slice of the range: the latest row and the latest marker.
 LATEST_SQL = """
 SELECT slice, max(timestamp_offset), max(timestamp_offset) FILTER (WHERE persistence_id = '')
-FROM projection_timestamp_offset_store
+FROM {table}
 WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s
 GROUP BY slice"""
 # The highest row per persistence id within the window of its slice.
 PIDS_SQL = """
 SELECT DISTINCT ON (s.persistence_id) s.slice, s.persistence_id, s.seq_nr, s.timestamp_offset
-FROM projection_timestamp_offset_store AS s
+FROM {table} AS s
 JOIN unnest(%(slices)s::int[], %(floors)s::timestamptz[]) AS f(slice, floor) ON s.slice = f.slice
 WHERE s.projection_name = %(name)s AND s.persistence_id <> '' AND s.timestamp_offset >= f.floor
 ORDER BY s.persistence_id, s.seq_nr DESC"""
 INSERT_SQL = """
-INSERT INTO projection_timestamp_offset_store
+INSERT INTO {table}
     (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
 SELECT %(name)s, %(key)s, u.slice, u.pid, u.seq, u.ts, clock_timestamp()
 FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
@@ -64,12 +65,12 @@ FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::ti
 # Superseded rows (a higher event of the same pid has a row: its time is not earlier) and rows older than the
 # window behind their slice's latest; so a slice's latest time always keeps a row.
 DELETE_SQL = """
-DELETE FROM projection_timestamp_offset_store AS s
+DELETE FROM {table} AS s
 USING (
     SELECT slice, persistence_id, seq_nr, timestamp_offset,
            row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC, timestamp_offset DESC) AS rn,
            max(timestamp_offset) OVER (PARTITION BY slice) AS latest
-    FROM projection_timestamp_offset_store
+    FROM {table}
     WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s) AS d
 WHERE s.projection_name = %(name)s AND s.slice = d.slice AND s.persistence_id = d.persistence_id
   AND s.seq_nr = d.seq_nr AND s.timestamp_offset = d.timestamp_offset
@@ -99,6 +100,21 @@ class Validation:
     after: int = 0
 
 
+#: pgjournal's offset table, and Akka Projection R2DBC's (the same columns and key): a projection with
+#: ``ProjectionSettings(offset_table=AKKA_OFFSET_TABLE)`` continues from an Akka projection's offsets of the
+#: same name, and Akka continues from its offsets.
+OFFSET_TABLE = "projection_timestamp_offset_store"
+AKKA_OFFSET_TABLE = "akka_projection_timestamp_offset_store"
+OFFSET_TABLES = (OFFSET_TABLE, AKKA_OFFSET_TABLE)
+
+
+def check_offset_table(table: object) -> str:
+    """``table`` if it is one of :data:`OFFSET_TABLES` (names go into SQL text, so only these)."""
+    if table not in OFFSET_TABLES:
+        raise InvalidArgument(f"offset_table must be one of {', '.join(OFFSET_TABLES)}, got {table!r}")
+    return str(table)
+
+
 def range_key(min_slice: int, max_slice: int) -> str:
     """The ``projection_key`` of a slice range, as Akka writes it: ``name-min-max`` minus the name."""
     return f"{min_slice}-{max_slice}"
@@ -112,8 +128,14 @@ class OffsetStore:
     """
 
     def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
-                 time_window: float, lookback: float = 0.0) -> None:
+                 time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE) -> None:
         check_slice_range(min_slice, max_slice)
+        #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
+        self.table = check_offset_table(table)
+        self._latest_sql, self._pids_sql, self._delete_sql = (
+            sql.format(table=self.table) for sql in (LATEST_SQL, PIDS_SQL, DELETE_SQL))
+        self._insert_fenced = INSERT_SQL.format(table=self.table, conflict="")
+        self._insert_unfenced = INSERT_SQL.format(table=self.table, conflict="ON CONFLICT DO NOTHING")
         self.journal = journal
         self.name = name
         self.entity_type = entity_type
@@ -137,13 +159,13 @@ class OffsetStore:
         """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
         params = {"name": self.name, "min": self.min_slice, "max": self.max_slice}
         self.latest, self.markers, self.records = {}, {}, {}
-        for slice_, latest, marker in conn.execute(LATEST_SQL, params).fetchall():
+        for slice_, latest, marker in conn.execute(self._latest_sql, params).fetchall():
             self.latest[slice_] = latest
             if marker is not None:
                 self.markers[slice_] = marker
         if self.latest:
             slices = sorted(self.latest)
-            rows = conn.execute(PIDS_SQL, {"name": self.name, "slices": slices,
+            rows = conn.execute(self._pids_sql, {"name": self.name, "slices": slices,
                                            "floors": [self.floor(s) for s in slices]}).fetchall()
             self.records = {pid: Record(s, seq, ts) for s, pid, seq, ts in rows}
         start = min((self.safe_point(s) for s in self.latest), default=None)
@@ -211,7 +233,7 @@ class OffsetStore:
             "name": self.name, "key": self.key, "slices": [r.slice for _, r in items],
             "pids": [pid for pid, _ in items], "seqs": [r.seq_nr for _, r in items],
             "tss": [r.timestamp for _, r in items]}
-        conn.execute(INSERT_SQL.format(conflict="" if fenced else "ON CONFLICT DO NOTHING"), params)
+        conn.execute(self._insert_fenced if fenced else self._insert_unfenced, params)
 
     def commit(self, pending: Mapping[str, Record]) -> None:
         """Take ``pending`` into memory once its transaction committed."""
@@ -225,7 +247,7 @@ class OffsetStore:
 
     def save_marker(self, conn: psycopg.Connection, slices: Iterable[int], timestamp: datetime) -> None:
         rows = list(slices)
-        conn.execute(INSERT_SQL.format(conflict="ON CONFLICT DO NOTHING"), {
+        conn.execute(self._insert_unfenced, {
             "name": self.name, "key": self.key, "slices": rows, "pids": [MARKER_PID] * len(rows),
             "seqs": [0] * len(rows), "tss": [timestamp] * len(rows)})
 
@@ -263,6 +285,6 @@ class OffsetStore:
     def delete_old(self, conn: psycopg.Connection) -> int:
         """Delete superseded rows and rows older than the window (the latest row per slice stays)."""
         self.rows_since_delete = 0
-        cur = conn.execute(DELETE_SQL, {"name": self.name, "min": self.min_slice, "max": self.max_slice,
-                                        "window": self.window.total_seconds()})
+        cur = conn.execute(self._delete_sql, {
+            "name": self.name, "min": self.min_slice, "max": self.max_slice, "window": self.window.total_seconds()})
         return cur.rowcount

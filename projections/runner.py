@@ -228,7 +228,8 @@ class RangeRunner:
 
     def _run_once(self) -> None:
         store = OffsetStore(self.journal, self.projection.name, self.projection.entity_type, self.min_slice,
-                            self.max_slice, time_window=self.time_window, lookback=self.lookback)
+                            self.max_slice, time_window=self.time_window, lookback=self.lookback,
+                            table=self.settings.offset_table)
         with self.journal.connection() as conn:
             start = store.load(conn)  # the lookback is applied per slice: see OffsetStore.safe_point
         offset: Offset = NoOffset if start is None else start

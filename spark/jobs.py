@@ -222,7 +222,9 @@ def load_events(
         frame = _new_rows(spark, state, ranges, horizon, target_frame=lambda where: jdbc_frame(
             spark, target, table, where, fetch_size=fetch_size), entity_type=entity_type)
         if decode:
-            frame = decode_payloads(frame, payload_schema, legacy_json_33=read_stored_format(conn).legacy_json_33)
+            stored = read_stored_format(conn)
+            frame = decode_payloads(frame, payload_schema, legacy_json_33=stored.legacy_json_33,
+                                    all_json=stored.jsonb("event_payload"))
         staging = files.join(out, INCOMING, load_id)
         committed = False
         try:

@@ -145,9 +145,18 @@ def jdbc_frame(
         raise ConfigurationError(f"table {table!r} lacks column(s) {', '.join(missing)}: expected the "
                                  "event_journal layout of pgjournal / Akka Persistence R2DBC")
     empty_tags = F.array().cast("array<string>")
-    return frame.select(
-        *[F.coalesce(F.col("tags"), empty_tags).alias("tags") if c == "tags" else F.col(c) for c in EVENT_COLUMNS]
-    )
+    # A JSONB payload column (Akka's payload-column-type = JSONB) arrives as text: as bytes (its UTF-8 JSON)
+    # the frame has the same schema whichever type the column has.
+    text_payload = dict(frame.dtypes).get("event_payload") == "string"
+
+    def column(name: str) -> Column:
+        if name == "tags":
+            return F.coalesce(F.col("tags"), empty_tags).alias("tags")
+        if name == "event_payload" and text_payload:
+            return F.col(name).cast("binary").alias(name)
+        return F.col(name)
+
+    return frame.select(*[column(c) for c in EVENT_COLUMNS])
 
 
 def jdbc_error(exc: BaseException) -> str:
@@ -161,8 +170,11 @@ def jdbc_error(exc: BaseException) -> str:
     return mask_dsn(lines[0] if lines else type(exc).__name__)
 
 
-def payload_json(frame: DataFrame, *, legacy_json_33: bool = False) -> Column:
+def payload_json(frame: DataFrame, *, legacy_json_33: bool = False, all_json: bool = False) -> Column:
     """The payload as JSON text where it is JSON, else null.
+
+    ``all_json``: the payload column is JSONB (Akka's ``payload-column-type = JSONB``), so every payload is
+    JSON whatever its serializer id.
 
     JSON is Akka's jackson-json (``event_ser_id`` 31), and with ``legacy_json_33`` (the database's marker, see
     :mod:`pgjournal.stored_format`) id 33 where the payload is a JSON object or array: a CBOR payload (what
@@ -172,6 +184,8 @@ def payload_json(frame: DataFrame, *, legacy_json_33: bool = False) -> Column:
     from pyspark.sql import functions as F
 
     ser_id, payload = F.col("event_ser_id"), F.col("event_payload")
+    if all_json:
+        return payload.cast("string")
     is_json = ser_id == JSON_SER_ID
     if legacy_json_33:
         is_json = is_json | ((ser_id == CBOR_SER_ID) & F.hex(F.substring(payload, 1, 1)).isin("7B", "5B"))
@@ -187,17 +201,18 @@ def stored_format(dsn: str | None) -> StoredFormat:
         raise DatabaseUnavailable(f"cannot read the stored format: {mask_dsn(' '.join(str(exc).split()))}") from None
 
 
-def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0, legacy_json_33: bool = False
-                         ) -> StructType:
+def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0, legacy_json_33: bool = False,
+                         all_json: bool = False) -> StructType:
     """The schema Spark's JSON reader infers over the JSON payloads of ``frame`` (one pass over the rows)."""
     if not isinstance(sampling_ratio, int | float) or not 0 < sampling_ratio <= 1:
         raise InvalidArgument(f"sampling_ratio must be in (0, 1], got {sampling_ratio!r}")
-    texts = frame.select(payload_json(frame, legacy_json_33=legacy_json_33).alias("value")).where("value IS NOT NULL")
+    texts = frame.select(payload_json(frame, legacy_json_33=legacy_json_33, all_json=all_json).alias("value")
+                         ).where("value IS NOT NULL")
     return frame.sparkSession.read.option("samplingRatio", sampling_ratio).json(texts).schema
 
 
 def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = None, *,
-                    sampling_ratio: float = 1.0, legacy_json_33: bool = False) -> DataFrame:
+                    sampling_ratio: float = 1.0, legacy_json_33: bool = False, all_json: bool = False) -> DataFrame:
     """Add ``event``: the JSON payload decoded to a struct by ``payload_schema`` (a StructType or DDL text
     like ``"item STRING, qty INT"``), or by the schema inferred from the payloads when ``None``.
 
@@ -209,7 +224,8 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
     from pyspark.sql.types import StructType
 
     if payload_schema is None:
-        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio, legacy_json_33=legacy_json_33)
+        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio, legacy_json_33=legacy_json_33,
+                                      all_json=all_json)
     elif isinstance(payload_schema, StructType):
         schema = payload_schema
     elif isinstance(payload_schema, str):
@@ -223,7 +239,8 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
         raise InvalidArgument(f"payload_schema must be a StructType, DDL text or None, got {payload_schema!r}")
     if not schema.fields:
         return frame
-    return frame.withColumn("event", F.from_json(payload_json(frame, legacy_json_33=legacy_json_33), schema))
+    return frame.withColumn("event", F.from_json(payload_json(frame, legacy_json_33=legacy_json_33,
+                                                              all_json=all_json), schema))
 
 
 def read_events(
@@ -245,7 +262,8 @@ def read_events(
 
     Columns: :data:`EVENT_COLUMNS` (``db_timestamp`` a timestamp, shown in UTC by sessions from
     :func:`spark.session.spark_session`; ``tags`` an ``array<string>``, empty when none) and, with ``decode``,
-    ``event``: the JSON payload as a struct (:func:`payload_json` says which payloads are JSON). ``since`` is
+    ``event``: the JSON payload as a struct (:func:`payload_json` says which payloads are JSON; in a journal
+    with JSONB payload columns, every one). ``since`` is
     inclusive, ``until`` exclusive. ``table`` may name an Akka Persistence R2DBC journal (same columns).
     ``dsn`` ``None``: ``$PGJOURNAL_DSN`` or the embedded server.
     """
@@ -258,5 +276,6 @@ def read_events(
     frame = jdbc_frame(spark, jdbc_target(dsn), table, where, fetch_size=fetch_size)
     if not decode:
         return frame
+    stored = stored_format(dsn)
     return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio,
-                           legacy_json_33=stored_format(dsn).legacy_json_33)
+                           legacy_json_33=stored.legacy_json_33, all_json=stored.jsonb("event_payload"))

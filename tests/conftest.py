@@ -18,6 +18,11 @@ from pgjournal.migrate import upgrade
 from pgjournal.roles import apply_roles, role_script
 
 TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
+#: ``PGJOURNAL_TEST_PORTABLE=1``: the ``journal`` fixture is portable (the Yugabyte/Cockroach path: no
+#: notifications, no visibility horizon) and every test database defaults to SERIALIZABLE transactions, as
+#: CockroachDB does, so serialization failures (40001) happen and their retry paths run.
+PORTABLE_ENV = "PGJOURNAL_TEST_PORTABLE"
+PORTABLE = os.environ.get(PORTABLE_ENV) == "1"
 # Short polls keep live tests quick; semantics do not depend on them.
 FAST = {"refresh_interval": 0.2, "behind_current_time": 0.05, "backtracking_behind_current_time": 1.0}
 
@@ -51,6 +56,8 @@ def _fresh_database(server_dsn: str, template: str) -> Iterator[str]:
     name = f"pgjournal_t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        if PORTABLE:
+            conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_isolation = \'serializable\'')
     try:
         yield database_dsn(server_dsn, name)
     finally:
@@ -72,8 +79,15 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 
 @pytest.fixture
 def journal(dsn: str) -> Iterator[Journal]:
-    with Journal.open(dsn, **FAST) as opened:
+    """A journal on this test's database; portable with ``PGJOURNAL_TEST_PORTABLE=1``."""
+    with Journal.open(dsn, portable=PORTABLE, **FAST) as opened:
         yield opened
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if PORTABLE:
+        return f"{PORTABLE_ENV}=1: portable journal fixture, SERIALIZABLE test databases"
+    return None
 
 
 @pytest.fixture(params=["default", "portable"])

@@ -6,6 +6,8 @@ from sqlalchemy import Index, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ..errors import ConfigurationError
+from ..slices import NUMBER_OF_SLICES
 from ..store.durable_state import DurableStateSQL
 from ..store.events import EventStore
 
@@ -22,6 +24,16 @@ class Dialect:
     supports_visibility_horizon = True
     #: SQLSTATEs after which a whole transaction may simply be run again.
     retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01"})
+    #: An adopted Akka R2DBC journal (:mod:`pgjournal.adopt`): 0 = pgjournal's own layout; n >= 1 = Akka's
+    #: plain ``event_journal`` (1) or its data partitions ``event_journal_0..n-1``. Set when a journal opens.
+    akka_partitions: int = 0
+
+    def use_akka_layout(self, partitions: int) -> None:
+        """Read and write Akka's tables as they are (recorded in ``pgjournal_format`` by the adoption)."""
+        if partitions < 1 or NUMBER_OF_SLICES % partitions:
+            raise ConfigurationError(f"Akka's data partitions must divide {NUMBER_OF_SLICES}, got {partitions!r} "
+                                     "(pgjournal_format.akka_data_partitions)")
+        self.akka_partitions = partitions
 
     # -- queries -------------------------------------------------------------------------------------
 
@@ -34,11 +46,14 @@ class Dialect:
 
     def event_table(self, slice_: int) -> str:
         """The table to read or write one persistence id's events in (its slice is known)."""
+        if self.akka_partitions > 1:  # Akka's data partitions: slices split evenly over the tables
+            return f"event_journal_{slice_ // (NUMBER_OF_SLICES // self.akka_partitions)}"
         return "event_journal"
 
-    def event_store(self) -> EventStore:
-        """The SQL over the journal table in this dialect (see :mod:`pgjournal.store`)."""
-        return EventStore(self)
+    def event_store(self, jsonb: frozenset[str] = frozenset()) -> EventStore:
+        """The SQL over the journal table in this dialect (see :mod:`pgjournal.store`); ``jsonb``: the
+        payload columns (``event_payload``, ``meta_payload``) that are JSONB."""
+        return EventStore(self, jsonb=jsonb)
 
     def durable_state_store(self) -> DurableStateSQL:
         """The SQL over the durable state table in this dialect."""

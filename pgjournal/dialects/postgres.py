@@ -26,6 +26,8 @@ class PostgresDialect(Dialect):
     name = "postgres"
 
     def event_table(self, slice_: int) -> str:
+        if self.akka_partitions:  # an adopted Akka journal is not partitioned by pgjournal
+            return super().event_table(slice_)
         # Naming the partition spares the planner the partition pruning, which costs more than the
         # single-row statement itself (1.2 ms planning vs 0.3 ms execution, measured).
         return partition_name(slice_ // SLICES_PER_PARTITION)

@@ -8,11 +8,13 @@ clock and not the transaction start). The tag path (:mod:`pgjournal.tag_write`) 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..envelope import EVENT_COLUMNS
+from ..errors import SerializationError
 from ..slices import slice_for_persistence_id
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ INSERT = """
 INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
     event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, meta_ser_manifest, meta_payload)
 SELECT %(slice)s, %(entity_type)s, %(pid)s, prev.seq_nr + e.ord, prev.ts, %(writer)s, '',
-    e.ser_id, e.manifest, e.payload, %(tags)s::text[], %(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s
+    e.ser_id, e.manifest, {payload}, %(tags)s::text[], %(meta_ser_id)s, %(meta_manifest)s, {meta_payload}
 FROM ({prev}) AS prev
 CROSS JOIN {events}
 RETURNING seq_nr, db_timestamp
@@ -46,11 +48,25 @@ ONE_EVENT = "(SELECT %(ser_id)s::int AS ser_id, %(manifest)s::text AS manifest, 
     "1 AS ord) AS e"
 
 
+# Payload values as the INSERT writes them: bytes into BYTEA, or (Akka's ``payload-column-type = JSONB``)
+# the serializer's JSON bytes converted to JSONB, as Akka's journal binds them.
+BYTEA_PAYLOADS = {"payload": "e.payload", "meta_payload": "%(meta_payload)s"}
+JSONB_PAYLOAD = "convert_from(e.payload, 'UTF8')::jsonb"
+JSONB_META = "convert_from(%(meta_payload)s::bytea, 'UTF8')::jsonb"
+
+
 @functools.cache
-def insert_sql(table: str, *, after_latest: bool, single: bool) -> str:
+def insert_sql(table: str, *, after_latest: bool, single: bool, payload: str = BYTEA_PAYLOADS["payload"],
+               meta_payload: str = BYTEA_PAYLOADS["meta_payload"]) -> str:
     """The append statement for ``table`` (the dialect's table for the slice)."""
     prev = (AFTER_LATEST if after_latest else AFTER_EXPECTED).format(table=table)
-    return INSERT.format(table=table, prev=prev, events=ONE_EVENT if single else MANY_EVENTS)
+    return INSERT.format(table=table, prev=prev, events=ONE_EVENT if single else MANY_EVENTS, payload=payload,
+                         meta_payload=meta_payload)
+
+
+def read_payload(column: str, jsonb: bool) -> str:
+    """A payload column as bytes in a select list (JSONB: its JSON text, which Jackson reads alike)."""
+    return f"convert_to({column}::text, 'UTF8') AS {column}" if jsonb else column
 
 
 def text_array(items: Iterable[str]) -> str:
@@ -67,8 +83,34 @@ class EventStore:
     connection (sync or async alike) and nothing else names the table. A persistence id's statements go to
     the dialect's table for its slice (a partition on PostgreSQL: no pruning cost per statement)."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, *, jsonb: frozenset[str] = frozenset()) -> None:
         self._dialect = dialect
+        #: Which of ``event_payload`` / ``meta_payload`` are JSONB columns (Akka's JSONB payload option).
+        self.jsonb = frozenset(jsonb)
+        #: What the append writes into the payload columns (see :data:`BYTEA_PAYLOADS`).
+        self.payload_sql = {
+            "payload": JSONB_PAYLOAD if "event_payload" in self.jsonb else BYTEA_PAYLOADS["payload"],
+            "meta_payload": JSONB_META if "meta_payload" in self.jsonb else BYTEA_PAYLOADS["meta_payload"]}
+        #: :data:`EVENT_COLUMNS` with JSONB payloads read back as bytes.
+        self.columns = EVENT_COLUMNS
+        for column in self.jsonb:
+            self.columns = self.columns.replace(column, read_payload(column, True))
+
+    def check_payloads(self, pid: str, encoded: Iterable[Any], meta: Any = None) -> None:
+        """Refuse, before any SQL, payloads a JSONB column cannot hold (Akka's JSONB option needs a JSON
+        serializer: primitives, CBOR or bytes cannot go there). ``encoded``: the serializer's results."""
+        checks = [(e, "event_payload") for e in encoded] + ([(meta, "meta_payload")] if meta is not None else [])
+        for item, column in checks:
+            if column not in self.jsonb:
+                continue
+            try:
+                json.loads(bytes(item.payload))
+            except ValueError:
+                raise SerializationError(
+                    f"{column} of event_journal is JSONB, so only JSON payloads can be stored; the payload for "
+                    f"{pid!r} has ser_id {item.ser_id} and manifest {item.manifest!r} and is not JSON "
+                    f"({bytes(item.payload)[:40]!r}); register the type as JSON (ser_id 31)",
+                    persistence_id=pid, ser_id=item.ser_id, manifest=item.manifest) from None
 
     def table(self, slice_: int) -> str:
         """The table of a slice's events (for the sibling stores that extend these statements)."""
@@ -78,7 +120,7 @@ class EventStore:
 
     def append(self, slice_: int, *, after_latest: bool, single: bool) -> str:
         """The append statement (parameters: see :mod:`pgjournal.write`)."""
-        return insert_sql(self.table(slice_), after_latest=after_latest, single=single)
+        return insert_sql(self.table(slice_), after_latest=after_latest, single=single, **self.payload_sql)
 
     def mark_deleted(self, pid: str, to_seq_nr: int) -> Query:
         """Logical delete of the events up to ``to_seq_nr`` (rowcount: how many)."""
@@ -115,14 +157,14 @@ class EventStore:
     def by_persistence_id(self, pid: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> Query:
         """Rows of :data:`EVENT_COLUMNS`, not deleted, in sequence order."""
         slice_ = slice_for_persistence_id(pid)
-        return (f"SELECT {EVENT_COLUMNS} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+        return (f"SELECT {self.columns} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
                 "AND seq_nr >= %s AND seq_nr <= %s AND deleted = false ORDER BY seq_nr LIMIT %s",
                 (pid, slice_, from_seq_nr, to_seq_nr, limit))
 
     def between(self, pid: str, after: int, before: int, floor: datetime) -> Query:
         """Rows of :data:`EVENT_COLUMNS` with ``after < seq_nr < before`` and ``db_timestamp >= floor``."""
         slice_ = slice_for_persistence_id(pid)
-        return (f"SELECT {EVENT_COLUMNS} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
+        return (f"SELECT {self.columns} FROM {self.table(slice_)} WHERE persistence_id = %s AND slice = %s "
                 "AND seq_nr > %s AND seq_nr < %s AND db_timestamp >= %s AND deleted = false ORDER BY seq_nr",
                 (pid, slice_, after, before, floor))
 
@@ -165,8 +207,10 @@ class EventStore:
         """(seq_nr, db_timestamp, tags, ser_id, manifest, payload, meta...) of events carrying any of ``tags``,
         logically deleted ones included, in sequence order (the tag view's rebuild)."""
         slice_ = slice_for_persistence_id(pid)
-        return (f"SELECT seq_nr, db_timestamp, tags, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, "
-                f"meta_ser_manifest, meta_payload FROM {self.table(slice_)} WHERE persistence_id = %s "
+        return (f"SELECT seq_nr, db_timestamp, tags, event_ser_id, event_ser_manifest, "
+                f"{read_payload('event_payload', 'event_payload' in self.jsonb)}, meta_ser_id, meta_ser_manifest, "
+                f"{read_payload('meta_payload', 'meta_payload' in self.jsonb)} FROM {self.table(slice_)} "
+                "WHERE persistence_id = %s "
                 "AND slice = %s AND tags && %s::text[] ORDER BY seq_nr", (pid, slice_, tags))
 
     @staticmethod
@@ -206,7 +250,7 @@ class EventStore:
     def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
         """The by-slice page (:data:`PAGE`) for a slice range, and the range's parameters."""
         slices, params = self._dialect.slice_condition(min_slice, max_slice)
-        return PAGE.format(columns=EVENT_COLUMNS, slices=slices), params
+        return PAGE.format(columns=self.columns, slices=slices), params
 
 
 # Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
