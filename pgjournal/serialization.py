@@ -120,6 +120,9 @@ class SerializerRegistry:
         carry ``manifest#version``, and a row of an older version goes through ``upcast(data, from_version)``
         before ``from_dict``. Usable as a decorator: ``@registry.register``.
         """
+        if not isinstance(cls, type):
+            raise SerializationError(f"register takes a class (a dataclass, a pydantic model, or any class with "
+                                     f"to_dict and from_dict), got {type(cls).__name__} {cls!r}")
         manifest = cls.__name__ if manifest is None else manifest
         if not isinstance(manifest, str) or not manifest or "#" in manifest:
             raise SerializationError(f"manifest must be a non-empty class name without '#' (pass version= for "

@@ -167,6 +167,8 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
                                                                  read_timestamp="now"),
      InvalidArgument, "read_timestamp must be None or a timezone-aware datetime"),
     ("slice of a number", lambda j: slice_for_persistence_id(42), InvalidPersistenceId, "got int 42"),
+    ("serializer for something not a class", lambda j: SerializerRegistry().register(5, "x"), SerializationError,
+     "register takes a class"),
     ("projection range backwards", lambda j: run_range(j, Projection("p", "Cart", counter_writer("p")), 5, 2),
      InvalidArgument, "min_slice 5 is greater than max_slice 2"),
     ("projection range past 1023", lambda j: run_range(j, Projection("p", "Cart", counter_writer("p")), 0, 1024),
