@@ -88,14 +88,22 @@ class SliceQuery:
         self.bt_resume: datetime | None = None
         self.idle_polls = 0
         self.rows_since_backtracking = 0
+        #: The last main page was full: the next one is a catch-up page (``catchup_buffer_size`` rows).
+        self.behind = False
 
     # -- reading -------------------------------------------------------------------------------------
 
     def horizon(self, conn: psycopg.Connection) -> Horizon:
         return self.tracker.read(conn)
 
-    def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime) -> list[tuple[Any, ...]]:
-        params = {"entity_type": self.entity_type, "until": until, "limit": self.settings.buffer_size,
+    def main_limit(self) -> int:
+        """Rows of the next main page: small near the head (live latency), large while behind (catch-up)."""
+        return max(self.settings.buffer_size, self.settings.catchup_buffer_size) if self.behind \
+            else self.settings.buffer_size
+
+    def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime, limit: int | None = None
+              ) -> list[tuple[Any, ...]]:
+        params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
         # Never a generic plan: it cannot prune partitions or use the bounds, and was measured ~9x slower.
         with conn.cursor(binary=True) as cur:
@@ -104,11 +112,13 @@ class SliceQuery:
     def main_page(self, source: Source) -> tuple[list[EventEnvelope], int]:
         with self.journal.connection() as conn:
             horizon = self.horizon(conn)
-            rows = self.fetch(conn, self.main, horizon.safe)
+            limit = self.main_limit()
+            rows = self.fetch(conn, self.main, horizon.safe, limit)
             self.read_timestamp = horizon.now
             out = self.gate(conn, rows, source, main=True)
+        self.behind = len(rows) >= limit
         self.after_main(len(rows), horizon)
-        caught_up = len(rows) < self.settings.buffer_size
+        caught_up = len(rows) < limit
         reached = max(horizon.safe, self.main.ts) if caught_up else self.main.ts
         self.lag.set(max(0.0, (horizon.now - reached).total_seconds()))
         return out, len(rows)
@@ -130,10 +140,10 @@ class SliceQuery:
         """Deliver each row once, after its predecessor; advance the cursors."""
         predecessors = self._predecessors_of_unknown(conn, rows)
         out: list[EventEnvelope] = []
+        cursor = self.main if main else self.backtracking
+        assert cursor is not None
         for row in rows:
             slice_, pid, seq_nr, ts = row[0], row[2], row[3], row[4]
-            cursor = self.main if main else self.backtracking
-            assert cursor is not None
             cursor.advance(pid, seq_nr, ts, track_seen=main)
             if ts < self.start.timestamp or (ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0)):
                 continue  # consumed before this query started (only backtracking can meet these)
@@ -187,7 +197,7 @@ class SliceQuery:
     def _envelope(self, row: tuple[Any, ...], source: Source) -> EventEnvelope:
         pid, seq_nr, ts = row[2], row[3], row[4]
         self.delivered[pid] = (seq_nr, ts)
-        offset = TimestampOffset(self.main.ts, self.read_timestamp, self.main.seen)
+        offset = TimestampOffset.trusted(self.main.ts, self.read_timestamp, self.main.seen)
         return envelope_from_row(row, self.journal.serializers, offset=offset, source=source)
 
     # -- failure atomicity ---------------------------------------------------------------------------
@@ -262,15 +272,16 @@ class BySlices:
         return self._current(query, horizon)
 
     def _current(self, query: SliceQuery, horizon: Horizon) -> Iterator[EventEnvelope]:
-        buffer_size = self._journal.settings.buffer_size
         while True:
+            limit = query.main_limit()
             with self._journal.connection() as conn:
-                rows = query.fetch(conn, query.main, horizon.safe)
+                rows = query.fetch(conn, query.main, horizon.safe, limit)
                 query.read_timestamp = horizon.now
                 page = query.gate(conn, rows, Source.QUERY, main=True)
+            query.behind = len(rows) >= limit
             query._forget(query.main.ts - query.window - query.bt_behind)
             yield from page
-            if len(rows) < buffer_size:
+            if not query.behind:
                 break
         if not self._journal.settings.backtracking_enabled or query.use_horizon:
             return  # below the visibility horizon the main pages missed nothing
