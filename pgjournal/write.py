@@ -46,6 +46,8 @@ class EventWriter:
     def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None) -> None:
         self._journal = journal
         self._after_commit = after_commit
+        #: The append counters' children per entity type.
+        self._counters: dict[str, tuple[Any, Any]] = {}
 
     def append(
         self,
@@ -95,8 +97,12 @@ class EventWriter:
         if before is not None:
             bucket_size_recorded(self._journal)
         metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-        metrics.APPENDS.labels(entity_type).inc()
-        metrics.EVENTS_APPENDED.labels(entity_type).inc(len(rows))
+        counters = self._counters.get(entity_type)
+        if counters is None:  # labels() takes a lock and builds a key: once per entity type, not per append
+            counters = self._counters[entity_type] = (metrics.APPENDS.labels(entity_type),
+                                                      metrics.EVENTS_APPENDED.labels(entity_type))
+        counters[0].inc()
+        counters[1].inc(len(rows))
         if self._after_commit is not None:
             self._after_commit(slice_, entity_type)
         return [
