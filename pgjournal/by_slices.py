@@ -142,18 +142,30 @@ class SliceQuery:
         out: list[EventEnvelope] = []
         cursor = self.main if main else self.backtracking
         assert cursor is not None
+        if not rows:
+            return out
+        # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
+        # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted.
+        start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
+        start_seen = self.start.seen
+        delivered = self.delivered
+        envelope = self._envelope
+        advance = cursor.advance
         for row in rows:
             slice_, pid, seq_nr, ts = row[0], row[2], row[3], row[4]
-            cursor.advance(pid, seq_nr, ts, track_seen=main)
-            if ts < self.start.timestamp or (ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0)):
+            advance(pid, seq_nr, ts, track_seen=main)
+            if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
                 continue  # consumed before this query started (only backtracking can meet these)
-            known = self.delivered.get(pid)
-            if known is not None and seq_nr <= known[0]:
-                continue  # a duplicate (backtracking, or a replayed gap)
-            after = known[0] if known is not None else self._delivered_up_to(pid, seq_nr, predecessors)
+            known = delivered.get(pid)
+            if known is not None:
+                after = known[0]
+                if seq_nr <= after:
+                    continue  # a duplicate (backtracking, or a replayed gap)
+            else:
+                after = self._delivered_up_to(pid, seq_nr, predecessors)
             if after is None or seq_nr > after + 1:
                 out.extend(self._fill(conn, pid, slice_, after, seq_nr))
-            out.append(self._envelope(row, source))
+            out.append(envelope(row, source))
         return out
 
     def _delivered_up_to(self, pid: str, seq_nr: int, predecessors: dict[str, tuple[int, datetime]]
