@@ -47,6 +47,10 @@ class Context:
     dsn: str
     quick: bool
     notes: list[str] = field(default_factory=list)
+    #: The server's DSN (scenarios that make their own scratch databases, like ``scale``, need it).
+    server_dsn: str = ""
+    #: Figures beside the contenders' (Outcome.extra, in the JSON summary).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
         """Something worth printing beside the figures (a plan, a page count)."""
@@ -73,6 +77,10 @@ class Outcome:
     scenario: Scenario
     values: dict[str, list[float]]
     notes: list[str]
+    #: The run's machine calibration (bench.calibration), the same in every outcome of one run.
+    calibration: dict[str, float] = field(default_factory=dict)
+    #: Extra figures a scenario reports beside its contenders (a scaling table, peak memory).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
         return statistics.median(self.values[name])
@@ -101,14 +109,18 @@ class Outcome:
             "references": {k: round(self.median(k), 3) for k in self.references()},
             "ratios": {k: round(v, 3) for k, v in self.ratios().items()},
             "rounds": len(self.values["ours"]),
+            "calibration": self.calibration,
+            **({"extra": self.extra} if self.extra else {}),
         }
 
 
 def run_scenario(scenario: Scenario, server_dsn: str, *, quick: bool, rounds: int,
-                 progress: Callable[[str], None] = lambda _m: None) -> Outcome:
+                 progress: Callable[[str], None] = lambda _m: None,
+                 calibration: dict[str, float] | None = None) -> Outcome:
     values: dict[str, list[float]] = {name: [] for name in scenario.contenders}
+    calibration = calibration or {}
     with scratch_database(server_dsn) as dsn:
-        ctx = Context(dsn, quick)
+        ctx = Context(dsn, quick, server_dsn=server_dsn)
         state = scenario.setup(ctx)
         try:
             for round_no in range(1, rounds + 1):
@@ -116,16 +128,18 @@ def run_scenario(scenario: Scenario, server_dsn: str, *, quick: bool, rounds: in
                     progress(f"{scenario.name}: round {round_no}/{rounds}, {name}")
                     value = contender(ctx, state)
                     values[name].append(value)
-                    _record(scenario, name, round_no, value, quick)
+                    _record(scenario, name, round_no, value, quick, calibration)
         finally:
             if scenario.teardown is not None:
                 scenario.teardown(ctx, state)
-    return Outcome(scenario, values, ctx.notes)
+    return Outcome(scenario, values, ctx.notes, calibration, ctx.extra)
 
 
-def _record(scenario: Scenario, name: str, round_no: int, value: float, quick: bool) -> None:
+def _record(scenario: Scenario, name: str, round_no: int, value: float, quick: bool,
+            calibration: dict[str, float]) -> None:
     RESULTS_DIR.mkdir(exist_ok=True)
     line = {"time": time.time(), "scenario": scenario.name, "contender": name, "round": round_no,
-            "metric": scenario.metric, "value": value, "quick": quick, "host": platform.node()}
+            "metric": scenario.metric, "value": value, "quick": quick, "host": platform.node(),
+            "calibration": calibration}
     with open(RESULTS_DIR / f"{time.strftime('%Y%m%d')}.jsonl", "a") as out:
         out.write(json.dumps(line) + "\n")

@@ -17,11 +17,18 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 CHANNEL = "pgjournal_events"
 #: Seconds between two rounds of signals from one process (the most a signal waits behind another).
 SEND_INTERVAL = 0.005
 _log = logging.getLogger(__name__)
+
+
+def notify_sql(conn: psycopg.Connection, entity_types: Iterable[str]) -> str:
+    """``NOTIFY`` statements for ``entity_types`` as one string (payloads quoted by the server's rules)."""
+    return "; ".join(f"NOTIFY {CHANNEL}, {sql.Literal(entity_type).as_string(conn)}"
+                     for entity_type in sorted(entity_types))
 
 
 class Signals:
@@ -39,13 +46,24 @@ class Signals:
     # -- writers -------------------------------------------------------------------------------------
 
     def written(self, _slice: int, entity_type: str) -> None:
-        """Record that ``entity_type`` got events; the sender thread notifies soon after."""
+        """Record that ``entity_type`` got events; the sender thread notifies soon after.
+
+        Called after every commit, so it is kept to a set lookup in the common case: when ``entity_type`` is
+        already pending, the sender has not taken the set yet (or is taking it now, and sends it after this
+        commit), so the signal is already due. The sender is only woken when the set goes from empty to
+        non-empty: waking it on every append cost a thread switch per append (measured: ~100 µs of client CPU
+        per append with 8 writers, the largest part of the append path's overhead over a raw INSERT).
+        """
+        if entity_type in self._pending and self._sender is not None:
+            return
         with self._lock:
+            wake = not self._pending
             self._pending.add(entity_type)
             if self._sender is None:
                 self._sender = threading.Thread(target=self._send_loop, name="pgjournal-notify", daemon=True)
                 self._sender.start()
-            self._lock.notify()
+            if wake:
+                self._lock.notify()
 
     def _send_loop(self) -> None:
         conn: psycopg.Connection | None = None
@@ -66,9 +84,9 @@ class Signals:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
-                with conn.pipeline():
-                    for entity_type in batch:
-                        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, entity_type))
+                # One simple-protocol string (no parameters, no pipeline): one round trip and the least
+                # client CPU, which the writers' threads share (a pipeline of pg_notify calls cost ~3x more).
+                conn.execute(notify_sql(conn, batch))
             except psycopg.Error as exc:  # best effort: readers still poll
                 _log.debug("notification lost: %s", exc.__class__.__name__)
                 conn = None

@@ -246,8 +246,6 @@ class SerializerRegistry:
         ``manifest`` and the row: ``persistence_id`` and ``seq_nr`` where given, and ``where`` (a phrase like
         ``" of snapshot 'Cart|1'"``) otherwise.
         """
-        if persistence_id is not None and not where:
-            where = f" of persistence id {persistence_id!r} seq_nr {seq_nr}"
         try:
             if ser_id == akka.JACKSON_JSON:
                 return self._from_jackson(manifest, akka.decode_json(payload))
@@ -262,12 +260,14 @@ class SerializerRegistry:
         except SerializationError:
             raise
         except Exception as exc:
+            where = where or _row(persistence_id, seq_nr)
             raise SerializationError(
                 f"cannot decode payload{where} (ser_id {ser_id} {akka.NAMES.get(ser_id, '')}, manifest "
                 f"{manifest!r}, {len(payload)} bytes): {exc}",
                 persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
             ) from exc
         if serializer is None:
+            where = where or _row(persistence_id, seq_nr)
             raise SerializationError(
                 f"unknown serializer id {ser_id} (manifest {manifest!r}){where}; known ids: "
                 f"{_id_list({*BUILT_IN_IDS, *self._known.custom_by_id})}; register it with register_serializer",
@@ -276,6 +276,7 @@ class SerializerRegistry:
         try:
             return serializer.from_binary(bytes(payload), manifest)
         except Exception as exc:
+            where = where or _row(persistence_id, seq_nr)
             raise SerializationError(
                 f"serializer {ser_id} could not decode manifest {manifest!r}{where}: {exc}",
                 persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
@@ -388,3 +389,8 @@ def _short(obj: Any) -> str:
     except RecursionError:
         return f"<{type(obj).__qualname__} nested too deeply to show>"
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _row(persistence_id: str | None, seq_nr: int | None) -> str:
+    """The row named in a decoding error (built only when there is one: readers decode every row)."""
+    return f" of persistence id {persistence_id!r} seq_nr {seq_nr}" if persistence_id is not None else ""

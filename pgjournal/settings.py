@@ -34,6 +34,9 @@ class Settings:
     live_query_retries: int = 60
     #: Rows per query page.
     buffer_size: int = 1000
+    #: Rows per by-slice page while a query is behind (its previous page was full): a catch-up reads few
+    #: large pages instead of many small ones; the page is held in memory, so this bounds what a reader holds.
+    catchup_buffer_size: int = 10_000
     #: Live queries poll at least this often.
     refresh_interval: float = 3.0
     #: Live queries read only rows older than the database clock minus this (portable mode; on PostgreSQL
@@ -77,7 +80,7 @@ class Settings:
         from .dialects import get_dialect
 
         get_dialect(self.dialect)
-        positive = ("pool_min_size", "pool_max_size", "buffer_size")
+        positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
