@@ -20,7 +20,7 @@ class Dialect:
     name = "postgres"
     #: LISTEN/NOTIFY wake-ups for live queries.
     supports_notify = True
-    #: ``pg_stat_activity`` tells when the oldest writing transaction started.
+    #: ``pg_locks`` shows the transactions that hold a write lock on the journal (the visibility horizon).
     supports_visibility_horizon = True
     #: SQLSTATEs after which a whole transaction may simply be run again.
     retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01"})
