@@ -4,7 +4,8 @@ The stream reads rows in TimeUUID order (Cassandra's: ``ts_time, ts_lsb``) acros
 the offset (exclusive) or from ``tag_first_time_bucket``, and only rows older than the upper bound:
 ``now - tag_eventual_consistency_delay`` (on PostgreSQL, outside portable mode, also no later than the
 visibility horizon (:mod:`pgjournal.horizon`: journal writers still open) minus that delay, so a commit
-held open is waited for instead of passed). One keyset query walks every bucket up to the current one, so empty buckets cost nothing.
+held open is waited for instead of passed). One keyset query walks every bucket up to the current one, so
+empty buckets cost nothing.
 
 Per persistence id the stream remembers the last ``tag_pid_sequence_nr`` delivered and so delivers each
 event once and per persistence id in order:
