@@ -91,26 +91,27 @@ def _read_range(dsn: str, lo: int, hi: int, barrier: Any, counts: Any, index: in
         counts[index] = sum(1 for _ in journal.query.current_events_by_slices("Cart", lo, hi))
 
 
+def catchup_rate(dsn: str, ranges: int, expected: int) -> float:
+    """Rows/s of reading ``expected`` Cart events by ``ranges`` slice ranges, each in its own process."""
+    mp = multiprocessing.get_context("fork")
+    barrier = mp.Barrier(ranges + 1)
+    counts = mp.Array("q", ranges)
+    procs = [mp.Process(target=_read_range, args=(dsn, lo, hi, barrier, counts, i))
+             for i, (lo, hi) in enumerate(slice_ranges(ranges))]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for p in procs:
+        p.join()
+    elapsed = time.perf_counter() - start
+    assert sum(counts) == expected, (list(counts), expected)
+    return expected / elapsed
+
+
 def ours_processes(ranges: int) -> Callable[[Context, Any], float]:
     """Each range read by its own process, as projection workers or Spark executors do."""
-
-    def measure(ctx: Context, state: dict[str, Any]) -> float:
-        mp = multiprocessing.get_context("fork")
-        barrier = mp.Barrier(ranges + 1)
-        counts = mp.Array("q", ranges)
-        procs = [mp.Process(target=_read_range, args=(ctx.dsn, lo, hi, barrier, counts, i))
-                 for i, (lo, hi) in enumerate(slice_ranges(ranges))]
-        for p in procs:
-            p.start()
-        barrier.wait()
-        start = time.perf_counter()
-        for p in procs:
-            p.join()
-        elapsed = time.perf_counter() - start
-        assert sum(counts) == state["rows"], (list(counts), state["rows"])
-        return sum(counts) / elapsed
-
-    return measure
+    return lambda ctx, state: catchup_rate(ctx.dsn, ranges, state["rows"])
 
 
 def ours_threads(ranges: int) -> Callable[[Context, Any], float]:

@@ -16,15 +16,13 @@ what the CPUs explain (2 cores here: N > 2 cannot go faster, only stay flat).
 
 from __future__ import annotations
 
-import multiprocessing
-import time
 import uuid
 from typing import Any
 
-from pgjournal import Journal, slice_ranges
+from pgjournal import Journal
 
 from .append import EVENT, _threads
-from .by_slices import _read_range, load
+from .by_slices import catchup_rate, load
 from .harness import scratch_database
 
 COUNTS = (1, 2, 4, 8, 16)
@@ -43,23 +41,6 @@ def _append_rate(dsn: str, writers: int, total: int) -> float:
         return (total // writers * writers) / _threads(writers, total // writers, work)
 
 
-def _catchup_rate(dsn: str, consumers: int, expected: int) -> float:
-    mp = multiprocessing.get_context("fork")
-    barrier = mp.Barrier(consumers + 1)
-    counts = mp.Array("q", consumers)
-    procs = [mp.Process(target=_read_range, args=(dsn, lo, hi, barrier, counts, i))
-             for i, (lo, hi) in enumerate(slice_ranges(consumers))]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for p in procs:
-        p.join()
-    elapsed = time.perf_counter() - start
-    assert sum(counts) == expected, (list(counts), expected)
-    return expected / elapsed
-
-
 def run(server_dsn: str, *, quick: bool, big: bool, progress: Any = lambda _m: None) -> dict[str, Any]:
     """The curves: ``{"append": {size: {n: events/s}}, "catchup": {size: {n: rows/s}}}`` plus cost ratios."""
     sizes = (10_000, 100_000) if quick else (*SIZES, *((BIG,) if big else ()))
@@ -74,7 +55,7 @@ def run(server_dsn: str, *, quick: bool, big: bool, progress: Any = lambda _m: N
             out["catchup"][size] = {}
             for n in COUNTS:
                 progress(f"scale: {size:,} events, catch-up with {n} consumer(s)")
-                out["catchup"][size][n] = round(_catchup_rate(dsn, n, rows), 1)
+                out["catchup"][size][n] = round(catchup_rate(dsn, n, rows), 1)
             out["append"][size] = {}
             for n in COUNTS:
                 progress(f"scale: {size:,} events, append with {n} writer(s)")

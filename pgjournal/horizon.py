@@ -154,6 +154,17 @@ class HorizonTracker:
                         "longer than longest_transaction (%.0f s): live readers wait for it to finish",
                         writer.pid, writer.vxid, since, self._longest.total_seconds())
 
+    def final_bound(self, conn: psycopg.Connection, *, settle: bool = True) -> datetime:
+        """The newest ``db_timestamp`` below which every event is committed *for good* (what a checkpoint
+        may move to): the writer-lock horizon (``settle``: waiting out writers hidden from this role, for a
+        one-shot read), else the clock minus ``longest_transaction`` (portable mode: only a transaction open
+        longer can still commit below it)."""
+        caps = self.capabilities
+        horizon = self.settle(conn, timeout=caps.longest_transaction) if settle else self.read(conn)
+        if caps.writer_horizon:
+            return horizon.safe
+        return horizon.now - self._longest
+
     def settle(self, conn: psycopg.Connection, timeout: float) -> Horizon:
         """A horizon for a one-shot read: reads again (every 10 ms) until the writers hidden from this role
         at the first reading have finished. Raises :class:`HorizonBlocked` after ``timeout`` seconds."""

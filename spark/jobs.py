@@ -250,12 +250,13 @@ def final_bound(journal: Journal, conn: psycopg.Connection, behind: float | None
     """The newest ``db_timestamp`` below which every event is committed, for this journal's role and server:
     the writer-lock horizon (waiting out writers whose start this role may not see, up to
     ``longest_transaction``), else the clock minus ``behind`` (portable mode)."""
-    capabilities = journal.capabilities
     tracker = journal.horizon_tracker()
-    horizon = tracker.settle(conn, timeout=capabilities.longest_transaction)
-    if capabilities.writer_horizon:
-        return horizon.safe if behind is None else min(horizon.safe, horizon.now - timedelta(seconds=behind))
-    return horizon.now - timedelta(seconds=capabilities.longest_transaction if behind is None else behind)
+    bound = tracker.final_bound(conn)
+    if behind is None:
+        return bound
+    now = tracker.read(conn).now
+    behind_clock = now - timedelta(seconds=behind)
+    return min(bound, behind_clock) if journal.capabilities.writer_horizon else behind_clock
 
 
 def check_load_rights(conn: psycopg.Connection) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -207,20 +207,6 @@ def check_entity_type_known(conn: psycopg.Connection, entity_type: str | None, d
     raise ConfigurationError(
         f"entity type {entity_type!r} has no events in the journal at {mask_dsn(dsn)}; entity types there: "
         + (", ".join(repr(k) for k in known) if known else "none (the journal is empty)"))
-
-
-def safe_bound(journal: Journal, conn: psycopg.Connection, *, settle: bool,
-               tracker: Any | None = None) -> datetime:
-    """The newest ``db_timestamp`` below which every event is committed: the writer-lock horizon (settled,
-    i.e. writers hidden from this role waited out, for a one-shot read), else the clock minus
-    ``longest_transaction`` (portable mode)."""
-    capabilities = journal.capabilities
-    tracker = tracker if tracker is not None else journal.horizon_tracker()
-    horizon = (tracker.settle(conn, timeout=capabilities.longest_transaction) if settle
-               else tracker.read(conn))
-    if capabilities.writer_horizon:
-        return horizon.safe
-    return horizon.now - timedelta(seconds=capabilities.longest_transaction)
 
 
 # -- schema and rows -> Arrow ------------------------------------------------------------------------------
@@ -560,7 +546,7 @@ class JournalBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         with self.options.open_journal() as journal, journal.connection() as conn:
-            bound = safe_bound(journal, conn, settle=True)
+            bound = journal.horizon_tracker().final_bound(conn)
         if self.options.until is not None:
             bound = min(bound, self.options.until)
         kept = [(lo, hi) for lo, hi in self.options.ranges if self.pushed.slices & set(range(lo, hi + 1))]

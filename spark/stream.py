@@ -33,7 +33,6 @@ from .source import (
     SourceOptions,
     check_entity_type_known,
     describe_ranges,
-    safe_bound,
     stream_rows,
 )
 
@@ -149,7 +148,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         caps = {k: TimestampOffset.parse(v) for k, v in self._cap.items()} if self._cap is not None else None
         with self._connection() as conn:
             assert self._journal is not None
-            bound = safe_bound(self._journal, conn, settle=False, tracker=self._tracker)
+            bound = self._tracker.final_bound(conn, settle=False)
             if isinstance(limit, ReadMaxRows):
                 ends = self._limited(conn, starts, caps, bound, limit.max_rows)
             else:
