@@ -9,6 +9,7 @@ face runs the same ``sql``, ``params`` and ``row`` on an ``AsyncConnection``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -39,6 +40,14 @@ class Read(Generic[R]):
     def one(self, conn: psycopg.Connection[Any], *, prepare: bool | None = None) -> R | None:
         with conn.cursor(row_factory=self.row) as cur:
             return cur.execute(self.sql, self.params, prepare=prepare).fetchone()
+
+    def stream(self, conn: psycopg.Connection[Any], name: str, itersize: int = 2000) -> Iterator[R]:
+        """The rows through a server-side cursor called ``name``, in a transaction: for results too large to
+        hold at once."""
+        with conn.transaction(), conn.cursor(name, row_factory=self.row) as cur:
+            cur.itersize = itersize
+            cur.execute(self.sql, self.params)
+            yield from cur
 
 
 def rows(row_type: type[R], sql: str, params: Params = ()) -> Read[R]:
