@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .slices import entity_type_of, slice_for_persistence_id
 from .store import integrity as sql
+from .store import stats
 from .store.catalog import table_exists
 from .store.offsets import OFFSET_TABLE
 
@@ -108,7 +109,7 @@ def verify(journal: Journal, *, examples: int = 10) -> Report:
     offsets = CheckResult("projection offsets", "no projection offset is ahead of the journal")
     report = Report([gaps, order, identity, tags_missing, tags_orphaned, tag_gaps, progress, offsets])
     with journal.connection() as conn:
-        counts = sql.counts().one(conn)
+        counts = stats.totals().one(conn)
         report.events, report.persistence_ids = (counts.events, counts.persistence_ids) if counts else (0, 0)
         check_seq_and_time(conn, gaps, order, examples)
         check_identity(conn, identity, examples)

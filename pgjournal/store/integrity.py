@@ -7,16 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from .. import schema
 from . import Read, rows
 from .offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OFFSET_TABLE
 
-TAG_TABLES = ("tag_views", "tag_write_progress")
-
-
-@dataclass(frozen=True, slots=True)
-class Counts:
-    events: int
-    persistence_ids: int
+TAG_TABLES = (schema.tag_views.name, schema.tag_write_progress.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +83,6 @@ class OffsetAhead:
     highest: int | None
 
 
-COUNTS = "SELECT count(*), count(DISTINCT persistence_id) FROM event_journal"
 SEQ_AND_TIME = """
 SELECT persistence_id, seq_nr, prev_seq, db_timestamp, prev_ts, deleted FROM (
     SELECT persistence_id, seq_nr, db_timestamp, deleted,
@@ -134,10 +128,6 @@ LEFT JOIN LATERAL (SELECT max(e.seq_nr) AS highest FROM event_journal AS e
 WHERE o.persistence_id <> %(marker)s AND (h.highest IS NULL OR o.seq_nr > h.highest)
   AND NOT (o.projection_name LIKE %(load)s AND o.projection_name LIKE %(ledger)s)
 ORDER BY 1, 2, 4, 5"""
-
-
-def counts() -> Read[Counts]:
-    return rows(Counts, COUNTS)
 
 
 def seq_and_time() -> Read[SeqStep]:
