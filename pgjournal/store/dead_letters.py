@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .. import schema
 from ..slices import slice_for_persistence_id
 from . import Query, Read, rows
 from .events import read_payload
@@ -15,7 +16,7 @@ from .events import read_payload
 if TYPE_CHECKING:
     from .events import EventStore
 
-DEAD_LETTER_TABLE = "projection_dead_letter"
+DEAD_LETTER_TABLE = schema.projection_dead_letter.name
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import schema
 from . import Query, Read, rows, scalars
 from .catalog import table_exists
 
-FORMAT_TABLE = "pgjournal_format"
-TAG_SETTINGS_TABLE = "tag_settings"
+FORMAT_TABLE = schema.pgjournal_format.name
+TAG_SETTINGS_TABLE = schema.tag_settings.name
 
 # Payload columns Akka's ``payload-column-type = JSONB`` turns into JSONB (any table of the journal layout).
 JSONB_COLUMNS_SQL = """

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import schema
 from ..slices import NUMBER_OF_SLICES
 from . import Query, Read, rows, scalars
 
-LEASE_TABLE = "projection_lease"
-WORKER_TABLE = "projection_worker"
+LEASE_TABLE = schema.projection_lease.name
+WORKER_TABLE = schema.projection_worker.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,12 @@ and the projection names known to the projection tables (see :mod:`projections.m
 
 from __future__ import annotations
 
+from .. import schema
 from . import Query, Read, scalars
 from .leases import WORKER_TABLE
 from .offsets import OFFSET_TABLE
 
-MANAGEMENT_TABLE = "projection_management"
+MANAGEMENT_TABLE = schema.projection_management.name
 
 IS_PAUSED_SQL = f"""
 SELECT COALESCE(bool_or(paused), false) FROM {MANAGEMENT_TABLE}

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg.errors
 
+from .. import schema
 from ..errors import InvalidArgument, LoadConflict
 from . import Query, Read, rows, scalars
 
@@ -26,7 +27,7 @@ MARKER_PID = ""
 #: pgjournal's offset table, and Akka Projection R2DBC's (the same columns and key): a projection with
 #: ``ProjectionSettings(offset_table=AKKA_OFFSET_TABLE)`` continues from an Akka projection's offsets of the
 #: same name, and Akka continues from its offsets.
-OFFSET_TABLE = "projection_timestamp_offset_store"
+OFFSET_TABLE = schema.projection_timestamp_offset_store.name
 AKKA_OFFSET_TABLE = "akka_projection_timestamp_offset_store"
 OFFSET_TABLES = (OFFSET_TABLE, AKKA_OFFSET_TABLE)
 #: Projection names of a Spark load job's watermarks (``LOAD_PREFIX + job``) and its ledger (``+ LEDGER_SUFFIX``).

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import schema
 from ..slices import entity_type_of, slice_for_persistence_id
 from . import Query, Read, rows
 from .events import read_payload
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from ..dialects import Dialect
     from .events import EventStore
 
-SNAPSHOT_TABLE = "snapshot"
+SNAPSHOT_TABLE = schema.snapshot.name
 #: Columns of :func:`snapshots_by_slices` rows, in order.
 SNAPSHOT_COLUMNS = ("slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, snapshot, tags, "
                     "meta_ser_id, meta_ser_manifest, meta_payload")
