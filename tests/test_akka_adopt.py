@@ -31,10 +31,10 @@ from pgjournal import akka_formats as akka
 from pgjournal.cli import app
 from pgjournal.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, plan, upgrade
 from pgjournal.offsets import NoOffset
+from pgjournal.store.offsets import AKKA_OFFSET_TABLE
 from pgjournal.stored_format import read_stored_format
 from projections.dead_letters import store_dead_letter
 from projections.handlers import AtLeastOnce, Projection, ProjectionSettings
-from projections.offset_store import AKKA_OFFSET_TABLE
 from projections.runner import run_range
 
 FORMS = {
