@@ -8,13 +8,13 @@ import logging
 import pathlib
 import re
 import threading
-import time
 import uuid
 
 import psycopg
 import psycopg.conninfo
 import pytest
 from conftest import FAST, Roles
+from eventually import eventually
 from faultproxy import fault_proxy
 from typer.testing import CliRunner
 
@@ -61,10 +61,11 @@ def test_injection_strings_are_stored_and_read_back_verbatim(journal: Journal, d
     journal.append(pid, [hostile], expected_seq_nr=1)
     journal.save_snapshot(pid, 2, {"s": hostile})
     assert written[0].entity_type == hostile
-    time.sleep(0.1)  # current_events_by_slices ends at the safe bound, a few ms behind the clock
     # Read back through every query that takes these strings, and directly.
     assert [e.event for e in journal.query.current_events_by_persistence_id(pid)] == [{"text": hostile}, hostile]
-    assert [e.persistence_id for e in journal.query.current_events_by_slices(hostile, 0, 1023)] == [pid, pid]
+    # current_events_by_slices ends at the safe bound, a few ms behind the clock
+    eventually(lambda: [e.persistence_id for e in journal.query.current_events_by_slices(hostile, 0, 1023)]
+               == [pid, pid], "both events read by slice")
     assert pid in list(journal.query.current_persistence_ids(after=hostile[:1] if hostile else None, limit=1000))
     assert journal.highest_seq_nr(pid) == 2
     assert journal.load_snapshot(pid).snapshot == {"s": hostile}  # type: ignore[union-attr]
@@ -148,7 +149,7 @@ def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
             got: list[object] = []
             thread = threading.Thread(target=lambda: [got.append(e) for e in query], daemon=True)
             thread.start()
-            time.sleep(0.3)
+            eventually(lambda: got, "the live query delivered the first event")
             proxy.refuse(True)
             proxy.cut()
             for call in (lambda: journal.append("Cart|1", ["b"], expected_seq_nr=1),
@@ -156,9 +157,7 @@ def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
                 with pytest.raises(JournalError) as failed:
                     call()
                 seen.append(str(failed.value))
-            deadline = time.monotonic() + 10
-            while "live query poll failed" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.1)
+            eventually(lambda: "live query poll failed" in caplog.text, "the live query met the fault", timeout=10)
             proxy.refuse(False)
             query.close()
             thread.join(5)
@@ -276,8 +275,9 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
         ensure_dsn_projection = Projection("w-proj", "Cart", counter_writer("w-proj"))
         management.pause(journal, ensure_dsn_projection.name)
         management.resume(journal, ensure_dsn_projection.name)
-        time.sleep(0.1)  # the current query ends a few ms behind the clock
-        assert [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == ["a", "b", "y", "c"]
+        # the current query ends a few ms behind the clock
+        eventually(lambda: [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)]
+                   == ["a", "b", "y", "c"], "the events read by slice")
         report = verify(journal)
         assert report.ok, report
     assert _denied(writer_dsn, WRITER_FORBIDDEN) == []
@@ -290,10 +290,11 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
 def test_the_reader_reads_and_cannot_write(dsn: str, roles: Roles) -> None:
     _seed(dsn)
     reader_dsn = roles.dsn(dsn, roles.reader)
-    time.sleep(0.1)  # the current query ends a few ms behind the clock
     with Journal.open(reader_dsn, **FAST) as journal:
         assert [e.event for e in journal.query.current_events_by_persistence_id("Cart|seed")] == ["a", "b"]
-        assert [e.seq_nr for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == [1, 2]
+        # the current query ends a few ms behind the clock
+        eventually(lambda: [e.seq_nr for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == [1, 2],
+                   "the events read by slice")
         report = verify(journal)
         assert report.ok, [(c.name, c.examples) for c in report.checks if c.problems]
         with pytest.raises(ConfigurationError, match=r"refused by the database: SQLSTATE 42501.*nothing was written"):
