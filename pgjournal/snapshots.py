@@ -32,8 +32,9 @@ class SelectedSnapshot:
 class SnapshotStore:
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
-        self._sql = SnapshotSQL(journal.events, jsonb=journal.stored.jsonb("snapshot", "snapshot"),
-                                meta_jsonb=journal.stored.jsonb("meta_payload", "snapshot"))
+        #: The statements over ``snapshot`` (store layer), also for by-slice reads (:mod:`pgjournal.from_snapshots`).
+        self.sql = SnapshotSQL(journal.dialect, journal.events, jsonb=journal.stored.jsonb("snapshot", "snapshot"),
+                               meta_jsonb=journal.stored.jsonb("meta_payload", "snapshot"))
 
     def save(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
              tags: Iterable[str] = ()) -> None:
@@ -43,8 +44,8 @@ class SnapshotStore:
         serializers = self._journal.serializers
         encoded = serializers.serialize(snapshot)
         meta = serializers.serialize(metadata) if metadata is not None else None
-        save = self._sql.save(pid, seq_nr, int(time.time() * 1000), encoded.ser_id, encoded.manifest, encoded.payload,
-                              list(tag_list) or None, (meta.ser_id, meta.manifest, meta.payload) if meta else None)
+        save = self.sql.save(pid, seq_nr, int(time.time() * 1000), encoded.ser_id, encoded.manifest, encoded.payload,
+                             list(tag_list) or None, (meta.ser_id, meta.manifest, meta.payload) if meta else None)
         with self._journal.connection() as conn:
             conn.execute(*save)
 
@@ -58,7 +59,7 @@ class SnapshotStore:
         if max_timestamp is not None and (not isinstance(max_timestamp, datetime) or max_timestamp.tzinfo is None):
             raise InvalidArgument(f"max_timestamp must be a timezone-aware datetime, got {max_timestamp!r}")
         with self._journal.connection() as conn:
-            row = self._sql.load(pid, max_seq, max_timestamp).one(conn)
+            row = self.sql.load(pid, max_seq, max_timestamp).one(conn)
         if row is None:
             return None
         serializers = self._journal.serializers
@@ -76,4 +77,4 @@ class SnapshotStore:
     def delete(self, persistence_id: str) -> None:
         pid = check_persistence_id(persistence_id)
         with self._journal.connection() as conn:
-            conn.execute(*self._sql.delete(pid))
+            conn.execute(*self.sql.delete(pid))

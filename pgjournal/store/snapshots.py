@@ -1,11 +1,12 @@
-"""SQL over ``snapshot``: one persistence id's snapshot (save, load, delete) and by-slice reads
-(``events_by_slices_starting_from_snapshots``)."""
+"""SQL over ``snapshot``: one persistence id's snapshot (save, load, delete) and the snapshots of a slice range
+(``events_by_slices_starting_from_snapshots``). Both reads return :class:`SnapshotRow`, payloads as bytes
+also where Akka's ``payload-column-type = JSONB`` made the payload columns JSONB."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import schema
 from ..slices import entity_type_of, slice_for_persistence_id
@@ -17,30 +18,15 @@ if TYPE_CHECKING:
     from .events import EventStore
 
 SNAPSHOT_TABLE = schema.snapshot.name
-#: Columns of :func:`snapshots_by_slices` rows, in order.
-SNAPSHOT_COLUMNS = ("slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, snapshot, tags, "
-                    "meta_ser_id, meta_ser_manifest, meta_payload")
-
-
-def snapshots_by_slices(dialect: Dialect, entity_type: str, min_slice: int, max_slice: int, since: datetime
-                        ) -> tuple[str, dict[str, Any]]:
-    """The snapshots of an entity type in a slice range taken at an event at or after ``since``, in time order
-    (snapshot_slice_idx). A snapshot saved without its event's timestamp (NULL) cannot be placed in time and
-    is left out: its persistence id's events are read in full instead."""
-    slices, params = dialect.slice_condition(min_slice, max_slice)
-    return (f"SELECT {SNAPSHOT_COLUMNS} FROM {SNAPSHOT_TABLE} WHERE entity_type = %(entity_type)s AND {slices} "
-            "AND db_timestamp >= %(since)s ORDER BY db_timestamp, persistence_id",
-            {**params, "entity_type": entity_type, "since": since})
-
-
-# -- one persistence id's snapshot ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRow:
-    """:data:`SELECT`: a stored snapshot, payloads as bytes (``db_timestamp``: of the event at ``seq_nr``,
-    ``None`` if it was not found when saved; ``write_timestamp``: epoch milliseconds)."""
+    """A stored snapshot (:data:`COLUMNS`, in order), payloads as bytes. ``db_timestamp``: of the event at
+    ``seq_nr`` (``None`` if it was not found when saved); ``write_timestamp``: epoch milliseconds."""
 
+    slice: int
+    entity_type: str
     persistence_id: str
     seq_nr: int
     db_timestamp: datetime | None
@@ -54,6 +40,8 @@ class SnapshotRow:
     meta_payload: bytes | None
 
 
+COLUMNS = ("slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, "
+           "{snapshot}, tags, meta_ser_id, meta_ser_manifest, {meta_payload}")
 # A snapshot never replaces a newer one; db_timestamp is that of the event it was taken at.
 UPSERT = f"""
 INSERT INTO {SNAPSHOT_TABLE} (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id,
@@ -67,11 +55,15 @@ ON CONFLICT (persistence_id) DO UPDATE SET seq_nr = excluded.seq_nr, db_timestam
     meta_ser_manifest = excluded.meta_ser_manifest, meta_payload = excluded.meta_payload
 WHERE snapshot.seq_nr <= excluded.seq_nr"""
 SELECT = f"""
-SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, {{snapshot}}, tags,
-    meta_ser_id, meta_ser_manifest, {{meta_payload}}
+SELECT {{columns}}
 FROM {SNAPSHOT_TABLE} WHERE persistence_id = %s AND seq_nr <= %s
     AND (%s::timestamptz IS NULL
          OR COALESCE(db_timestamp, to_timestamp(write_timestamp / 1000.0)) <= %s::timestamptz)"""
+# In time order (snapshot_slice_idx). A snapshot saved without its event's timestamp (NULL) cannot be placed
+# in time and is left out: its persistence id's events are read in full instead.
+BY_SLICES = f"""
+SELECT {{columns}} FROM {SNAPSHOT_TABLE} WHERE entity_type = %(entity_type)s AND {{slices}}
+    AND db_timestamp >= %(since)s ORDER BY db_timestamp, persistence_id"""
 DELETE = f"DELETE FROM {SNAPSHOT_TABLE} WHERE persistence_id = %s"
 
 
@@ -81,15 +73,20 @@ def _jsonb_in(param: str) -> str:
 
 
 class SnapshotSQL:
-    """The statements over ``snapshot`` for one journal: which payload columns are JSONB (Akka's option) and
-    the event table a saved snapshot takes its event's db_timestamp from (the dialect's, via the event store)."""
+    """The statements over ``snapshot`` for one journal: which payload columns are JSONB (Akka's option), the
+    event table a saved snapshot takes its event's db_timestamp from (the event store's for the slice) and
+    the dialect's slice predicate."""
 
-    def __init__(self, events: EventStore, *, jsonb: bool = False, meta_jsonb: bool = False) -> None:
+    def __init__(self, dialect: Dialect, events: EventStore, *, jsonb: bool = False, meta_jsonb: bool = False
+                 ) -> None:
+        self._dialect = dialect
         self._events = events
         self._upsert = UPSERT.replace("{payload}", _jsonb_in("payload") if jsonb else "%(payload)s").replace(
             "{meta_payload}", _jsonb_in("meta_payload") if meta_jsonb else "%(meta_payload)s")
-        self._select = SELECT.format(snapshot=read_payload("snapshot", jsonb),
-                                     meta_payload=read_payload("meta_payload", meta_jsonb))
+        columns = COLUMNS.format(snapshot=read_payload("snapshot", jsonb),
+                                 meta_payload=read_payload("meta_payload", meta_jsonb))
+        self._select = SELECT.format(columns=columns)
+        self._by_slices = BY_SLICES.replace("{columns}", columns)
         #: The upsert per event table (one, or one per Akka data partition).
         self._upserts: dict[str, str] = {}
 
@@ -112,6 +109,12 @@ class SnapshotSQL:
         """The snapshot of ``pid`` if it is at most ``max_seq_nr`` and taken at or before ``max_timestamp``
         (its event's time, or when it was saved if that event was not found)."""
         return rows(SnapshotRow, self._select, (pid, max_seq_nr, max_timestamp, max_timestamp))
+
+    def by_slices(self, entity_type: str, min_slice: int, max_slice: int, since: datetime) -> Read[SnapshotRow]:
+        """The snapshots of an entity type in a slice range taken at an event at or after ``since``."""
+        slices, params = self._dialect.slice_condition(min_slice, max_slice)
+        return rows(SnapshotRow, self._by_slices.format(slices=slices),
+                    {**params, "entity_type": entity_type, "since": since})
 
     @staticmethod
     def delete(pid: str) -> Query:
