@@ -23,7 +23,8 @@ SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 
 WHERE rolname = current_user"""
 
 # The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
-# there is none). ``xact_start`` is NULL where this role may not see the session.
+# there is none). ``xact_start`` is NULL where this role may not see the session. Rows are unpacked in
+# pgjournal.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction, xact_start.
 WRITERS_SQL = """
 SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
 FROM (SELECT 1) AS one LEFT JOIN (
