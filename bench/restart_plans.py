@@ -15,10 +15,11 @@ from typing import Any
 
 import psycopg
 
+from pgjournal.dialects import get_dialect
 from pgjournal.dsn import resolve_dsn
 from pgjournal.envelope import EVENT_COLUMNS
 from pgjournal.store.events import PAGE, PREDECESSORS
-from projections.offset_store import FIRST_EVENT_SQL, LATEST_SQL, PIDS_SQL, PREVIOUS_SQL
+from pgjournal.store.offsets import offsets
 
 from .harness import scratch_database
 
@@ -77,13 +78,10 @@ def main() -> None:
         conn.execute("ANALYZE")
         print(f"{args.events:,} events over {pids:,} pids + 1 idle pid, generated in "
               f"{time.monotonic() - started:.1f}s")
-        name = {"name": "p", "min": 0, "max": 1023}
-        explain(conn, "LATEST_SQL (offset store, per slice)", LATEST_SQL, name)
-        latest = dict(conn.execute(LATEST_SQL.replace(", max(timestamp_offset) FILTER (WHERE persistence_id = '')",
-                                                      ""), name).fetchall())
-        floors = {s: ts for s, ts in latest.items()}
-        explain(conn, "PIDS_SQL", PIDS_SQL, {"name": "p", "slices": sorted(floors),
-                                             "floors": [floors[s] for s in sorted(floors)]})
+        latest = offsets().latest("p", 0, 1023)
+        explain(conn, "LATEST_SQL (offset store, per slice)", latest.sql, latest.params)
+        highest = offsets().highest_per_pid("p", {row.slice: row.latest for row in latest.all(conn)})
+        explain(conn, "PIDS_SQL", highest.sql, highest.params)
         start = conn.execute("SELECT now() - interval '150 seconds'").fetchone()[0]
         old_start = conn.execute("SELECT now() - interval '30 days' - interval '130 seconds'").fetchone()[0]
         page = PAGE.format(columns=EVENT_COLUMNS, slices="slice BETWEEN %(min_slice)s AND %(max_slice)s")
@@ -112,14 +110,14 @@ JOIN unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[]) AS u(pid, s
   ON e.persistence_id = u.pid AND e.slice = u.slice AND e.seq_nr = u.seq - 1
 WHERE NOT e.deleted"""
         explain(conn, "PREDECESSORS before (join over unnest)", old, pred)
-        pid, (slice_, seq) = next(iter(first.items()))
-        explain(conn, "PREVIOUS_SQL (one pid, its partition)", PREVIOUS_SQL.format(table="event_journal"),
-                {"pid": pid, "slice": slice_, "prev": seq - 1, "seq": seq, "floor": start})
-        explain(conn, "FIRST_EVENT_SQL (rowless slice 1023: cleared; its event is 30 days old)", FIRST_EVENT_SQL,
-                {"entity_type": "Cart", "slices": [1023], "before": start})
+        pid, (_, seq) = next(iter(first.items()))
+        events = get_dialect("postgres").event_store()
+        explain(conn, "EventStore.previous (one pid, its partition)", *events.previous(pid, seq, start))
+        explain(conn, "EventStore.first_event (rowless slice 1023: cleared; its event is 30 days old)",
+                *events.first_event("Cart", [1023], start))
         conn.execute("DELETE FROM event_journal WHERE persistence_id = 'Cart|idle'")
-        explain(conn, "FIRST_EVENT_SQL worst case (rowless slice without any event)", FIRST_EVENT_SQL,
-                {"entity_type": "Cart", "slices": [1023], "before": start})
+        explain(conn, "EventStore.first_event worst case (rowless slice without any event)",
+                *events.first_event("Cart", [1023], start))
 
 
 if __name__ == "__main__":

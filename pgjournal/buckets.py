@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from .errors import ConfigurationError
+from .store import format as sql
 
 
 class BucketSize(enum.Enum):
@@ -86,8 +87,6 @@ def format_bucket(bucket_ms: int) -> str:
 
 # -- the bucket size recorded in the database -------------------------------------------------------------
 _SETTING = "bucket_size"
-_SELECT = "SELECT value FROM tag_settings WHERE name = %s"
-_RECORD = "INSERT INTO tag_settings (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
 
 
 def _mismatch(recorded: str, wanted: BucketSize) -> ConfigurationError:
@@ -100,14 +99,14 @@ def _mismatch(recorded: str, wanted: BucketSize) -> ConfigurationError:
 def check_bucket_size(conn: psycopg.Connection, wanted: str | BucketSize) -> None:
     """Raise :class:`ConfigurationError` when a different bucket size is recorded (nothing recorded: fine)."""
     size = BucketSize.parse(wanted)
-    row = conn.execute(_SELECT, (_SETTING,)).fetchone()
-    if row is not None and BucketSize.parse(row[0]) is not size:
-        raise _mismatch(row[0], size)
+    recorded = sql.tag_setting(_SETTING).one(conn)
+    if recorded is not None and BucketSize.parse(recorded) is not size:
+        raise _mismatch(recorded, size)
 
 
 def ensure_bucket_size(conn: psycopg.Connection, wanted: str | BucketSize) -> BucketSize:
     """Record ``wanted`` unless a size is recorded already; raise if the recorded one differs."""
     size = BucketSize.parse(wanted)
-    conn.execute(_RECORD, (_SETTING, size.label))
+    conn.execute(*sql.record_tag_setting(_SETTING, size.label))
     check_bucket_size(conn, size)
     return size

@@ -13,20 +13,7 @@ import psycopg
 
 from .dialects import get_dialect
 from .settings import Settings
-
-# The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
-# Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
-JOURNAL_RELATIONS_SQL = """
-SELECT to_regclass('event_journal')::oid
-UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')
-UNION SELECT oid FROM pg_class
-      WHERE relname ~ '^event_journal_[0-9]+$' AND relkind = 'r' AND pg_table_is_visible(oid)"""
-# The durable state table: the relation its writers hold a write lock on (changes_by_slices' horizon).
-STATE_RELATIONS_SQL = "SELECT to_regclass('durable_state')::oid"
-# Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
-SEES_ALL_SESSIONS_SQL = """
-SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
-WHERE rolname = current_user"""
+from .store import catalog
 
 
 @dataclass(frozen=True)
@@ -56,10 +43,10 @@ class Capabilities:
         relations: tuple[int, ...] = ()
         state_relations: tuple[int, ...] = ()
         if writer_horizon:
-            row = conn.execute(SEES_ALL_SESSIONS_SQL).fetchone()
-            role, sees_all = (row[0], bool(row[1])) if row else ("", False)
-            relations = tuple(oid for (oid,) in conn.execute(JOURNAL_RELATIONS_SQL).fetchall() if oid is not None)
-            state_relations = tuple(oid for (oid,) in conn.execute(STATE_RELATIONS_SQL).fetchall() if oid is not None)
+            found = catalog.role().one(conn)
+            role, sees_all = (found.name, found.sees_all_sessions) if found else ("", False)
+            relations = tuple(oid for oid in catalog.journal_relations().all(conn) if oid is not None)
+            state_relations = tuple(oid for oid in catalog.state_relations().all(conn) if oid is not None)
         return cls(
             notify=settings.uses_notifications,
             writer_horizon=writer_horizon and bool(relations),

@@ -19,6 +19,7 @@ from .horizon import Horizon
 from .journal import Journal
 from .offsets import format_timestamp
 from .slices import slice_ranges
+from .store import stats
 
 app = typer.Typer(
     help="pgjournal: an event journal for PostgreSQL, YugabyteDB and CockroachDB.\n\n"
@@ -159,29 +160,28 @@ def info(
                 live.update(info_view(journal), refresh=True)
 
 
+#: ``pgjournal info``'s histogram: events over this many slice ranges.
+INFO_RANGES = 8
+
+
 def info_view(journal: Journal) -> Group:
     """Everything ``pgjournal info`` shows, read in one go."""
     with journal.connection() as conn:
         horizon = journal.horizon_tracker().read(conn)
-        per_type = conn.execute(
-            "SELECT entity_type, count(*), count(DISTINCT persistence_id), min(db_timestamp), max(db_timestamp) "
-            "FROM event_journal WHERE NOT deleted GROUP BY entity_type ORDER BY entity_type"
-        ).fetchall()
-        per_slice = dict(conn.execute(
-            "SELECT slice / 128, count(*) FROM event_journal WHERE NOT deleted GROUP BY 1"
-        ).fetchall())
-        snapshots = conn.execute("SELECT count(*) FROM snapshot").fetchone()
+        per_type = stats.per_entity_type().all(conn)
+        per_range = {r.index: r.events for r in stats.per_slice_range(INFO_RANGES).all(conn)}
+        snapshots = stats.snapshots().one(conn) or 0
     table = Table("entity type", "events", "persistence ids", "first", "last", title="Events per entity type")
-    for entity_type, count, pids, first, last in per_type:
-        table.add_row(entity_type or "(none)", f"{count:,}", f"{pids:,}", format_timestamp(first),
-                      format_timestamp(last))
-    total = sum(per_slice.values()) or 1
+    for row in per_type:
+        table.add_row(row.entity_type or "(none)", f"{row.events:,}", f"{row.persistence_ids:,}",
+                      format_timestamp(row.first), format_timestamp(row.last))
+    total = sum(per_range.values()) or 1
     histogram = Table("slices", "events", "", title="Events per slice range")
-    for i, (lo, hi) in enumerate(slice_ranges(8)):
-        count = per_slice.get(i, 0)
+    for i, (lo, hi) in enumerate(slice_ranges(INFO_RANGES)):
+        count = per_range.get(i, 0)
         histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
     return Group(f"journal on {mask_dsn(journal.dsn)}", table, histogram,
-                 f"snapshots: {snapshots[0] if snapshots else 0:,}", *horizon_view(journal, horizon))
+                 f"snapshots: {snapshots:,}", *horizon_view(journal, horizon))
 
 
 def horizon_view(journal: Journal, horizon: Horizon) -> list[Any]:

@@ -23,7 +23,6 @@ from .envelope import EventEnvelope, Source
 from .errors import InvalidArgument
 from .offsets import NoOffset, Offset
 from .polling import LiveQuery
-from .store.snapshots import snapshots_by_slices
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -39,20 +38,24 @@ def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int,
                               f"{type(transform).__name__}")
     query = SliceQuery(journal, entity_type, min_slice, max_slice, offset)
     start = query.start
-    sql, params = snapshots_by_slices(journal.dialect, query.entity_type, min_slice, max_slice, start.timestamp)
+    read = journal.snapshots.sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp)
     with journal.connection() as conn:
-        rows = conn.execute(sql, params).fetchall()
+        rows = read.all(conn)
     serializers = journal.serializers
     out: list[EventEnvelope] = []
-    for slice_, entity, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta in rows:
+    for row in rows:
+        pid, seq_nr, ts = row.persistence_id, row.seq_nr, row.db_timestamp
+        assert ts is not None  # the query keeps only snapshots placed in time
         if ts == start.timestamp and start.seen.get(pid, 0) >= seq_nr:
             continue  # consumed before this query started
         where = f" of the snapshot of persistence id {pid!r} at seq_nr {seq_nr}"
-        snapshot = serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid, seq_nr=seq_nr)
-        metadata = None if meta_id is None else serializers.deserialize(
-            meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid, seq_nr=seq_nr)
-        out.append(EventEnvelope(pid, seq_nr, slice_, entity, ts, start, transform(snapshot), tuple(tags or ()),
-                                 metadata, Source.SNAPSHOT))
+        snapshot = serializers.deserialize(row.ser_id, row.ser_manifest, row.snapshot, where=where,
+                                           persistence_id=pid, seq_nr=seq_nr)
+        metadata = None if row.meta_ser_id is None else serializers.deserialize(
+            row.meta_ser_id, row.meta_ser_manifest or "", row.meta_payload, where=f" of the metadata{where}",
+            persistence_id=pid, seq_nr=seq_nr)
+        out.append(EventEnvelope(pid, seq_nr, row.slice, row.entity_type, ts, start, transform(snapshot),
+                                 tuple(row.tags or ()), metadata, Source.SNAPSHOT))
         query.delivered[pid] = (seq_nr, ts)
     return query, out
 

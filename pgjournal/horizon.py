@@ -36,26 +36,13 @@ import psycopg
 
 from . import metrics
 from .errors import HorizonBlocked
+from .store.catalog import CLOCK_SQL, WRITERS_SQL
 from .timeuuid import EPOCH
 
 if TYPE_CHECKING:
     from .capabilities import Capabilities
 
 log = logging.getLogger("pgjournal.horizon")
-
-# The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
-# there is none). ``xact_start`` is NULL where this role may not see the session.
-WRITERS_SQL = """
-SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
-FROM (SELECT 1) AS one LEFT JOIN (
-    SELECT DISTINCT l.pid, l.virtualtransaction, a.xact_start
-    FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
-    WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.relation = ANY(%(relations)s::oid[]) AND l.pid IS DISTINCT FROM pg_backend_pid()
-) AS w ON true"""
-CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
-
 
 @dataclass(frozen=True)
 class Writer:

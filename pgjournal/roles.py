@@ -39,6 +39,7 @@ from .errors import ConfigurationError, DatabaseUnavailable, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
 from .settings import Settings
+from .store.offsets import OFFSET_TABLE
 from .stored_format import FORMAT_TABLE
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -115,7 +116,7 @@ BEGIN
     EXECUTE format('ALTER TABLE {s}.%I OWNER TO {o}', t.relname);
     EXECUTE format('REVOKE ALL ON {s}.%I FROM PUBLIC, {w}, {r}, {ld}', t.relname);
     EXECUTE format('GRANT SELECT ON {s}.%I TO {w}, {r}, {ld}', t.relname);
-    IF t.relname = 'projection_timestamp_offset_store' THEN  -- the load's watermarks
+    IF t.relname = '{OFFSET_TABLE}' THEN  -- the load's watermarks
       EXECUTE format('GRANT INSERT, DELETE ON {s}.%I TO {ld}', t.relname);
     END IF;
     IF t.journal THEN

@@ -9,37 +9,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidArgument
-from .slices import entity_type_of, slice_for_persistence_id
-from .store.events import read_payload
+from .store.snapshots import SnapshotSQL
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
     from .journal import Journal
-
-# A snapshot never replaces a newer one; db_timestamp is that of the event it was taken at.
-UPSERT = """
-INSERT INTO snapshot (slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id,
-    ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload)
-VALUES (%(slice)s, %(entity_type)s, %(pid)s::varchar, %(seq_nr)s::bigint, {timestamp_of},
-    %(write_timestamp)s, %(ser_id)s, %(manifest)s, {payload}, %(tags)s::text[],
-    %(meta_ser_id)s, %(meta_manifest)s, {meta_payload})
-ON CONFLICT (persistence_id) DO UPDATE SET seq_nr = excluded.seq_nr, db_timestamp = excluded.db_timestamp,
-    write_timestamp = excluded.write_timestamp, ser_id = excluded.ser_id, ser_manifest = excluded.ser_manifest,
-    snapshot = excluded.snapshot, tags = excluded.tags, meta_ser_id = excluded.meta_ser_id,
-    meta_ser_manifest = excluded.meta_ser_manifest, meta_payload = excluded.meta_payload
-WHERE snapshot.seq_nr <= excluded.seq_nr"""
-SELECT = """
-SELECT persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, {snapshot}, tags,
-    meta_ser_id, meta_ser_manifest, {meta_payload}
-FROM snapshot WHERE persistence_id = %s AND seq_nr <= %s
-    AND (%s::timestamptz IS NULL
-         OR COALESCE(db_timestamp, to_timestamp(write_timestamp / 1000.0)) <= %s::timestamptz)"""
-DELETE = "DELETE FROM snapshot WHERE persistence_id = %s"
-
-
-def _jsonb_in(param: str) -> str:
-    """A bytes parameter written into a JSONB column (Akka's ``payload-column-type = JSONB``)."""
-    return f"convert_from(%({param})s::bytea, 'UTF8')::jsonb"
 
 
 @dataclass(frozen=True)
@@ -58,11 +32,9 @@ class SelectedSnapshot:
 class SnapshotStore:
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
-        jsonb = journal.stored.jsonb("snapshot", "snapshot"), journal.stored.jsonb("meta_payload", "snapshot")
-        self._upsert = UPSERT.replace("{payload}", _jsonb_in("payload") if jsonb[0] else "%(payload)s").replace(
-            "{meta_payload}", _jsonb_in("meta_payload") if jsonb[1] else "%(meta_payload)s")
-        self._select = SELECT.format(snapshot=read_payload("snapshot", jsonb[0]),
-                                     meta_payload=read_payload("meta_payload", jsonb[1]))
+        #: The statements over ``snapshot`` (store layer), also for by-slice reads (:mod:`pgjournal.from_snapshots`).
+        self.sql = SnapshotSQL(journal.dialect, journal.events, jsonb=journal.stored.jsonb("snapshot", "snapshot"),
+                               meta_jsonb=journal.stored.jsonb("meta_payload", "snapshot"))
 
     def save(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
              tags: Iterable[str] = ()) -> None:
@@ -72,16 +44,10 @@ class SnapshotStore:
         serializers = self._journal.serializers
         encoded = serializers.serialize(snapshot)
         meta = serializers.serialize(metadata) if metadata is not None else None
-        slice_ = slice_for_persistence_id(pid)
-        params = {
-            "slice": slice_, "entity_type": entity_type_of(pid), "pid": pid, "seq_nr": seq_nr,
-            "write_timestamp": int(time.time() * 1000), "ser_id": encoded.ser_id, "manifest": encoded.manifest,
-            "payload": encoded.payload, "tags": list(tag_list) or None,
-            "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
-            "meta_payload": meta.payload if meta else None,
-        }
+        save = self.sql.save(pid, seq_nr, int(time.time() * 1000), encoded.ser_id, encoded.manifest, encoded.payload,
+                             list(tag_list) or None, (meta.ser_id, meta.manifest, meta.payload) if meta else None)
         with self._journal.connection() as conn:
-            conn.execute(self._upsert.format(timestamp_of=self._journal.events.timestamp_of_sql(slice_)), params)
+            conn.execute(*save)
 
     def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
              max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
@@ -93,22 +59,22 @@ class SnapshotStore:
         if max_timestamp is not None and (not isinstance(max_timestamp, datetime) or max_timestamp.tzinfo is None):
             raise InvalidArgument(f"max_timestamp must be a timezone-aware datetime, got {max_timestamp!r}")
         with self._journal.connection() as conn:
-            row = conn.execute(self._select, (pid, max_seq, max_timestamp, max_timestamp)).fetchone()
+            row = self.sql.load(pid, max_seq, max_timestamp).one(conn)
         if row is None:
             return None
-        pid, seq_nr, db_ts, write_ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta = row
         serializers = self._journal.serializers
-        where = f" of the snapshot of persistence id {pid!r} at seq_nr {seq_nr}"
+        where = f" of the snapshot of persistence id {row.persistence_id!r} at seq_nr {row.seq_nr}"
+        found = {"persistence_id": row.persistence_id, "seq_nr": row.seq_nr}
         return SelectedSnapshot(
-            pid, seq_nr, db_ts, write_ts,
-            serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid, seq_nr=seq_nr),
-            None if meta_id is None else serializers.deserialize(
-                meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid,
-                seq_nr=seq_nr),
-            tuple(tags or ()),
+            row.persistence_id, row.seq_nr, row.db_timestamp, row.write_timestamp,
+            serializers.deserialize(row.ser_id, row.ser_manifest, row.snapshot, where=where, **found),
+            None if row.meta_ser_id is None else serializers.deserialize(
+                row.meta_ser_id, row.meta_ser_manifest or "", row.meta_payload, where=f" of the metadata{where}",
+                **found),
+            tuple(row.tags or ()),
         )
 
     def delete(self, persistence_id: str) -> None:
         pid = check_persistence_id(persistence_id)
         with self._journal.connection() as conn:
-            conn.execute(DELETE, (pid,))
+            conn.execute(*self.sql.delete(pid))

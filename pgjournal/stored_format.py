@@ -29,21 +29,15 @@ from dataclasses import dataclass
 
 import psycopg
 
-FORMAT_TABLE = "pgjournal_format"
+from .store import format as sql
+from .store.format import FORMAT_TABLE as FORMAT_TABLE  # re-exported: the markers' table
+
 LEGACY_JSON_SER_ID = "legacy_json_ser_id"
 #: ``akka``: the journal tables are Akka R2DBC's, adopted as they are (see :mod:`pgjournal.adopt`).
 EVENT_LAYOUT = "event_layout"
 AKKA_LAYOUT = "akka"
 #: With the Akka layout: Akka's ``data-partition.number-of-partitions`` (tables ``event_journal_<n>``).
 DATA_PARTITIONS = "akka_data_partitions"
-_SELECT = f"SELECT name, value FROM {FORMAT_TABLE}"
-# Payload columns Akka's ``payload-column-type = JSONB`` turns into JSONB (any table of the journal layout).
-_JSONB_COLUMNS = """
-SELECT DISTINCT c.relname || '.' || a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-WHERE c.relnamespace = to_regnamespace(current_schema()) AND a.attnum > 0 AND NOT a.attisdropped
-  AND a.atttypid = 'jsonb'::regtype
-  AND ((c.relname ~ '^event_journal(_[0-9]+)?$' AND a.attname IN ('event_payload', 'meta_payload'))
-    OR (c.relname = 'snapshot' AND a.attname IN ('snapshot', 'meta_payload')))"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +62,10 @@ class StoredFormat:
 def read_stored_format(conn: psycopg.Connection) -> StoredFormat:
     """The markers of the database on ``conn``; none (Akka's meaning of every id) when the table is absent,
     as in a journal that Akka created."""
-    jsonb = frozenset(name for (name,) in conn.execute(_JSONB_COLUMNS).fetchall())
-    found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (FORMAT_TABLE,)).fetchone()
-    if not found or not found[0]:
+    jsonb = frozenset(sql.jsonb_columns().all(conn))
+    if not sql.format_table_exists().one(conn):
         return StoredFormat(jsonb_columns=jsonb)
-    values = dict(conn.execute(_SELECT).fetchall())
+    values = {marker.name: marker.value for marker in sql.markers().all(conn)}
     return StoredFormat(legacy_json_33=values.get(LEGACY_JSON_SER_ID) == "33",
                         akka_layout=values.get(EVENT_LAYOUT) == AKKA_LAYOUT,
                         data_partitions=int(values.get(DATA_PARTITIONS) or 1), jsonb_columns=jsonb)

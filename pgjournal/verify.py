@@ -22,11 +22,14 @@ Every query is read-only and needs only SELECT: the reader role can run it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .slices import entity_type_of, slice_for_persistence_id
+from .store import integrity as sql
+from .store import stats
+from .store.catalog import table_exists
+from .store.offsets import OFFSET_TABLE
 
 if TYPE_CHECKING:
     import psycopg
@@ -66,89 +69,32 @@ class Report:
         return next(c for c in self.checks if c.name == name)
 
 
-SEQ_AND_TIME = """
-SELECT persistence_id, seq_nr, prev_seq, db_timestamp, prev_ts, deleted FROM (
-    SELECT persistence_id, seq_nr, db_timestamp, deleted,
-           lag(seq_nr) OVER w AS prev_seq, lag(db_timestamp) OVER w AS prev_ts
-    FROM event_journal WINDOW w AS (PARTITION BY persistence_id ORDER BY seq_nr)) AS s
-WHERE (prev_seq IS NULL AND seq_nr > 1 AND NOT deleted) OR seq_nr > prev_seq + 1 OR db_timestamp < prev_ts
-ORDER BY persistence_id, seq_nr"""
-IDENTITY = "SELECT DISTINCT persistence_id, slice, entity_type FROM event_journal"
-COUNTS = "SELECT count(*), count(DISTINCT persistence_id) FROM event_journal"
-TAGS_MISSING = """
-SELECT e.persistence_id, e.seq_nr, t.tag FROM event_journal AS e CROSS JOIN LATERAL unnest(e.tags) AS t(tag)
-WHERE NOT e.deleted AND NOT EXISTS (
-    SELECT 1 FROM tag_views AS v
-    WHERE v.tag_name = t.tag AND v.persistence_id = e.persistence_id AND v.sequence_nr = e.seq_nr)
-ORDER BY 1, 2, 3"""
-# A row whose event is gone is fine when the persistence id was cleaned up (a deleted marker above it).
-TAGS_ORPHANED = """
-SELECT v.tag_name, v.persistence_id, v.sequence_nr, e.seq_nr IS NOT NULL FROM tag_views AS v
-LEFT JOIN event_journal AS e ON e.persistence_id = v.persistence_id AND e.seq_nr = v.sequence_nr
-WHERE CASE WHEN e.seq_nr IS NOT NULL THEN NOT (v.tag_name = ANY(COALESCE(e.tags, '{}')))
-      ELSE NOT EXISTS (SELECT 1 FROM event_journal AS m
-                       WHERE m.persistence_id = v.persistence_id AND m.deleted AND m.seq_nr > v.sequence_nr) END
-ORDER BY 1, 2, 3"""
-TAG_SEQ_GAPS = """
-SELECT tag_name, persistence_id, prev, tag_pid_sequence_nr FROM (
-    SELECT tag_name, persistence_id, tag_pid_sequence_nr,
-           lag(tag_pid_sequence_nr) OVER (PARTITION BY tag_name, persistence_id ORDER BY tag_pid_sequence_nr) AS prev
-    FROM tag_views) AS s
-WHERE tag_pid_sequence_nr <> prev + 1
-ORDER BY 1, 2, 4"""
-TAG_PROGRESS = """
-SELECT v.tag_name, v.persistence_id, max(v.tag_pid_sequence_nr), p.tag_pid_sequence_nr
-FROM tag_views AS v
-LEFT JOIN tag_write_progress AS p ON p.persistence_id = v.persistence_id AND p.tag = v.tag_name
-GROUP BY v.tag_name, v.persistence_id, p.tag_pid_sequence_nr
-HAVING p.tag_pid_sequence_nr IS NULL OR p.tag_pid_sequence_nr < max(v.tag_pid_sequence_nr)
-ORDER BY 1, 2"""
-OFFSETS_AHEAD = """
-SELECT o.projection_name, o.projection_key, o.slice, o.persistence_id, o.seq_nr, h.highest
-FROM projection_timestamp_offset_store AS o
-LEFT JOIN LATERAL (SELECT max(e.seq_nr) AS highest FROM event_journal AS e
-                   WHERE e.persistence_id = o.persistence_id) AS h ON true
-WHERE o.persistence_id <> '' AND (h.highest IS NULL OR o.seq_nr > h.highest)
-  -- a Spark load job's ledger (spark/watermarks.py): one row per load (load id, load number), not an offset
-  AND NOT (o.projection_name LIKE 'spark-load:%' AND o.projection_name LIKE '%:loads')
-ORDER BY 1, 2, 4, 5"""
-
-Check = Callable[["psycopg.Connection", CheckResult, int], None]
-
-
-def _rows(conn: psycopg.Connection, sql: str) -> Iterable[tuple[Any, ...]]:
-    """Stream the rows (a server-side cursor in a transaction): a broken journal may have many."""
-    with conn.transaction(), conn.cursor(name="pgjournal_verify") as cur:
-        cur.itersize = 2000
-        cur.execute(sql)
-        yield from cur
-
-
-def _table_exists(conn: psycopg.Connection, name: str) -> bool:
-    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
-    return bool(row and row[0])
+#: Rows are streamed through a server-side cursor of this name: a broken journal may have many.
+CURSOR = "pgjournal_verify"
 
 
 def check_seq_and_time(conn: psycopg.Connection, gaps: CheckResult, order: CheckResult, limit: int) -> None:
-    for pid, seq_nr, prev_seq, ts, prev_ts, _deleted in _rows(conn, SEQ_AND_TIME):
+    for row in sql.seq_and_time().stream(conn, CURSOR):
+        pid, seq_nr, prev_seq = row.persistence_id, row.seq_nr, row.prev_seq_nr
         if prev_seq is None:
             gaps.add(f"{pid!r}: starts at {seq_nr}, missing 1..{seq_nr - 1}", limit)
             continue
         if seq_nr > prev_seq + 1:
             missing = f"{prev_seq + 1}" if seq_nr == prev_seq + 2 else f"{prev_seq + 1}..{seq_nr - 1}"
             gaps.add(f"{pid!r}: missing {missing} (between {prev_seq} and {seq_nr})", limit)
-        if prev_ts is not None and ts < prev_ts:
-            order.add(f"{pid!r}: seq_nr {seq_nr} at {ts.isoformat()} before seq_nr {prev_seq} at "
-                      f"{prev_ts.isoformat()}", limit)
+        if row.prev_timestamp is not None and row.db_timestamp < row.prev_timestamp:
+            order.add(f"{pid!r}: seq_nr {seq_nr} at {row.db_timestamp.isoformat()} before seq_nr {prev_seq} at "
+                      f"{row.prev_timestamp.isoformat()}", limit)
 
 
 def check_identity(conn: psycopg.Connection, result: CheckResult, limit: int) -> None:
-    for pid, slice_, entity_type in _rows(conn, IDENTITY):
+    for row in sql.identities().stream(conn, CURSOR):
+        pid = row.persistence_id
         want_slice, want_type = slice_for_persistence_id(pid), entity_type_of(pid)
-        if slice_ != want_slice:
-            result.add(f"{pid!r}: slice {slice_}, expected {want_slice}", limit)
-        if entity_type != want_type:
-            result.add(f"{pid!r}: entity type {entity_type!r}, expected {want_type!r}", limit)
+        if row.slice != want_slice:
+            result.add(f"{pid!r}: slice {row.slice}, expected {want_slice}", limit)
+        if row.entity_type != want_type:
+            result.add(f"{pid!r}: entity type {row.entity_type!r}, expected {want_type!r}", limit)
 
 
 def verify(journal: Journal, *, examples: int = 10) -> Report:
@@ -163,27 +109,30 @@ def verify(journal: Journal, *, examples: int = 10) -> Report:
     offsets = CheckResult("projection offsets", "no projection offset is ahead of the journal")
     report = Report([gaps, order, identity, tags_missing, tags_orphaned, tag_gaps, progress, offsets])
     with journal.connection() as conn:
-        row = conn.execute(COUNTS).fetchone()
-        report.events, report.persistence_ids = (int(row[0]), int(row[1])) if row else (0, 0)
+        counts = stats.totals().one(conn)
+        report.events, report.persistence_ids = (counts.events, counts.persistence_ids) if counts else (0, 0)
         check_seq_and_time(conn, gaps, order, examples)
         check_identity(conn, identity, examples)
-        if _table_exists(conn, "tag_views") and _table_exists(conn, "tag_write_progress"):
-            for pid, seq_nr, tag in _rows(conn, TAGS_MISSING):
-                tags_missing.add(f"{pid!r} seq_nr {seq_nr}: no row for tag {tag!r}", examples)
-            for tag, pid, seq_nr, stored in _rows(conn, TAGS_ORPHANED):
-                where = "is stored without this tag" if stored else "is not in the journal"
-                tags_orphaned.add(f"tag {tag!r}: {pid!r} seq_nr {seq_nr} {where}", examples)
-            for tag, pid, prev, tag_seq in _rows(conn, TAG_SEQ_GAPS):
-                tag_gaps.add(f"tag {tag!r}, {pid!r}: tag_pid_sequence_nr {tag_seq} follows {prev}", examples)
-            for tag, pid, highest, stored in _rows(conn, TAG_PROGRESS):
-                progress.add(f"tag {tag!r}, {pid!r}: progress at {stored} but tag_views reach {highest}", examples)
+        if all(table_exists(table).one(conn) for table in sql.TAG_TABLES):
+            for m in sql.tags_missing().stream(conn, CURSOR):
+                tags_missing.add(f"{m.persistence_id!r} seq_nr {m.seq_nr}: no row for tag {m.tag!r}", examples)
+            for o in sql.tags_orphaned().stream(conn, CURSOR):
+                where = "is stored without this tag" if o.stored else "is not in the journal"
+                tags_orphaned.add(f"tag {o.tag!r}: {o.persistence_id!r} seq_nr {o.seq_nr} {where}", examples)
+            for g in sql.tag_seq_gaps().stream(conn, CURSOR):
+                tag_gaps.add(f"tag {g.tag!r}, {g.persistence_id!r}: tag_pid_sequence_nr {g.tag_pid_sequence_nr} "
+                             f"follows {g.prev}", examples)
+            for p in sql.tag_progress().stream(conn, CURSOR):
+                progress.add(f"tag {p.tag!r}, {p.persistence_id!r}: progress at {p.progress} but tag_views reach "
+                             f"{p.highest}", examples)
         else:
             for check in (tags_missing, tags_orphaned, tag_gaps, progress):
                 check.skipped = "no tag tables"
-        if _table_exists(conn, "projection_timestamp_offset_store"):
-            for name, key, slice_, pid, seq_nr, highest in _rows(conn, OFFSETS_AHEAD):
-                where = "not in the journal" if highest is None else f"the journal's highest is {highest}"
-                offsets.add(f"{name!r} ({key}) slice {slice_}: {pid!r} seq_nr {seq_nr}, {where}", examples)
+        if table_exists(OFFSET_TABLE).one(conn):
+            for a in sql.offsets_ahead().stream(conn, CURSOR):
+                where = "not in the journal" if a.highest is None else f"the journal's highest is {a.highest}"
+                offsets.add(f"{a.projection_name!r} ({a.projection_key}) slice {a.slice}: {a.persistence_id!r} "
+                            f"seq_nr {a.seq_nr}, {where}", examples)
         else:
             offsets.skipped = "no projection offset store"
     return report

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.by_pid import ByPersistenceId
@@ -28,7 +27,8 @@ from pgjournal.errors import SerializationError
 from pgjournal.offsets import TimestampOffset
 from pgjournal.query import Query
 from pgjournal.slices import entity_type_of
-from pgjournal.store.events import read_payload
+from pgjournal.store import dead_letters as sql
+from pgjournal.store.dead_letters import DeadLetter as DeadLetter  # the row shape, part of this module's API
 from pgjournal.validation import check_name
 
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
@@ -38,30 +38,7 @@ if TYPE_CHECKING:
 
     from pgjournal.journal import Journal
     from pgjournal.serialization import SerializerRegistry
-
-# The stored row is the source of serializer id, manifest and payload: the envelope has only the event.
-INSERT_SQL = """
-INSERT INTO projection_dead_letter (projection_name, projection_key, slice, persistence_id, seq_nr, db_timestamp,
-    ser_id, manifest, payload, error, failed_at)
-SELECT %(name)s, %(key)s, slice, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
-       {payload}, %(error)s, clock_timestamp()
-FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s AND slice = %(slice)s
-ON CONFLICT (projection_name, persistence_id, seq_nr) DO UPDATE
-SET error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, projection_key = EXCLUDED.projection_key"""
-# A JSONB journal's payload (Akka's JSONB option) is kept as its JSON bytes.
-INSERT_SQLS = {jsonb: INSERT_SQL.format(payload=read_payload("event_payload", jsonb)) for jsonb in (False, True)}
-SERIALIZER_SQL = """
-SELECT event_ser_id, event_ser_manifest FROM event_journal WHERE persistence_id = %(pid)s AND seq_nr = %(seq_nr)s
-  AND slice = %(slice)s"""
-LIST_SQL = """
-SELECT projection_key, slice, persistence_id, seq_nr, db_timestamp, ser_id, manifest, payload, error, failed_at
-FROM projection_dead_letter WHERE projection_name = %(name)s ORDER BY persistence_id, seq_nr"""
-DELETE_SQL = """
-DELETE FROM projection_dead_letter WHERE projection_name = %(name)s AND persistence_id = %(pid)s
-  AND seq_nr = %(seq_nr)s"""
-UPDATE_SQL = """
-UPDATE projection_dead_letter SET error = %(error)s, failed_at = clock_timestamp()
-WHERE projection_name = %(name)s AND persistence_id = %(pid)s AND seq_nr = %(seq_nr)s"""
+    from pgjournal.store import Query as Statement
 
 
 @dataclass(frozen=True)
@@ -124,39 +101,22 @@ def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope
     bad = undecodable(env)
     if bad is not None:
         return bad.ser_id, bad.manifest
-    row = conn.execute(SERIALIZER_SQL,
-                       {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice}).fetchone()
-    return (row[0], row[1]) if row else (None, None)
+    stored = sql.serializer(journal.events, env.persistence_id, env.seq_nr).one(conn)
+    return (stored.ser_id, stored.manifest) if stored else (None, None)
 
 
 def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key: str, env: EventEnvelope,
                       error: BaseException) -> None:
     """Copy the envelope's journal row into ``projection_dead_letter`` (in the caller's transaction)."""
-    conn.execute(INSERT_SQLS["event_payload" in journal.events.jsonb],
-                 {"name": name, "key": key, "pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
-                  "error": f"{type(error).__name__}: {error}"})
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    projection_key: str
-    slice: int
-    persistence_id: str
-    seq_nr: int
-    db_timestamp: datetime
-    ser_id: int
-    manifest: str
-    payload: bytes = field(repr=False)
-    error: str
-    failed_at: datetime
+    conn.execute(*sql.store(journal.events, name, key, env.persistence_id, env.seq_nr,
+                            f"{type(error).__name__}: {error}"))
 
 
 def list_dead_letters(journal: Journal, name: str) -> list[DeadLetter]:
     """The dead letters of projection ``name``, by persistence id and sequence number."""
     check_name(name, "projection name")
     with journal.connection() as conn:
-        rows = conn.execute(LIST_SQL, {"name": name}).fetchall()
-    return [DeadLetter(*row[:7], bytes(row[7]), *row[8:]) for row in rows]
+        return sql.dead_letters(name).all(conn)
 
 
 @dataclass(frozen=True)
@@ -173,14 +133,13 @@ def retry_dead_letters(journal: Journal, projection: Projection) -> RetryOutcome
     succeeded: list[tuple[str, int]] = []
     failed: list[tuple[str, int, str]] = []
     for letter in list_dead_letters(journal, projection.name):
-        key = {"name": projection.name, "pid": letter.persistence_id, "seq_nr": letter.seq_nr}
         try:
             env = _envelope(journal, letter)
-            _handle(journal, projection, env, key)
+            _handle(journal, projection, env, sql.delete(projection.name, letter.persistence_id, letter.seq_nr))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with journal.connection() as conn:
-                conn.execute(UPDATE_SQL, {**key, "error": error})
+                conn.execute(*sql.set_error(projection.name, letter.persistence_id, letter.seq_nr, error))
             failed.append((letter.persistence_id, letter.seq_nr, error))
         else:
             succeeded.append((letter.persistence_id, letter.seq_nr))
@@ -200,12 +159,13 @@ def _envelope(journal: Journal, letter: DeadLetter) -> EventEnvelope:
                          source=Source.BACKTRACKING)
 
 
-def _handle(journal: Journal, projection: Projection, env: EventEnvelope, key: dict[str, Any]) -> None:
+def _handle(journal: Journal, projection: Projection, env: EventEnvelope, remove: Statement) -> None:
+    """Handle ``env`` and run ``remove`` (the dead letter's delete) after it, in its transaction if it has one."""
     handler = projection.handler
     if isinstance(handler, AtLeastOnce):
         handler.handle(env)
         with journal.connection() as conn:
-            conn.execute(DELETE_SQL, key)
+            conn.execute(*remove)
         return
     with journal.connection() as conn, conn.transaction():
         if isinstance(handler, ExactlyOnce):
@@ -214,4 +174,4 @@ def _handle(journal: Journal, projection: Projection, env: EventEnvelope, key: d
             assert isinstance(handler, Grouped)
             envs: Sequence[EventEnvelope] = [env]
             handler.handle(conn, envs)
-        conn.execute(DELETE_SQL, key)
+        conn.execute(*remove)

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pgjournal.journal import Journal
+from pgjournal.store import leases as lease_sql
+from pgjournal.store import stats
 
 from . import management
 from .examples import counter_mismatches, ensure_counter_table
@@ -54,8 +56,8 @@ def _reset(journal: Journal) -> None:
     management.clear_offset(journal, NAME)
     with journal.connection() as conn:
         conn.execute("DELETE FROM projection_counter WHERE projection_name = %s", (NAME,))
-        conn.execute("DELETE FROM projection_lease WHERE projection_name = %s", (NAME,))
-        conn.execute("DELETE FROM projection_worker WHERE projection_name = %s", (NAME,))
+        for statement in lease_sql.forget(NAME):
+            conn.execute(*statement)
 
 
 def run_demo(dsn: str | None, console: Console) -> None:
@@ -100,9 +102,8 @@ def run_demo(dsn: str | None, console: Console) -> None:
             console.print(_status_table(journal, "caught up"))
             mismatches = counter_mismatches(journal, NAME, ENTITY_TYPE)
             with journal.connection() as conn:
-                total, accounts = conn.execute(
-                    "SELECT count(*), count(DISTINCT persistence_id) FROM event_journal WHERE entity_type = %s",
-                    (ENTITY_TYPE,)).fetchone()
+                counts = stats.totals(ENTITY_TYPE).one(conn)
+            total, accounts = (counts.events, counts.persistence_ids) if counts else (0, 0)
             if mismatches:
                 console.print(f"[bold red]read model differs from the journal for {len(mismatches)} account(s):[/] "
                               f"{mismatches[:5]}")

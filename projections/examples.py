@@ -4,7 +4,7 @@
   same transaction as its offsets: exactly once, in grouped or single-envelope mode.
   :func:`counter_mismatches` compares that read model with the journal.
 * :class:`EventProcessor` appends, for each source event, an event of another entity type to the journal
-  with the journal's own INSERT (:func:`pgjournal.write.insert_sql`) inside the handler's transaction:
+  with the journal's own INSERT (``journal.events.append``) inside the handler's transaction:
   the derived event and the source offset commit together, so each source event yields exactly one.
 """
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.store import stats
 from pgjournal.validation import check_name, check_persistence_id
 
 from .handlers import ExactlyOnce, Grouped, Handler, Projection
@@ -37,15 +38,7 @@ SELECT %(name)s, u.pid, u.n, u.seq FROM unnest(%(pids)s::text[], %(ns)s::bigint[
 ON CONFLICT (projection_name, persistence_id) DO UPDATE
 SET events = projection_counter.events + EXCLUDED.events,
     last_seq_nr = GREATEST(projection_counter.last_seq_nr, EXCLUDED.last_seq_nr)"""
-# Entities whose counter differs from the journal (missing, lost events or events counted twice).
-COUNTER_CHECK = """
-SELECT COALESCE(j.persistence_id, c.persistence_id), j.n, j.mx, c.events, c.last_seq_nr
-FROM (SELECT persistence_id, count(*) AS n, max(seq_nr) AS mx FROM event_journal
-      WHERE entity_type = %(entity_type)s AND NOT deleted GROUP BY persistence_id) AS j
-FULL JOIN (SELECT persistence_id, events, last_seq_nr FROM projection_counter
-           WHERE projection_name = %(name)s) AS c ON c.persistence_id = j.persistence_id
-WHERE j.n IS DISTINCT FROM c.events OR j.mx IS DISTINCT FROM c.last_seq_nr
-ORDER BY 1"""
+COUNTERS = "SELECT persistence_id, events, last_seq_nr FROM projection_counter WHERE projection_name = %s"
 
 
 def ensure_table(journal: Journal, ddl: str) -> None:
@@ -82,8 +75,12 @@ def counter_writer(name: str, *, grouped: bool = True, max_count: int = 500, max
 
 def counter_mismatches(journal: Journal, name: str, entity_type: str) -> list[tuple[Any, ...]]:
     """``(pid, journal count, journal max seq_nr, counted, last counted seq_nr)`` for each disagreement."""
-    with journal.connection() as conn:
-        return conn.execute(COUNTER_CHECK, {"name": name, "entity_type": entity_type}).fetchall()
+    with journal.connection() as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # both sides from one snapshot
+        stored = {r.persistence_id: (r.events, r.highest) for r in stats.per_persistence_id(entity_type).all(conn)}
+        counted = {pid: (n, last) for pid, n, last in conn.execute(COUNTERS, (name,)).fetchall()}
+    return sorted((pid, *stored.get(pid, (None, None)), *counted.get(pid, (None, None)))
+                  for pid in stored.keys() | counted.keys() if stored.get(pid) != counted.get(pid))
 
 
 class EventProcessor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pgjournal.errors import InvalidArgument
+from pgjournal.store.offsets import OFFSET_TABLE, check_offset_table
 from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
@@ -93,11 +94,9 @@ class ProjectionSettings:
     #: Where the per-slice offsets live: ``projection_timestamp_offset_store`` (pgjournal's), or
     #: ``akka_projection_timestamp_offset_store`` to share offsets with Akka Projection R2DBC: a projection of
     #: the same name continues from what Akka stored, and Akka from what it stores (move one at a time).
-    offset_table: str = "projection_timestamp_offset_store"
+    offset_table: str = OFFSET_TABLE
 
     def __post_init__(self) -> None:
-        from .offset_store import check_offset_table
-
         check_offset_table(self.offset_table)
         _positive(self.attempts, "attempts", integer=True)
         for name in ("backoff", "backoff_max", "time_window", "delete_interval", "management_interval",

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 from pgjournal import metrics
 from pgjournal.errors import InvalidArgument
+from pgjournal.slices import NUMBER_OF_SLICES
+from pgjournal.store import leases as sql
 from pgjournal.validation import check_name
 
 from .runner import LeaseLost
@@ -36,52 +38,11 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 log = logging.getLogger("projections.leases")
-SLICES = 1024
-
-ENSURE_ROWS_SQL = """
-INSERT INTO projection_lease (projection_name, slice, owner, epoch, expires_at)
-SELECT %(name)s, s, NULL, 0, now() FROM generate_series(0, 1023) AS s
-ON CONFLICT (projection_name, slice) DO NOTHING"""
-HEARTBEAT_SQL = """
-INSERT INTO projection_worker (projection_name, owner, started_at, expires_at)
-VALUES (%(name)s, %(owner)s, clock_timestamp(), now() + %(duration)s * INTERVAL '1 second')
-ON CONFLICT (projection_name, owner) DO UPDATE SET expires_at = EXCLUDED.expires_at"""
-LIVE_WORKERS_SQL = """
-SELECT owner FROM projection_worker WHERE projection_name = %(name)s AND expires_at > now()
-ORDER BY started_at, owner"""
-FORGET_DEAD_SQL = """
-DELETE FROM projection_worker WHERE projection_name = %(name)s AND expires_at < now() - INTERVAL '1 minute'"""
-# Renew what this owner holds (unexpired) and take the free or expired slices it wants; the epoch grows
-# whenever a slice changes hands (or is taken back after it expired).
-ACQUIRE_SQL = """
-WITH chosen AS (
-    SELECT slice FROM projection_lease
-    WHERE projection_name = %(name)s
-      AND ((owner = %(owner)s AND expires_at > now())
-           OR (slice = ANY(%(want)s) AND (owner IS NULL OR expires_at <= now())))
-    ORDER BY slice FOR UPDATE)
-UPDATE projection_lease AS l
-SET epoch = CASE WHEN l.owner = %(owner)s AND l.expires_at > now() THEN l.epoch ELSE l.epoch + 1 END,
-    owner = %(owner)s,
-    expires_at = now() + %(duration)s * INTERVAL '1 second'
-FROM chosen WHERE l.projection_name = %(name)s AND l.slice = chosen.slice
-RETURNING l.slice, l.epoch"""
-RELEASE_SQL = """
-UPDATE projection_lease SET owner = NULL, expires_at = now()
-WHERE projection_name = %(name)s AND owner = %(owner)s AND slice = ANY(%(slices)s)"""
-LEAVE_SQL = "DELETE FROM projection_worker WHERE projection_name = %(name)s AND owner = %(owner)s"
-FENCE_SQL = """
-SELECT count(*) FROM (
-    SELECT l.slice FROM projection_lease AS l
-    JOIN unnest(%(slices)s::int[], %(epochs)s::bigint[]) AS u(slice, epoch)
-      ON l.slice = u.slice AND l.epoch = u.epoch
-    WHERE l.projection_name = %(name)s AND l.owner = %(owner)s AND l.expires_at > clock_timestamp()
-    ORDER BY l.slice FOR SHARE OF l) AS held"""
 
 
 def share(index: int, workers: int) -> range:
     """The contiguous slices worker ``index`` of ``workers`` should own."""
-    return range(index * SLICES // workers, (index + 1) * SLICES // workers)
+    return range(index * NUMBER_OF_SLICES // workers, (index + 1) * NUMBER_OF_SLICES // workers)
 
 
 def default_owner() -> str:
@@ -123,12 +84,10 @@ class LeaseManager:
     def fence(self, conn: psycopg.Connection, slices: Sequence[int], epochs: Mapping[int, int]) -> None:
         if not self.valid():
             raise LeaseLost(f"lease of {self.owner} not renewed in time")
-        wanted = [s for s in slices]
+        wanted = list(slices)
         if any(s not in epochs for s in wanted):
             raise LeaseLost(f"slices {wanted} are not all leased to this runner")
-        row = conn.execute(FENCE_SQL, {"name": self.name, "owner": self.owner, "slices": wanted,
-                                       "epochs": [epochs[s] for s in wanted]}).fetchone()
-        if not row or row[0] != len(wanted):
+        if sql.fence(self.name, self.owner, {s: epochs[s] for s in wanted}).one(conn) != len(wanted):
             raise LeaseLost(f"{self.owner} no longer holds the leases of slices {wanted[0]}..{wanted[-1]}")
 
     # -- membership and acquisition ------------------------------------------------------------------
@@ -137,17 +96,16 @@ class LeaseManager:
         """Heartbeat, compute this worker's share, renew and acquire. Returns (held slices -> epoch, share)."""
         sent = time.monotonic()
         with self.journal.connection() as conn:
-            params = {"name": self.name, "owner": self.owner, "duration": self.duration}
             if not self._rows_ensured:
-                conn.execute(ENSURE_ROWS_SQL, params)
+                conn.execute(*sql.ensure_rows(self.name))
                 self._rows_ensured = True
-            conn.execute(HEARTBEAT_SQL, params)
-            live = [row[0] for row in conn.execute(LIVE_WORKERS_SQL, params).fetchall()]
+            conn.execute(*sql.heartbeat(self.name, self.owner, self.duration))
+            live = sql.live_workers(self.name).all(conn)
             target = share(live.index(self.owner), len(live)) if self.owner in live else range(0)
-            rows = conn.execute(ACQUIRE_SQL, {**params, "want": list(target)}).fetchall()
+            leases = sql.acquire(self.name, self.owner, target, self.duration).all(conn)
             if len(live) > 1 and sent % 10 < self.renew_interval:
-                conn.execute(FORGET_DEAD_SQL, params)
-        held = {s: e for s, e in rows}
+                conn.execute(*sql.forget_dead(self.name))
+        held = {lease.slice: lease.epoch for lease in leases}
         metrics.LEASED_SLICES.labels(self.name, self.owner).set(len(held))
         with self._lock:
             lost = set(self.held) - set(held)
@@ -164,7 +122,7 @@ class LeaseManager:
             for s in slices:
                 self.held.pop(s, None)
         with self.journal.connection() as conn:
-            conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner, "slices": list(slices)})
+            conn.execute(*sql.release(self.name, self.owner, slices))
 
     def leave(self) -> None:
         """Release every slice and drop the heartbeat (a clean stop: others take over at once)."""
@@ -173,5 +131,5 @@ class LeaseManager:
             self._deadline = 0.0
         metrics.LEASED_SLICES.labels(self.name, self.owner).set(0)
         with self.journal.connection() as conn:
-            conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner, "slices": list(range(SLICES))})
-            conn.execute(LEAVE_SQL, {"name": self.name, "owner": self.owner})
+            conn.execute(*sql.release(self.name, self.owner, range(NUMBER_OF_SLICES)))
+            conn.execute(*sql.leave(self.name, self.owner))

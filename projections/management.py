@@ -14,11 +14,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument
-from pgjournal.slices import check_slice_range
-from pgjournal.store.offsets import MARKER_PID
+from pgjournal.slices import NUMBER_OF_SLICES, check_slice_range
+from pgjournal.store import leases as lease_sql
+from pgjournal.store import management as sql
+from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, offsets
 from pgjournal.validation import check_name
 
-from .offset_store import OFFSET_TABLE, OffsetStore, check_offset_table
+from .offset_store import OffsetStore
 
 if TYPE_CHECKING:
     import psycopg
@@ -26,45 +28,17 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 PAUSE_KEY = "*"
-
-IS_PAUSED_SQL = """
-SELECT COALESCE(bool_or(paused), false) FROM projection_management
-WHERE projection_name = %(name)s AND projection_key = %(key)s"""
-SET_PAUSED_SQL = """
-INSERT INTO projection_management (projection_name, projection_key, paused, last_updated)
-VALUES (%(name)s, %(key)s, %(paused)s, %(now)s)
-ON CONFLICT (projection_name, projection_key) DO UPDATE SET paused = EXCLUDED.paused,
-    last_updated = EXCLUDED.last_updated"""
-CLEAR_SQL = """
-DELETE FROM {table}
-WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s"""
-LATEST_PER_SLICE_SQL = """
-SELECT DISTINCT ON (slice) slice, projection_key, timestamp_offset, timestamp_consumed, persistence_id
-FROM projection_timestamp_offset_store WHERE projection_name = %(name)s
-ORDER BY slice, timestamp_offset DESC, timestamp_consumed DESC"""
-LEASES_SQL = """
-SELECT slice, owner, epoch FROM projection_lease
-WHERE projection_name = %(name)s AND owner IS NOT NULL AND expires_at > now()"""
-WORKERS_SQL = """
-SELECT owner FROM projection_worker WHERE projection_name = %(name)s AND expires_at > now()
-ORDER BY started_at, owner"""
-NAMES_SQL = """
-SELECT projection_name FROM projection_management
-UNION SELECT DISTINCT projection_name FROM projection_timestamp_offset_store
-UNION SELECT projection_name FROM projection_worker
-ORDER BY 1"""
+LAST_SLICE = NUMBER_OF_SLICES - 1
 
 
 def is_paused(conn: psycopg.Connection, name: str) -> bool:
-    row = conn.execute(IS_PAUSED_SQL, {"name": name, "key": PAUSE_KEY}).fetchone()
-    return bool(row and row[0])
+    return bool(sql.is_paused(name, PAUSE_KEY).one(conn))
 
 
 def _set_paused(journal: Journal, name: str, paused: bool) -> None:
     check_name(name, "projection name")
     with journal.connection() as conn:
-        conn.execute(SET_PAUSED_SQL, {"name": name, "key": PAUSE_KEY, "paused": paused,
-                                      "now": int(time.time() * 1000)})
+        conn.execute(*sql.set_paused(name, PAUSE_KEY, paused, int(time.time() * 1000)))
 
 
 def pause(journal: Journal, name: str) -> None:
@@ -76,19 +50,18 @@ def resume(journal: Journal, name: str) -> None:
     _set_paused(journal, name, False)
 
 
-def clear_offset(journal: Journal, name: str, min_slice: int = 0, max_slice: int = 1023, *,
+def clear_offset(journal: Journal, name: str, min_slice: int = 0, max_slice: int = LAST_SLICE, *,
                  offset_table: str = OFFSET_TABLE) -> int:
     """Forget the offsets of the slices: the projection processes them again from the first event.
     ``offset_table``: see ``ProjectionSettings.offset_table``."""
     check_name(name, "projection name")
     check_slice_range(min_slice, max_slice)
+    clear = offsets(offset_table).clear(name, min_slice, max_slice)
     with journal.connection() as conn:
-        table = check_offset_table(offset_table)
-        return conn.execute(CLEAR_SQL.format(table=table),
-                            {"name": name, "min": min_slice, "max": max_slice}).rowcount
+        return conn.execute(*clear).rowcount
 
 
-def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int = 0, max_slice: int = 1023, *,
+def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int = 0, max_slice: int = LAST_SLICE, *,
                offset_table: str = OFFSET_TABLE) -> None:
     """Count every event before ``timestamp`` as processed (and nothing after it) in the slices."""
     check_name(name, "projection name")
@@ -97,8 +70,7 @@ def set_offset(journal: Journal, name: str, timestamp: datetime, min_slice: int 
         raise InvalidArgument(f"offset timestamp must be a timezone-aware datetime, got {timestamp!r}")
     store = OffsetStore(journal, name, "", min_slice, max_slice, time_window=1, table=offset_table)
     with journal.connection() as conn, conn.transaction():
-        table = store.table
-        conn.execute(CLEAR_SQL.format(table=table), {"name": name, "min": min_slice, "max": max_slice})
+        conn.execute(*store.sql.clear(name, min_slice, max_slice))
         store.save_marker(conn, range(min_slice, max_slice + 1), timestamp)
 
 
@@ -133,9 +105,9 @@ def status(journal: Journal, name: str) -> ProjectionStatus:
     check_name(name, "projection name")
     with journal.connection() as conn:
         paused = is_paused(conn, name)
-        latest = {row[0]: row[1:] for row in conn.execute(LATEST_PER_SLICE_SQL, {"name": name}).fetchall()}
-        leases = {s: o for s, o, _ in conn.execute(LEASES_SQL, {"name": name}).fetchall()}
-        workers = [row[0] for row in conn.execute(WORKERS_SQL, {"name": name}).fetchall()]
+        latest = {row.slice: row for row in offsets().latest_per_slice(name).all(conn)}
+        leases = {lease.slice: lease.owner for lease in lease_sql.live_leases(name).all(conn)}
+        workers = lease_sql.live_workers(name).all(conn)
     ranges: list[RangeStatus] = []
     group: list[int] = []
 
@@ -143,19 +115,20 @@ def status(journal: Journal, name: str) -> ProjectionStatus:
         if leases:
             return leases.get(s), None
         row = latest.get(s)
-        return None, row[0] if row else None
+        return None, row.projection_key if row else None
 
     def close() -> None:
         if not group:
             return
         rows = [latest[s] for s in group if s in latest]
-        offsets = [r[1] for r in rows]
-        lags = [(r[2] - r[1]).total_seconds() for r in rows if r[3] != MARKER_PID]
+        stamps = [r.timestamp_offset for r in rows]
+        lags = [(r.timestamp_consumed - r.timestamp_offset).total_seconds() for r in rows
+                if r.persistence_id != MARKER_PID]
         owner, key = label(group[0])
-        ranges.append(RangeStatus(group[0], group[-1], owner, key, min(offsets, default=None),
-                                  max(offsets, default=None), max(lags, default=None)))
+        ranges.append(RangeStatus(group[0], group[-1], owner, key, min(stamps, default=None),
+                                  max(stamps, default=None), max(lags, default=None)))
 
-    for s in range(1024):
+    for s in range(NUMBER_OF_SLICES):
         if group and (label(s) != label(group[0]) or (not leases and label(s) == (None, None))):
             close()
             group = []
@@ -170,4 +143,4 @@ def status(journal: Journal, name: str) -> ProjectionStatus:
 
 def list_projections(journal: Journal) -> list[str]:
     with journal.connection() as conn:
-        return [row[0] for row in conn.execute(NAMES_SQL).fetchall()]
+        return sql.names().all(conn)

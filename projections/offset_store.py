@@ -28,53 +28,19 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pgjournal.envelope import EventEnvelope
-from pgjournal.errors import InvalidArgument
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import check_slice_range
-from pgjournal.store.offsets import MARKER_PID
+from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
+from pgjournal.store.offsets import range_key as range_key  # the runner's key of a range
 from pgjournal.timeuuid import EPOCH
 
 if TYPE_CHECKING:
     import psycopg
 
     from pgjournal.journal import Journal
-
-
-# Per slice of the range: the latest row and the latest marker.
-LATEST_SQL = """
-SELECT slice, max(timestamp_offset), max(timestamp_offset) FILTER (WHERE persistence_id = '')
-FROM {table}
-WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s
-GROUP BY slice"""
-# The highest row per persistence id within the window of its slice.
-PIDS_SQL = """
-SELECT DISTINCT ON (s.persistence_id) s.slice, s.persistence_id, s.seq_nr, s.timestamp_offset
-FROM {table} AS s
-JOIN unnest(%(slices)s::int[], %(floors)s::timestamptz[]) AS f(slice, floor) ON s.slice = f.slice
-WHERE s.projection_name = %(name)s AND s.persistence_id <> '' AND s.timestamp_offset >= f.floor
-ORDER BY s.persistence_id, s.seq_nr DESC"""
-INSERT_SQL = """
-INSERT INTO {table}
-    (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
-SELECT %(name)s, %(key)s, u.slice, u.pid, u.seq, u.ts, clock_timestamp()
-FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
-{conflict}"""
-# Superseded rows (a higher event of the same pid has a row: its time is not earlier) and rows older than the
-# window behind their slice's latest; so a slice's latest time always keeps a row.
-DELETE_SQL = """
-DELETE FROM {table} AS s
-USING (
-    SELECT slice, persistence_id, seq_nr, timestamp_offset,
-           row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC, timestamp_offset DESC) AS rn,
-           max(timestamp_offset) OVER (PARTITION BY slice) AS latest
-    FROM {table}
-    WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s) AS d
-WHERE s.projection_name = %(name)s AND s.slice = d.slice AND s.persistence_id = d.persistence_id
-  AND s.seq_nr = d.seq_nr AND s.timestamp_offset = d.timestamp_offset
-  AND (d.rn > 1 OR d.timestamp_offset < d.latest - %(window)s * INTERVAL '1 second')"""
 
 
 class Verdict(enum.Enum):
@@ -100,26 +66,6 @@ class Validation:
     after: int = 0
 
 
-#: pgjournal's offset table, and Akka Projection R2DBC's (the same columns and key): a projection with
-#: ``ProjectionSettings(offset_table=AKKA_OFFSET_TABLE)`` continues from an Akka projection's offsets of the
-#: same name, and Akka continues from its offsets.
-OFFSET_TABLE = "projection_timestamp_offset_store"
-AKKA_OFFSET_TABLE = "akka_projection_timestamp_offset_store"
-OFFSET_TABLES = (OFFSET_TABLE, AKKA_OFFSET_TABLE)
-
-
-def check_offset_table(table: object) -> str:
-    """``table`` if it is one of :data:`OFFSET_TABLES` (names go into SQL text, so only these)."""
-    if table not in OFFSET_TABLES:
-        raise InvalidArgument(f"offset_table must be one of {', '.join(OFFSET_TABLES)}, got {table!r}")
-    return str(table)
-
-
-def range_key(min_slice: int, max_slice: int) -> str:
-    """The ``projection_key`` of a slice range, as Akka writes it: ``name-min-max`` minus the name."""
-    return f"{min_slice}-{max_slice}"
-
-
 class OffsetStore:
     """The offsets of one projection over one slice range, in memory and in the database.
 
@@ -132,10 +78,7 @@ class OffsetStore:
         check_slice_range(min_slice, max_slice)
         #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
         self.table = check_offset_table(table)
-        self._latest_sql, self._pids_sql, self._delete_sql = (
-            sql.format(table=self.table) for sql in (LATEST_SQL, PIDS_SQL, DELETE_SQL))
-        self._insert_fenced = INSERT_SQL.format(table=self.table, conflict="")
-        self._insert_unfenced = INSERT_SQL.format(table=self.table, conflict="ON CONFLICT DO NOTHING")
+        self.sql = offsets(self.table)
         self.journal = journal
         self.name = name
         self.entity_type = entity_type
@@ -157,17 +100,14 @@ class OffsetStore:
 
     def load(self, conn: psycopg.Connection) -> TimestampOffset | None:
         """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
-        params = {"name": self.name, "min": self.min_slice, "max": self.max_slice}
         self.latest, self.markers, self.records = {}, {}, {}
-        for slice_, latest, marker in conn.execute(self._latest_sql, params).fetchall():
-            self.latest[slice_] = latest
-            if marker is not None:
-                self.markers[slice_] = marker
+        for row in self.sql.latest(self.name, self.min_slice, self.max_slice).all(conn):
+            self.latest[row.slice] = row.latest
+            if row.marker is not None:
+                self.markers[row.slice] = row.marker
         if self.latest:
-            slices = sorted(self.latest)
-            rows = conn.execute(self._pids_sql, {"name": self.name, "slices": slices,
-                                           "floors": [self.floor(s) for s in slices]}).fetchall()
-            self.records = {pid: Record(s, seq, ts) for s, pid, seq, ts in rows}
+            rows = self.sql.highest_per_pid(self.name, {s: self.floor(s) for s in self.latest}).all(conn)
+            self.records = {r.persistence_id: Record(r.slice, r.seq_nr, r.timestamp) for r in rows}
         start = min((self.safe_point(s) for s in self.latest), default=None)
         empty = [s for s in range(self.min_slice, self.max_slice + 1) if s not in self.latest]
         if empty and start is not None:
@@ -228,12 +168,8 @@ class OffsetStore:
         """
         if not pending:
             return
-        items = list(pending.items())
-        params: dict[str, Any] = {
-            "name": self.name, "key": self.key, "slices": [r.slice for _, r in items],
-            "pids": [pid for pid, _ in items], "seqs": [r.seq_nr for _, r in items],
-            "tss": [r.timestamp for _, r in items]}
-        conn.execute(self._insert_fenced if fenced else self._insert_unfenced, params)
+        rows = [OffsetRow(r.slice, pid, r.seq_nr, r.timestamp) for pid, r in pending.items()]
+        conn.execute(*self.sql.insert(self.name, self.key, rows, fenced=fenced))
 
     def commit(self, pending: Mapping[str, Record]) -> None:
         """Take ``pending`` into memory once its transaction committed."""
@@ -246,10 +182,8 @@ class OffsetStore:
         self.rows_since_delete += len(pending)
 
     def save_marker(self, conn: psycopg.Connection, slices: Iterable[int], timestamp: datetime) -> None:
-        rows = list(slices)
-        conn.execute(self._insert_unfenced, {
-            "name": self.name, "key": self.key, "slices": rows, "pids": [MARKER_PID] * len(rows),
-            "seqs": [0] * len(rows), "tss": [timestamp] * len(rows)})
+        rows = [OffsetRow(s, MARKER_PID, 0, timestamp) for s in slices]
+        conn.execute(*self.sql.insert(self.name, self.key, rows, fenced=False))
 
     def advance_markers(self, conn: psycopg.Connection, *, slack: float = 0.0) -> int:
         """Mark ``run_newest - lookback`` in every slice of the range whose safe point is older (by more than
@@ -285,6 +219,5 @@ class OffsetStore:
     def delete_old(self, conn: psycopg.Connection) -> int:
         """Delete superseded rows and rows older than the window (the latest row per slice stays)."""
         self.rows_since_delete = 0
-        cur = conn.execute(self._delete_sql, {
-            "name": self.name, "min": self.min_slice, "max": self.max_slice, "window": self.window.total_seconds()})
-        return cur.rowcount
+        return conn.execute(*self.sql.delete_old(self.name, self.min_slice, self.max_slice,
+                                                 self.window.total_seconds())).rowcount

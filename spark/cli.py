@@ -135,20 +135,17 @@ def watermarks(
     from pgjournal.offsets import format_timestamp
     from pgjournal.settings import Settings
     from pgjournal.slices import slice_ranges as split
+    from pgjournal.store.offsets import offsets
 
-    from .watermarks import LEDGER_SUFFIX, PREFIX, check_job_name, read_state
+    from .watermarks import check_job_name, ledger_name, read_state
 
     with reported():
         check_job_name(job)
         with psycopg.connect(resolve_dsn(dsn), autocommit=True,
                              **connection_kwargs(Settings.load(), statement_timeout=True)) as conn:
-            key = conn.execute("SELECT min(projection_key) FROM projection_timestamp_offset_store "
-                               "WHERE projection_name = %s", (PREFIX + job + LEDGER_SUFFIX,)).fetchone()
-            state = read_state(conn, job, None if key is None or key[0] in (None, "*") else key[0])
-            ledger = conn.execute(
-                "SELECT seq_nr, persistence_id, timestamp_offset, timestamp_consumed FROM "
-                "projection_timestamp_offset_store WHERE projection_name = %s ORDER BY seq_nr DESC LIMIT 5",
-                (PREFIX + job + LEDGER_SUFFIX,)).fetchall()
+            keys = sorted(offsets().keys([ledger_name(job)]).all(conn))
+            state = read_state(conn, job, None if not keys or keys[0] == "*" else keys[0])
+            ledger = offsets().ledger(ledger_name(job), limit=5).all(conn)
         ranges = split(slice_ranges)
     if not ledger:
         console.print(f"load job {job!r} has not committed a load yet")
@@ -163,6 +160,6 @@ def watermarks(
                       format_timestamp(max(m.timestamp for m in marks)), str(sum(len(m.seen) for m in marks)))
     console.print(table)
     loads = Table("load", "id", "complete up to", "committed", title="last loads")
-    for number, load_id, horizon, committed in ledger:
-        loads.add_row(str(number), load_id, format_timestamp(horizon), format_timestamp(committed))
+    for row in ledger:
+        loads.add_row(str(row.load_number), row.load_id, format_timestamp(row.horizon), format_timestamp(row.committed))
     console.print(loads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pgjournal.errors import ConfigurationError
+from pgjournal.store import stats
 
 from .jobs import LoadResult, export_events, load_events
 from .system import SKIP_ENV, spark_skipped
@@ -98,10 +100,11 @@ def incremental_loads(spark: SparkSession, dsn: str, out: str, console: Console)
     with Journal.open(dsn) as journal:
         for i in range(INCREMENT):
             journal.append(f"SparkDemo|{i % 30}", [{"n": i}])
-        with journal.connection() as conn:  # wait (in the server) until the next horizon is past the last commit
-            conn.execute("SELECT pg_sleep(greatest(0, extract(epoch FROM (SELECT max(db_timestamp) "
-                         "FROM event_journal) + make_interval(secs => %s) - clock_timestamp())))",
-                         (journal.read_margin + 0.2,))
+        with journal.connection() as conn:  # wait until the next horizon is past the last commit
+            newest = stats.newest().one(conn)
+        if newest is not None and newest.db_timestamp is not None:
+            ahead = (newest.db_timestamp - newest.now).total_seconds()  # by the database's clock
+            time.sleep(max(0.0, ahead + journal.read_margin + 0.2))
     with console.status(f"incremental load 2 ({INCREMENT} events appended since load 1)"):
         second = load_events(spark, out, "demo", dsn=dsn)
     show(second)

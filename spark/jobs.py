@@ -28,6 +28,8 @@ import psycopg
 
 from pgjournal.errors import InsufficientPrivilege, InvalidArgument
 from pgjournal.journal import Journal
+from pgjournal.store import catalog
+from pgjournal.store.offsets import OFFSET_TABLE
 from pgjournal.stored_format import read_stored_format
 from pgjournal.timeuuid import EPOCH
 
@@ -52,8 +54,8 @@ if TYPE_CHECKING:
 
 INCOMING = "_incoming"
 #: What an incremental load needs: read the journal, keep watermarks (``spark.watermarks``).
-LOAD_RIGHTS = (("event_journal", "SELECT"), ("projection_timestamp_offset_store", "SELECT"),
-               ("projection_timestamp_offset_store", "INSERT"), ("projection_timestamp_offset_store", "DELETE"))
+LOAD_RIGHTS = (("event_journal", "SELECT"), (OFFSET_TABLE, "SELECT"), (OFFSET_TABLE, "INSERT"),
+               (OFFSET_TABLE, "DELETE"))
 #: Columns with (nearly) one value per event: dictionary encoding only fills a dictionary page and falls
 #: back to plain. Turning it off for them cut the JVM's CPU per exported row by ~5-25% (two noisy passes,
 #: 500k events, shared 2-core machine); low-cardinality columns keep their dictionaries.
@@ -249,25 +251,25 @@ def load_events(
 def final_bound(journal: Journal, conn: psycopg.Connection, behind: float | None) -> datetime:
     """The newest ``db_timestamp`` below which every event is committed, for this journal's role and server:
     the writer-lock horizon (waiting out writers whose start this role may not see, up to
-    ``longest_transaction``), else the clock minus ``behind`` (portable mode)."""
+    ``longest_transaction``), else the clock minus ``behind`` (portable mode). With ``behind``, one settled
+    reading gives both the horizon and the clock it counts from."""
     tracker = journal.horizon_tracker()
-    bound = tracker.final_bound(conn)
     if behind is None:
-        return bound
-    now = tracker.read(conn).now
-    behind_clock = now - timedelta(seconds=behind)
-    return min(bound, behind_clock) if journal.capabilities.writer_horizon else behind_clock
+        return tracker.final_bound(conn)
+    horizon = tracker.settle(conn, timeout=journal.capabilities.longest_transaction)
+    behind_clock = horizon.now - timedelta(seconds=behind)
+    return min(horizon.safe, behind_clock) if journal.capabilities.writer_horizon else behind_clock
 
 
 def check_load_rights(conn: psycopg.Connection) -> None:
     """Raise :class:`InsufficientPrivilege` naming what the role lacks for an incremental load."""
     missing = [f"{right} on {table}" for table, right in LOAD_RIGHTS
-               if not conn.execute("SELECT has_table_privilege(%s, %s)", (table, right)).fetchone()[0]]
+               if not catalog.has_table_privilege(table, right).one(conn)]
     if missing:
-        role = conn.execute("SELECT current_user").fetchone()[0]
+        role = catalog.current_user().one(conn)
         raise InsufficientPrivilege(
             f"role {role!r} cannot run an incremental load: it lacks {', '.join(missing)} (the load reads the "
-            "journal and keeps its watermarks in projection_timestamp_offset_store). Run it as the loader role "
+            f"journal and keeps its watermarks in {OFFSET_TABLE}). Run it as the loader role "
             "that `pgjournal roles` creates (pgjournal_loader), or grant those rights")
 
 

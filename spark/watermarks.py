@@ -20,14 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
-import psycopg.errors
 
 from pgjournal.errors import ConfigurationError, LoadConflict
 from pgjournal.offsets import TimestampOffset
-from pgjournal.store.offsets import MARKER_PID
+from pgjournal.store.offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OffsetRow, load_conflict, offsets
 
-PREFIX = "spark-load:"
-LEDGER_SUFFIX = ":loads"
 ALL_TYPES = "*"
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
@@ -40,6 +37,16 @@ def check_job_name(job: str) -> str:
 
 def entity_key(entity_type: str | None) -> str:
     return ALL_TYPES if entity_type is None else entity_type
+
+
+def watermark_name(job: str) -> str:
+    """The projection name of a job's watermark rows."""
+    return LOAD_PREFIX + job
+
+
+def ledger_name(job: str) -> str:
+    """The projection name of a job's ledger rows."""
+    return LOAD_PREFIX + job + LEDGER_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -68,31 +75,22 @@ class LoadState:
 
 def read_state(conn: psycopg.Connection, job: str, entity_type: str | None) -> LoadState:
     """The watermarks and ledger of ``job``; raises if the job was run with another entity type."""
-    name, key = PREFIX + check_job_name(job), entity_key(entity_type)
-    keys = {k for (k,) in conn.execute(
-        "SELECT DISTINCT projection_key FROM projection_timestamp_offset_store WHERE projection_name IN (%s, %s)",
-        (name, name + LEDGER_SUFFIX)).fetchall()}
+    name, key = watermark_name(check_job_name(job)), entity_key(entity_type)
+    store = offsets()
+    keys = set(store.keys([name, ledger_name(job)]).all(conn))
     if keys - {key}:
         raise ConfigurationError(
             f"load job {job!r} loads entity type {', '.join(sorted(keys))!r}, not {key!r}: use another job name "
             f"(or the same entity type) -- '*' means all entity types"
         )
-    rows = conn.execute(
-        "SELECT o.slice, o.persistence_id, o.seq_nr, o.timestamp_offset FROM projection_timestamp_offset_store o "
-        "JOIN (SELECT slice, max(timestamp_offset) AS ts FROM projection_timestamp_offset_store "
-        "      WHERE projection_name = %s GROUP BY slice) m ON m.slice = o.slice AND m.ts = o.timestamp_offset "
-        "WHERE o.projection_name = %s",
-        (name, name)).fetchall()
     seen: dict[int, dict[str, int]] = {}
     stamp: dict[int, datetime] = {}
-    for slice_, pid, seq_nr, ts in rows:
-        seen.setdefault(slice_, {})
-        stamp[slice_] = ts
-        if pid != MARKER_PID:
-            seen[slice_][pid] = seq_nr
-    loads = dict(conn.execute(
-        "SELECT persistence_id, seq_nr FROM projection_timestamp_offset_store WHERE projection_name = %s",
-        (name + LEDGER_SUFFIX,)).fetchall())
+    for row in store.at_latest(name).all(conn):
+        seen.setdefault(row.slice, {})
+        stamp[row.slice] = row.timestamp
+        if row.persistence_id != MARKER_PID:
+            seen[row.slice][row.persistence_id] = row.seq_nr
+    loads = {row.load_id: row.load_number for row in store.ledger(ledger_name(job)).all(conn)}
     return LoadState(job, key, max(loads.values(), default=0),
                      {s: TimestampOffset(stamp[s], seen=seen[s]) for s in stamp}, loads)
 
@@ -131,35 +129,21 @@ def commit_load(
 
     Raises :class:`LoadConflict` when another run committed load ``load_number`` (or any later) meanwhile.
     """
-    name = PREFIX + state.job
-    slices, pids, seq_nrs, stamps = [], [], [], []
-    for s, mark in watermarks.items():
-        for pid, seq in (mark.seen.items() or [(MARKER_PID, 0)]):
-            slices.append(s)
-            pids.append(pid)
-            seq_nrs.append(seq)
-            stamps.append(mark.timestamp)
+    rows = [OffsetRow(s, pid, seq, mark.timestamp)
+            for s, mark in watermarks.items() for pid, seq in (mark.seen.items() or [(MARKER_PID, 0)])]
+    store, ledger = offsets(), ledger_name(state.job)
     try:
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-            row = conn.execute("SELECT COALESCE(max(seq_nr), 0) FROM projection_timestamp_offset_store "
-                               "WHERE projection_name = %s", (name + LEDGER_SUFFIX,)).fetchone()
-            if row is None or row[0] != load_number - 1:
-                raise LoadConflict(f"load job {state.job!r}: load {row[0] if row else '?'} was committed by another "
-                                   f"run while this one prepared load {load_number}; run it again")
-            conn.execute("DELETE FROM projection_timestamp_offset_store WHERE projection_name = %s "
-                         "AND slice = ANY(%s)", (name, sorted(watermarks)))
-            conn.execute(
-                "INSERT INTO projection_timestamp_offset_store (projection_name, projection_key, slice, "
-                "persistence_id, seq_nr, timestamp_offset, timestamp_consumed) "
-                "SELECT %s, %s, s, p, n, t, CURRENT_TIMESTAMP "
-                "FROM unnest(%s::int[], %s::text[], %s::bigint[], %s::timestamptz[]) AS w(s, p, n, t)",
-                (name, state.key, slices, pids, seq_nrs, stamps))
-            conn.execute(
-                "INSERT INTO projection_timestamp_offset_store (projection_name, projection_key, slice, "
-                "persistence_id, seq_nr, timestamp_offset, timestamp_consumed) "
-                "VALUES (%s, %s, 0, %s, %s, %s, CURRENT_TIMESTAMP)",
-                (name + LEDGER_SUFFIX, state.key, load_id, load_number, horizon))
-    except psycopg.errors.SerializationFailure:
-        raise LoadConflict(f"load job {state.job!r}: another run committed at the same time as load "
-                           f"{load_number}; nothing of this run was committed, run it again") from None
+            last = store.highest_seq_nr(ledger).one(conn)
+            if last != load_number - 1:
+                raise LoadConflict(f"load job {state.job!r}: load {last} was committed by another run while this "
+                                   f"one prepared load {load_number}; run it again")
+            conn.execute(*store.delete_slices(watermark_name(state.job), sorted(watermarks)))
+            conn.execute(*store.insert(watermark_name(state.job), state.key, rows, fenced=True))
+            conn.execute(*store.insert(ledger, state.key, [OffsetRow(0, load_id, load_number, horizon)], fenced=True))
+    except psycopg.Error as exc:
+        conflict = load_conflict(exc, state.job, load_number)
+        if conflict is None:
+            raise
+        raise conflict from None

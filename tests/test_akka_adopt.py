@@ -31,10 +31,10 @@ from pgjournal import akka_formats as akka
 from pgjournal.cli import app
 from pgjournal.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, plan, upgrade
 from pgjournal.offsets import NoOffset
+from pgjournal.store.offsets import AKKA_OFFSET_TABLE
 from pgjournal.stored_format import read_stored_format
 from projections.dead_letters import store_dead_letter
 from projections.handlers import AtLeastOnce, Projection, ProjectionSettings
-from projections.offset_store import AKKA_OFFSET_TABLE
 from projections.runner import run_range
 
 FORMS = {
@@ -240,6 +240,10 @@ def test_jsonb_payloads(empty_dsn: str) -> None:
         journal.save_snapshot("ShoppingCart|json", 4, {"items": 4})
         assert journal.load_snapshot("ShoppingCart|json").snapshot == {"items": 4}
         eventually(lambda: len(list(journal.query.current_events_by_slices("ShoppingCart", 0, 1023))) == 4)
+        from_snapshots = list(journal.query.current_events_by_slices_starting_from_snapshots(
+            "ShoppingCart", 0, 1023, transform=lambda snapshot: snapshot))  # the JSONB snapshot read as its bytes
+        assert [(e.persistence_id, e.seq_nr, e.event) for e in from_snapshots] == [
+            ("ShoppingCart|json", 4, {"items": 4})]
         env = next(iter(journal.query.current_events_by_persistence_id("ShoppingCart|json", 3, 3)))
         with journal.connection() as conn:  # a projection's dead letter keeps the JSONB payload as its bytes
             store_dead_letter(conn, journal, "carts", "0-1023", env, RuntimeError("boom"))

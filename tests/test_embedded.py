@@ -47,7 +47,7 @@ def start_in_processes(home: Path, count: int) -> list[dict]:
     for i in range(count):  # the later ones arrive while the first is starting the server
         procs.append(subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-        time.sleep(0.3 * (i % 2))
+        time.sleep(0.3 * (i % 2))  # the scenario: staggered starts, some while the first is starting the server
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)

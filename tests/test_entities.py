@@ -17,6 +17,7 @@ from typing import Any
 import psycopg.conninfo
 import pytest
 from conftest import FAST
+from eventually import eventually
 
 from pgjournal import (
     ConfigurationError,
@@ -216,8 +217,8 @@ def test_queued_commands_are_decided_in_order_and_written_in_one_append(journal:
     for command in queued:  # one at a time, so the queue order is known
         threads.append(threading.Thread(target=send, args=(command,)))
         threads[-1].start()
-        while len(repo._mailboxes._boxes["account|a"]) < len(threads):
-            time.sleep(0.001)
+        eventually(lambda: len(repo._mailboxes._boxes["account|a"]) >= len(threads), "the command queued",
+                   interval=0.001)
     gate.set()
     for thread in [first, *threads]:
         thread.join()
@@ -567,8 +568,7 @@ def test_the_breaker_fails_fast_while_the_database_is_unreachable_and_closes_whe
         assert time.monotonic() - started < 0.1
         assert repo.status()["breaker"]["state"] == "open"  # type: ignore[index]
         cutter.restore()
-        time.sleep(0.6)
-        assert breaker.state is BreakerState.HALF_OPEN
+        eventually(lambda: breaker.state is BreakerState.HALF_OPEN, "the breaker's pause over", timeout=5)
         assert repo.handle("a", ("deposit", 1, "back")).state == Balance(6, 2)
         assert breaker.state is BreakerState.CLOSED
         assert "closed: the database answers again" in caplog.text
@@ -583,13 +583,15 @@ def test_a_failed_trial_reopens_the_breaker_for_longer() -> None:
     assert breaker.state is BreakerState.OPEN
     with pytest.raises(CircuitOpen), breaker.guard():
         pytest.fail("ran while open")
-    time.sleep(0.22)
+    eventually(lambda: breaker.state is BreakerState.HALF_OPEN, "the first pause (0.2 s) over", timeout=5)
     with pytest.raises(DatabaseUnavailable), breaker.guard():  # the trial fails: open, pause doubled
         raise DatabaseUnavailable("still down")
+    reopened = time.monotonic()
     assert breaker.state is BreakerState.OPEN
-    time.sleep(0.22)
-    assert breaker.state is BreakerState.OPEN  # 0.4 s now
-    time.sleep(0.2)
+    time.sleep(0.22)  # the scenario: longer than the first pause, shorter than the doubled one
+    assert breaker.state is BreakerState.OPEN or time.monotonic() - reopened >= 0.4  # 0.4 s now
+    eventually(lambda: breaker.state is BreakerState.HALF_OPEN, "the doubled pause (0.4 s) over", timeout=5)
+    assert time.monotonic() - reopened >= 0.4
     with breaker.guard():  # trial succeeds
         pass
     assert breaker.status()["state"] == "closed"
@@ -663,7 +665,7 @@ def test_mailbox_batches_are_bounded_ordered_and_survive_a_failing_leader() -> N
 
     def run(_key: str, batch: list[Pending]) -> None:
         batches.append(len(batch))
-        time.sleep(0.002)
+        time.sleep(0.002)  # the scenario: the leader's work takes a moment, so followers queue up
         for item in batch:
             if item.command % 10 == 0:
                 raise RuntimeError(f"leader failed on {item.command}")  # the rest of the batch fails too

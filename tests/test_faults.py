@@ -8,6 +8,7 @@ the report in the issue quotes them).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shutil
@@ -75,7 +76,7 @@ def append_surely(journal: Journal, pid: str, events: list[str], expected: int, 
             return
         if time.monotonic() > stop:
             raise AssertionError(f"append to {pid} did not get through in {deadline}s: {faults}")
-        time.sleep(0.01)
+        time.sleep(0.01)  # the writer's pacing between attempts (a client retrying), not a wait for a condition
 
 
 # -- 1. cut mid-append -----------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def _write_in_background(dsn: str, pids: list[str], per_pid: int, pause: float) 
             for n in range(per_pid):
                 for pid in pids:
                     writer.append(pid, [f"{pid}#{n + 1}"], expected_seq_nr=n)
-                time.sleep(pause)
+                time.sleep(pause)  # the scenario: a writer's pace, so the faults fall between its appends
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -218,6 +219,14 @@ def _chaos(proxy: FaultProxy, stop: threading.Event, *, marker: bytes, seed: int
     return thread
 
 
+def polled(dsn: str) -> bool:
+    """Whether a session of this database has run a by-slice query (it shows as its last statement)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND query LIKE '%ORDER BY db_timestamp, seq_nr%' AND pid <> pg_backend_pid()").fetchone()
+    return bool(row and row[0])
+
+
 def _check_exactly_once(got: list[tuple[str, int, str]], pids: list[str], per_pid: int) -> None:
     keys = [(pid, seq) for pid, seq, _ in got]
     assert len(keys) == len(set(keys)), f"duplicates: {len(keys) - len(set(keys))}"
@@ -243,7 +252,7 @@ def test_live_events_by_slices_survive_cuts_mid_query(
         chaos = _chaos(proxy, stop, marker=b"FROM event_journal", seed=1)
         writer = _write_in_background(dsn, pids, per_pid, pause=0.08)
         writer.join(60)
-        time.sleep(1.0)  # a few more faults after the last write
+        time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
         stop.set()
         chaos.join()
         wait()
@@ -267,7 +276,7 @@ def test_live_events_by_persistence_id_survives_cuts_mid_query(
         chaos = _chaos(proxy, stop, marker=b"seq_nr >= ", seed=2)
         writer = _write_in_background(dsn, [pid], per_pid, pause=0.01)
         writer.join(60)
-        time.sleep(1.0)
+        time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
         stop.set()
         chaos.join()
         wait()
@@ -287,11 +296,11 @@ def test_a_live_query_waits_out_an_unreachable_server_with_backoff(
         got, wait = _consume(query, 2, timeout=30)
         with Journal.open(dsn) as writer:
             writer.append("Cart|a", ["Cart|a#1"], expected_seq_nr=0)
-            time.sleep(0.5)
+            eventually(lambda: len(got) == 1, "the first event delivered")
             proxy.refuse(True)
             proxy.cut()
             writer.append("Cart|a", ["Cart|a#2"], expected_seq_nr=1)
-            time.sleep(3.0)
+            eventually(lambda: caplog.text.count("retrying in") >= 3, "three retries, backing off", timeout=30)
             assert len(got) == 1  # the second event waits for the server
             proxy.refuse(False)
         wait()
@@ -345,7 +354,7 @@ def test_live_queries_and_a_writer_survive_server_restarts(
                 for n in range(per_pid):
                     for pid in pids:
                         append_surely(writer, pid, [f"{pid}#{n + 1}"], expected=n, faults=faults)
-                    time.sleep(0.03)
+                    time.sleep(0.03)  # the scenario: a writer's pace, so the restarts fall mid-stream
             done.set()
 
         writer = threading.Thread(target=write, daemon=True)
@@ -421,7 +430,7 @@ def test_a_live_query_ends_when_its_journal_is_closed(dsn: str) -> None:
     journal = Journal.open(dsn, **FAST)
     query = journal.query.events_by_slices("Cart", 0, 1023)
     got, wait = _consume(query, 10, timeout=3)
-    time.sleep(0.3)
+    eventually(lambda: polled(dsn), "the live query's first poll")
     journal.close()
     started = time.monotonic()
     wait()
@@ -457,9 +466,8 @@ def _run_projection_until_caught_up(consumer: Journal, direct: Journal, name: st
         writer.join(120)
         if chaos is not None:
             chaos.join(120)
-        deadline = time.monotonic() + 60
-        while behind() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        with contextlib.suppress(AssertionError):  # the assertion below shows what differs
+            eventually(lambda: not behind(), "the read model caught up", timeout=60, interval=0.1)
     finally:
         stop_chaos.set()
         for runner in runners:
@@ -525,7 +533,7 @@ def test_a_projection_survives_server_restarts(private_server: EmbeddedServer) -
                     for n in range(20):
                         for pid in pids:
                             append_surely(writer, pid, [f"{pid}#{n + 1}"], expected=n, faults=faults)
-                        time.sleep(0.05)
+                        time.sleep(0.05)  # the scenario: a writer's pace, so the restarts fall mid-stream
             except BaseException as exc:  # asserted below, like the restarter's
                 failures.append(exc)
 
@@ -535,7 +543,7 @@ def test_a_projection_survives_server_restarts(private_server: EmbeddedServer) -
                     if stop.wait(1.0):
                         return
                     private_server.stop()
-                    time.sleep(0.3)
+                    time.sleep(0.3)  # the scenario: the server stays down a moment
                     private_server.ensure_running()
                     assert private_server.status().port == port, "the restarted server moved to another port"
             except BaseException as exc:  # asserted below: a failed restart must fail the test, not hang it

@@ -3,6 +3,7 @@ writers running, retries then fail or skip, pause/resume, the event processor.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -12,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 from test_projections_workers import Writers
 
@@ -27,9 +29,9 @@ def run_until(journal: Journal, projection: Projection, ranges: Sequence[tuple[i
               done: Callable[[], bool], timeout: float = 20.0) -> list[RangeRunner]:
     runners = [run_range(journal, projection, lo, hi) for lo, hi in ranges]
     try:
-        deadline = time.monotonic() + timeout
-        while not done() and time.monotonic() < deadline and not any(r.failed for r in runners):
-            time.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # the caller's assertions say what is missing
+            eventually(lambda: done() or any(r.failed for r in runners), "done, or a range failed", timeout,
+                       interval=0.05)
     finally:
         for r in runners:
             r.stop()
@@ -178,25 +180,23 @@ def test_skip_is_logged_with_pid_and_seq_nr(journal: Journal, mode: str, caplog:
     assert "SKIPPED 'Cart|e1' seq_nr 2" in caplog.text
 
 
-def test_pause_and_resume_are_honoured_by_a_running_range(journal: Journal) -> None:
+def test_pause_and_resume_are_honoured_by_a_running_range(journal: Journal,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     ensure_counter_table(journal)
     projection = Projection("pausing", "Cart", counter_writer("pausing", max_wait=0.05), FAST_PROJECTION)
     append_many(journal, "Cart", 5, 2)
     runner = run_range(journal, projection, 0, 1023)
     try:
-        deadline = time.monotonic() + 20
-        while counter_mismatches(journal, "pausing", "Cart") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        management.pause(journal, "pausing")
-        assert management.status(journal, "pausing").paused
-        time.sleep(0.6)  # > management_interval: the range noticed
+        eventually(lambda: not counter_mismatches(journal, "pausing", "Cart"), "caught up")
+        with caplog.at_level(logging.INFO, logger="projections"):
+            management.pause(journal, "pausing")
+            assert management.status(journal, "pausing").paused
+            eventually(lambda: "projection pausing 0-1023 paused" in caplog.text, "the range noticed the pause")
         journal.append("Cart|late", [{"n": 1}])
-        time.sleep(1.0)
+        time.sleep(1.0)  # the scenario: a paused range leaves a new event alone for a while (an absence)
         assert "Cart|late" not in counters(journal, "pausing")
         management.resume(journal, "pausing")
-        deadline = time.monotonic() + 20
-        while "Cart|late" not in counters(journal, "pausing") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(lambda: "Cart|late" in counters(journal, "pausing"), "the range resumed")
         assert counters(journal, "pausing")["Cart|late"] == (1, 1)
     finally:
         runner.stop()
@@ -213,8 +213,7 @@ def test_set_offset_skips_earlier_events_and_clear_replays_all(journal: Journal)
     projection = Projection("setting", "Cart", ExactlyOnce(lambda _c, e: seen.append((e.persistence_id, e.seq_nr))),
                             FAST_PROJECTION)
     management.set_offset(journal, "setting", cut + timedelta(microseconds=1))
-    run_until(journal, projection, slice_ranges(4), lambda: len(seen) >= 4, timeout=5)
-    time.sleep(0.3)
+    run_until(journal, projection, slice_ranges(4), lambda: len(seen) >= 4, timeout=5)  # stopped and joined
     assert sorted(seen) == [(f"Cart|e{i}", 3) for i in range(4)]
     assert management.clear_offset(journal, "setting") > 0
     seen.clear()
@@ -246,8 +245,7 @@ def test_event_processor_writes_one_event_per_source_event(journal: Journal) -> 
 
     run_until(journal, projection, slice_ranges(2), lambda: len(logged()) >= 30)
     append_many(journal, "Cart", 10, 2, start=3)
-    run_until(journal, projection, slice_ranges(4), lambda: len(logged()) >= 50)
-    time.sleep(0.5)
+    run_until(journal, projection, slice_ranges(4), lambda: len(logged()) >= 50)  # stopped and joined
     rows = logged()
     assert len(rows) == 50
     events = [e.event for i in range(10) for e in journal.query.current_events_by_persistence_id(f"CartLog|e{i}")]

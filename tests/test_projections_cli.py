@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import FAST
+from eventually import eventually
 from test_projections import append_many, caught_up, run_until
 from test_projections_support import FAST_PROJECTION
 from typer.testing import CliRunner
@@ -62,14 +63,15 @@ def test_run_with_two_worker_processes(dsn: str) -> None:
             [sys.executable, "-c", "from pgjournal.cli import main; main()", "projection", "run", "two", "-e", "Cart",
              "--workers", "2", "--lease-duration", "4", "--dsn", dsn],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        def settled() -> bool:
+            state = management.status(journal, "two")
+            balanced = len(state.workers) == 2 and {r.owner for r in state.ranges} == set(state.workers)
+            return balanced and not counter_mismatches(journal, "two", "Cart")
+
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                state = management.status(journal, "two")
-                balanced = len(state.workers) == 2 and {r.owner for r in state.ranges} == set(state.workers)
-                if balanced and not counter_mismatches(journal, "two", "Cart"):
-                    break
-                time.sleep(0.3)
+            with contextlib.suppress(AssertionError):  # the assertions below say what is missing, with the log
+                eventually(settled, "two balanced workers, the read model caught up", timeout=60, interval=0.1)
+            state = management.status(journal, "two")
         finally:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)

@@ -3,12 +3,13 @@ offset from rows of several old keys and never-processed slices, eviction and de
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import time
 from datetime import datetime
 
 import pytest
 from conftest import FAST
+from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import Journal, slice_for_persistence_id
@@ -73,9 +74,8 @@ def test_start_offset_is_the_earliest_latest_offset_of_the_slices(journal: Journ
         pids.setdefault(slice_for_persistence_id(pid), pid)
         i += 1
     a, b, c = (pids[s] for s in sorted(pids))
-    for pid in (a, c, b):  # time order: a, c, b
+    for pid in (a, c, b):  # time order: a, c, b (each append is stamped later than the one before returned)
         journal.append(pid, [{"n": 1}])
-        time.sleep(0.01)
     ea, eb, ec = events(journal, a)[0], events(journal, b)[0], events(journal, c)[0]
     assert ea.db_timestamp < ec.db_timestamp < eb.db_timestamp
     store_row(journal, "s", "old-key-1", ea)  # rows from two old layouts
@@ -108,9 +108,8 @@ def test_old_rows_are_deleted_and_old_events_stay_duplicates(dsn: str) -> None:
 
         def run() -> RangeRunner:
             runner = run_range(journal, projection, 0, 1023)
-            deadline = time.monotonic() + 20
-            while counter_mismatches(journal, "evict", "Cart") and time.monotonic() < deadline:
-                time.sleep(0.1)
+            with contextlib.suppress(AssertionError):  # the assertions after each run say what is missing
+                eventually(lambda: not counter_mismatches(journal, "evict", "Cart"), "caught up", interval=0.1)
             runner.stop()
             runner.join()
             return runner
@@ -121,7 +120,9 @@ def test_old_rows_are_deleted_and_old_events_stay_duplicates(dsn: str) -> None:
         with journal.connection() as conn:
             # One per envelope in exactly-once mode; on stop every slice got a row (a marker where needed).
             assert conn.execute(rows).fetchone() == (40, 1024)
-        time.sleep(3.5)  # older than the window (2 x lookback = 2 s) behind the next events
+            # The next events come more than the window (2 x lookback = 2 s) after every stored one.
+            eventually(lambda: conn.execute("SELECT clock_timestamp() > max(db_timestamp) + interval '2.1 s' "
+                                            "FROM event_journal").fetchone()[0], "the window passed", timeout=10)
         for i in range(3):
             journal.append(f"Cart|e{i}", [{"n": 9}])
         run()

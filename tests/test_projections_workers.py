@@ -8,6 +8,7 @@ at-least-once handles every event, and re-handles only what was processed after 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -22,9 +23,11 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import FAST
+from eventually import eventually
 from test_projections_support import AUDIT_DDL
 
 from pgjournal import Journal
+from pgjournal.store.leases import live_leases
 from projections.examples import counter_mismatches, ensure_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +66,7 @@ class Writers:
             pid = f"{self.entity_type}|{hashlib.sha1(str(rng.randrange(self.entities)).encode()).hexdigest()[:12]}"
             self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))])
             self.count += 1
-            time.sleep(0.005)
+            time.sleep(0.005)  # the scenario: writers' pace
 
     def __enter__(self) -> Writers:
         for t in self.threads:
@@ -76,13 +79,9 @@ class Writers:
             t.join()
 
 
-def _wait_until(check, timeout: float, interval: float = 0.3):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(interval)
+def leases_held(journal: Journal, name: str) -> bool:
+    with journal.connection() as conn:
+        return bool(live_leases(name).all(conn))
 
 
 def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -119,7 +118,7 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
         try:
             done = 0
             while done < kills:
-                time.sleep(rng.uniform(0.2, 0.6))
+                time.sleep(rng.uniform(0.2, 0.6))  # the scenario: kills at random moments of the work
                 # Victims that processed envelopes in the last half second: they die in the middle of their work.
                 with journal.connection() as conn:
                     active = {int(owner.split(":")[1]) for (owner,) in conn.execute(
@@ -133,15 +132,17 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
                 done += 1
                 procs.remove(victim)
                 procs.append(_spawn(dsn, name, entity_type, handler))
-            time.sleep(0.5)
+            time.sleep(0.5)  # the scenario: writers go on a while after the last kill
         except BaseException:
             _stop_all(procs)
             raise
     # Writers stopped: the surviving workers must converge on exactly the journal.
     with Journal.open(dsn, **SETTINGS) as journal:
         try:
-            remaining = _wait_until(lambda: not counter_mismatches(journal, name, entity_type), timeout=60)
-            assert remaining, counter_mismatches(journal, name, entity_type)[:10]
+            with contextlib.suppress(AssertionError):  # the assertion below shows what differs
+                eventually(lambda: not counter_mismatches(journal, name, entity_type), "caught up", timeout=60,
+                           interval=0.3)
+            assert counter_mismatches(journal, name, entity_type)[:10] == []
         finally:
             _stop_all(procs)
         assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
@@ -183,7 +184,7 @@ def test_at_least_once_replays_only_the_unsaved_batch(dsn: str) -> None:
                     with journal.connection() as conn:
                         return conn.execute("SELECT to_regclass('projection_seen') IS NOT NULL").fetchone()[0] \
                             and conn.execute(seen).fetchone()[0] >= target
-                assert _wait_until(progressed, timeout=30, interval=0.05)
+                eventually(progressed, f"round {round_} handled {(round_ + 1) * 70}", timeout=30, interval=0.05)
             finally:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
@@ -196,14 +197,14 @@ def test_at_least_once_replays_only_the_unsaved_batch(dsn: str) -> None:
             unsaved = [(p, s) for p, s in handled if s > stored.get(p, 0)]
             assert len(set(unsaved)) < save_every + 1, (round_, len(unsaved))
             before_restart = Counter(handled)
-            time.sleep(2.1)  # the killed worker's lease expires
+            eventually(lambda: not leases_held(journal, name), "the killed worker's leases expired", timeout=10)
         proc = _spawn(dsn, name, entity_type, handler, TEST_SAVE_EVERY=str(save_every))
         try:
             def complete() -> bool:
                 with journal.connection() as conn:
                     return conn.execute("SELECT count(DISTINCT (persistence_id, seq_nr)) FROM projection_seen"
                                         ).fetchone()[0] >= total
-            assert _wait_until(complete, timeout=30)
+            eventually(complete, "every event handled", timeout=30, interval=0.3)
         finally:
             _stop_all([proc])
         with journal.connection() as conn:

@@ -3,16 +3,18 @@ never in logs, errors or CLI output, and least-privilege roles applied to a real
 
 from __future__ import annotations
 
+import ast
 import logging
+import pathlib
 import re
 import threading
-import time
 import uuid
 
 import psycopg
 import psycopg.conninfo
 import pytest
 from conftest import FAST, Roles
+from eventually import eventually
 from faultproxy import fault_proxy
 from typer.testing import CliRunner
 
@@ -59,10 +61,11 @@ def test_injection_strings_are_stored_and_read_back_verbatim(journal: Journal, d
     journal.append(pid, [hostile], expected_seq_nr=1)
     journal.save_snapshot(pid, 2, {"s": hostile})
     assert written[0].entity_type == hostile
-    time.sleep(0.1)  # current_events_by_slices ends at the safe bound, a few ms behind the clock
     # Read back through every query that takes these strings, and directly.
     assert [e.event for e in journal.query.current_events_by_persistence_id(pid)] == [{"text": hostile}, hostile]
-    assert [e.persistence_id for e in journal.query.current_events_by_slices(hostile, 0, 1023)] == [pid, pid]
+    # current_events_by_slices ends at the safe bound, a few ms behind the clock
+    eventually(lambda: [e.persistence_id for e in journal.query.current_events_by_slices(hostile, 0, 1023)]
+               == [pid, pid], "both events read by slice")
     assert pid in list(journal.query.current_persistence_ids(after=hostile[:1] if hostile else None, limit=1000))
     assert journal.highest_seq_nr(pid) == 2
     assert journal.load_snapshot(pid).snapshot == {"s": hostile}  # type: ignore[union-attr]
@@ -146,7 +149,7 @@ def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
             got: list[object] = []
             thread = threading.Thread(target=lambda: [got.append(e) for e in query], daemon=True)
             thread.start()
-            time.sleep(0.3)
+            eventually(lambda: got, "the live query delivered the first event")
             proxy.refuse(True)
             proxy.cut()
             for call in (lambda: journal.append("Cart|1", ["b"], expected_seq_nr=1),
@@ -154,9 +157,7 @@ def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
                 with pytest.raises(JournalError) as failed:
                     call()
                 seen.append(str(failed.value))
-            deadline = time.monotonic() + 10
-            while "live query poll failed" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.1)
+            eventually(lambda: "live query poll failed" in caplog.text, "the live query met the fault", timeout=10)
             proxy.refuse(False)
             query.close()
             thread.join(5)
@@ -274,8 +275,9 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
         ensure_dsn_projection = Projection("w-proj", "Cart", counter_writer("w-proj"))
         management.pause(journal, ensure_dsn_projection.name)
         management.resume(journal, ensure_dsn_projection.name)
-        time.sleep(0.1)  # the current query ends a few ms behind the clock
-        assert [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == ["a", "b", "y", "c"]
+        # the current query ends a few ms behind the clock
+        eventually(lambda: [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)]
+                   == ["a", "b", "y", "c"], "the events read by slice")
         report = verify(journal)
         assert report.ok, report
     assert _denied(writer_dsn, WRITER_FORBIDDEN) == []
@@ -288,10 +290,11 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
 def test_the_reader_reads_and_cannot_write(dsn: str, roles: Roles) -> None:
     _seed(dsn)
     reader_dsn = roles.dsn(dsn, roles.reader)
-    time.sleep(0.1)  # the current query ends a few ms behind the clock
     with Journal.open(reader_dsn, **FAST) as journal:
         assert [e.event for e in journal.query.current_events_by_persistence_id("Cart|seed")] == ["a", "b"]
-        assert [e.seq_nr for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == [1, 2]
+        # the current query ends a few ms behind the clock
+        eventually(lambda: [e.seq_nr for e in journal.query.current_events_by_slices("Cart", 0, 1023)] == [1, 2],
+                   "the events read by slice")
         report = verify(journal)
         assert report.ok, [(c.name, c.examples) for c in report.checks if c.problems]
         with pytest.raises(ConfigurationError, match=r"refused by the database: SQLSTATE 42501.*nothing was written"):
@@ -361,21 +364,18 @@ def test_roles_sql_prints_the_script() -> None:
 
 # -- a static guard: SQL text is built only from constants and table names -----------------------------
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 ALLOWED_IN_SQL_TEXT = re.compile(
-    r"^(table|DEMO_DB|DATABASE|VERSION_TABLE|CHANNEL|self\._journal\.events\.timestamp_of_sql\(slice_\)"
-    r"|.*'ON CONFLICT DO NOTHING'.*)$")
+    r"^(table|DEMO_DB|DATABASE|VERSION_TABLE|CHANNEL)$")
 
 
 def test_statements_interpolate_only_table_names_never_values() -> None:
     """Every ``execute`` whose SQL text is built in place (f-string, ``.format``, ``+``) may interpolate only
     a table or channel name chosen by pgjournal; values always go as parameters. A new f-string with a value
     in it fails here."""
-    import ast
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parent.parent
     found: list[str] = []
-    sources = [*root.glob("pgjournal/**/*.py"), *root.glob("projections/**/*.py"), *root.glob("spark/**/*.py")]
+    sources = [*ROOT.glob("pgjournal/**/*.py"), *ROOT.glob("projections/**/*.py"), *ROOT.glob("spark/**/*.py")]
     for path in sorted(sources):
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -390,5 +390,81 @@ def test_statements_interpolate_only_table_names_never_values() -> None:
                 parts = [ast.unparse(sql)]
             else:
                 continue
-            found += [f"{path.relative_to(root)}:{node.lineno}: {p}" for p in parts if not ALLOWED_IN_SQL_TEXT.match(p)]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {p}" for p in parts if not ALLOWED_IN_SQL_TEXT.match(p)]
     assert found == []
+
+
+# -- a static guard: SQL over pgjournal's tables lives in the stores -----------------------------------
+#: Besides pgjournal/store/: schema management, which generates DDL and reads Alembic's version table (the
+#: table model, the dialects' DDL, migrations, roles and grants, the adoption of Akka's tables).
+SCHEMA_MANAGEMENT = ("pgjournal/schema.py", "pgjournal/dialects/", "pgjournal/migrate.py", "pgjournal/roles.py",
+                     "pgjournal/adopt.py")
+#: Still to move into stores (each in another change under way). This list only shrinks: a file that no
+#: longer holds such SQL fails the test until it is removed here.
+NOT_YET_IN_STORES = ("pgjournal/by_tag.py", "pgjournal/reconciliation.py", "spark/source.py", "spark/stream.py")
+
+
+def pgjournal_tables() -> list[str]:
+    from pgjournal.schema import metadata
+    from pgjournal.store.offsets import OFFSET_TABLES
+
+    return sorted({*metadata.tables, *OFFSET_TABLES}, key=len, reverse=True)
+
+
+def sql_over_tables(source: str) -> list[tuple[int, str]]:
+    """(line, SQL fragment) of each string or f-string (docstrings aside) that names one of pgjournal's tables,
+    or a formatted-in name, where SQL puts a table: after FROM, INTO, UPDATE, JOIN, TRUNCATE or TABLE."""
+    names = "|".join(pgjournal_tables())
+    pattern = re.compile(rf"\b(?:FROM|INTO|UPDATE|JOIN|TRUNCATE|TABLE)\s+(?:ONLY\s+)?(?:{names}|event_journal_\d+"
+                         rf"|\{{[^}}]*\}})(?!\w)|to_regclass\('(?:{names})")
+    tree = ast.parse(source)
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skip.add(id(first.value))
+        if isinstance(node, ast.JoinedStr):
+            skip.update(id(value) for value in node.values)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            text = node.value
+        else:
+            continue
+        found += [(node.lineno, match.group(0)) for match in pattern.finditer(text)]
+    return found
+
+
+def test_the_guard_finds_sql_over_pgjournal_tables() -> None:
+    source = '''
+"""Docstrings may say: SELECT seq_nr FROM event_journal."""
+A = "SELECT * FROM event_journal WHERE persistence_id = %s"
+B = f"DELETE FROM {table} WHERE projection_name = %s"
+C = "INSERT INTO akka_projection_timestamp_offset_store VALUES (%s)"
+D = """UPDATE projection_lease SET owner = NULL"""
+E = "SELECT 1 FROM event_journal_3"
+F = "select * from my_read_model; the table snapshot is fine in prose"
+'''
+    assert [line for line, _ in sql_over_tables(source)] == [3, 4, 5, 6, 7]
+
+
+def test_sql_over_pgjournal_tables_is_only_in_stores_and_schema_management() -> None:
+    """Statements over pgjournal's tables (their text, table names and row shapes) belong to pgjournal/store/
+    (see ARCHITECTURE.md); a query written in place elsewhere fails here."""
+    found, still = [], set()
+    sources = [*ROOT.glob("pgjournal/**/*.py"), *ROOT.glob("projections/**/*.py"), *ROOT.glob("spark/**/*.py")]
+    for path in sorted(sources):
+        name = path.relative_to(ROOT).as_posix()
+        if name.startswith(("pgjournal/store/", *SCHEMA_MANAGEMENT)):
+            continue
+        hits = sql_over_tables(path.read_text())
+        if name in NOT_YET_IN_STORES:
+            if hits:
+                still.add(name)
+            continue
+        found += [f"{name}:{line}: {text}" for line, text in hits]
+    assert found == [], "SQL over pgjournal's tables outside pgjournal/store/"
+    assert still == set(NOT_YET_IN_STORES), f"moved into stores: drop {set(NOT_YET_IN_STORES) - still} from the list"

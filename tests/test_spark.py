@@ -419,6 +419,22 @@ def test_bad_load_options_fail_clearly(spark: Any, dsn: str, tmp_path: Path, kwa
     assert issubclass(error, JournalError)
 
 
+@pytest.mark.parametrize("portable", [False, True])
+def test_load_bound_with_behind_comes_from_one_horizon_reading(dsn: str, portable: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """An explicit ``behind`` counts from the clock of the same reading that gives the horizon."""
+    with Journal.open(dsn, portable=portable, notify=False) as journal, journal.connection() as conn:
+        tracker = journal.horizon_tracker()
+        readings = []
+        read = tracker.read
+        monkeypatch.setattr(tracker, "read", lambda c: readings.append(read(c)) or readings[-1])
+        monkeypatch.setattr(journal, "horizon_tracker", lambda *_: tracker)
+        before = conn.execute("SELECT CURRENT_TIMESTAMP").fetchone()[0]  # type: ignore[index]
+        bound = spark_jobs.final_bound(journal, conn, 5.0)
+        assert len(readings) == 1
+        assert bound == readings[0].now - timedelta(seconds=5) and bound >= before - timedelta(seconds=5)
+
+
 def test_portable_load_uses_the_clock_and_is_exactly_once(spark: Any, journal: Journal, dsn: str,
                                                           tmp_path: Path) -> None:
     out = str(tmp_path / "load")

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from conftest import FAST
+from eventually import eventually
 from faultproxy import FaultProxy, fault_proxy
 
 from pgjournal import (
@@ -188,9 +189,7 @@ def test_a_projection_handler_is_not_cut_by_pgjournals_statement_limits(dsn: str
         runner = run_range(journal, Projection("slow", "Slow", ExactlyOnce(slow), settings), 0, 1023)
         try:
             assert done.wait(30), "the handler never completed"
-            deadline = time.monotonic() + 10
-            while runner.stats.handled < 1 and not runner.failed and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: runner.stats.handled >= 1 or runner.failed, "the envelope handled", timeout=10)
             assert runner.stats.handled == 1 and not runner.failed
         finally:
             runner.stop()

@@ -1,0 +1,73 @@
+"""Reads of PostgreSQL's system catalog and statistics views: which relations make up the journal, who holds a
+write lock on them (the visibility horizon, :mod:`pgjournal.horizon`), what this role may see and do.
+Nothing here touches a pgjournal table's rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import Read, rows, scalars
+
+# The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
+# Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
+JOURNAL_RELATIONS_SQL = """
+SELECT to_regclass('event_journal')::oid
+UNION SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('event_journal')
+UNION SELECT oid FROM pg_class
+      WHERE relname ~ '^event_journal_[0-9]+$' AND relkind = 'r' AND pg_table_is_visible(oid)"""
+# The durable state table: the relation its writers hold a write lock on (changes_by_slices' horizon).
+STATE_RELATIONS_SQL = "SELECT to_regclass('durable_state')::oid"
+# Whether other roles' transaction starts are visible to this role (superuser or pg_read_all_stats).
+SEES_ALL_SESSIONS_SQL = """
+SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
+WHERE rolname = current_user"""
+
+# The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
+# there is none). ``xact_start`` is NULL where this role may not see the session. Rows are unpacked in
+# pgjournal.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction, xact_start.
+WRITERS_SQL = """
+SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
+FROM (SELECT 1) AS one LEFT JOIN (
+    SELECT DISTINCT l.pid, l.virtualtransaction, a.xact_start
+    FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+    WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.relation = ANY(%(relations)s::oid[]) AND l.pid IS DISTINCT FROM pg_backend_pid()
+) AS w ON true"""
+CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """:data:`SEES_ALL_SESSIONS_SQL`: the role connected, and whether it sees other roles' sessions."""
+
+    name: str
+    sees_all_sessions: bool
+
+
+def journal_relations() -> Read[int | None]:
+    """The OIDs of ``event_journal`` and its partitions (NULL when there is no such table)."""
+    return scalars(JOURNAL_RELATIONS_SQL)
+
+
+def state_relations() -> Read[int | None]:
+    """The OID of ``durable_state`` (NULL when there is no such table)."""
+    return scalars(STATE_RELATIONS_SQL)
+
+
+def role() -> Read[Role]:
+    return rows(Role, SEES_ALL_SESSIONS_SQL)
+
+
+def current_user() -> Read[str]:
+    return scalars("SELECT current_user")
+
+
+def table_exists(name: str) -> Read[bool]:
+    """One row: whether a relation called ``name`` is visible on the search path."""
+    return scalars("SELECT to_regclass(%s) IS NOT NULL", (name,))
+
+
+def has_table_privilege(table: str, privilege: str) -> Read[bool]:
+    """One row: whether the current role has ``privilege`` (``SELECT``, ``INSERT``, ...) on ``table``."""
+    return scalars("SELECT has_table_privilege(%s, %s)", (table, privilege))

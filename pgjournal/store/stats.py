@@ -1,0 +1,90 @@
+"""Counts over the journal for people: ``pgjournal info``, the demos and the example read model's check. Each
+one scans what it counts (they are not for hot paths)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..slices import NUMBER_OF_SLICES
+from . import Read, rows, scalars
+from .snapshots import SNAPSHOT_TABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Events (deleted ones included) and persistence ids."""
+
+    events: int
+    persistence_ids: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntityTypeCounts:
+    """Live (not deleted) events of an entity type."""
+
+    entity_type: str
+    events: int
+    persistence_ids: int
+    first: datetime
+    last: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RangeCount:
+    """Live events of the ``index``-th of equal slice ranges."""
+
+    index: int
+    events: int
+
+
+@dataclass(frozen=True, slots=True)
+class PidCount:
+    """Live events of a persistence id and its highest sequence number."""
+
+    persistence_id: str
+    events: int
+    highest: int
+
+
+@dataclass(frozen=True, slots=True)
+class Newest:
+    """The newest event's db_timestamp (``None``: no event) and the database clock."""
+
+    db_timestamp: datetime | None
+    now: datetime
+
+
+def per_entity_type() -> Read[EntityTypeCounts]:
+    return rows(EntityTypeCounts,
+                "SELECT entity_type, count(*), count(DISTINCT persistence_id), min(db_timestamp), max(db_timestamp) "
+                "FROM event_journal WHERE NOT deleted GROUP BY entity_type ORDER BY entity_type")
+
+
+def per_slice_range(ranges: int) -> Read[RangeCount]:
+    """Live events per slice range of ``slices.slice_ranges(ranges)`` (ranges without events have no row)."""
+    return rows(RangeCount, "SELECT slice / %s, count(*) FROM event_journal WHERE NOT deleted GROUP BY 1",
+                (NUMBER_OF_SLICES // ranges,))
+
+
+def totals(entity_type: str | None = None) -> Read[Counts]:
+    """One row: the events and persistence ids of the journal, or of one entity type."""
+    if entity_type is None:
+        return rows(Counts, "SELECT count(*), count(DISTINCT persistence_id) FROM event_journal")
+    return rows(Counts, "SELECT count(*), count(DISTINCT persistence_id) FROM event_journal WHERE entity_type = %s",
+                (entity_type,))
+
+
+def per_persistence_id(entity_type: str) -> Read[PidCount]:
+    """Each persistence id of an entity type with its live events."""
+    return rows(PidCount, "SELECT persistence_id, count(*), max(seq_nr) FROM event_journal "
+                "WHERE entity_type = %s AND NOT deleted GROUP BY persistence_id", (entity_type,))
+
+
+def newest() -> Read[Newest]:
+    return rows(Newest, "SELECT max(db_timestamp), clock_timestamp() FROM event_journal")
+
+
+def snapshots() -> Read[int]:
+    """How many snapshots are stored (one per persistence id)."""
+    return scalars(f"SELECT count(*) FROM {SNAPSHOT_TABLE}")
