@@ -70,8 +70,8 @@ class SnapshotStore:
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
         tag_list = check_tags(tags)
         serializers = self._journal.serializers
-        encoded = serializers.serialize(snapshot)
-        meta = serializers.serialize(metadata) if metadata is not None else None
+        encoded = serializers.serialize(snapshot, persistence_id=pid)
+        meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
         slice_ = slice_for_persistence_id(pid)
         params = {
             "slice": slice_, "entity_type": entity_type_of(pid), "pid": pid, "seq_nr": seq_nr,
