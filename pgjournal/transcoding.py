@@ -47,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,18 @@ def is_redacted(value: Any) -> bool:
     return isinstance(value, Redacted)
 
 
+_local = threading.local()
+
+
+def _zstd_decompressor() -> Any:
+    """This thread's zstd decompressor (making one per payload cost more than decompressing it; they are not
+    thread-safe, so one per thread)."""
+    decompressor = getattr(_local, "zstd_decompressor", None)
+    if decompressor is None:
+        decompressor = _local.zstd_decompressor = _zstd().ZstdDecompressor()
+    return decompressor
+
+
 def _zstd() -> Any:
     try:
         import zstandard
@@ -99,6 +112,21 @@ def _zstd() -> Any:
         raise ConfigurationError('zstd compression needs the zstandard package: pip install "pgjournal[crypto]"'
                                  ) from None
     return zstandard
+
+
+_CIPHERS: dict[bytes, tuple[Any, bytes]] = {}
+_CIPHERS_MAX = 10_000
+
+
+def _cipher(key: bytes) -> tuple[Any, bytes]:
+    """The AES-GCM cipher of ``key`` and its check value, kept for the keys in use (both cost more to make
+    than a payload costs to decrypt; the ciphers are stateless, so threads share them)."""
+    found = _CIPHERS.get(key)
+    if found is None:
+        if len(_CIPHERS) >= _CIPHERS_MAX:
+            _CIPHERS.clear()
+        found = _CIPHERS[key] = (_aesgcm(key), key_check(key))
+    return found
 
 
 def _aesgcm(key: bytes) -> Any:
@@ -126,18 +154,18 @@ def new_key() -> bytes:
 def seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
     """``nonce + ciphertext + tag`` of ``plaintext`` under ``key`` (AES-256-GCM, random 96-bit nonce)."""
     nonce = os.urandom(NONCE_BYTES)
-    return nonce + _aesgcm(key).encrypt(nonce, plaintext, associated)
+    return nonce + _cipher(key)[0].encrypt(nonce, plaintext, associated)
 
 
 def open_sealed(key: bytes, sealed: bytes, associated: bytes) -> bytes:
     """The plaintext of :func:`seal`'s output; ``ValueError`` when it does not authenticate."""
-    from cryptography.exceptions import InvalidTag
-
     if len(sealed) < NONCE_BYTES + TAG_BYTES:
         raise ValueError(f"sealed data of {len(sealed)} bytes is shorter than nonce and tag")
     try:
-        return _aesgcm(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
-    except InvalidTag:
+        return _cipher(key)[0].decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
+    except Exception as exc:  # cryptography's InvalidTag
+        if type(exc).__name__ != "InvalidTag":
+            raise
         raise ValueError("authentication failed (tampered data, or not this key)") from None
 
 
@@ -185,8 +213,16 @@ class Transcoder:
         if name == "zlib":
             return lambda data: zlib.compress(data, -1 if level is None else level)
         if name == "zstd":
-            compressor = _zstd().ZstdCompressor(level=3 if level is None else level)
-            return compressor.compress
+            zstandard, level = _zstd(), 3 if level is None else level
+            local = threading.local()
+
+            def compress(data: bytes) -> bytes:
+                compressor = getattr(local, "compressor", None)
+                if compressor is None:  # not thread-safe: one per thread
+                    compressor = local.compressor = zstandard.ZstdCompressor(level=level)
+                return compressor.compress(data)
+
+            return compress
         return None
 
     @property
@@ -209,7 +245,7 @@ class Transcoder:
             raise SerializationError("encrypting a payload needs its persistence id (its key is per persistence "
                                      "id); pass persistence_id= to serialize")
         key = self.key_store.create_key(persistence_id)
-        header = _HEAD.pack(FORMAT_VERSION, flags | _ENCRYPTED, ser_id) + key_check(key)
+        header = _HEAD.pack(FORMAT_VERSION, flags | _ENCRYPTED, ser_id) + _cipher(key)[1]
         return TRANSCODED_SER_ID, header + seal(key, body, _associated(header, persistence_id))
 
 
@@ -243,7 +279,7 @@ def decode(payload: bytes, manifest: str, key_store: KeyStore | None, *, persist
         key = key_store.key(persistence_id)
         if key is None:
             return Redacted(persistence_id, seq_nr, ser_id, manifest)
-        if body[:CHECK_BYTES] != key_check(key):
+        if body[:CHECK_BYTES] != _cipher(key)[1]:
             return Redacted(persistence_id, seq_nr, ser_id, manifest, "sealed with a key of this persistence id "
                                                                       "that was deleted (crypto-shredded)")
         header_size = _HEAD.size + CHECK_BYTES
@@ -260,7 +296,7 @@ def decode(payload: bytes, manifest: str, key_store: KeyStore | None, *, persist
             if _COMPRESSION_NAMES[compression] == "zlib":
                 body = zlib.decompress(body)
             else:
-                body = _zstd().ZstdDecompressor().decompress(body, max_output_size=1 << 30)
+                body = _zstd_decompressor().decompress(body, max_output_size=1 << 30)
         except ConfigurationError:
             raise
         except Exception as exc:
