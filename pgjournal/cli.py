@@ -12,8 +12,9 @@ import typer
 from rich.console import Group
 from rich.table import Table
 
+from .cli_cleanup import cleanup_app
 from .cli_support import DsnOption, console, fail, open_journal, reported
-from .cli_tags import cleanup_app, tags_app
+from .cli_tags import tags_app
 from .dsn import mask_dsn
 from .horizon import Horizon
 from .journal import Journal
