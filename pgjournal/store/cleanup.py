@@ -41,18 +41,32 @@ ORDER BY persistence_id LIMIT %(limit)s"""
 # sequence number for "before the snapshot", else the largest).
 _SELECTED = """
 WITH page AS (
-    SELECT u.pid, u.slice, COALESCE(s.seq_nr, CASE WHEN %(by_snapshot)s THEN 0 ELSE {max_seq} END) AS upto
-    FROM unnest(%(pids)s::text[], %(slices)s::int[]) AS u(pid, slice)
+    SELECT u.pid, u.slice, u.ord,
+           COALESCE(s.seq_nr, CASE WHEN %(by_snapshot)s THEN 0 ELSE {max_seq} END) AS upto
+    FROM unnest(%(pids)s::text[], %(slices)s::int[]) WITH ORDINALITY AS u(pid, slice, ord)
     LEFT JOIN snapshot AS s ON %(by_snapshot)s AND s.persistence_id = u.pid),
-cand AS (
-    SELECT e.persistence_id, e.seq_nr, e.slice, e.entity_type, e.db_timestamp, e.tags, e.deleted,
-           e.seq_nr = (SELECT max(h.seq_nr) FROM event_journal AS h
-                       WHERE h.persistence_id = e.persistence_id AND h.slice = e.slice) AS highest
-    FROM page JOIN event_journal AS e ON e.persistence_id = page.pid AND e.slice = page.slice
-    WHERE e.seq_nr <= page.upto AND e.db_timestamp < %(before)s
-      AND (e.persistence_id, e.seq_nr) > (%(after_pid)s::varchar, %(after_seq)s::bigint)
-    ORDER BY e.persistence_id, e.seq_nr
+picked AS (
+    SELECT e.persistence_id, e.seq_nr, e.slice, e.entity_type, e.db_timestamp, e.tags, e.deleted
+    FROM page CROSS JOIN LATERAL (
+        -- per persistence id a primary-key range scan (never a scan of the table), at most limit rows
+        SELECT x.persistence_id, x.seq_nr, x.slice, x.entity_type, x.db_timestamp, x.tags, x.deleted
+        FROM event_journal AS x
+        WHERE x.persistence_id = page.pid AND x.slice = page.slice AND x.seq_nr <= page.upto
+          AND x.seq_nr > CASE WHEN page.pid = %(after_pid)s THEN %(after_seq)s::bigint ELSE 0 END
+          AND x.db_timestamp < %(before)s
+        ORDER BY x.seq_nr LIMIT %(limit)s) AS e
+    WHERE page.pid >= %(after_pid)s
+    -- the page is sorted by persistence id (the caller's promise): in ordinal order an incremental sort stops
+    -- after the persistence ids that fill the batch
+    ORDER BY page.ord, e.seq_nr
     LIMIT %(limit)s),
+highest AS MATERIALIZED (
+    SELECT p.persistence_id, (SELECT max(h.seq_nr) FROM event_journal AS h
+                              WHERE h.persistence_id = p.persistence_id AND h.slice = p.slice) AS seq_nr
+    FROM (SELECT DISTINCT persistence_id, slice FROM picked) AS p),
+cand AS (
+    SELECT picked.*, picked.seq_nr = highest.seq_nr AS highest
+    FROM picked JOIN highest ON highest.persistence_id = picked.persistence_id),
 tagged AS (SELECT c.persistence_id, c.seq_nr, unnest(c.tags) AS tag FROM cand AS c WHERE c.tags IS NOT NULL)"""
 # What a batch touches: deleted events, highest events kept as (new) markers, and each (entity type, slice)'s
 # newest touched event time, for the offsets check.
@@ -120,9 +134,9 @@ def pid_page(source: str, entity_type: str | None, after: str, limit: int) -> Qu
 
 def batch(pids: list[str], slices: list[int], *, by_snapshot: bool, before: datetime | None, reset: bool,
           after: tuple[str, int], limit: int, execute: bool) -> Query:
-    """One batch over a page of persistence ids: one row (deleted, marked, tag rows, tag progress rows, events
-    selected, persistence ids, last persistence id and seq_nr, then arrays of entity type, slice and newest
-    time touched). ``execute=False`` counts what it would do and changes nothing."""
+    """One batch over a page of persistence ids (sorted, with their slices): one row (deleted, marked, tag rows,
+    tag progress rows, events selected, persistence ids, last persistence id and seq_nr, then arrays of entity
+    type, slice and newest time touched). ``execute=False`` counts what it would do and changes nothing."""
     return (DELETE_BATCH if execute else COUNT_BATCH), {
         "pids": pids, "slices": slices, "by_snapshot": by_snapshot, "before": before or "infinity",
         "reset": reset, "after_pid": after[0], "after_seq": after[1], "limit": limit}
