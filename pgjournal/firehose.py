@@ -133,6 +133,10 @@ class Firehose:
                 del self._hoses[hose.key]
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def hoses(self) -> int:
         """Shared queries running now."""
         with self._lock:
@@ -420,7 +424,10 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
             _log.debug("firehose consumer %s joined %s slices %d-%d after %d catch-up run(s)", self.id, *self._key,
                        self.catchup_runs)
             return
-        if failed:  # the hose ended under us: take (or start) the current one
+        if failed:  # the hose ended under us: take (or start) the current one, unless the firehose closed
+            if self._owner.closed:
+                self.close()
+                return
             hose.release(self.id)
             self._hose = self._owner.hose(self._key)
         self._begin_catchup()

@@ -198,3 +198,18 @@ def test_bad_firehose_input(journal: Journal, call: Any, error: type[Exception],
     with pytest.raises(error, match=None) as caught:
         call(journal)
     assert fragment in str(caught.value)
+
+
+def test_closing_the_firehose_ends_its_consumers(journal: Journal) -> None:
+    journal.append("Close|1", ["a"])
+    firehose = Firehose(journal)
+    joined = firehose.events_by_slices("Close", 0, 1023)
+    assert next(joined).seq_nr == 1
+    ended: list[int] = []
+    reader = threading.Thread(target=lambda: ended.extend(e.seq_nr for e in joined))
+    reader.start()
+    firehose.close()
+    reader.join(10)
+    assert not reader.is_alive() and joined.closed and firehose.hoses == 0
+    with pytest.raises(InvalidArgument, match="closed"):
+        firehose.events_by_slices("Close", 0, 1023)
