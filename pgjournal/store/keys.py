@@ -26,6 +26,3 @@ def delete(pid: str) -> Query:
     """Delete (shred) a persistence id's key; rowcount 1 when there was one."""
     return f"DELETE FROM {TABLE} WHERE persistence_id = %s", (pid,)
 
-
-def count() -> Query:
-    return f"SELECT count(*) FROM {TABLE}", ()
