@@ -33,7 +33,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .connections import connection_kwargs
 from .dsn import mask_dsn, resolve_dsn
-from .errors import ConfigurationError, DatabaseUnavailable, DecryptionError, SchemaNotMigrated
+from .errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    DecryptionError,
+    RetriesExhausted,
+    SchemaNotMigrated,
+)
 from .settings import Settings
 from .store import keys as sql
 from .transcoding import check_key, new_key, open_sealed, seal
@@ -98,6 +104,7 @@ class AesGcmKeyWrapper:
 
 
 _ABSENT = b""
+_RETRIES = 5
 
 
 class PostgresKeyStore:
@@ -204,14 +211,22 @@ class PostgresKeyStore:
                 self._cache.popitem(last=False)
 
     def _run(self, query: tuple[str, tuple[Any, ...]], *, one: bool = False, rowcount: bool = False) -> Any:
-        try:
-            with self._pool.connection() as conn:
-                cur = conn.execute(*query)
-                return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
-        except PoolTimeout:
-            raise DatabaseUnavailable(f"key store: no connection to {mask_dsn(self.dsn)}") from None
-        except psycopg.errors.UndefinedTable:
-            raise SchemaNotMigrated(f"the database has no {sql.TABLE} table; run `pgjournal migrate`") from None
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(f"key store: lost the connection to {mask_dsn(self.dsn)}: "
-                                      f"{mask_dsn(' '.join(str(exc).split()))}") from None
+        """Run one statement (its own transaction); serialization failures and deadlocks (SERIALIZABLE databases
+        such as CockroachDB) are tried again: every statement of the store may run twice."""
+        for attempt in range(1, _RETRIES + 2):
+            try:
+                with self._pool.connection() as conn:
+                    cur = conn.execute(*query)
+                    return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
+            except PoolTimeout:
+                raise DatabaseUnavailable(f"key store: no connection to {mask_dsn(self.dsn)}") from None
+            except psycopg.errors.UndefinedTable:
+                raise SchemaNotMigrated(f"the database has no {sql.TABLE} table; run `pgjournal migrate`") from None
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                if attempt > _RETRIES:
+                    raise RetriesExhausted(f"the key store's statement failed {attempt} times with SQLSTATE "
+                                           f"{exc.sqlstate}; nothing was changed") from exc
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(f"key store: lost the connection to {mask_dsn(self.dsn)}: "
+                                          f"{mask_dsn(' '.join(str(exc).split()))}") from None
+        raise AssertionError("unreachable")

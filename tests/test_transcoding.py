@@ -179,7 +179,7 @@ def test_the_postgres_key_store_wraps_keys_shares_them_and_shreds(dsn: str) -> N
             t.start()
         for t in threads:
             t.join()
-        assert len(set(results)) == 1 and two.key("Cart|race") == results[0]
+        assert len(results) == 4 and len(set(results)) == 1 and two.key("Cart|race") == results[0]
         with psycopg.connect(dsn) as conn:
             wrapped = conn.execute("SELECT wrapped_key FROM pgjournal_payload_keys").fetchone()[0]  # type: ignore
         assert results[0] not in bytes(wrapped)  # never stored in the clear
