@@ -11,10 +11,11 @@ it has all had, that is, where the hose's offset before that entry is one the co
 (offsets are positions in ``(db_timestamp, seq_nr)`` order, so the hose from there delivers everything after
 it). When no retained entry qualifies (the hose moved on by more than a buffer meanwhile, or the visibility
 horizon of the catch-up read stopped short of the hose), it runs another, shorter catch-up from where it is;
-while the hose has delivered nothing past the consumer's position it waits for the hose up to
-``refresh_interval`` between such runs. Events both sources deliver (the overlap, and late commits the hose's
-backtracking finds) are dropped by sequence number per persistence id, and anything the consumer's start
-offset covers is dropped too; a gap (never expected) is filled by persistence id. So each consumer receives
+when such a run finds nothing (a consumer whose offset is older than where the hose started, in a range with
+no new event), it waits for the hose up to ``refresh_interval`` before the next one. Events both sources
+deliver (the overlap, and late commits the hose's backtracking finds) are dropped by sequence number per
+persistence id, and anything the consumer's start offset covers is dropped too; a gap (never expected) is
+filled by persistence id. So each consumer receives
 every event after its offset exactly once, in sequence order per persistence id, as its own query would.
 
 The offsets consumers receive never go backwards: an envelope from the hose whose offset is behind what the
@@ -22,12 +23,16 @@ consumer's catch-up already reached carries the later of the two. Resuming from 
 the firehose or on a query of one's own) misses nothing.
 
 Slow consumers: when the ring is full and a consumer still holds its oldest entry, the hose waits (everyone
-slows down) for up to ``slow_consumer_timeout`` seconds; then every consumer at least half a buffer behind is
-detached, and its next read raises :class:`~pgjournal.errors.SlowConsumer` with the offset to resume from.
+slows down). After ``slow_consumer_timeout`` seconds of that, every consumer at least half a buffer behind the
+fastest one is detached (as Akka's firehose does; consumers all trailing the hose together are not slow, they
+just read slower than the hose could), and its next read raises :class:`~pgjournal.errors.SlowConsumer` with the
+offset to resume from.
 
-A hose starts with its first consumer and stops ``linger`` seconds after its last one closed (a restarting
-consumer finds it still running). A hose whose query fails (the database gone for ``live_query_retries``
-polls, an event that cannot be decoded) passes the error to its attached consumers.
+A hose starts when its first consumer has caught up, right after that consumer's offset (in portable mode a
+backtracking window before it), so that consumer joins at once and so do later ones whose offset reaches it;
+it stops ``linger`` seconds after its last consumer closed (a restarting consumer finds it still running). A
+hose whose query fails (the database gone for ``live_query_retries`` polls, an event that cannot be decoded)
+passes the error to its attached consumers.
 """
 
 from __future__ import annotations
@@ -123,7 +128,6 @@ class Firehose:
             hose = self._hoses.get(key)
             if hose is None or hose.stopped:
                 hose = self._hoses[key] = _Hose(self, key)
-                hose.start()
             hose.acquire()
             return hose
 
@@ -186,18 +190,15 @@ class _Hose:
         self.full_since: float | None = None
         self._live: LiveQuery[EventEnvelope] | None = None
         self._linger: threading.Timer | None = None
-        journal = owner.journal
-        settings = journal.settings
-        with journal.connection() as conn:
-            safe = journal.horizon_tracker().read(conn).safe
-        # Start where no transaction can still commit below (the visibility horizon; portable: clock minus
-        # behind_current_time), and in portable mode a backtracking window earlier, so late commits stamped
-        # before the hose started are still found by its backtracking once consumers rely on it.
-        early = 0.0 if journal.capabilities.writer_horizon else (
-            settings.backtracking_window + settings.backtracking_behind_current_time)
-        #: Where the hose started: its offset before its first envelope.
-        self.start_offset = TimestampOffset(safe - timedelta(seconds=early))
-        self.last = self.start_offset
+        settings = owner.journal.settings
+        #: Portable mode (no visibility horizon): the hose starts a backtracking window before the offset it
+        #: is started at, so late commits stamped before it are still found by its backtracking.
+        self.early = timedelta(0) if owner.journal.capabilities.writer_horizon else timedelta(
+            seconds=settings.backtracking_window + settings.backtracking_behind_current_time)
+        #: Where the hose started (its offset before its first envelope) and its offset after its latest
+        #: envelope; ``None`` until the first consumer has caught up and started it (:meth:`start`).
+        self.start_offset: TimestampOffset | None = None
+        self.last: TimestampOffset | None = None
         #: How far behind its main cursor the hose may still deliver an event (its backtracking).
         self.margin = timedelta(seconds=settings.backtracking_window + settings.backtracking_behind_current_time)
         self._thread = threading.Thread(target=self._run, name=f"pgjournal-firehose-{key[0]}-{key[1]}-{key[2]}",
@@ -207,7 +208,10 @@ class _Hose:
     def head(self) -> int:
         return self.base + len(self.ring)
 
-    def start(self) -> None:
+    def start(self, offset: TimestampOffset) -> None:
+        """Start the shared query after ``offset``: the position of the first consumer that caught up (it has
+        had everything before; so have later consumers once their own offset reaches it). Under ``cond``."""
+        self.start_offset = self.last = TimestampOffset(offset.timestamp - self.early) if self.early else offset
         entity_type, lo, hi = self.key
         self._live = self.owner.journal.query.events_by_slices(entity_type, lo, hi, self.start_offset)
         self._thread.start()
@@ -289,19 +293,23 @@ class _Hose:
                 self.cond.wait(self.owner.slow_consumer_timeout - (now - self.full_since))
             if self.stopped:
                 return False
-            self.ring.append(_Entry(envelope, self.last))
+            self.ring.append(_Entry(envelope, self.last))  # type: ignore[arg-type]
             self.last = envelope.offset if isinstance(envelope.offset, TimestampOffset) else self.last
             self.cond.notify_all()
             return True
 
     def _detach_slow(self) -> None:
-        head = self.head
-        slow = [cid for cid, cursor in self.cursors.items() if head - cursor >= self.capacity // 2]
+        """Detach the consumers at least half a buffer behind the fastest one. When all are close together (the
+        hose is faster than all of them, e.g. while it catches up), nobody is slow: everyone keeps waiting."""
+        fastest = max(self.cursors.values(), default=self.head)
+        slow = [cid for cid, cursor in self.cursors.items() if fastest - cursor >= self.capacity // 2]
         for cid in slow:
             del self.cursors[cid]
             self.detached.add(cid)
-        _log.warning("firehose %s slices %d-%d: detached %d slow consumer(s) after %.1f s with a full buffer of "
-                     "%d envelopes", *self.key, len(slow), self.owner.slow_consumer_timeout, self.capacity)
+        if slow:
+            _log.warning("firehose %s slices %d-%d: detached %d slow consumer(s), half a buffer or more behind the "
+                         "fastest after %.1f s with a full buffer of %d envelopes", *self.key, len(slow),
+                         self.owner.slow_consumer_timeout, self.capacity)
         self.cond.notify_all()
 
 
@@ -372,7 +380,9 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
         assert hose is not None
         with hose.cond:
             oldest = hose.ring[0].before if hose.ring else hose.last
-        self._floor = oldest.timestamp - hose.margin
+        if oldest is None:  # not started yet: it will start at or after where this run starts, minus its margin
+            oldest = self._last if self._last is not None else TimestampOffset(EPOCH)
+        self._floor = oldest.timestamp - hose.early - hose.margin
         entity_type, lo, hi = self._key
         self._catchup = iter(self._owner.journal.query.current_events_by_slices(
             entity_type, lo, hi, self._last if self._last is not None else NoOffset))
@@ -398,6 +408,8 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
         with hose.cond:
             failed = hose.failure is not None or hose.stopped
             join_at = None
+            if not failed and hose.start_offset is None:
+                hose.start(reached)  # the first consumer to catch up starts the shared query where it is
             if not failed:
                 index, before = hose.head, hose.last
                 while True:
