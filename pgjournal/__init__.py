@@ -19,6 +19,7 @@ from .errors import (
     ConflictRetriesExhausted,
     ConnectionTimedOut,
     DatabaseUnavailable,
+    DecryptionError,
     EventNotFound,
     HorizonBlocked,
     InsufficientPrivilege,
@@ -32,6 +33,7 @@ from .errors import (
     RevisionConflict,
     SchemaNotMigrated,
     SerializationError,
+    SlowConsumer,
     WriteOutcomeUnknown,
 )
 from .journal import Journal
@@ -53,6 +55,7 @@ __all__ = [
     "ConflictRetriesExhausted",
     "ConnectionTimedOut",
     "DatabaseUnavailable",
+    "DecryptionError",
     "DomainError",
     "DurableState",
     "DurableStateChange",
@@ -79,6 +82,7 @@ __all__ = [
     "SerializationError",
     "SerializerRegistry",
     "Settings",
+    "SlowConsumer",
     "Source",
     "TagEnvelope",
     "TimeBasedUUID",

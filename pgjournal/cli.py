@@ -12,8 +12,10 @@ import typer
 from rich.console import Group
 from rich.table import Table
 
+from .cli_cleanup import cleanup_app
+from .cli_state import state_app
 from .cli_support import DsnOption, console, fail, open_journal, reported
-from .cli_tags import cleanup_app, tags_app
+from .cli_tags import tags_app
 from .dsn import mask_dsn
 from .horizon import Horizon
 from .journal import Journal
@@ -271,6 +273,8 @@ def server_stop() -> None:
 
 app.add_typer(tags_app, name="tags")
 app.add_typer(cleanup_app, name="cleanup")
+# -- issue 20: the durable state store -------------------------------------------------------------------
+app.add_typer(state_app, name="state")
 
 
 @app.command("verify")

@@ -1,4 +1,4 @@
-"""``pgjournal tags ...`` (the tag view: read it, reconcile it) and ``pgjournal cleanup ...`` (per pid)."""
+"""``pgjournal tags ...``: the tag view, read it and reconcile it."""
 
 from __future__ import annotations
 
@@ -12,13 +12,9 @@ from rich.table import Table
 from .cli_support import DsnOption, console, fail, open_journal, reported
 from .errors import InvalidArgument
 from .offsets import NoOffset, TimeBasedUUID, parse_offset
-from .reconciliation import Cleanup, CleanupResult, Reconciliation
+from .reconciliation import Reconciliation
 
 tags_app = typer.Typer(help="The Cassandra-compatible tag view: read it by tag, reconcile it.", no_args_is_help=True)
-cleanup_app = typer.Typer(help="Delete a persistence id's events, tagged events and snapshots (dry run unless "
-                          "--execute).", no_args_is_help=True)
-
-ExecuteOption = Annotated[bool, typer.Option("--execute", help="Really delete (default: dry run, counts only).")]
 
 
 @tags_app.command("events")
@@ -98,53 +94,3 @@ def truncate(
     with open_journal(dsn) as journal:
         Reconciliation(journal).truncate()
     console.print("tag view truncated")
-
-
-ResetOption = Annotated[bool, typer.Option(help="Also drop the last event: the pid restarts at 1.")]
-
-
-def _report(results: list[CleanupResult]) -> None:
-    for result in results:
-        console.print(str(result))
-    if results and results[0].dry_run:
-        console.print("[dim]dry run: nothing deleted; add --execute to delete[/]")
-
-
-@cleanup_app.command("events")
-def cleanup_events(
-    persistence_id: str,
-    reset_sequence_number: ResetOption = False,
-    execute: ExecuteOption = False,
-    dsn: DsnOption = None,
-) -> None:
-    """Delete a persistence id's events."""
-    with open_journal(dsn) as journal:
-        _report([Cleanup(journal, dry_run=not execute).delete_all_events(
-            persistence_id, reset_sequence_number=reset_sequence_number)])
-
-
-@cleanup_app.command("tagged")
-def cleanup_tagged(persistence_id: str, execute: ExecuteOption = False, dsn: DsnOption = None) -> None:
-    """Delete a persistence id's rows from every tag view."""
-    with open_journal(dsn) as journal:
-        _report([Cleanup(journal, dry_run=not execute).delete_all_tagged_events(persistence_id)])
-
-
-@cleanup_app.command("snapshots")
-def cleanup_snapshots(persistence_id: str, execute: ExecuteOption = False, dsn: DsnOption = None) -> None:
-    """Delete a persistence id's snapshots."""
-    with open_journal(dsn) as journal:
-        _report([Cleanup(journal, dry_run=not execute).delete_all_snapshots(persistence_id)])
-
-
-@cleanup_app.command("all")
-def cleanup_all(
-    persistence_id: str,
-    reset_sequence_number: ResetOption = False,
-    execute: ExecuteOption = False,
-    dsn: DsnOption = None,
-) -> None:
-    """Delete a persistence id's tagged events, events and snapshots."""
-    with open_journal(dsn) as journal:
-        _report(Cleanup(journal, dry_run=not execute).delete_all(persistence_id,
-                                                                 reset_sequence_number=reset_sequence_number))

@@ -137,7 +137,7 @@ class DurableStateStore:
         pid = check_persistence_id(persistence_id)
         check_seq_nr(revision, "revision", minimum=1)
         tags = (check_name(tag, "tag"),) if tag not in (None, "") else ()
-        encoded = self.journal.serializers.serialize(value)
+        encoded = self.journal.serializers.serialize(value, persistence_id=pid)
         ts = self._write(pid, revision, encoded.ser_id, encoded.manifest, encoded.payload, tags)
         return DurableState(pid, revision, value, ts, tags)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .offsets import TimestampOffset
 from .serialization import SerializerRegistry
+from .transcoding import Redacted
 
 
 class Source(enum.StrEnum):
@@ -38,6 +39,12 @@ class EventEnvelope:
     tags: tuple[str, ...] = ()
     metadata: Any = None
     source: Source = Source.QUERY
+
+    @property
+    def redacted(self) -> bool:
+        """The event's payload was encrypted with a key that is gone (crypto-shredded): ``event`` is a
+        :class:`~pgjournal.transcoding.Redacted` marker, not the event."""
+        return isinstance(self.event, Redacted)
 
 
 #: Column list that :func:`envelope_from_row` expects, in order.

@@ -44,6 +44,22 @@ class SerializationError(JournalError):
         self.manifest = manifest
 
 
+class DecryptionError(SerializationError):
+    """An encrypted payload that its persistence id's key does not open: tampered bytes, a replaced key or a wrong
+    master key. (A payload whose key is *gone* is not an error: readers deliver it as redacted.)"""
+
+
+class SlowConsumer(JournalError):
+    """A firehose consumer fell a whole buffer behind the shared query for longer than allowed and was detached.
+
+    ``offset`` is the offset of the last envelope it received (``None``: it received none and may start again
+    from its own start offset); resuming from it, on the firehose or on a query of its own, misses nothing."""
+
+    def __init__(self, message: str, *, offset: object = None) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
 class ConcurrencyConflict(JournalError):
     """Another writer got there first: the sequence number is taken, or the expectation was stale.
 

@@ -256,3 +256,17 @@ Index("durable_state_slice_idx", durable_state.c.slice, durable_state.c.entity_t
       durable_state.c.revision)
 
 STATE_TABLES = (durable_state,)
+
+# -- Payload keys (revision 0007) ------------------------------------------------------------------------
+# The data key of each persistence id whose payloads are encrypted (pgjournal.keystore.PostgresKeyStore),
+# wrapped by a key-encryption key the database never sees. Deleting a row crypto-shreds that persistence id.
+payload_keys = Table(
+    "pgjournal_payload_keys",
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("wrapped_key", LargeBinary, nullable=False),
+    Column("created_at", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint("persistence_id", name="pgjournal_payload_keys_pkey"),
+)
+
+KEY_TABLES = (payload_keys,)

@@ -13,6 +13,11 @@ wrote. Writing picks the serializer Akka's default bindings pick for the same ki
 Reading goes by ``ser_id``: Jackson JSON and CBOR payloads of registered manifests become their types, of
 unknown manifests plain dicts and lists. Databases that pgjournal wrote before it used Akka's ids keep JSON
 under 33: see :mod:`pgjournal.stored_format` for how those rows still read.
+
+Transcoding: a registry made with a :class:`~pgjournal.transcoding.Transcoder` compresses and/or encrypts
+what it serializes for a persistence id (``serialize(obj, persistence_id=...)``); every registry reads
+transcoded rows (``ser_id`` :data:`~pgjournal.transcoding.TRANSCODED_SER_ID`), and an encrypted payload whose key
+is gone reads as a :class:`~pgjournal.transcoding.Redacted` value.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import akka_formats as akka
-from .errors import SerializationError
+from . import transcoding
+from .errors import ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
     from .stored_format import StoredFormat
@@ -32,7 +38,7 @@ JSON_SER_ID = akka.JACKSON_JSON
 CBOR_SER_ID = akka.JACKSON_CBOR
 BYTES_SER_ID = akka.BYTES
 #: Ids with a built-in meaning; :meth:`SerializerRegistry.register_serializer` refuses them.
-BUILT_IN_IDS = frozenset(akka.NAMES)
+BUILT_IN_IDS = frozenset({*akka.NAMES, transcoding.TRANSCODED_SER_ID})
 
 _PRIMITIVE_DECODERS: dict[int, Callable[[bytes], Any]] = {
     akka.LONG: akka.decode_long, akka.INT: akka.decode_int, akka.STRING: akka.decode_string,
@@ -85,11 +91,16 @@ class _Registrations:
 class SerializerRegistry:
     """Maps Python types to stored formats and back."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, transcoder: transcoding.Transcoder | None = None) -> None:
+        if transcoder is not None and not isinstance(transcoder, transcoding.Transcoder):
+            raise ConfigurationError(f"transcoder must be a pgjournal.transcoding.Transcoder, got "
+                                     f"{type(transcoder).__name__}")
         self._known = _Registrations()
         #: Read ``ser_id`` 33 as JSON where the payload is JSON (a database written by pgjournal before it
         #: used Akka's ids), else as CBOR. Set by :meth:`for_stored_format`, never by hand.
         self.legacy_json_33 = False
+        #: Compression and encryption of what this registry serializes (see :mod:`pgjournal.transcoding`).
+        self.transcoder = transcoder
 
     def for_stored_format(self, stored: StoredFormat) -> SerializerRegistry:
         """This registry as it must read one database (``Journal.open`` calls it): the same registrations,
@@ -99,6 +110,7 @@ class SerializerRegistry:
         derived = SerializerRegistry.__new__(SerializerRegistry)
         derived._known = self._known
         derived.legacy_json_33 = stored.legacy_json_33
+        derived.transcoder = self.transcoder
         return derived
 
     def register(
@@ -198,7 +210,16 @@ class SerializerRegistry:
 
     # -- writing -------------------------------------------------------------------------------------
 
-    def serialize(self, obj: Any) -> Serialized:
+    def serialize(self, obj: Any, *, persistence_id: str | None = None) -> Serialized:
+        """``obj`` as stored; with a transcoder, compressed and/or encrypted with ``persistence_id``'s key
+        (encryption needs it)."""
+        plain = self._serialize(obj)
+        if self.transcoder is None:
+            return plain
+        ser_id, payload = self.transcoder.encode(plain.ser_id, plain.payload, persistence_id)
+        return plain if ser_id == plain.ser_id else Serialized(ser_id, plain.manifest, payload)
+
+    def _serialize(self, obj: Any) -> Serialized:
         kind = type(obj)
         custom = self._known.custom_by_type.get(kind)
         if custom is not None:
@@ -244,8 +265,16 @@ class SerializerRegistry:
 
         A payload its serializer cannot read raises :class:`SerializationError` naming ``ser_id``,
         ``manifest`` and the row: ``persistence_id`` and ``seq_nr`` where given, and ``where`` (a phrase like
-        ``" of snapshot 'Cart|1'"``) otherwise.
+        ``" of snapshot 'Cart|1'"``) otherwise. A transcoded payload is unwrapped first; an encrypted one whose
+        persistence id has no key any more reads as a :class:`~pgjournal.transcoding.Redacted` value.
         """
+        if ser_id == transcoding.TRANSCODED_SER_ID:
+            inner = transcoding.decode(
+                payload, manifest, self.transcoder.key_store if self.transcoder is not None else None,
+                persistence_id=persistence_id, seq_nr=seq_nr, where=where or _row(persistence_id, seq_nr))
+            if isinstance(inner, transcoding.Redacted):
+                return inner
+            ser_id, payload = inner
         try:
             if ser_id == akka.JACKSON_JSON:
                 return self._from_jackson(manifest, akka.decode_json(payload))

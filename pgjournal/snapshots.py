@@ -42,8 +42,8 @@ class SnapshotStore:
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
         tag_list = check_tags(tags)
         serializers = self._journal.serializers
-        encoded = serializers.serialize(snapshot)
-        meta = serializers.serialize(metadata) if metadata is not None else None
+        encoded = serializers.serialize(snapshot, persistence_id=pid)
+        meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
         save = self.sql.save(pid, seq_nr, int(time.time() * 1000), encoded.ser_id, encoded.manifest, encoded.payload,
                              list(tag_list) or None, (meta.ser_id, meta.manifest, meta.payload) if meta else None)
         with self._journal.connection() as conn:

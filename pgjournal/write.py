@@ -73,8 +73,8 @@ class EventWriter:
         if not event_list:
             return []
         serializers = self._journal.serializers
-        encoded = [serializers.serialize(event) for event in event_list]
-        meta = serializers.serialize(metadata) if metadata is not None else None
+        encoded = [serializers.serialize(event, persistence_id=pid) for event in event_list]
+        meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
         if self._journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
             self._journal.events.check_payloads(pid, encoded, meta)
         slice_ = slice_for_persistence_id(pid)

@@ -91,7 +91,8 @@ def decoded(journal: Journal, env: EventEnvelope) -> EventEnvelope:
     if undecodable(env) is None:
         return env
     where = f" of {env.persistence_id!r} seq_nr {env.seq_nr}"
-    parts = [journal.serializers.deserialize(p.ser_id, p.manifest, p.payload, where=where)
+    parts = [journal.serializers.deserialize(p.ser_id, p.manifest, p.payload, where=where,
+                                             persistence_id=env.persistence_id, seq_nr=env.seq_nr)
              if isinstance(p, Undecodable) else p for p in (env.event, env.metadata)]
     return replace(env, event=parts[0], metadata=parts[1])
 
@@ -152,7 +153,8 @@ def _envelope(journal: Journal, letter: DeadLetter) -> EventEnvelope:
     if found:
         return found[0]
     where = f" of {letter.persistence_id!r} seq_nr {letter.seq_nr}"
-    event = journal.serializers.deserialize(letter.ser_id, letter.manifest, letter.payload, where=where)
+    event = journal.serializers.deserialize(letter.ser_id, letter.manifest, letter.payload, where=where,
+                                            persistence_id=letter.persistence_id, seq_nr=letter.seq_nr)
     ts = letter.db_timestamp
     return EventEnvelope(letter.persistence_id, letter.seq_nr, letter.slice, entity_type_of(letter.persistence_id),
                          ts, TimestampOffset(ts, ts, {letter.persistence_id: letter.seq_nr}), event,

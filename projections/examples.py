@@ -106,7 +106,7 @@ class EventProcessor:
             return
         pid = self.target_id(env)
         slice_ = slice_for_persistence_id(pid)
-        encoded = self.journal.serializers.serialize(event)
+        encoded = self.journal.serializers.serialize(event, persistence_id=pid)
         params = {"slice": slice_, "entity_type": entity_type_of(pid), "pid": pid,
                   "writer": self.journal.writer_id, "tags": None, "expected": None, "meta_ser_id": None,
                   "meta_manifest": None, "meta_payload": None, "ser_id": encoded.ser_id,

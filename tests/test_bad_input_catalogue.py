@@ -35,10 +35,14 @@ from pgjournal import (
     slice_for_persistence_id,
     slice_ranges,
 )
+from pgjournal.cleanup import JournalCleanup
 from pgjournal.cli import app
+from pgjournal.firehose import Firehose
+from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore
 from pgjournal.offsets import TimeBasedUUID, parse_offset
 from pgjournal.roles import role_script
 from pgjournal.serialization import SerializerRegistry
+from pgjournal.transcoding import Transcoder
 from projections.examples import counter_writer
 from projections.handlers import Projection
 from projections.runner import run_range
@@ -194,6 +198,25 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
      "from_version must be a positive int"),
     ("snapshots start without a transform", lambda j: j.query.current_events_by_slices_starting_from_snapshots(
         "Cart", 0, 1023, transform=None), InvalidArgument, "transform must be a function"),
+    # issue 20: bulk cleanup, the firehose, transcoding
+    ("cleanup batch size 0", lambda j: JournalCleanup(j, batch_size=0), InvalidArgument,
+     "batch_size must be an integer from 1 to 100,000, got 0"),
+    ("cleanup before a naive time", lambda j: JournalCleanup(j, dry_run=False).events_before(datetime(2026, 1, 1)),
+     InvalidArgument, "timezone-aware"),
+    ("cleanup of an entity type with NUL", lambda j: JournalCleanup(j, dry_run=False).all_events("a\x00"),
+     InvalidArgument, "entity type"),
+    ("cleanup persistence ids as one string", lambda j: JournalCleanup(j, dry_run=False).events_before_snapshot(
+        persistence_ids="Cart|seeded"), InvalidArgument, "got a single string"),
+    ("cleanup reset given as a string", lambda j: JournalCleanup(j, dry_run=False).tombstoned(
+        reset_sequence_number="yes"), InvalidArgument, "reset must be True or False"),
+    ("firehose buffer of 1", lambda j: Firehose(j, buffer_size=1), ConfigurationError, "buffer_size must be"),
+    ("firehose from a string offset", lambda j: Firehose(j).events_by_slices("Cart", 0, 1023, "x"), InvalidArgument,
+     "NoOffset or a TimestampOffset"),
+    ("transcoder with lz4", lambda j: Transcoder(compression="lz4"), ConfigurationError, "compression must be one of"),
+    ("master key of 16 bytes", lambda j: AesGcmKeyWrapper(b"0" * 16), ConfigurationError,
+     "master_key must be 32 bytes (AES-256), got 16 bytes"),
+    ("encryption without a persistence id", lambda j: SerializerRegistry(transcoder=Transcoder(
+        key_store=InMemoryKeyStore())).serialize({"a": 1}), SerializationError, "needs its persistence id"),
 ]
 
 
@@ -272,6 +295,12 @@ CLI: list[tuple[str, list[str], str]] = [
     ("cli: tag events of empty tag", ["tags", "events", ""], "tag"),
     ("cli: cleanup of empty pid", ["cleanup", "events", ""], "persistence id must not be empty"),
     ("cli: verify with negative examples", ["verify", "--examples", "-1"], "greater than or equal to 0"),
+    ("cli: cleanup before a time without a zone", ["cleanup", "before-time", "2026-01-01T00:00:00", "--execute"],
+     "must carry a time zone"),
+    ("cli: cleanup batch size 0", ["cleanup", "tombstoned", "--batch-size", "0", "--execute"], "--batch-size"),
+    ("cli: cleanup execute and dry run", ["cleanup", "entity-type", "Cart", "--execute", "--dry-run"],
+     "contradict each other"),
+    ("cli: cleanup of an entity type with NUL", ["cleanup", "entity-type", "Ca\x00rt", "--execute"], "entity type"),
 ]
 
 

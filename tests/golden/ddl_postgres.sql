@@ -203,5 +203,16 @@ CREATE INDEX durable_state_slice_idx ON durable_state (slice, entity_type, db_ti
 
 UPDATE pgjournal_version SET version_num='0006' WHERE pgjournal_version.version_num = '0005';
 
+-- Running upgrade 0006 -> 0007
+
+CREATE TABLE pgjournal_payload_keys (
+    persistence_id VARCHAR(255) NOT NULL, 
+    wrapped_key BYTEA NOT NULL, 
+    created_at TIMESTAMP WITH TIME ZONE NOT NULL, 
+    CONSTRAINT pgjournal_payload_keys_pkey PRIMARY KEY (persistence_id)
+);
+
+UPDATE pgjournal_version SET version_num='0007' WHERE pgjournal_version.version_num = '0006';
+
 COMMIT;
 

@@ -1,0 +1,232 @@
+"""Key stores for payload encryption (:mod:`pgjournal.transcoding`): one AES-256 data key per persistence id.
+
+The interface (:class:`KeyStore`) is three thread-safe methods:
+
+* ``key(persistence_id) -> bytes | None``: the persistence id's 32-byte key, ``None`` when it has none (never
+  written, or deleted: readers then deliver its payloads as redacted);
+* ``create_key(persistence_id) -> bytes``: its key, made and stored first when it has none; two processes
+  creating the key of one persistence id at once must end up with the same key;
+* ``delete_key(persistence_id) -> bool``: forget the key for good (crypto-shredding); ``True`` if there was one.
+
+Two implementations: :class:`InMemoryKeyStore` (tests, short-lived tools) and :class:`PostgresKeyStore`, which
+keeps each data key *wrapped* (encrypted) by a key-encryption key in ``pgjournal_payload_keys``, so a copy of
+the database alone reads nothing. The wrapping is a :class:`KeyWrapper`: :class:`AesGcmKeyWrapper` with a
+32-byte master key the application holds, or your own. A KMS-backed store needs only a wrapper whose ``wrap``
+and ``unwrap`` call the KMS's encrypt and decrypt (envelope encryption: the KMS never sees payloads, one KMS
+call per persistence id per cache period); or implement :class:`KeyStore` directly over the KMS's own key
+storage. Either way, deleting the key row (or the KMS key) is what shreds.
+
+Caching: :class:`PostgresKeyStore` keeps keys (and their absence) for ``cache_ttl`` seconds. A key deleted
+through one store is forgotten by that store at once; other processes keep using a cached copy for at most
+``cache_ttl``, so shred a persistence id once nothing writes to it any more.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Protocol, runtime_checkable
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from .connections import connection_kwargs
+from .dsn import mask_dsn, resolve_dsn
+from .errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    DecryptionError,
+    RetriesExhausted,
+    SchemaNotMigrated,
+)
+from .settings import Settings
+from .store import keys as sql
+from .transcoding import check_key, new_key, open_sealed, seal
+from .validation import check_persistence_id
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """Per-persistence-id data keys (see the module docstring for the contract)."""
+
+    def key(self, persistence_id: str) -> bytes | None: ...
+
+    def create_key(self, persistence_id: str) -> bytes: ...
+
+    def delete_key(self, persistence_id: str) -> bool: ...
+
+
+class KeyWrapper(Protocol):
+    """Encrypts data keys for storage (a master key, or a KMS)."""
+
+    def wrap(self, key: bytes, persistence_id: str) -> bytes: ...
+
+    def unwrap(self, wrapped: bytes, persistence_id: str) -> bytes: ...
+
+
+class InMemoryKeyStore:
+    """Keys in a dict of this process: gone when it exits. For tests and tools."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def key(self, persistence_id: str) -> bytes | None:
+        return self._keys.get(persistence_id)
+
+    def create_key(self, persistence_id: str) -> bytes:
+        with self._lock:
+            return self._keys.setdefault(check_persistence_id(persistence_id), new_key())
+
+    def delete_key(self, persistence_id: str) -> bool:
+        with self._lock:
+            return self._keys.pop(check_persistence_id(persistence_id), None) is not None
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+_WRAP_ASSOCIATED = b"pgjournal payload key\x00"
+
+
+class AesGcmKeyWrapper:
+    """Wraps data keys with AES-256-GCM under ``master_key`` (32 bytes), bound to their persistence id."""
+
+    def __init__(self, master_key: bytes) -> None:
+        self._master = check_key(master_key, "master_key")
+
+    def wrap(self, key: bytes, persistence_id: str) -> bytes:
+        return seal(self._master, key, _WRAP_ASSOCIATED + persistence_id.encode("utf-8"))
+
+    def unwrap(self, wrapped: bytes, persistence_id: str) -> bytes:
+        return open_sealed(self._master, bytes(wrapped), _WRAP_ASSOCIATED + persistence_id.encode("utf-8"))
+
+
+_ABSENT = b""
+_RETRIES = 5
+
+
+class PostgresKeyStore:
+    """Data keys in ``pgjournal_payload_keys`` (run ``pgjournal migrate``), wrapped by ``master_key`` (32 bytes)
+    or by ``wrapper`` (a :class:`KeyWrapper`, e.g. one calling a KMS). ``dsn``: the journal's database (default:
+    the embedded server, as :meth:`pgjournal.Journal.open`). ``close()`` (or ``with``) releases its connections.
+    """
+
+    def __init__(self, dsn: str | None = None, *, master_key: bytes | None = None,
+                 wrapper: KeyWrapper | None = None, cache_ttl: float = 30.0, cache_size: int = 100_000,
+                 pool_max_size: int = 4, **settings: Any) -> None:
+        if (master_key is None) == (wrapper is None):
+            raise ConfigurationError("PostgresKeyStore needs exactly one of master_key (32 bytes) or wrapper (a "
+                                     "KeyWrapper): data keys are never stored in the clear")
+        self._wrapper: KeyWrapper = wrapper if wrapper is not None else AesGcmKeyWrapper(master_key)  # type: ignore
+        if not all(callable(getattr(self._wrapper, m, None)) for m in ("wrap", "unwrap")):
+            raise ConfigurationError(f"wrapper must have wrap and unwrap, got {type(self._wrapper).__name__}")
+        if isinstance(cache_ttl, bool) or not isinstance(cache_ttl, int | float) or not 0 <= cache_ttl <= 86_400:
+            raise ConfigurationError(f"cache_ttl must be a number of seconds from 0 to 86,400, got {cache_ttl!r}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ConfigurationError(f"cache_size must be a positive integer, got {cache_size!r}")
+        loaded = Settings.load(**settings)
+        self.dsn = resolve_dsn(dsn)
+        self._ttl = float(cache_ttl)
+        self._size = cache_size
+        self._cache: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = ConnectionPool(self.dsn, min_size=1, max_size=max(1, pool_max_size),
+                                    kwargs={"autocommit": True, **connection_kwargs(loaded, statement_timeout=True)},
+                                    timeout=loaded.connect_timeout, name="pgjournal-keys", open=False)
+        self._pool.open(wait=False)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PostgresKeyStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- the KeyStore interface --------------------------------------------------------------------------
+
+    def key(self, persistence_id: str) -> bytes | None:
+        cached = self._cached(persistence_id)
+        if cached is not None:
+            return cached or None
+        row = self._run(sql.get(persistence_id), one=True)
+        key = self._unwrap(row[0], persistence_id) if row else None
+        self._remember(persistence_id, key)
+        return key
+
+    def create_key(self, persistence_id: str) -> bytes:
+        cached = self._cached(persistence_id)
+        if cached:
+            return cached
+        pid = check_persistence_id(persistence_id)
+        fresh = new_key()
+        if self._run(sql.insert(pid, self._wrapper.wrap(fresh, pid)), one=True) is not None:
+            key = fresh
+        else:  # another writer stored one first: use that
+            row = self._run(sql.get(pid), one=True)
+            if row is None:  # ... and it was deleted in between: try again
+                return self.create_key(pid)
+            key = self._unwrap(row[0], pid)
+        self._remember(pid, key)
+        return key
+
+    def delete_key(self, persistence_id: str) -> bool:
+        pid = check_persistence_id(persistence_id)
+        deleted = self._run(sql.delete(pid), rowcount=True)
+        with self._lock:
+            self._cache.pop(pid, None)
+        return bool(deleted)
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _unwrap(self, wrapped: bytes, pid: str) -> bytes:
+        try:
+            return check_key(self._wrapper.unwrap(bytes(wrapped), pid), "an unwrapped key")
+        except (ValueError, ConfigurationError) as exc:
+            raise DecryptionError(f"cannot unwrap the payload key of persistence id {pid!r}: {exc}; is this the "
+                                  "master key (wrapper) the keys were stored with?", persistence_id=pid) from None
+
+    def _cached(self, pid: str) -> bytes | None:
+        """The cached key, ``b""`` for a cached absence, ``None`` when not cached (or expired)."""
+        with self._lock:
+            entry = self._cache.get(pid)
+            if entry is None:
+                return None
+            if entry[1] < time.monotonic():
+                del self._cache[pid]
+                return None
+            self._cache.move_to_end(pid)
+            return entry[0]
+
+    def _remember(self, pid: str, key: bytes | None) -> None:
+        if self._ttl <= 0:
+            return
+        with self._lock:
+            self._cache[pid] = (key or _ABSENT, time.monotonic() + self._ttl)
+            self._cache.move_to_end(pid)
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+
+    def _run(self, query: tuple[str, tuple[Any, ...]], *, one: bool = False, rowcount: bool = False) -> Any:
+        """Run one statement (its own transaction); serialization failures and deadlocks (SERIALIZABLE databases
+        such as CockroachDB) are tried again: every statement of the store may run twice."""
+        for attempt in range(1, _RETRIES + 2):
+            try:
+                with self._pool.connection() as conn:
+                    cur = conn.execute(*query)
+                    return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
+            except PoolTimeout:
+                raise DatabaseUnavailable(f"key store: no connection to {mask_dsn(self.dsn)}") from None
+            except psycopg.errors.UndefinedTable:
+                raise SchemaNotMigrated(f"the database has no {sql.TABLE} table; run `pgjournal migrate`") from None
+            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                if attempt > _RETRIES:
+                    raise RetriesExhausted(f"the key store's statement failed {attempt} times with SQLSTATE "
+                                           f"{exc.sqlstate}; nothing was changed") from exc
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(f"key store: lost the connection to {mask_dsn(self.dsn)}: "
+                                          f"{mask_dsn(' '.join(str(exc).split()))}") from None
+        raise AssertionError("unreachable")
