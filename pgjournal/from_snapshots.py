@@ -23,6 +23,7 @@ from .envelope import EventEnvelope, Source
 from .errors import InvalidArgument
 from .offsets import NoOffset, Offset
 from .polling import LiveQuery
+from .steps import Step, run_pooled, statement
 from .store.snapshots import snapshots_by_slices
 
 if TYPE_CHECKING:
@@ -38,10 +39,15 @@ def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int,
         raise InvalidArgument(f"transform must be a function from a snapshot to an event, got "
                               f"{type(transform).__name__}")
     query = SliceQuery(journal, entity_type, min_slice, max_slice, offset)
-    start = query.start
-    sql, params = snapshots_by_slices(journal.dialect, query.entity_type, min_slice, max_slice, start.timestamp)
-    with journal.connection() as conn:
-        rows = conn.execute(sql, params).fetchall()
+    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform), journal.connection)
+
+
+def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform: Transform
+                   ) -> Step[list[EventEnvelope]]:
+    """The snapshot envelopes of the query's range taken after its start, each marked delivered in its gate."""
+    journal, start = query.journal, query.start
+    rows = yield statement(snapshots_by_slices(journal.dialect, query.entity_type, min_slice, max_slice,
+                                               start.timestamp))
     serializers = journal.serializers
     out: list[EventEnvelope] = []
     for slice_, entity, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta in rows:
@@ -53,8 +59,8 @@ def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int,
             meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid, seq_nr=seq_nr)
         out.append(EventEnvelope(pid, seq_nr, slice_, entity, ts, start, transform(snapshot), tuple(tags or ()),
                                  metadata, Source.SNAPSHOT))
-        query.delivered[pid] = (seq_nr, ts)
-    return query, out
+        query.gate.deliver(pid, seq_nr, ts)
+    return out
 
 
 def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,

@@ -1,0 +1,235 @@
+"""Sans-I/O steps: query logic that *describes* its statements, and the thin drivers that run them.
+
+A *step* is a generator. It yields a request and receives the answer:
+
+* :class:`Statement` (SQL, parameters and the fetch options: binary, prepared or not, streamed in chunks)
+  → the rows (a list of tuples), or the row count for a statement that returns no rows;
+* :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
+  once for a statement that was not streamed);
+* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment).
+
+Its return value is the step's result. A statement that fails raises inside the step, at its ``yield``,
+as a ``conn.execute`` would; a step that is abandoned (its driver cancelled) is closed, so its ``finally``
+and ``except BaseException`` blocks run. The logic never touches a connection, so the same step runs on
+a blocking connection with :func:`run` and on an asyncio one with :func:`arun`: one implementation of the
+SQL and the rules, two thin drivers (as psycopg generates its sync code from its async code).
+
+A query that needs several connections in turn (a current query: one per page) is a sequence of steps,
+each returning a list of items; :func:`drive` and :func:`adrive` run such a sequence, each step on a
+connection borrowed for it, and yield the items. The sequence is lazy: it may read the state the previous
+step left before it makes the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import psycopg
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement to run and fetch."""
+
+    sql: str
+    params: Any = None
+    #: Binary results (timestamps, bytea and integers parse faster).
+    binary: bool = False
+    #: ``None``: psycopg's default (prepared once it ran ``prepare_threshold`` times); ``False``: never
+    #: (a generic plan cannot prune partitions or use the bounds: the by-slice page was measured ~9x slower).
+    prepare: bool | None = None
+    #: ``> 1``: stream the rows in chunks of this size (libpq 17+), the first chunk as the answer and the
+    #: next ones for :data:`MORE`; the step must read to the end (an empty chunk) before its next statement.
+    stream: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait this many seconds (the connection stays with the step)."""
+
+    seconds: float
+
+
+class _More:
+    def __repr__(self) -> str:
+        return "MORE"
+
+
+#: Ask for the next chunk of the statement being streamed.
+MORE = _More()
+
+Request = Statement | Sleep | _More
+Step = Generator[Request, Any, R]
+
+
+def statement(query: tuple[str, Any], **options: Any) -> Statement:
+    """A store's ``(sql, params)`` as a :class:`Statement` with fetch ``options``."""
+    return Statement(query[0], query[1], **options)
+
+
+def rows_of(query: tuple[str, Any], **options: Any) -> Step[list[Any]]:
+    """A step of one statement: its rows."""
+    rows: list[Any] = yield statement(query, **options)
+    return rows
+
+
+def done(value: R) -> Step[R]:
+    """A step that runs nothing and returns ``value``."""
+    return value
+    yield  # pragma: no cover - makes this a generator
+
+
+# -- the blocking driver -------------------------------------------------------------------------------
+
+
+class _SyncFetch:
+    """Runs the requests of one step on a blocking connection."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.chunks: Iterator[list[Any]] | None = None
+        self._stream: Any = None
+
+    def answer(self, request: Request) -> Any:
+        if request is MORE:
+            return next(self.chunks, []) if self.chunks is not None else []
+        self.close_stream()
+        if isinstance(request, Sleep):
+            time.sleep(request.seconds)
+            return None
+        assert isinstance(request, Statement), request
+        if request.stream > 1:
+            cur = self.conn.cursor(binary=request.binary)
+            stream = cur.stream(request.sql, request.params, size=request.stream)
+            self._stream = stream
+            self.chunks = iter(lambda: list(itertools.islice(stream, request.stream)), [])
+            return next(self.chunks, [])
+        with self.conn.cursor(binary=request.binary) as cur:
+            cur.execute(request.sql, request.params, prepare=request.prepare)
+            return cur.fetchall() if cur.description is not None else cur.rowcount
+
+    def close_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream, self.chunks = self._stream, None, None
+            stream.close()  # psycopg cancels and drains what is left
+
+
+def run(step: Step[R], conn: psycopg.Connection) -> R:
+    """Run ``step`` on a blocking connection and return its result."""
+    fetch = _SyncFetch(conn)
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                request = step.throw(error) if error is not None else step.send(answer)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+            error = None
+            try:
+                answer = fetch.answer(request)
+            except Exception as exc:  # raised inside the step, where it asked
+                fetch.close_stream()
+                error = exc
+    finally:
+        fetch.close_stream()
+        step.close()
+
+
+def run_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> R:
+    """Run ``step`` on a connection borrowed from ``connection()`` (e.g. ``journal.connection``)."""
+    with connection() as conn:
+        return run(step, conn)
+
+
+def drive(steps: Iterable[Step[list[T]]],
+          connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> Iterator[T]:
+    """Run each step of ``steps`` on a connection borrowed for it; yield the items each returns."""
+    for step in steps:
+        with connection() as conn:
+            items = run(step, conn)
+        yield from items
+
+
+# -- the asyncio driver --------------------------------------------------------------------------------
+
+
+class _AsyncFetch:
+    """Runs the requests of one step on an asyncio connection."""
+
+    def __init__(self, conn: psycopg.AsyncConnection) -> None:
+        self.conn = conn
+        self._stream: Any = None
+        self._size = 0
+
+    async def answer(self, request: Request) -> Any:
+        if request is MORE:
+            return await self._chunk() if self._stream is not None else []
+        await self.close_stream()
+        if isinstance(request, Sleep):
+            await asyncio.sleep(request.seconds)
+            return None
+        assert isinstance(request, Statement), request
+        if request.stream > 1:
+            cur = self.conn.cursor(binary=request.binary)
+            self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
+            return await self._chunk()
+        async with self.conn.cursor(binary=request.binary) as cur:
+            await cur.execute(request.sql, request.params, prepare=request.prepare)
+            return await cur.fetchall() if cur.description is not None else cur.rowcount
+
+    async def _chunk(self) -> list[Any]:
+        chunk: list[Any] = []
+        async for row in self._stream:
+            chunk.append(row)
+            if len(chunk) >= self._size:
+                break
+        return chunk
+
+    async def close_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.aclose()
+
+
+async def arun(step: Step[R], conn: psycopg.AsyncConnection) -> R:
+    """Run ``step`` on an asyncio connection and return its result (cancelling it closes the step)."""
+    fetch = _AsyncFetch(conn)
+    answer: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                request = step.throw(error) if error is not None else step.send(answer)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+            error = None
+            try:
+                answer = await fetch.answer(request)
+            except Exception as exc:
+                await fetch.close_stream()
+                error = exc
+    finally:
+        await fetch.close_stream()
+        step.close()
+
+
+async def adrive(steps: Iterable[Step[list[T]]],
+                 connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]]
+                 ) -> AsyncIterator[T]:
+    """:func:`drive` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
+    for step in steps:
+        async with connection() as conn:
+            items = await arun(step, conn)
+        for item in items:
+            yield item
