@@ -94,6 +94,11 @@ class Gate(Generic[S]):
         """Record event ``seq_nr`` of ``pid`` delivered (call it in sequence order)."""
         self.delivered[pid] = (seq_nr, stamp)
 
+    def assume(self, pid: str, seq_nr: int, stamp: S) -> None:
+        """Count everything of ``pid`` up to ``seq_nr`` as delivered, unless ``pid`` is known already (what a
+        caller learnt lies before its start)."""
+        self.delivered.setdefault(pid, (seq_nr, stamp))
+
     def forget(self, before: datetime, when: Callable[[S], datetime] | None = None) -> None:
         """Forget the persistence ids last delivered before ``before`` (``when``: a stamp's time; default
         the stamp itself). The bound only moves forward."""

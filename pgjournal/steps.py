@@ -93,10 +93,15 @@ def done(value: R) -> Step[R]:
 
 
 class _SyncFetch:
-    """Runs the requests of one step on a blocking connection."""
+    """Runs the requests of one step on a blocking connection (borrowed at its first statement, when the step
+    is given a ``connection`` factory instead)."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection | None,
+                 connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]] | None = None
+                 ) -> None:
         self.conn = conn
+        self._connection = connection
+        self._borrowed = contextlib.ExitStack()
         self.chunks: Iterator[list[Any]] | None = None
         self._stream: Any = None
 
@@ -108,6 +113,9 @@ class _SyncFetch:
             time.sleep(request.seconds)
             return None
         assert isinstance(request, Statement), request
+        if self.conn is None:
+            assert self._connection is not None
+            self.conn = self._borrowed.enter_context(self._connection())
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary)
             stream = cur.stream(request.sql, request.params, size=request.stream)
@@ -126,49 +134,62 @@ class _SyncFetch:
 
 def run(step: Step[R], conn: psycopg.Connection) -> R:
     """Run ``step`` on a blocking connection and return its result."""
-    fetch = _SyncFetch(conn)
-    answer: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                request = step.throw(error) if error is not None else step.send(answer)
-            except StopIteration as finished:
-                return finished.value  # type: ignore[no-any-return]
-            error = None
-            try:
-                answer = fetch.answer(request)
-            except Exception as exc:  # raised inside the step, where it asked
-                fetch.close_stream()
-                error = exc
-    finally:
-        fetch.close_stream()
-        step.close()
+    return _run(step, _SyncFetch(conn))
 
 
 def run_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> R:
-    """Run ``step`` on a connection borrowed from ``connection()`` (e.g. ``journal.connection``)."""
-    with connection() as conn:
-        return run(step, conn)
+    """Run ``step`` on a connection borrowed from ``connection()`` (e.g. ``journal.connection``) at its first
+    statement and returned when it ends (a step that only sleeps borrows none)."""
+    return _run(step, _SyncFetch(None, connection))
+
+
+def _advance(step: Step[R], answer: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Hand the step its answer (or raise ``error`` where it asked): ``(False, its next request)``, or
+    ``(True, its result)``."""
+    try:
+        return False, step.throw(error) if error is not None else step.send(answer)
+    except StopIteration as finished:
+        return True, finished.value
+
+
+def _run(step: Step[R], fetch: _SyncFetch) -> R:
+    answer, error = None, None
+    with fetch._borrowed:
+        try:
+            while True:
+                finished, request = _advance(step, answer, error)
+                if finished:
+                    return request  # type: ignore[no-any-return]
+                try:
+                    answer, error = fetch.answer(request), None
+                except Exception as exc:  # raised inside the step, where it asked
+                    fetch.close_stream()
+                    answer, error = None, exc
+        finally:
+            fetch.close_stream()
+            step.close()
 
 
 def drive(steps: Iterable[Step[list[T]]],
           connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> Iterator[T]:
     """Run each step of ``steps`` on a connection borrowed for it; yield the items each returns."""
     for step in steps:
-        with connection() as conn:
-            items = run(step, conn)
-        yield from items
+        yield from run_pooled(step, connection)
 
 
 # -- the asyncio driver --------------------------------------------------------------------------------
 
 
 class _AsyncFetch:
-    """Runs the requests of one step on an asyncio connection."""
+    """Runs the requests of one step on an asyncio connection (borrowed at its first statement, when the step
+    is given a ``connection`` factory instead)."""
 
-    def __init__(self, conn: psycopg.AsyncConnection) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection | None,
+                 connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]] | None
+                 = None) -> None:
         self.conn = conn
+        self._connection = connection
+        self._borrowed = contextlib.AsyncExitStack()
         self._stream: Any = None
         self._size = 0
 
@@ -180,6 +201,9 @@ class _AsyncFetch:
             await asyncio.sleep(request.seconds)
             return None
         assert isinstance(request, Statement), request
+        if self.conn is None:
+            assert self._connection is not None
+            self.conn = await self._borrowed.enter_async_context(self._connection())
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary)
             self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
@@ -204,32 +228,37 @@ class _AsyncFetch:
 
 async def arun(step: Step[R], conn: psycopg.AsyncConnection) -> R:
     """Run ``step`` on an asyncio connection and return its result (cancelling it closes the step)."""
-    fetch = _AsyncFetch(conn)
-    answer: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                request = step.throw(error) if error is not None else step.send(answer)
-            except StopIteration as finished:
-                return finished.value  # type: ignore[no-any-return]
-            error = None
-            try:
-                answer = await fetch.answer(request)
-            except Exception as exc:
-                await fetch.close_stream()
-                error = exc
-    finally:
-        await fetch.close_stream()
-        step.close()
+    return await _arun(step, _AsyncFetch(conn))
+
+
+async def arun_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractAsyncContextManager[
+        psycopg.AsyncConnection]]) -> R:
+    """:func:`run_pooled` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
+    return await _arun(step, _AsyncFetch(None, connection))
+
+
+async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
+    answer, error = None, None
+    async with fetch._borrowed:
+        try:
+            while True:
+                finished, request = _advance(step, answer, error)
+                if finished:
+                    return request  # type: ignore[no-any-return]
+                try:
+                    answer, error = await fetch.answer(request), None
+                except Exception as exc:
+                    await fetch.close_stream()
+                    answer, error = None, exc
+        finally:
+            await fetch.close_stream()
+            step.close()
 
 
 async def adrive(steps: Iterable[Step[list[T]]],
                  connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]]
                  ) -> AsyncIterator[T]:
-    """:func:`drive` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
+    """:func:`drive` for asyncio."""
     for step in steps:
-        async with connection() as conn:
-            items = await arun(step, conn)
-        for item in items:
+        for item in await arun_pooled(step, connection):
             yield item
