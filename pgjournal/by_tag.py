@@ -54,6 +54,7 @@ from .validation import check_name
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 MAX_MISSING = 5000
 #: Rows per chunk while a page streams in (chunked results need libpq 17; older ones read whole pages).
@@ -153,8 +154,10 @@ class TagStream:
     """The state of one events_by_tag query. Its polls are steps (:mod:`pgjournal.steps`): ``poll_step`` for a
     live query, ``current_steps`` for a current one; ``poll()`` runs one on the journal's pool."""
 
-    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool) -> None:
+    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool,
+                 serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers if serializers is not None else journal.serializers
         self._tracker = journal.horizon_tracker()
         self._tag = check_name(tag, "tag")
         settings = journal.settings
@@ -211,7 +214,7 @@ class TagStream:
 
     def _decode(self, row: Sequence[Any], pos: tuple[int, int], source: Source) -> TagEnvelope:
         ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, meta_manifest, meta, writer = row
-        serializers = self._journal.serializers
+        serializers = self._serializers
         try:
             event = serializers.deserialize(ser_id, manifest, payload)
             metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta)
@@ -453,15 +456,18 @@ class TagStream:
 
 
 class ByTag:
-    def __init__(self, journal: Journal) -> None:
+    """The blocking face of events_by_tag: runs :class:`TagStream` steps on the journal's pool."""
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers
 
     def current(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events with ``tag`` after ``offset`` up to now minus the eventual consistency delay (at start)."""
-        stream = TagStream(self._journal, tag, offset, live=False)
+        stream = TagStream(self._journal, tag, offset, live=False, serializers=self._serializers)
         return drive(stream.current_steps(), self._journal.connection)
 
     def live(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
         """Events with ``tag`` after ``offset``, polling for new ones until ``close()``."""
-        stream = TagStream(self._journal, tag, offset, live=True)
+        stream = TagStream(self._journal, tag, offset, live=True, serializers=self._serializers)
         return self._journal.live_query(stream.poll, entity_types=None)

@@ -28,27 +28,28 @@ from .store.snapshots import snapshots_by_slices
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 Transform = Callable[[Any], Any]
 
 
 def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
-             transform: Transform) -> tuple[SliceQuery, list[EventEnvelope]]:
+             transform: Transform, serializers: SerializerRegistry | None) -> tuple[SliceQuery, list[EventEnvelope]]:
     """The by-slice query with the snapshots' sequence numbers marked delivered, and the snapshot envelopes."""
     if not callable(transform):
         raise InvalidArgument(f"transform must be a function from a snapshot to an event, got "
                               f"{type(transform).__name__}")
-    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset)
-    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform), journal.connection)
+    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset, serializers=serializers)
+    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform, serializers), journal.connection)
 
 
-def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform: Transform
-                   ) -> Step[list[EventEnvelope]]:
+def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform: Transform,
+                   serializers: SerializerRegistry | None = None) -> Step[list[EventEnvelope]]:
     """The snapshot envelopes of the query's range taken after its start, each marked delivered in its gate."""
     journal, start = query.journal, query.start
     rows = yield statement(snapshots_by_slices(journal.dialect, query.entity_type, min_slice, max_slice,
                                                start.timestamp))
-    serializers = journal.serializers
+    serializers = serializers if serializers is not None else journal.serializers
     out: list[EventEnvelope] = []
     for slice_, entity, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, meta_manifest, meta in rows:
         if ts == start.timestamp and start.seen.get(pid, 0) >= seq_nr:
@@ -64,8 +65,8 @@ def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform:
 
 
 def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
-            transform: Transform) -> Iterator[EventEnvelope]:
-    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform)
+            transform: Transform, serializers: SerializerRegistry | None = None) -> Iterator[EventEnvelope]:
+    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
     events = journal.by_slices.run_current(query)
 
     def chained() -> Iterator[EventEnvelope]:
@@ -76,8 +77,8 @@ def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, 
 
 
 def live(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
-         transform: Transform) -> SnapshotsThenLive:
-    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform)
+         transform: Transform, serializers: SerializerRegistry | None = None) -> SnapshotsThenLive:
+    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
     return SnapshotsThenLive(snapshots, journal.by_slices.run_live(query))
 
 

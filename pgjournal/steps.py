@@ -15,9 +15,9 @@ a blocking connection with :func:`run` and on an asyncio one with :func:`arun`: 
 SQL and the rules, two thin drivers (as psycopg generates its sync code from its async code).
 
 A query that needs several connections in turn (a current query: one per page) is a sequence of steps,
-each returning a list of items; :func:`drive` and :func:`adrive` run such a sequence, each step on a
-connection borrowed for it, and yield the items. The sequence is lazy: it may read the state the previous
-step left before it makes the next one.
+each returning a list of items (:data:`Steps`); :func:`drive` and :func:`adrive` run such a sequence, each
+step on a connection borrowed for it, and yield the items. The sequence is lazy: it makes the next step
+after the previous one ran, from what it returned or the state it left.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ MORE = _More()
 
 Request = Statement | Sleep | _More
 Step = Generator[Request, Any, R]
+#: A query that runs on several connections in turn: its steps, each returning a list of items. A generator of
+#: steps receives what each step returned (``items = yield step``) and may read the state it left.
+Steps = Iterable[Step[list[T]]]
 
 
 def statement(query: tuple[str, Any], **options: Any) -> Statement:
@@ -83,10 +86,16 @@ def rows_of(query: tuple[str, Any], **options: Any) -> Step[list[Any]]:
     return rows
 
 
-def done(value: R) -> Step[R]:
-    """A step that runs nothing and returns ``value``."""
-    return value
-    yield  # pragma: no cover - makes this a generator
+def joined(steps: Steps[T]) -> Step[list[T]]:
+    """A sequence of steps as one step (all on one connection): the items of all of them."""
+    out: list[T] = []
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = yield from step
+        out.extend(items)
+        step = _following(sequence, items)
+    return out
 
 
 # -- the blocking driver -------------------------------------------------------------------------------
@@ -170,11 +179,15 @@ def _run(step: Step[R], fetch: _SyncFetch) -> R:
             step.close()
 
 
-def drive(steps: Iterable[Step[list[T]]],
-          connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> Iterator[T]:
+def drive(steps: Steps[T], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]
+          ) -> Iterator[T]:
     """Run each step of ``steps`` on a connection borrowed for it; yield the items each returns."""
-    for step in steps:
-        yield from run_pooled(step, connection)
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = run_pooled(step, connection)
+        yield from items
+        step = _following(sequence, items)
 
 
 # -- the asyncio driver --------------------------------------------------------------------------------
@@ -255,10 +268,22 @@ async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
             step.close()
 
 
-async def adrive(steps: Iterable[Step[list[T]]],
+async def adrive(steps: Steps[T],
                  connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]]
                  ) -> AsyncIterator[T]:
     """:func:`drive` for asyncio."""
-    for step in steps:
-        for item in await arun_pooled(step, connection):
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = await arun_pooled(step, connection)
+        for item in items:
             yield item
+        step = _following(sequence, items)
+
+
+def _following(sequence: Iterator[Step[list[T]]], items: list[T]) -> Step[list[T]] | None:
+    """The step after one that returned ``items`` (a generator of steps receives them), ``None`` at the end."""
+    try:
+        return sequence.send(items) if isinstance(sequence, Generator) else next(sequence)
+    except StopIteration:
+        return None
