@@ -70,9 +70,10 @@ MORE = _More()
 
 Request = Statement | Sleep | _More
 Step = Generator[Request, Any, R]
-#: A query that runs on several connections in turn: its steps, each returning a list of items. A generator of
-#: steps receives what each step returned (``items = yield step``) and may read the state it left.
-Steps = Iterable[Step[list[T]]]
+#: A query that runs on several connections in turn: its steps, each returning its items (a list, or an
+#: iterator that makes them as they are read, after the connection went back). A generator of steps receives
+#: what each step returned (``items = yield step``) and may read the state it left.
+Steps = Iterable[Step[Iterable[T]]]
 
 
 def statement(query: tuple[str, Any], **options: Any) -> Statement:
@@ -281,7 +282,7 @@ async def adrive(steps: Steps[T],
         step = _following(sequence, items)
 
 
-def _following(sequence: Iterator[Step[list[T]]], items: list[T]) -> Step[list[T]] | None:
+def _following(sequence: Iterator[Step[Iterable[T]]], items: Iterable[T]) -> Step[Iterable[T]] | None:
     """The step after one that returned ``items`` (a generator of steps receives them), ``None`` at the end."""
     try:
         return sequence.send(items) if isinstance(sequence, Generator) else next(sequence)
