@@ -87,7 +87,10 @@ class Gate(Generic[S]):
         the missing numbers are ``after + 1 .. seq_nr - 1``, all of those above the caller's floor when
         ``after`` is ``None``)."""
         known = self.delivered.get(pid)
-        after = known[0] if known is not None else unknown(pid, seq_nr)
+        if known is not None:  # the common case, inline (a catch-up judges every row)
+            last = known[0]
+            return (DUPLICATE if seq_nr <= last else NEXT if seq_nr == last + 1 else GAP), last
+        after = unknown(pid, seq_nr)
         return judge(after, seq_nr), after
 
     def deliver(self, pid: str, seq_nr: int, stamp: S) -> None:
