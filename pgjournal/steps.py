@@ -136,6 +136,14 @@ class _SyncFetch:
             cur.execute(request.sql, request.params, prepare=request.prepare)
             return cur.fetchall() if cur.description is not None else cur.rowcount
 
+    def outcome(self, request: Request) -> tuple[Any, BaseException | None]:
+        """``(answer, None)``, or ``(None, error)`` to raise inside the step, where it asked."""
+        try:
+            return self.answer(request), None
+        except Exception as exc:
+            self.close_stream()
+            return None, exc
+
     def close_stream(self) -> None:
         if self._stream is not None:
             stream, self._stream, self.chunks = self._stream, None, None
@@ -163,18 +171,14 @@ def _advance(step: Step[R], answer: Any, error: BaseException | None) -> tuple[b
 
 
 def _run(step: Step[R], fetch: _SyncFetch) -> R:
-    answer, error = None, None
+    outcome: tuple[Any, BaseException | None] = (None, None)
     with fetch._borrowed:
         try:
             while True:
-                finished, request = _advance(step, answer, error)
+                finished, request = _advance(step, *outcome)
                 if finished:
                     return request  # type: ignore[no-any-return]
-                try:
-                    answer, error = fetch.answer(request), None
-                except Exception as exc:  # raised inside the step, where it asked
-                    fetch.close_stream()
-                    answer, error = None, exc
+                outcome = fetch.outcome(request)
         finally:
             fetch.close_stream()
             step.close()
@@ -234,6 +238,14 @@ class _AsyncFetch:
                 break
         return chunk
 
+    async def outcome(self, request: Request) -> tuple[Any, BaseException | None]:
+        """``(answer, None)``, or ``(None, error)`` to raise inside the step, where it asked."""
+        try:
+            return await self.answer(request), None
+        except Exception as exc:
+            await self.close_stream()
+            return None, exc
+
     async def close_stream(self) -> None:
         if self._stream is not None:
             stream, self._stream = self._stream, None
@@ -252,18 +264,14 @@ async def arun_pooled(step: Step[R], connection: Callable[[], contextlib.Abstrac
 
 
 async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
-    answer, error = None, None
+    outcome: tuple[Any, BaseException | None] = (None, None)
     async with fetch._borrowed:
         try:
-            while True:
-                finished, request = _advance(step, answer, error)
-                if finished:
-                    return request  # type: ignore[no-any-return]
-                try:
-                    answer, error = await fetch.answer(request), None
-                except Exception as exc:
-                    await fetch.close_stream()
-                    answer, error = None, exc
+            finished, request = _advance(step, *outcome)
+            while not finished:
+                outcome = await fetch.outcome(request)
+                finished, request = _advance(step, *outcome)
+            return request  # type: ignore[no-any-return]
         finally:
             await fetch.close_stream()
             step.close()
