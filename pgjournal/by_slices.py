@@ -246,7 +246,7 @@ class SliceQuery:
         # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted.
         start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
         start_seen = self.start.seen
-        judge, deliver = self.gate.judge, self.gate.deliver
+        take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
         main_cursor = self.main
         ts_at, seen = cursor.ts, cursor.seen
         for row in rows:
@@ -261,12 +261,13 @@ class SliceQuery:
             cursor.last_seq, cursor.last_pid = seq_nr, pid
             if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
                 continue  # consumed before this query started (only backtracking can meet these)
-            verdict, after = judge(pid, seq_nr, unknown)
-            if verdict is DUPLICATE:
-                continue  # a duplicate (backtracking, or a replayed gap)
-            if verdict is GAP and contiguous:
-                out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
-            deliver(pid, seq_nr, ts)
+            if not take_next(pid, seq_nr, ts):
+                verdict, after = judge(pid, seq_nr, unknown)
+                if verdict is DUPLICATE:
+                    continue  # a duplicate (backtracking, or a replayed gap)
+                if verdict is GAP and contiguous:
+                    out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
+                deliver(pid, seq_nr, ts)
             out.append((row, source, main_cursor.ts, main_cursor.seen))
         return out
 

@@ -139,12 +139,6 @@ def _ticks_of(dt: datetime) -> int:
     return (dt - EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
 
 
-def _first(_pid: str, tag_seq: int) -> int | None:
-    """The gate's policy on the fast path: a persistence id not met yet starts at 1; anything else is looked
-    at closely (:meth:`TagStream._check_row_step`)."""
-    return 0 if tag_seq == 1 else None
-
-
 def _none_delivered(_pid: str, _tag_seq: int) -> int:
     """Back tracking's policy: of a persistence id not met yet nothing was delivered."""
     return 0
@@ -379,22 +373,18 @@ class TagStream:
         # Rows arrive in chunks while earlier ones are decoded: the server fills the page on the other core
         # meanwhile. A row that needs more queries ends the fast path: the rest of the page is read first (one
         # connection runs one query at a time), then handled below.
-        chunk = STREAM_CHUNK
+        size = STREAM_CHUNK
         rows = yield statement(store.page(self._tag, self._bound(self._pos), self._bucket(upper), upper, self._limit),
-                               binary=True, stream=chunk if chunk > 1 else 0)
-        judge, deliver, decode = self._gate.judge, self._gate.deliver, self._decode
+                               binary=True, stream=size if size > 1 else 0)
+        take_leading, decode = self._gate.take_leading, self._decode
         read = 0
         rest: list[tuple[Any, ...]] = []
         while rows and not rest:
-            for i, row in enumerate(rows):
-                pid, tag_seq = row[2], row[3]
-                if judge(pid, tag_seq, _first)[0] is NEXT:  # the common case, here
-                    key = self._pos = (row[0], row[1])
-                    deliver(pid, tag_seq, None)
-                    out.append(decode(row, key, source))
-                    continue
-                rest = rows[i:]
-                break
+            taken = take_leading(rows, None)  # the common case, here: each row the next of its persistence id
+            for row in rows[:taken] if taken < len(rows) else rows:
+                key = self._pos = (row[0], row[1])
+                out.append(decode(row, key, source))
+            rest = rows[taken:]
             read += len(rows)
             rows = yield MORE
         while rows:

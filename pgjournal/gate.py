@@ -26,7 +26,7 @@ same gate serves the blocking and the asyncio faces.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
@@ -92,6 +92,29 @@ class Gate(Generic[S]):
             return (DUPLICATE if seq_nr <= last else NEXT if seq_nr == last + 1 else GAP), last
         after = unknown(pid, seq_nr)
         return judge(after, seq_nr), after
+
+    def take_next(self, pid: str, seq_nr: int, stamp: S) -> bool:
+        """The common case in one call (a catch-up meets it on nearly every row): when ``seq_nr`` is
+        :attr:`Verdict.NEXT` for ``pid`` (for a ``pid`` not known: when it is 1, which every caller's policy
+        takes as next), deliver it and return ``True``; otherwise change nothing and return ``False`` (then
+        :meth:`judge` it)."""
+        known = self.delivered.get(pid)
+        if seq_nr == 1 if known is None else seq_nr == known[0] + 1:
+            self.delivered[pid] = (seq_nr, stamp)
+            return True
+        return False
+
+    def take_leading(self, rows: Sequence[Sequence[Any]], stamp: S, pid_at: int = 2, seq_at: int = 3) -> int:
+        """:meth:`take_next` for the rows of a page from the first on, while it holds, in one call: how many
+        were delivered (a row holds its persistence id at ``pid_at`` and its number at ``seq_at``)."""
+        delivered = self.delivered
+        for taken, row in enumerate(rows):
+            pid, seq_nr = row[pid_at], row[seq_at]
+            known = delivered.get(pid)
+            if not (seq_nr == 1 if known is None else seq_nr == known[0] + 1):
+                return taken
+            delivered[pid] = (seq_nr, stamp)
+        return len(rows)
 
     def deliver(self, pid: str, seq_nr: int, stamp: S) -> None:
         """Record event ``seq_nr`` of ``pid`` delivered (call it in sequence order)."""
