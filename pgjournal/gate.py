@@ -18,6 +18,10 @@ A persistence id the gate does not know (never met, or forgotten) is resolved by
 ``None`` (not known: the gap reaches back to the caller's floor, e.g. the query's start) or
 :attr:`Verdict.DUPLICATE` (the event itself counts as delivered, e.g. older than a projection's window).
 
+A catch-up meets the common case on nearly every row (the next number of a known persistence id, or 1):
+:meth:`Gate.take_next` (per row) and :meth:`Gate.take_leading` (per page or streamed chunk) deliver it in
+one call and leave everything else to :meth:`Gate.judge`.
+
 The gate runs no SQL: a policy that needs the database is resolved by the caller first (by-slice loads the
 predecessors of a page's unknown persistence ids in one statement; the offset store looks one up), so the
 same gate serves the blocking and the asyncio faces.

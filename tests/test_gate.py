@@ -103,3 +103,15 @@ def test_schedule_buffer_rule_signal_look_and_retries() -> None:
 def test_delay_after_matches_akka(rows: int) -> None:
     expected = 0.0 if rows >= 90 else 3.0 if rows <= 10 else 1.5
     assert Schedule(buffer_size=100, refresh_interval=3.0).delay_after(rows) == expected
+
+
+def test_take_next_and_take_leading_deliver_only_the_common_case() -> None:
+    gate: Gate[int] = Gate()
+    assert gate.take_next("a", 1, 10) and gate.delivered["a"] == (1, 10)
+    assert not gate.take_next("a", 1, 11) and not gate.take_next("a", 3, 11)  # a duplicate, a gap: judge them
+    assert not gate.take_next("b", 2, 11)  # an unknown persistence id's later event: its policy decides
+    assert gate.delivered == {"a": (1, 10)}
+    rows = [(0, 0, "a", 2), (0, 0, "c", 1), (0, 0, "a", 3), (0, 0, "c", 3), (0, 0, "a", 4)]
+    assert gate.take_leading(rows, 12) == 3  # stops at c's 3 (a gap), delivers nothing after it
+    assert gate.delivered == {"a": (3, 12), "c": (1, 12)}
+    assert gate.take_leading([("a", 4), ("a", 5)], 13, pid_at=0, seq_at=1) == 2
