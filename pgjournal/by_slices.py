@@ -29,7 +29,7 @@ from .errors import InvalidArgument
 from .gate import DUPLICATE, GAP, Gate, Unknown
 from .horizon import Horizon
 from .offsets import NoOffset, Offset, TimestampOffset
-from .polling import LiveQuery
+from .polling import LiveQuery, Made
 from .slices import check_slice_range
 from .steps import Statement, Step, drive, run_pooled, statement
 from .timeuuid import EPOCH
@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
-#: A row the gate lets through: (row, source, and the main cursor's timestamp and seen map at that moment).
-Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int]]
+#: A row the gate lets through, with what its envelope needs: (row, source, and the main cursor's timestamp,
+#: seen map and read timestamp at that moment). Envelopes are made from them as the reader takes them.
+Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime]
 
 
 @dataclass
@@ -142,13 +143,13 @@ class SliceQuery:
                   **self.slice_params, **cursor.params()}
         return Statement(self.page_sql, params, binary=True, prepare=False)
 
-    def main_page_step(self, source: Source) -> Step[tuple[list[Any], int]]:
+    def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
         """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
         horizon = yield from self.tracker.read_step()
         limit = self.main_limit()
         rows = yield self.page(self.main, horizon.safe, limit)
         self.read_timestamp = horizon.now
-        out = yield from self.gate_step(rows, source, main=True)
+        out = yield from self.sift_step(rows, source, main=True)
         self.behind = len(rows) >= limit
         self.after_main(len(rows), horizon)
         caught_up = len(rows) < limit
@@ -156,18 +157,19 @@ class SliceQuery:
         self.lag.set(max(0.0, (horizon.now - reached).total_seconds()))
         return out, len(rows)
 
-    def backtracking_page_step(self) -> Step[tuple[list[Any], int]]:
+    def backtracking_page_step(self) -> Step[tuple[list[Delivery], int]]:
         assert self.backtracking is not None
         rows = yield self.page(self.backtracking, self.bt_until)
-        out = yield from self.gate_step(rows, Source.BACKTRACKING, main=False)
+        out = yield from self.sift_step(rows, Source.BACKTRACKING, main=False)
         if len(rows) < self.settings.buffer_size:
             self.bt_resume = self.bt_until
             self.backtracking = None
         return out, len(rows)
 
-    def poll_step(self, notified: bool) -> Step[tuple[list[Any], int]]:
+    def poll_step(self, notified: bool) -> Step[tuple[list[Delivery], int]]:
         """One poll of a live query (see :mod:`pgjournal.polling`): backtracking first when due, then the main
-        page. On any failure the state is as before: nothing of the poll was delivered, it runs again."""
+        page; the deliveries (:meth:`envelope` makes each one's envelope) and the rows read. On any failure the
+        state is as before: nothing of the poll was delivered, it runs again."""
         saved = self.checkpoint()
         try:
             source = Source.NOTIFIED if notified else Source.QUERY
@@ -204,7 +206,7 @@ class SliceQuery:
         self.backtracking = _Cursor(max(self.start.timestamp, self.main.ts - self.window - self.bt_behind))
         self.bt_until = horizon.safe
         while self.backtracking is not None:
-            yield self._items(self.backtracking_page_step())
+            yield self._made(self.backtracking_page_step())
 
     def _current_page_step(self, horizon: Horizon) -> Step[Iterator[Any]]:
         """A current query's main page; its envelopes are made as the reader iterates them (the deliveries and
@@ -217,23 +219,18 @@ class SliceQuery:
         self._forget(self.main.ts - self.window - self.bt_behind)
         return self.envelopes(deliveries)
 
-    @staticmethod
-    def _items(step: Step[tuple[list[Any], int]]) -> Step[list[Any]]:
-        items, _rows = yield from step
-        return items
+    def _made(self, step: Step[tuple[list[Delivery], int]]) -> Step[Iterator[Any]]:
+        deliveries, _rows = yield from step
+        return self.envelopes(deliveries)
 
     # -- the gate ------------------------------------------------------------------------------------
 
-    def gate_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool) -> Step[list[Any]]:
-        """Deliver each row once, after its predecessor (loading missing ones); advance the cursor."""
-        deliveries = yield from self.sift_step(rows, source, main=main)
-        return list(self.envelopes(deliveries))
-
     def sift_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool) -> Step[list[Delivery]]:
-        """:meth:`gate_step` without making the envelopes: the rows to deliver, in order, each with what its
-        envelope's offset needs. :meth:`envelopes` makes them (a current query as its reader iterates: an
-        envelope made and dropped before the next one is made costs the garbage collector next to nothing,
-        a page of 10,000 kept alive until the last is made cost a third of a catch-up's CPU)."""
+        """The gate over a page: each row once, after its predecessor (missing ones loaded and delivered
+        first); the cursor advanced. Returns the rows to deliver, in order, with what their envelopes need;
+        :meth:`envelope` makes each as the reader takes it (an envelope made and dropped before the next one
+        is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once cost a third
+        of a catch-up's client CPU)."""
         out: list[Delivery] = []
         if not rows:
             return out
@@ -247,7 +244,7 @@ class SliceQuery:
         start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
         start_seen = self.start.seen
         take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
-        main_cursor = self.main
+        main_cursor, read_timestamp = self.main, self.read_timestamp
         ts_at, seen = cursor.ts, cursor.seen
         for row in rows:
             pid, seq_nr, ts = row[2], row[3], row[4]
@@ -268,14 +265,18 @@ class SliceQuery:
                 if verdict is GAP and contiguous:
                     out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
                 deliver(pid, seq_nr, ts)
-            out.append((row, source, main_cursor.ts, main_cursor.seen))
+            out.append((row, source, main_cursor.ts, main_cursor.seen, read_timestamp))
         return out
 
+    def envelope(self, delivery: Delivery) -> Any:
+        """The envelope of a delivery; its offset is the main cursor's position when its row was delivered."""
+        row, source, ts, seen, read_timestamp = delivery
+        return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen), source)
+
     def envelopes(self, deliveries: list[Delivery]) -> Iterator[Any]:
-        """The envelopes of :meth:`sift_step`'s deliveries, made one by one; each offset is the main cursor's
-        position when its row was delivered."""
-        read_timestamp, envelope, trusted = self.read_timestamp, self.rows.envelope, TimestampOffset.trusted
-        for row, source, ts, seen in deliveries:
+        """The envelopes of deliveries, made one by one as they are taken."""
+        envelope, trusted = self.rows.envelope, TimestampOffset.trusted
+        for row, source, ts, seen, read_timestamp in deliveries:
             yield envelope(row, trusted(ts, read_timestamp, seen), source)
 
     def _unknown(self, predecessors: dict[str, tuple[int, datetime]]) -> Unknown:
@@ -319,7 +320,7 @@ class SliceQuery:
             if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
                 continue  # consumed before this query started
             self.gate.deliver(pid, seq_nr, ts)
-            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen))
+            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp))
         return out
 
     # -- failure atomicity ---------------------------------------------------------------------------
@@ -416,8 +417,9 @@ class BySlices:
     def run_live(self, query: SliceQuery) -> LiveQuery[Any]:
         """:meth:`live` of a query built (and perhaps prepared) by the caller."""
 
-        def poll(notified: bool) -> tuple[list[Any], int]:
-            return run_pooled(query.poll_step(notified), self._journal.connection)
+        def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            deliveries, rows = run_pooled(query.poll_step(notified), self._journal.connection)
+            return Made(deliveries, query.envelope), rows
 
         return self._journal.live_query(poll, entity_types={query.entity_type},
                                         settle=self._journal.read_margin + 0.005)

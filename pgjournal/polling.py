@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 import psycopg
@@ -35,11 +35,36 @@ from psycopg_pool import PoolClosed
 from .errors import DatabaseUnavailable
 
 T = TypeVar("T")
+D = TypeVar("D")
 _log = logging.getLogger(__name__)
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
-Poll = Callable[[bool], tuple[list[T], int]]
+#: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
+Poll = Callable[[bool], tuple[Iterable[T], int]]
 Subscribe = Callable[[threading.Event], Callable[[], None]]
+
+
+class Made(Generic[D, T]):
+    """A poll's items, each made (``make(datum)``) only when it is taken, so a page of thousands is not kept
+    alive at once (the garbage collector's cost). One whose making raises (a payload that does not decode)
+    stays first: taken again, it is made again, so nothing is skipped, as when the whole poll failed."""
+
+    def __init__(self, data: Iterable[D], make: Callable[[D], T]) -> None:
+        self._data = deque(data)
+        self._make = make
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if not self._data:
+            raise StopIteration
+        item = self._make(self._data[0])
+        self._data.popleft()
+        return item
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 class Schedule:
@@ -116,7 +141,7 @@ class LiveQuery(Generic[T]):
         self._poll = poll
         self._schedule = Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
                                   max_failures=max_failures)
-        self._pending: deque[T] = deque()
+        self._page: Iterator[T] = iter(())
         self._closed = False
         self._wakeup = threading.Event()
         self._unsubscribe = subscribe(self._wakeup) if subscribe else None
@@ -126,7 +151,9 @@ class LiveQuery(Generic[T]):
 
     def __next__(self) -> T:
         schedule = self._schedule
-        while not self._pending:
+        while True:
+            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
+                return item
             if self._closed:
                 raise StopIteration
             if schedule.delay:
@@ -147,9 +174,8 @@ class LiveQuery(Generic[T]):
                     self.close()
                     raise fatal from exc
                 continue
-            self._pending.extend(items)
+            self._page = iter(items)
             schedule.polled(rows, signalled)
-        return self._pending.popleft()
 
     def close(self) -> None:
         self._closed = True

@@ -9,7 +9,7 @@ import pytest
 
 from pgjournal import DatabaseUnavailable
 from pgjournal.gate import DUPLICATE, GAP, NEXT, Gate, Verdict, judge
-from pgjournal.polling import Schedule
+from pgjournal.polling import Made, Schedule
 from pgjournal.timeuuid import EPOCH
 
 
@@ -115,3 +115,23 @@ def test_take_next_and_take_leading_deliver_only_the_common_case() -> None:
     assert gate.take_leading(rows, 12) == 3  # stops at c's 3 (a gap), delivers nothing after it
     assert gate.delivered == {"a": (3, 12), "c": (1, 12)}
     assert gate.take_leading([("a", 4), ("a", 5)], 13, pid_at=0, seq_at=1) == 2
+
+
+def test_made_items_are_made_when_taken_and_one_that_fails_stays_first() -> None:
+    made: list[int] = []
+    broken = {2}
+
+    def make(n: int) -> str:
+        made.append(n)
+        if n in broken:
+            raise ValueError(f"cannot make {n}")
+        return f"item {n}"
+
+    page = Made([1, 2, 3], make)
+    assert (next(page), made) == ("item 1", [1])
+    with pytest.raises(ValueError):
+        next(page)
+    with pytest.raises(ValueError):  # taken again: made again, not skipped
+        next(page)
+    broken.clear()
+    assert list(page) == ["item 2", "item 3"] and len(page) == 0

@@ -13,9 +13,10 @@ import psycopg
 import pytest
 from conftest import FAST
 
-from pgjournal import Journal, MissingTaggedEventsError, NoOffset, Source, slice_for_persistence_id
+from pgjournal import Journal, MissingTaggedEventsError, NoOffset, SerializationError, Source, slice_for_persistence_id
 from pgjournal.by_slices import SliceQuery
 from pgjournal.by_tag import TagStream
+from pgjournal.polling import Made
 from pgjournal.steps import MORE, Sleep, Statement, adrive, arun, arun_pooled, run
 
 TAGS: dict[str, Any] = dict(FAST, tag_bucket_size="Minute", tag_eventual_consistency_delay=0.05,
@@ -115,8 +116,10 @@ def test_a_live_poll_step_runs_on_either_driver(journal: Journal, dsn: str) -> N
     sync_query = SliceQuery(journal, "Cart", 0, 1023, NoOffset)
     async_query = SliceQuery(journal, "Cart", 0, 1023, NoOffset)
     with journal.connection() as conn:
-        sync_items, sync_rows = run(sync_query.poll_step(False), conn)
-    async_items, async_rows = asyncio.run(arun_pooled(async_query.poll_step(False), on(dsn)))
+        sync_deliveries, sync_rows = run(sync_query.poll_step(False), conn)
+    async_deliveries, async_rows = asyncio.run(arun_pooled(async_query.poll_step(False), on(dsn)))
+    sync_items = list(Made(sync_deliveries, sync_query.envelope))
+    async_items = list(Made(async_deliveries, async_query.envelope))
     assert (sync_rows, slice_keys(sync_items)) == (async_rows, slice_keys(async_items))
     assert [e.seq_nr for e in async_items] == [1, 2]
 
@@ -141,3 +144,32 @@ def test_drivers_stream_sleep_and_raise_inside_the_step(journal: Journal, dsn: s
     with journal.connection() as conn:
         assert run(step(), conn) == expected
     assert asyncio.run(arun_pooled(step(), on(dsn))) == expected
+
+
+def test_a_live_event_that_does_not_decode_is_neither_skipped_nor_repeated(journal: Journal) -> None:
+    """Envelopes are made as the reader takes them: the events before an undecodable one come first, the
+    undecodable one raises each time it is taken, and once its serializer is registered it comes, then the rest."""
+
+    class Upper:
+        def to_binary(self, obj: Any) -> tuple[str, bytes]:
+            return "", str(obj).upper().encode()
+
+        def from_binary(self, payload: bytes, manifest: str) -> Any:
+            return payload.decode()
+
+    journal.append("Cart|1", [{"n": 1}])
+    with journal.connection() as conn:  # event 2 written with serializer 4711, which this reader lacks
+        conn.execute(
+            "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, "
+            "adapter_manifest, event_ser_id, event_ser_manifest, event_payload) "
+            "VALUES (%s, 'Cart', 'Cart|1', 2, clock_timestamp(), 'test', '', 4711, '', 'X')",
+            (slice_for_persistence_id("Cart|1"),))
+    journal.append("Cart|1", [{"n": 3}])
+    time.sleep(0.15)
+    with journal.query.events_by_slices("Cart", 0, 1023) as live:
+        assert next(live).seq_nr == 1
+        for _ in range(2):
+            with pytest.raises(SerializationError, match="4711"):
+                next(live)
+        journal.serializers.register_serializer(4711, Upper())
+        assert [(e.seq_nr, e.event) for e in (next(live), next(live))] == [(2, "X"), (3, {"n": 3})]
