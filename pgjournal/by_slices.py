@@ -191,9 +191,10 @@ class SliceQuery:
         self.bound = yield from self.tracker.settle_step(timeout=self.tracker.capabilities.longest_transaction)
         return self.bound
 
-    def current_steps(self) -> Iterator[Step[list[Any]]]:
+    def current_steps(self) -> Iterator[Step[Iterator[Any]]]:
         """A current query after :meth:`settle_step`: its main pages up to the bound, then (portable mode) one
-        backtracking pass. Each step returns envelopes and is to be run before the next one is asked for."""
+        backtracking pass. Each step returns its envelopes (made as they are taken); run it, and take them,
+        before asking for the next step."""
         horizon = self.bound
         assert horizon is not None, "settle_step runs first"
         while True:

@@ -16,7 +16,8 @@ must leave its state unchanged when it raises, so the query resumes exactly wher
 The decisions (when to poll next, whether a poll counts as notified, how a failure is retried) are a
 :class:`Schedule` that neither waits nor listens; :class:`LiveQuery` is the blocking loop around it (a
 ``threading.Event`` set by writers' signals), and an asyncio loop takes the same schedule around an
-``asyncio.Event`` and a poll step run with :func:`pgjournal.steps.arun_pooled`.
+``asyncio.Event`` and a poll step run with :func:`pgjournal.steps.arun_pooled`. A poll may return its items
+as :class:`Made` (each made when it is taken), which the loop hands out one by one.
 """
 
 from __future__ import annotations
