@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -10,13 +11,23 @@ from .envelope import EventEnvelope, Source, envelope_from_row
 from .errors import EventNotFound
 from .polling import LiveQuery
 from .slices import entity_type_of
+from .steps import Step, drive, joined, rows_of, run_pooled, statement
 from .validation import check_name, check_persistence_id, check_positive, check_seq_nr
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 MAX_SEQ_NR = 2**63 - 1
 
+
+@dataclass
+class _LiveByPid:
+    """Where a live query by persistence id stands."""
+
+    pid: str
+    next_seq_nr: int
+    to: int
 
 
 def _check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -> tuple[str, int, int]:
@@ -27,74 +38,101 @@ def _check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -
 
 
 class ByPersistenceId:
-    def __init__(self, journal: Journal) -> None:
+    """Reads by persistence id. Each read is a step (:mod:`pgjournal.steps`) run here on the journal's pool;
+    ``serializers``: decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers if serializers is not None else journal.serializers
 
     def highest_seq_nr(self, persistence_id: str) -> int:
         """The highest sequence number written (logically deleted events count), 0 when none."""
         pid = check_persistence_id(persistence_id)
-        with self._journal.connection() as conn:
-            row = conn.execute(*self._journal.events.highest_seq_nr(pid)).fetchone()
-        return int(row[0]) if row else 0
+        return run_pooled(self.highest_seq_nr_step(pid), self._journal.connection)
 
-    def _page(self, pid: str, from_seq_nr: int, to_seq_nr: int, source: Source) -> list[EventEnvelope]:
+    def highest_seq_nr_step(self, pid: str) -> Step[int]:
+        rows = yield statement(self._journal.events.highest_seq_nr(pid))
+        return int(rows[0][0]) if rows else 0
+
+    def page_step(self, pid: str, from_seq_nr: int, to_seq_nr: int, source: Source = Source.QUERY
+                  ) -> Step[list[EventEnvelope]]:
+        """Events ``from_seq_nr..to_seq_nr`` (not deleted), at most ``buffer_size`` of them."""
         limit = self._journal.settings.buffer_size
-        with self._journal.connection() as conn:
-            rows = conn.execute(*self._journal.events.by_persistence_id(pid, from_seq_nr, to_seq_nr, limit)).fetchall()
-        return [envelope_from_row(row, self._journal.serializers, source=source) for row in rows]
+        rows = yield statement(self._journal.events.by_persistence_id(pid, from_seq_nr, to_seq_nr, limit))
+        return [envelope_from_row(row, self._serializers, source=source) for row in rows]
+
+    def events_step(self, pid: str, from_seq_nr: int, to_seq_nr: int) -> Step[list[EventEnvelope]]:
+        """All events ``from_seq_nr..to_seq_nr`` up to the highest written now, page by page on one connection
+        (a projection replaying a gap: a few events)."""
+        return (yield from joined(self.current_steps(pid, from_seq_nr, to_seq_nr)))
+
+    def current_steps(self, pid: str, start: int, to: int) -> Iterator[Step[list[EventEnvelope]]]:
+        """The current query as steps: the highest sequence number, then the pages up to it."""
+        highest: list[int] = []
+        yield self._into(self.highest_seq_nr_step(pid), highest)
+        to = min(to, highest[0])
+        while start <= to:
+            page = yield self.page_step(pid, start, to)
+            if not page:
+                return
+            start = page[-1].seq_nr + 1
+
+    @staticmethod
+    def _into(step: Step[int], box: list[int]) -> Step[list[EventEnvelope]]:
+        box.append((yield from step))
+        return []
 
     def current(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
                 ) -> Iterator[EventEnvelope]:
         """Events up to the highest sequence number seen when the query starts, in pages."""
         pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
-        to = min(to, self.highest_seq_nr(pid))
-        while start <= to:
-            page = self._page(pid, start, to, Source.QUERY)
-            if not page:
-                return
-            yield from page
-            start = page[-1].seq_nr + 1
+        yield from drive(self.current_steps(pid, start, to), self._journal.connection)
 
     def live(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
              ) -> LiveQuery[EventEnvelope]:
         """Events from ``from_seq_nr`` on, polling for new ones until ``to_seq_nr`` or ``close()``."""
         pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
-        next_seq_nr = start
+        state = _LiveByPid(pid, start, to)
         query: LiveQuery[EventEnvelope]
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
-            nonlocal next_seq_nr
-            # With a bound, read the highest seq nr *before* the page: if it had reached the bound, a short
-            # page holds everything left up to it (the rest was deleted), so the query can end.
-            written_to_bound = to < MAX_SEQ_NR and self.highest_seq_nr(pid) >= to
-            page = self._page(pid, next_seq_nr, to, Source.NOTIFIED if notified else Source.QUERY)
-            if page:
-                next_seq_nr = page[-1].seq_nr + 1
-            if next_seq_nr > to or (written_to_bound and len(page) < self._journal.settings.buffer_size):
+            page, ended = run_pooled(self.poll_step(state, notified), self._journal.connection)
+            if ended:
                 query.close()
             return page, len(page)
 
         query = self._journal.live_query(poll, entity_types={entity_type_of(pid)})
         return query
 
+    def poll_step(self, state: _LiveByPid, notified: bool) -> Step[tuple[list[EventEnvelope], bool]]:
+        """One poll of a live query: the next page, and whether the query has ended."""
+        to = state.to
+        # With a bound, read the highest seq nr *before* the page: if it had reached the bound, a short
+        # page holds everything left up to it (the rest was deleted), so the query can end.
+        written_to_bound = to < MAX_SEQ_NR and (yield from self.highest_seq_nr_step(state.pid)) >= to
+        page = yield from self.page_step(state.pid, state.next_seq_nr, to,
+                                         Source.NOTIFIED if notified else Source.QUERY)
+        if page:
+            state.next_seq_nr = page[-1].seq_nr + 1
+        ended = state.next_seq_nr > to or (written_to_bound and len(page) < self._journal.settings.buffer_size)
+        return page, ended
+
     def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
         """The db_timestamp of an event, ``None`` when there is none (or it is deleted)."""
         pid = check_persistence_id(persistence_id)
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
-        with self._journal.connection() as conn:
-            row = conn.execute(*self._journal.events.timestamp_of(pid, seq_nr)).fetchone()
-        return None if row is None else row[0]
+        rows = run_pooled(rows_of(self._journal.events.timestamp_of(pid, seq_nr)), self._journal.connection)
+        return rows[0][0] if rows else None
 
     def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
         """One event as an envelope (its offset: its own timestamp, seen at it); :class:`EventNotFound` when
         there is none (or it is deleted)."""
         pid = check_persistence_id(persistence_id)
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
-        with self._journal.connection() as conn:
-            row = conn.execute(*self._journal.events.one_event(pid, seq_nr)).fetchone()
-        if row is None:
+        rows = run_pooled(rows_of(self._journal.events.one_event(pid, seq_nr)), self._journal.connection)
+        if not rows:
             raise EventNotFound(pid, seq_nr)
-        return envelope_from_row(row, self._journal.serializers)
+        return envelope_from_row(rows[0], self._serializers)
 
     def persistence_ids(self, after: str | None = None, limit: int | None = None, *,
                         entity_type: str | None = None) -> Iterator[str]:
@@ -111,10 +149,9 @@ class ByPersistenceId:
         last, left = after or "", limit
         while left is None or left > 0:
             size = page_size if left is None else min(page_size, left)
-            with self._journal.connection() as conn:
-                query = (events.persistence_ids(last, size) if entity_type is None
-                         else events.persistence_ids_of_type(entity_type, last, size))
-                page = [row[0] for row in conn.execute(*query).fetchall()]
+            query = (events.persistence_ids(last, size) if entity_type is None
+                     else events.persistence_ids_of_type(entity_type, last, size))
+            page = [row[0] for row in run_pooled(rows_of(query), self._journal.connection)]
             yield from page
             if len(page) < size:
                 return

@@ -6,10 +6,14 @@ see :mod:`pgjournal.horizon`), so it never passes a transaction that may still c
 ``behind_current_time``. A slower *backtracking* cursor re-reads a window behind it and finds events that
 committed after the main cursor passed their timestamp.
 
-Every envelope goes through one gate: per persistence id, an event is delivered once, and only after its
-predecessor. A duplicate is dropped; an event whose predecessor was not delivered yet has the missing
-events loaded by persistence id and delivered first (marked as backtracked). So a consumer sees each
-event exactly once, in sequence order per persistence id, even when transactions commit out of order.
+Every envelope goes through one gate (:mod:`pgjournal.gate`): per persistence id, an event is delivered once,
+and only after its predecessor. A duplicate is dropped; an event whose predecessor was not delivered yet has
+the missing events loaded by persistence id and delivered first (marked as backtracked). So a consumer sees
+each event exactly once, in sequence order per persistence id, even when transactions commit out of order.
+
+The logic runs no SQL itself: its pages are steps (:mod:`pgjournal.steps`) that describe their statements,
+run by the blocking driver here and by an asyncio driver alike. A current query is a sequence of steps
+(:meth:`SliceQuery.current_steps`, one connection each), a live poll one step (:meth:`SliceQuery.poll_step`).
 """
 
 from __future__ import annotations
@@ -22,21 +26,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import metrics
 from .envelope import EventEnvelope, Source, envelope_from_row
 from .errors import InvalidArgument
+from .gate import DUPLICATE, GAP, Gate, Unknown
 from .horizon import Horizon
 from .offsets import NoOffset, Offset, TimestampOffset
-from .polling import LiveQuery
+from .polling import LiveQuery, Made
 from .slices import check_slice_range
+from .steps import Statement, Step, drive, run_pooled, statement
 from .timeuuid import EPOCH
 from .validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
-    import psycopg
-
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
+#: A row the gate lets through, with what its envelope needs: (row, source, and the main cursor's timestamp,
+#: seen map and read timestamp at that moment). Envelopes are made from them as the reader takes them.
+Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime]
 
 
 @dataclass
@@ -52,13 +60,6 @@ class _Cursor:
     def params(self) -> dict[str, Any]:
         return {"from_ts": self.ts, "last_seq": self.last_seq, "last_pid": self.last_pid,
                 "seen_pids": list(self.seen), "seen_seqs": list(self.seen.values())}
-
-    def advance(self, pid: str, seq_nr: int, ts: datetime, *, track_seen: bool) -> None:
-        if ts != self.ts:
-            self.ts, self.seen = ts, {}
-        if track_seen:
-            self.seen[pid] = max(seq_nr, self.seen.get(pid, 0))
-        self.last_seq, self.last_pid = seq_nr, pid
 
 
 class SliceRows(Protocol):
@@ -77,40 +78,41 @@ class SliceRows(Protocol):
 
 
 class EventRows:
-    """The journal's events (the default rows of a :class:`SliceQuery`)."""
+    """The journal's events (the default rows of a :class:`SliceQuery`), decoded with ``serializers``
+    (default: the journal's; a projection passes a lenient registry that does not raise)."""
 
     contiguous = True
     horizon_relations = None
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers if serializers is not None else journal.serializers
 
     def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
         return self._journal.events.page_sql(min_slice, max_slice)
 
     def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> EventEnvelope:
-        return envelope_from_row(row, self._journal.serializers, offset=offset, source=source)
+        return envelope_from_row(row, self._serializers, offset=offset, source=source)
 
 
 class SliceQuery:
     """The state of one events_by_slices query (or, with other ``rows``, a query of the same shape such as
-    durable state's changes): cursors, the delivered map and the gate."""
+    durable state's changes): cursors, the gate, and the steps that read pages through it."""
 
     def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
-                 rows: SliceRows | None = None) -> None:
+                 rows: SliceRows | None = None, *, serializers: SerializerRegistry | None = None) -> None:
         self.journal = journal
         self.settings = journal.settings
         self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
         check_slice_range(min_slice, max_slice)
-        self.rows: SliceRows = rows if rows is not None else EventRows(journal)
+        self.rows: SliceRows = rows if rows is not None else EventRows(journal, serializers)
         self.page_sql, self.slice_params = self.rows.page_sql(min_slice, max_slice)
         self.start = _start_offset(offset)
         self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
         self.read_timestamp = self.start.read_timestamp or self.start.timestamp
-        #: Highest sequence number delivered per persistence id, with its timestamp (for eviction).
-        self.delivered: dict[str, tuple[int, datetime]] = {}
-        #: Persistence ids whose last delivery was before this were forgotten (they cannot come back).
-        self.forgotten_before = EPOCH
+        #: Per persistence id the highest sequence number delivered, stamped with its db_timestamp (evicted
+        #: once older than the backtracking window: such a persistence id cannot come back).
+        self.gate: Gate[datetime] = Gate()
         self.window = timedelta(seconds=self.settings.backtracking_window)
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
         self.use_horizon = journal.capabilities.writer_horizon
@@ -124,32 +126,30 @@ class SliceQuery:
         self.rows_since_backtracking = 0
         #: The last main page was full: the next one is a catch-up page (``catchup_buffer_size`` rows).
         self.behind = False
+        #: A current query's bound (set by :meth:`settle_step`).
+        self.bound: Horizon | None = None
 
     # -- reading -------------------------------------------------------------------------------------
-
-    def horizon(self, conn: psycopg.Connection) -> Horizon:
-        return self.tracker.read(conn)
 
     def main_limit(self) -> int:
         """Rows of the next main page: small near the head (live latency), large while behind (catch-up)."""
         return max(self.settings.buffer_size, self.settings.catchup_buffer_size) if self.behind \
             else self.settings.buffer_size
 
-    def fetch(self, conn: psycopg.Connection, cursor: _Cursor, until: datetime, limit: int | None = None
-              ) -> list[tuple[Any, ...]]:
+    def page(self, cursor: _Cursor, until: datetime, limit: int | None = None) -> Statement:
+        """The statement of one page after ``cursor`` below ``until``. Never a generic plan: it cannot prune
+        partitions or use the bounds, and was measured ~9x slower."""
         params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
-        # Never a generic plan: it cannot prune partitions or use the bounds, and was measured ~9x slower.
-        with conn.cursor(binary=True) as cur:
-            return cur.execute(self.page_sql, params, prepare=False).fetchall()
+        return Statement(self.page_sql, params, binary=True, prepare=False)
 
-    def main_page(self, source: Source) -> tuple[list[EventEnvelope], int]:
-        with self.journal.connection() as conn:
-            horizon = self.horizon(conn)
-            limit = self.main_limit()
-            rows = self.fetch(conn, self.main, horizon.safe, limit)
-            self.read_timestamp = horizon.now
-            out = self.gate(conn, rows, source, main=True)
+    def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
+        """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
+        horizon = yield from self.tracker.read_step()
+        limit = self.main_limit()
+        rows = yield self.page(self.main, horizon.safe, limit)
+        self.read_timestamp = horizon.now
+        out = yield from self.sift_step(rows, source, main=True)
         self.behind = len(rows) >= limit
         self.after_main(len(rows), horizon)
         caught_up = len(rows) < limit
@@ -157,103 +157,183 @@ class SliceQuery:
         self.lag.set(max(0.0, (horizon.now - reached).total_seconds()))
         return out, len(rows)
 
-    def backtracking_page(self) -> tuple[list[EventEnvelope], int]:
+    def backtracking_page_step(self) -> Step[tuple[list[Delivery], int]]:
         assert self.backtracking is not None
-        with self.journal.connection() as conn:
-            rows = self.fetch(conn, self.backtracking, self.bt_until)
-            out = self.gate(conn, rows, Source.BACKTRACKING, main=False)
+        rows = yield self.page(self.backtracking, self.bt_until)
+        out = yield from self.sift_step(rows, Source.BACKTRACKING, main=False)
         if len(rows) < self.settings.buffer_size:
             self.bt_resume = self.bt_until
             self.backtracking = None
         return out, len(rows)
 
+    def poll_step(self, notified: bool) -> Step[tuple[list[Delivery], int]]:
+        """One poll of a live query (see :mod:`pgjournal.polling`): backtracking first when due, then the main
+        page; the deliveries (:meth:`envelope` makes each one's envelope) and the rows read. On any failure the
+        state is as before: nothing of the poll was delivered, it runs again."""
+        saved = self.checkpoint()
+        try:
+            source = Source.NOTIFIED if notified else Source.QUERY
+            if self.backtracking is None:
+                return (yield from self.main_page_step(source))
+            late, rows = yield from self.backtracking_page_step()
+            if self.backtracking is not None:
+                return late, rows
+            fresh, rows = yield from self.main_page_step(source)
+            return late + fresh, rows
+        except BaseException:
+            self.restore(saved)
+            raise
+
+    # -- a current query -----------------------------------------------------------------------------
+
+    def settle_step(self) -> Step[Horizon]:
+        """A current query's bound: the horizon once the writers hidden from this role at its start are gone."""
+        self.bound = yield from self.tracker.settle_step(timeout=self.tracker.capabilities.longest_transaction)
+        return self.bound
+
+    def current_steps(self) -> Iterator[Step[Iterator[Any]]]:
+        """A current query after :meth:`settle_step`: its main pages up to the bound, then (portable mode) one
+        backtracking pass. Each step returns its envelopes (made as they are taken); run it, and take them,
+        before asking for the next step."""
+        horizon = self.bound
+        assert horizon is not None, "settle_step runs first"
+        while True:
+            yield self._current_page_step(horizon)
+            if not self.behind:
+                break
+        if not self.settings.backtracking_enabled or self.use_horizon:
+            return  # below the visibility horizon the main pages missed nothing
+        # Late commits below the bound that the main pages passed: one backtracking pass catches them.
+        self.backtracking = _Cursor(max(self.start.timestamp, self.main.ts - self.window - self.bt_behind))
+        self.bt_until = horizon.safe
+        while self.backtracking is not None:
+            yield self._made(self.backtracking_page_step())
+
+    def _current_page_step(self, horizon: Horizon) -> Step[Iterator[Any]]:
+        """A current query's main page; its envelopes are made as the reader iterates them (the deliveries and
+        the read timestamp are fixed when the page is read)."""
+        limit = self.main_limit()
+        rows = yield self.page(self.main, horizon.safe, limit)
+        self.read_timestamp = horizon.now
+        deliveries = yield from self.sift_step(rows, Source.QUERY, main=True)
+        self.behind = len(rows) >= limit
+        self._forget(self.main.ts - self.window - self.bt_behind)
+        return self.envelopes(deliveries)
+
+    def _made(self, step: Step[tuple[list[Delivery], int]]) -> Step[Iterator[Any]]:
+        deliveries, _rows = yield from step
+        return self.envelopes(deliveries)
+
     # -- the gate ------------------------------------------------------------------------------------
 
-    def gate(self, conn: psycopg.Connection, rows: list[tuple[Any, ...]], source: Source, *, main: bool
-             ) -> list[EventEnvelope]:
-        """Deliver each row once, after its predecessor; advance the cursors."""
-        predecessors = self._predecessors_of_unknown(conn, rows) if self.rows.contiguous else {}
-        out: list[EventEnvelope] = []
-        cursor = self.main if main else self.backtracking
-        assert cursor is not None
+    def sift_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool) -> Step[list[Delivery]]:
+        """The gate over a page: each row once, after its predecessor (missing ones loaded and delivered
+        first); the cursor advanced. Returns the rows to deliver, in order, with what their envelopes need;
+        :meth:`envelope` makes each as the reader takes it (an envelope made and dropped before the next one
+        is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once cost a third
+        of a catch-up's client CPU)."""
+        out: list[Delivery] = []
         if not rows:
             return out
+        cursor = self.main if main else self.backtracking
+        assert cursor is not None
+        contiguous = self.rows.contiguous
+        predecessors = (yield from self._predecessors_step(rows)) if contiguous else {}
+        unknown = self._unknown(predecessors) if contiguous else _next
         # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
         # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted.
         start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
         start_seen = self.start.seen
-        delivered = self.delivered
-        envelope = self._envelope
-        advance = cursor.advance
-        contiguous = self.rows.contiguous
+        take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
+        main_cursor, read_timestamp = self.main, self.read_timestamp
+        ts_at, seen = cursor.ts, cursor.seen
         for row in rows:
-            slice_, pid, seq_nr, ts = row[0], row[2], row[3], row[4]
-            advance(pid, seq_nr, ts, track_seen=main)
+            pid, seq_nr, ts = row[2], row[3], row[4]
+            # The cursor's seen map is replaced, never changed: a delivery keeps the one of its offset.
+            if ts != ts_at:
+                ts_at, seen = ts, ({pid: seq_nr} if main else {})
+                cursor.ts, cursor.seen = ts, seen
+            elif main:
+                seen = {**seen, pid: max(seq_nr, seen.get(pid, 0))}
+                cursor.seen = seen
+            cursor.last_seq, cursor.last_pid = seq_nr, pid
             if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
                 continue  # consumed before this query started (only backtracking can meet these)
-            known = delivered.get(pid)
-            if known is not None and seq_nr <= known[0]:
-                continue  # a duplicate (backtracking, or a replayed gap)
-            if contiguous:
-                after = known[0] if known is not None else self._delivered_up_to(pid, seq_nr, predecessors)
-                if after is None or seq_nr > after + 1:
-                    out.extend(self._fill(conn, pid, slice_, after, seq_nr))
-            out.append(envelope(row, source))
+            if not take_next(pid, seq_nr, ts):
+                verdict, after = judge(pid, seq_nr, unknown)
+                if verdict is DUPLICATE:
+                    continue  # a duplicate (backtracking, or a replayed gap)
+                if verdict is GAP and contiguous:
+                    out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
+                deliver(pid, seq_nr, ts)
+            out.append((row, source, main_cursor.ts, main_cursor.seen, read_timestamp))
         return out
 
-    def _delivered_up_to(self, pid: str, seq_nr: int, predecessors: dict[str, tuple[int, datetime]]
-                         ) -> int | None:
-        """For a persistence id not met yet: the sequence number known delivered before this query (or
-        forgotten), ``None`` when its predecessor still has to be delivered."""
-        if seq_nr == 1 or pid not in predecessors:
-            return seq_nr - 1
-        prev_seq, prev_ts = predecessors[pid]
-        if prev_ts < max(self.start.timestamp, self.forgotten_before):
-            return prev_seq
-        if prev_ts == self.start.timestamp and self.start.seen.get(pid, 0) >= prev_seq:
-            return prev_seq
-        return None
+    def envelope(self, delivery: Delivery) -> Any:
+        """The envelope of a delivery; its offset is the main cursor's position when its row was delivered."""
+        row, source, ts, seen, read_timestamp = delivery
+        return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen), source)
 
-    def _predecessors_of_unknown(self, conn: psycopg.Connection, rows: list[tuple[Any, ...]]
-                                 ) -> dict[str, tuple[int, datetime]]:
-        first: dict[str, tuple[int, int]] = {}
-        for row in rows:
-            pid, seq_nr = row[2], row[3]
-            if seq_nr > 1 and pid not in self.delivered and pid not in first:
-                first[pid] = (row[0], seq_nr)
+    def envelopes(self, deliveries: list[Delivery]) -> Iterator[Any]:
+        """The envelopes of deliveries, made one by one as they are taken."""
+        envelope, trusted = self.rows.envelope, TimestampOffset.trusted
+        for row, source, ts, seen, read_timestamp in deliveries:
+            yield envelope(row, trusted(ts, read_timestamp, seen), source)
+
+    def _unknown(self, predecessors: dict[str, tuple[int, datetime]]) -> Unknown:
+        """The gate's policy for a persistence id not met yet: delivered up to its predecessor when that is
+        before this query (or forgotten), ``None`` when the predecessor still has to be delivered."""
+        start = self.start
+        floor = max(start.timestamp, self.gate.forgotten_before)
+
+        def unknown(pid: str, seq_nr: int) -> int | None:
+            if seq_nr == 1 or pid not in predecessors:
+                return seq_nr - 1
+            prev_seq, prev_ts = predecessors[pid]
+            if prev_ts < floor:
+                return prev_seq
+            if prev_ts == start.timestamp and start.seen.get(pid, 0) >= prev_seq:
+                return prev_seq
+            return None
+
+        return unknown
+
+    def _predecessors_step(self, rows: list[tuple[Any, ...]]) -> Step[dict[str, tuple[int, datetime]]]:
+        """(seq_nr, db_timestamp) of the predecessor of the first row of each persistence id the gate does not
+        know: one statement per page."""
+        delivered = self.gate.delivered
+        # Reversed, so the first row of each persistence id is the one kept.
+        first = {row[2]: (row[0], row[3]) for row in reversed(rows) if row[3] > 1 and row[2] not in delivered}
         if not first:
             return {}
-        query = self.journal.events.predecessors(list(first), [s for s, _ in first.values()],
-                                                 [q for _, q in first.values()])
-        return {pid: (seq, ts) for pid, seq, ts in conn.execute(*query).fetchall()}
+        found = yield statement(self.journal.events.predecessors(
+            list(first), [s for s, _ in first.values()], [q for _, q in first.values()]))
+        return {pid: (seq, ts) for pid, seq, ts in found}
 
-    def _fill(self, conn: psycopg.Connection, pid: str, slice_: int, after: int | None, before: int
-              ) -> list[EventEnvelope]:
-        """Load and deliver the events of ``pid`` between what was delivered and ``before``."""
-        floor = EPOCH if after is not None else max(self.start.timestamp, self.forgotten_before)
-        out = []
-        for row in conn.execute(*self.journal.events.between(pid, after or 0, before, floor)).fetchall():
+    def _fill_step(self, pid: str, after: int | None, before: int) -> Step[list[Delivery]]:
+        """Load and deliver the events of ``pid`` between what was delivered and ``before`` (``after`` None:
+        all of them since the query's start, or since the gate forgot)."""
+        floor = EPOCH if after is not None else max(self.start.timestamp, self.gate.forgotten_before)
+        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor))
+        out: list[Delivery] = []
+        for row in rows:
             seq_nr, ts = row[3], row[4]
             if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
                 continue  # consumed before this query started
-            out.append(self._envelope(row, Source.BACKTRACKING))
+            self.gate.deliver(pid, seq_nr, ts)
+            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp))
         return out
-
-    def _envelope(self, row: tuple[Any, ...], source: Source) -> EventEnvelope:
-        pid, seq_nr, ts = row[2], row[3], row[4]
-        self.delivered[pid] = (seq_nr, ts)
-        offset = TimestampOffset.trusted(self.main.ts, self.read_timestamp, self.main.seen)
-        return self.rows.envelope(row, offset, source)
 
     # -- failure atomicity ---------------------------------------------------------------------------
 
     def checkpoint(self) -> tuple[Any, ...]:
-        return (_clone(self.main), _clone(self.backtracking), dict(self.delivered), self.forgotten_before,
-                self.bt_until, self.bt_resume, self.idle_polls, self.rows_since_backtracking, self.read_timestamp)
+        return (_clone(self.main), _clone(self.backtracking), self.gate.checkpoint(), self.bt_until, self.bt_resume,
+                self.idle_polls, self.rows_since_backtracking, self.read_timestamp)
 
     def restore(self, saved: tuple[Any, ...]) -> None:
-        (self.main, self.backtracking, self.delivered, self.forgotten_before, self.bt_until, self.bt_resume,
-         self.idle_polls, self.rows_since_backtracking, self.read_timestamp) = saved
+        (self.main, self.backtracking, gate, self.bt_until, self.bt_resume, self.idle_polls,
+         self.rows_since_backtracking, self.read_timestamp) = saved
+        self.gate.restore(gate)
 
     # -- scheduling ----------------------------------------------------------------------------------
 
@@ -278,10 +358,12 @@ class SliceQuery:
         self.idle_polls = self.rows_since_backtracking = 0
 
     def _forget(self, before: datetime) -> None:
-        if before <= self.forgotten_before:
-            return
-        self.delivered = {pid: v for pid, v in self.delivered.items() if v[1] >= before}
-        self.forgotten_before = before
+        self.gate.forget(before)
+
+
+def _next(_pid: str, seq_nr: int) -> int:
+    """The policy of rows that are not contiguous (durable state): an unknown persistence id's row is new."""
+    return seq_nr - 1
 
 
 def _clone(cursor: _Cursor | None) -> _Cursor | None:
@@ -305,63 +387,40 @@ def _start_offset(offset: Offset) -> TimestampOffset:
 
 
 class BySlices:
-    def __init__(self, journal: Journal) -> None:
+    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool.
+    ``serializers``: decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers
+
+    def query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+              rows: SliceRows | None = None) -> SliceQuery:
+        return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
+                          serializers=self._serializers)
 
     def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-                rows: SliceRows | None = None) -> Iterator[EventEnvelope]:
+                rows: SliceRows | None = None) -> Iterator[Any]:
         """Events (or other ``rows``) up to the safe bound seen when the query starts, then one backtracking
         pass."""
-        return self.run_current(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+        return self.run_current(self.query(entity_type, min_slice, max_slice, offset, rows))
 
-    def run_current(self, query: SliceQuery) -> Iterator[EventEnvelope]:
+    def run_current(self, query: SliceQuery) -> Iterator[Any]:
         """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.from_snapshots`) by
-        the caller."""
-        with self._journal.connection() as conn:
-            horizon = query.tracker.settle(conn, timeout=query.tracker.capabilities.longest_transaction)
-        return self._current(query, horizon)
-
-    def _current(self, query: SliceQuery, horizon: Horizon) -> Iterator[EventEnvelope]:
-        while True:
-            limit = query.main_limit()
-            with self._journal.connection() as conn:
-                rows = query.fetch(conn, query.main, horizon.safe, limit)
-                query.read_timestamp = horizon.now
-                page = query.gate(conn, rows, Source.QUERY, main=True)
-            query.behind = len(rows) >= limit
-            query._forget(query.main.ts - query.window - query.bt_behind)
-            yield from page
-            if not query.behind:
-                break
-        if not self._journal.settings.backtracking_enabled or query.use_horizon:
-            return  # below the visibility horizon the main pages missed nothing
-        # Late commits below the bound that the main pages passed: one backtracking pass catches them.
-        query.backtracking = _Cursor(max(query.start.timestamp, query.main.ts - query.window - query.bt_behind))
-        query.bt_until = horizon.safe
-        while query.backtracking is not None:
-            page, _ = query.backtracking_page()
-            yield from page
+        the caller. The bound is settled now, before the first envelope is asked for."""
+        run_pooled(query.settle_step(), self._journal.connection)
+        return drive(query.current_steps(), self._journal.connection)
 
     def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-             rows: SliceRows | None = None) -> LiveQuery[EventEnvelope]:
-        return self.run_live(SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows))
+             rows: SliceRows | None = None) -> LiveQuery[Any]:
+        return self.run_live(self.query(entity_type, min_slice, max_slice, offset, rows))
 
-    def run_live(self, query: SliceQuery) -> LiveQuery[EventEnvelope]:
+    def run_live(self, query: SliceQuery) -> LiveQuery[Any]:
         """:meth:`live` of a query built (and perhaps prepared) by the caller."""
 
-        def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
-            saved = query.checkpoint()
-            try:
-                if query.backtracking is None:
-                    return query.main_page(Source.NOTIFIED if notified else Source.QUERY)
-                late, rows = query.backtracking_page()
-                if query.backtracking is not None:
-                    return late, rows
-                fresh, rows = query.main_page(Source.NOTIFIED if notified else Source.QUERY)
-                return late + fresh, rows
-            except BaseException:
-                query.restore(saved)  # nothing of a failed poll was delivered: it runs again from here
-                raise
+        def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            deliveries, rows = run_pooled(query.poll_step(notified), self._journal.connection)
+            return Made(deliveries, query.envelope), rows
 
         return self._journal.live_query(poll, entity_types={query.entity_type},
                                         settle=self._journal.read_margin + 0.005)

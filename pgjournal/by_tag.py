@@ -42,47 +42,25 @@ import psycopg
 from .buckets import BucketSize, parse_first_time_bucket
 from .envelope import Source
 from .errors import InvalidArgument, MissingTaggedEventsError, SerializationError
+from .gate import DUPLICATE, NEXT, Gate
 from .offsets import NoOffset, Offset, TimeBasedUUID
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
+from .steps import MORE, Sleep, Step, drive, run_pooled, statement
+from .store import tags as store
 from .tag_write import bucket_size
 from .timeuuid import EPOCH, UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
 from .validation import check_name
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 MAX_MISSING = 5000
 #: Rows per chunk while a page streams in (chunked results need libpq 17; older ones read whole pages).
 STREAM_CHUNK = 50 if psycopg.pq.version() >= 170000 else 1
 _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
-
-_COLUMNS = ("ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event, "
-            "meta_ser_id, meta_ser_manifest, meta_payload, writer_uuid")
-PAGE = f"""
-SELECT {_COLUMNS} FROM tag_views
-WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND timebucket <= %s AND ts_time <= %s
-ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
-# Back tracking: keys only; the few rows the stream has not delivered are loaded by LOAD.
-KEYS = """
-SELECT ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr FROM tag_views
-WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND (timebucket, ts_time, ts_lsb) <= (%s, %s, %s)
-ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
-LOAD = f"""
-SELECT {_COLUMNS} FROM tag_views
-WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr = ANY(%s)
-  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
-ORDER BY tag_pid_sequence_nr"""
-MISSING = f"""
-SELECT {_COLUMNS} FROM tag_views
-WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr >= %s AND tag_pid_sequence_nr < %s
-  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
-ORDER BY tag_pid_sequence_nr"""
-LOWEST_IN_BUCKET = """
-SELECT persistence_id, min(tag_pid_sequence_nr) FROM tag_views
-WHERE tag_name = %s AND timebucket = %s AND (ts_time, ts_lsb) > (%s, %s)
-GROUP BY persistence_id"""
 
 
 class TagEnvelope:
@@ -161,11 +139,19 @@ def _ticks_of(dt: datetime) -> int:
     return (dt - EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
 
 
-class TagStream:
-    """The state of one events_by_tag query; ``poll()`` returns the next envelopes."""
+def _none_delivered(_pid: str, _tag_seq: int) -> int:
+    """Back tracking's policy: of a persistence id not met yet nothing was delivered."""
+    return 0
 
-    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool) -> None:
+
+class TagStream:
+    """The state of one events_by_tag query. Its polls are steps (:mod:`pgjournal.steps`): ``poll_step`` for a
+    live query, ``current_steps`` for a current one; ``poll()`` runs one on the journal's pool."""
+
+    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool,
+                 serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers if serializers is not None else journal.serializers
         self._tracker = journal.horizon_tracker()
         self._tag = check_name(tag, "tag")
         settings = journal.settings
@@ -185,7 +171,8 @@ class TagStream:
         else:
             raise InvalidArgument(f"events_by_tag needs a TimeBasedUUID offset or NoOffset, got {offset!r}")
         self._pos: tuple[int, int] = self._start
-        self._seen: dict[str, int] = {}
+        #: Per persistence id the highest tag sequence number delivered (never forgotten).
+        self._gate: Gate[None] = Gate()
         self._gap: _Gap | None = None
         now = time.monotonic()
         self._next_short = now + settings.tag_back_track_interval
@@ -197,6 +184,8 @@ class TagStream:
         self._upper: int | None = None  # fixed for a current query
         self._initial_scan_done = False
         self.exhausted = False
+        #: Envelopes the last poll delivered (a current query pauses while a gap is open and none came).
+        self._delivered_last = 0
 
     # -- helpers -------------------------------------------------------------------------------------
 
@@ -206,20 +195,20 @@ class TagStream:
     def _bound(self, key: tuple[int, int]) -> tuple[int, int, int]:
         return self._bucket(key[0]), key[0], key[1]
 
-    def _upper_bound(self, conn: psycopg.Connection) -> int:
+    def _upper_bound_step(self) -> Step[int]:
         if self._upper is not None:
             return self._upper
         tracker = self._tracker
-        safe = (tracker.read(conn) if self._live else
-                tracker.settle(conn, timeout=tracker.capabilities.longest_transaction)).safe
-        upper = _ticks_of(safe) - round(self._delay * 10_000_000)
+        horizon = (yield from tracker.read_step()) if self._live else (
+            yield from tracker.settle_step(timeout=tracker.capabilities.longest_transaction))
+        upper = _ticks_of(horizon.safe) - round(self._delay * 10_000_000)
         if not self._live:
             self._upper = upper
         return upper
 
     def _decode(self, row: Sequence[Any], pos: tuple[int, int], source: Source) -> TagEnvelope:
         ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, meta_manifest, meta, writer = row
-        serializers = self._journal.serializers
+        serializers = self._serializers
         try:
             event = serializers.deserialize(ser_id, manifest, payload)
             metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta)
@@ -239,56 +228,62 @@ class TagStream:
 
     def _deliver_rows(self, rows: list[tuple[Any, ...]], source: Source, out: list[TagEnvelope]) -> None:
         """Deliver rows of one pid in tag sequence order, skipping what was delivered already."""
+        gate = self._gate
         for row in sorted(rows, key=lambda r: r[3]):
             pid, tag_seq = row[2], row[3]
-            if tag_seq <= self._seen.get(pid, 0):
+            if gate.judge(pid, tag_seq, _none_delivered)[0] is DUPLICATE:
                 continue
             key = (row[0], row[1])
             if key > self._pos:
                 self._pos = key
-            self._seen[pid] = tag_seq
+            gate.deliver(pid, tag_seq, None)
             out.append(self._decode(row, self._pos, source))
 
-    def _missing_rows(self, conn: psycopg.Connection, pid: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
-        return conn.execute(MISSING, (self._tag, pid, lo, hi, *self._bound(self._start))).fetchall()
+    def _unknown_at(self, ticks: int) -> Any:
+        """The gate's policy for a persistence id met for the first time in a row at ``ticks``: from NoOffset it
+        must start at 1; from an offset its earlier events lie before the offset when the row's bucket is in
+        the past (or there is no scan), else they are searched for (from 1)."""
 
-    def _check_row(self, conn: psycopg.Connection, row: tuple[Any, ...], source: Source,
-                   out: list[TagEnvelope]) -> bool:
+        def unknown(_pid: str, tag_seq: int) -> int:
+            if tag_seq == 1:
+                return 0
+            if self._using_offset and (self._scan_timeout == 0 or not self._in_current_bucket(ticks)):
+                return tag_seq - 1
+            return 0
+
+        return unknown
+
+    def _check_row_step(self, row: tuple[Any, ...], source: Source, out: list[TagEnvelope]) -> Step[bool]:
         """Handle one row in stream order; False when the stream must wait (a gap is open)."""
         pid, tag_seq = row[2], row[3]
-        last = self._seen.get(pid)
-        if last is not None:
-            if tag_seq <= last:
-                return True  # duplicate
-            if tag_seq == last + 1:
-                self._deliver_rows([row], source, out)
-                return True
-            return self._open_gap(conn, pid, last + 1, row, fail=True, timeout=self._gap_timeout, source=source,
-                                  out=out)
-        if tag_seq == 1:
+        known = self._gate.last(pid) is not None
+        verdict, after = self._gate.judge(pid, tag_seq, self._unknown_at(row[0]))
+        if verdict is DUPLICATE:
+            return True
+        if verdict is NEXT:
             self._deliver_rows([row], source, out)
             return True
-        if self._using_offset and (self._scan_timeout == 0 or not self._in_current_bucket(row[0])):
-            self._seen[pid] = tag_seq - 1  # its earlier events are before the offset
-            self._deliver_rows([row], source, out)
-            return True
-        if self._using_offset:
-            return self._open_gap(conn, pid, 1, row, fail=False, timeout=self._scan_timeout, source=source, out=out)
-        return self._open_gap(conn, pid, 1, row, fail=True, timeout=self._gap_timeout, source=source, out=out)
+        # A gap: a known persistence id (or any, from NoOffset) fails after tag_gap_timeout; a new one's scan
+        # from an offset is accepted after tag_new_persistence_id_scan_timeout.
+        fail = known or not self._using_offset
+        return (yield from self._open_gap_step(pid, after + 1, row, fail=fail,  # type: ignore[operator]
+                                               timeout=self._gap_timeout if fail else self._scan_timeout,
+                                               source=source, out=out))
 
-    def _open_gap(self, conn: psycopg.Connection, pid: str, first_missing: int, row: tuple[Any, ...], *, fail: bool,
-                  timeout: float, source: Source, out: list[TagEnvelope]) -> bool:
+    def _open_gap_step(self, pid: str, first_missing: int, row: tuple[Any, ...], *, fail: bool, timeout: float,
+                       source: Source, out: list[TagEnvelope]) -> Step[bool]:
         wanted = set(range(first_missing, row[3]))
         if fail and len(wanted) > MAX_MISSING:
             raise MissingTaggedEventsError(self._tag, pid, sorted(wanted),
                                            f"(more than {MAX_MISSING} missing: not searched)")
         self._gap = _Gap(pid, wanted, time.monotonic() + timeout, fail, [row], timeout)
-        return self._search_gap(conn, source, out)
+        return (yield from self._search_gap_step(source, out))
 
-    def _search_gap(self, conn: psycopg.Connection, source: Source, out: list[TagEnvelope]) -> bool:
+    def _search_gap_step(self, source: Source, out: list[TagEnvelope]) -> Step[bool]:
         gap = self._gap
         assert gap is not None
-        found = self._missing_rows(conn, gap.pid, min(gap.missing), max(gap.missing) + 1)
+        found = yield statement(store.missing(self._tag, gap.pid, min(gap.missing), max(gap.missing) + 1,
+                                              self._bound(self._start)))
         found = [r for r in found if r[3] in gap.missing]
         gap.missing -= {r[3] for r in found}
         gap.pending.extend(found)
@@ -302,98 +297,121 @@ class TagStream:
         self._gap = None
         pending = sorted({r[3]: r for r in gap.pending}.values(), key=lambda r: r[3])
         if gap.missing and pending:
-            self._seen.setdefault(gap.pid, pending[0][3] - 1)
+            self._gate.assume(gap.pid, pending[0][3] - 1, None)
         self._deliver_rows(pending, source, out)
         return True
 
     # -- the main cursor and back tracking -----------------------------------------------------------
 
-    def _initial_scan(self, conn: psycopg.Connection) -> None:
+    def _initial_scan_step(self) -> Step[None]:
         """Starting from an offset in the current bucket: learn each persistence id's lowest number in it."""
         self._initial_scan_done = True
         if not (self._using_offset and self._live and self._scan_timeout > 0 and self._in_current_bucket(
                 self._start[0])):
             return
-        rows = conn.execute(LOWEST_IN_BUCKET, (self._tag, self._bucket(self._start[0]), *self._start)).fetchall()
+        rows = yield statement(store.lowest_in_bucket(self._tag, self._bucket(self._start[0]), self._start))
         for pid, lowest in rows:
-            self._seen.setdefault(pid, lowest - 1)
+            self._gate.assume(pid, lowest - 1, None)
 
     def poll(self, notified: bool = False) -> tuple[list[TagEnvelope], int]:
+        """:meth:`poll_step` on a connection of the journal's pool."""
+        return run_pooled(self.poll_step(notified), self._journal.connection)
+
+    def poll_step(self, notified: bool = False) -> Step[tuple[list[TagEnvelope], int]]:
         """The next envelopes and the number of rows read; on an exception the state is as before (the
         shared live loop retries a poll that lost the database, and nothing of it was delivered)."""
         saved = self._checkpoint()
         try:
-            return self._poll(notified)
+            items, rows = yield from self._poll_step(notified)
         except BaseException:
             self._restore(saved)
             raise
+        self._delivered_last = len(items)
+        return items, rows
+
+    def current_steps(self) -> Iterator[Step[list[TagEnvelope]]]:
+        """A current query: polls until the bound; while a gap is open and a poll brought nothing, the next one
+        waits a moment (up to 50 ms, never past the gap's deadline)."""
+        pause = 0.0
+        while True:
+            yield self._paused_poll_step(pause)
+            if self.exhausted and self._gap is None:
+                return
+            pause = 0.0
+            if not self._delivered_last and self._gap is not None:
+                pause = min(0.05, max(0.001, self._gap.deadline - time.monotonic()))
+
+    def _paused_poll_step(self, pause: float) -> Step[list[TagEnvelope]]:
+        if pause:
+            yield Sleep(pause)
+        items, _rows = yield from self.poll_step()
+        return items
 
     def _checkpoint(self) -> tuple[Any, ...]:
         gap = self._gap
         gap_copy = None if gap is None else _Gap(gap.pid, set(gap.missing), gap.deadline, gap.fail,
                                                  list(gap.pending), gap.waited)
-        return (self._pos, dict(self._seen), gap_copy, self._next_short, self._next_long, self._initial_scan_done,
-                self._upper, self.exhausted)
+        return (self._pos, self._gate.checkpoint(), gap_copy, self._next_short, self._next_long,
+                self._initial_scan_done, self._upper, self.exhausted)
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
-        (self._pos, self._seen, self._gap, self._next_short, self._next_long, self._initial_scan_done,
+        (self._pos, gate, self._gap, self._next_short, self._next_long, self._initial_scan_done,
          self._upper, self.exhausted) = saved
+        self._gate.restore(gate)
 
-    def _poll(self, notified: bool) -> tuple[list[TagEnvelope], int]:
+    def _poll_step(self, notified: bool) -> Step[tuple[list[TagEnvelope], int]]:
         out: list[TagEnvelope] = []
         source = Source.NOTIFIED if notified else Source.QUERY
-        with self._journal.connection() as conn:
-            if not self._initial_scan_done:
-                self._initial_scan(conn)
-            if self._gap is not None and not self._search_gap(conn, Source.BACKTRACKING, out):
-                return out, self._while_gap_open()
-            upper = self._upper_bound(conn)
-            if upper <= self._pos[0]:
-                self.exhausted = True
-                return out, 0
-            params = (self._tag, *self._bound(self._pos), self._bucket(upper), upper, self._limit)
-            seen, decode = self._seen, self._decode
-            read = 0
-            with conn.cursor(binary=True) as cur:
-                # Rows arrive in chunks while earlier ones are decoded: the server fills the page on the
-                # other core meanwhile. A row that needs more queries ends the streaming: the rest of the
-                # page is read first (one connection runs one query at a time), then handled below.
-                rows = cur.stream(PAGE, params, size=STREAM_CHUNK) if STREAM_CHUNK > 1 else iter(
-                    cur.execute(PAGE, params).fetchall())
-                rest: list[tuple[Any, ...]] = []
-                for row in rows:
-                    read += 1
-                    pid, tag_seq = row[2], row[3]
-                    last = seen.get(pid)
-                    if tag_seq == 1 if last is None else tag_seq == last + 1:  # the common case, inline
-                        key = self._pos = (row[0], row[1])
-                        seen[pid] = tag_seq
-                        out.append(decode(row, key, source))
-                        continue
-                    rest = [row, *rows]
-                    read += len(rest) - 1
-                    break
-            for row in rest:
-                if not self._check_row(conn, row, source, out):
-                    return out, self._while_gap_open()  # a gap: wait, and re-read from this row
-                key = (row[0], row[1])
-                if key > self._pos:
-                    self._pos = key
-            if read < self._limit and self._gap is None:
-                self.exhausted = True
-                if self._live:
-                    self._back_track(conn, out)
+        if not self._initial_scan_done:
+            yield from self._initial_scan_step()
+        if self._gap is not None and not (yield from self._search_gap_step(Source.BACKTRACKING, out)):
+            return out, (yield from self._while_gap_open_step())
+        upper = yield from self._upper_bound_step()
+        if upper <= self._pos[0]:
+            self.exhausted = True
+            return out, 0
+        # Rows arrive in chunks while earlier ones are decoded: the server fills the page on the other core
+        # meanwhile. A row that needs more queries ends the fast path: the rest of the page is read first (one
+        # connection runs one query at a time), then handled below.
+        size = STREAM_CHUNK
+        rows = yield statement(store.page(self._tag, self._bound(self._pos), self._bucket(upper), upper, self._limit),
+                               binary=True, stream=size if size > 1 else 0)
+        take_leading, decode = self._gate.take_leading, self._decode
+        read = 0
+        rest: list[tuple[Any, ...]] = []
+        while rows and not rest:
+            taken = take_leading(rows, None)  # the common case, here: each row the next of its persistence id
+            for row in rows[:taken] if taken < len(rows) else rows:
+                key = self._pos = (row[0], row[1])
+                out.append(decode(row, key, source))
+            rest = rows[taken:]
+            read += len(rows)
+            rows = yield MORE
+        while rows:
+            rest.extend(rows)
+            read += len(rows)
+            rows = yield MORE
+        for row in rest:
+            if not (yield from self._check_row_step(row, source, out)):
+                return out, (yield from self._while_gap_open_step())  # a gap: wait, and re-read from this row
+            key = (row[0], row[1])
+            if key > self._pos:
+                self._pos = key
+        if read < self._limit and self._gap is None:
+            self.exhausted = True
+            if self._live:
+                yield from self._back_track_step(out)
         return out, read
 
-    def _while_gap_open(self) -> int:
+    def _while_gap_open_step(self) -> Step[int]:
         """Live: search again soon (the shared loop re-polls at once after a full page), not after a whole
         refresh interval; a new persistence id's scan is typically much shorter than that."""
         if not self._live or self._gap is None:
             return 0
-        time.sleep(max(0.0, min(0.05, self._gap.deadline - time.monotonic())))
+        yield Sleep(max(0.0, min(0.05, self._gap.deadline - time.monotonic())))
         return self._limit
 
-    def _back_track(self, conn: psycopg.Connection, out: list[TagEnvelope]) -> None:
+    def _back_track_step(self, out: list[TagEnvelope]) -> Step[None]:
         now = time.monotonic()
         period: float | None
         if now >= self._next_long:
@@ -412,15 +430,15 @@ class TagStream:
         start = max(start, self._start)
         end = self._pos
         while start < end and self._gap is None:
-            keys = conn.execute(KEYS, (self._tag, *self._bound(start), *self._bound(end), self._limit)).fetchall()
+            keys = yield statement(store.keys(self._tag, self._bound(start), self._bound(end), self._limit))
             late: dict[str, list[int]] = {}
             for _ticks, _lsb, pid, tag_seq in keys:
-                if tag_seq > self._seen.get(pid, 0):
+                if self._gate.judge(pid, tag_seq, _none_delivered)[0] is not DUPLICATE:
                     late.setdefault(pid, []).append(tag_seq)
             for pid, numbers in late.items():
-                rows = conn.execute(LOAD, (self._tag, pid, numbers, *self._bound(self._start))).fetchall()
+                rows = yield statement(store.load(self._tag, pid, numbers, self._bound(self._start)))
                 for row in rows:
-                    if not self._check_row(conn, row, Source.BACKTRACKING, out):
+                    if not (yield from self._check_row_step(row, Source.BACKTRACKING, out)):
                         return  # a gap opened: the next poll continues the search
             if len(keys) < self._limit:
                 return
@@ -428,24 +446,18 @@ class TagStream:
 
 
 class ByTag:
-    def __init__(self, journal: Journal) -> None:
+    """The blocking face of events_by_tag: runs :class:`TagStream` steps on the journal's pool."""
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
+        self._serializers = serializers
 
     def current(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events with ``tag`` after ``offset`` up to now minus the eventual consistency delay (at start)."""
-        stream = TagStream(self._journal, tag, offset, live=False)
-        return self._drain(stream)
-
-    def _drain(self, stream: TagStream) -> Iterator[TagEnvelope]:
-        while True:
-            items, _rows = stream.poll()
-            yield from items
-            if stream.exhausted and stream._gap is None:
-                return
-            if not items and stream._gap is not None:
-                time.sleep(min(0.05, max(0.001, stream._gap.deadline - time.monotonic())))
+        stream = TagStream(self._journal, tag, offset, live=False, serializers=self._serializers)
+        return drive(stream.current_steps(), self._journal.connection)
 
     def live(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
         """Events with ``tag`` after ``offset``, polling for new ones until ``close()``."""
-        stream = TagStream(self._journal, tag, offset, live=True)
+        stream = TagStream(self._journal, tag, offset, live=True, serializers=self._serializers)
         return self._journal.live_query(stream.poll, entity_types=None)

@@ -31,6 +31,7 @@ from .errors import (
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
+from .steps import Step, rows_of, run_pooled, statement
 from .store.durable_state import DELETED_SER_ID
 from .validation import check_name, check_persistence_id, check_seq_nr
 
@@ -101,9 +102,12 @@ class DurableStateStore:
     def get(self, persistence_id: str) -> DurableState | None:
         """The current state (``deleted`` set after :meth:`delete`), ``None`` when never written."""
         pid = check_persistence_id(persistence_id)
-        with self.journal.connection() as conn:
-            row = conn.execute(*self.sql.get(pid)).fetchone()
-        return None if row is None else self.decode(row)
+        return run_pooled(self.get_step(pid), self.journal.connection)
+
+    def get_step(self, pid: str) -> Step[DurableState | None]:
+        """:meth:`get` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
+        rows = yield statement(self.sql.get(pid))
+        return self.decode(rows[0]) if rows else None
 
     def decode(self, row: tuple[Any, ...]) -> DurableState:
         """A row of :data:`pgjournal.store.durable_state.STATE_COLUMNS` as a :class:`DurableState`."""
@@ -193,11 +197,10 @@ class DurableStateStore:
 
     def _current_revision(self, pid: str) -> int | None:
         try:
-            with self.journal.connection() as conn:
-                row = conn.execute(*self.sql.revision(pid)).fetchone()
+            rows = run_pooled(rows_of(self.sql.revision(pid)), self.journal.connection)
         except (psycopg.Error, JournalError):
             return None
-        return 0 if row is None else int(row[0])
+        return int(rows[0][0]) if rows else 0
 
 
 __all__ = ["DurableState", "DurableStateChange", "DurableStateStore"]

@@ -23,25 +23,31 @@ from .envelope import EventEnvelope, Source
 from .errors import InvalidArgument
 from .offsets import NoOffset, Offset
 from .polling import LiveQuery
+from .steps import Step, run_pooled, statement
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .serialization import SerializerRegistry
 
 Transform = Callable[[Any], Any]
 
 
 def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
-             transform: Transform) -> tuple[SliceQuery, list[EventEnvelope]]:
+             transform: Transform, serializers: SerializerRegistry | None) -> tuple[SliceQuery, list[EventEnvelope]]:
     """The by-slice query with the snapshots' sequence numbers marked delivered, and the snapshot envelopes."""
     if not callable(transform):
         raise InvalidArgument(f"transform must be a function from a snapshot to an event, got "
                               f"{type(transform).__name__}")
-    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset)
-    start = query.start
-    read = journal.snapshots.sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp)
-    with journal.connection() as conn:
-        rows = read.all(conn)
-    serializers = journal.serializers
+    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset, serializers=serializers)
+    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform, serializers), journal.connection)
+
+
+def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform: Transform,
+                   serializers: SerializerRegistry | None = None) -> Step[list[EventEnvelope]]:
+    """The snapshot envelopes of the query's range taken after its start, each marked delivered in its gate."""
+    journal, start = query.journal, query.start
+    rows = yield statement(journal.snapshots.sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp))
+    serializers = serializers if serializers is not None else journal.serializers
     out: list[EventEnvelope] = []
     for row in rows:
         pid, seq_nr, ts = row.persistence_id, row.seq_nr, row.db_timestamp
@@ -56,13 +62,13 @@ def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int,
             persistence_id=pid, seq_nr=seq_nr)
         out.append(EventEnvelope(pid, seq_nr, row.slice, row.entity_type, ts, start, transform(snapshot),
                                  tuple(row.tags or ()), metadata, Source.SNAPSHOT))
-        query.delivered[pid] = (seq_nr, ts)
-    return query, out
+        query.gate.deliver(pid, seq_nr, ts)
+    return out
 
 
 def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
-            transform: Transform) -> Iterator[EventEnvelope]:
-    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform)
+            transform: Transform, serializers: SerializerRegistry | None = None) -> Iterator[EventEnvelope]:
+    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
     events = journal.by_slices.run_current(query)
 
     def chained() -> Iterator[EventEnvelope]:
@@ -73,8 +79,8 @@ def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, 
 
 
 def live(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
-         transform: Transform) -> SnapshotsThenLive:
-    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform)
+         transform: Transform, serializers: SerializerRegistry | None = None) -> SnapshotsThenLive:
+    query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
     return SnapshotsThenLive(snapshots, journal.by_slices.run_live(query))
 
 

@@ -19,6 +19,9 @@ statement (a later snapshot), so:
   readings (:class:`HorizonTracker`); a one-shot read (current query, Spark load) polls until the writers
   it saw are gone.
 
+The readings are steps (:mod:`pgjournal.steps`): ``read_step``, ``settle_step`` and ``final_bound_step``
+describe their statements, and ``read``, ``settle`` and ``final_bound`` run them on a blocking connection.
+
 No cap: a writer that keeps its lock longer than ``longest_transaction`` holds readers back for as long
 as it runs, and is logged (backend pid, transaction start) so an operator can find it. Distributed
 databases have no such view; there (and in portable mode) the bound is the database clock minus a delay.
@@ -32,14 +35,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from . import metrics
 from .errors import HorizonBlocked
+from .steps import Sleep, Statement, Step, run
 from .store.catalog import CLOCK_SQL, WRITERS_SQL
 from .timeuuid import EPOCH
 
 if TYPE_CHECKING:
+    import psycopg
+
     from .capabilities import Capabilities
 
 log = logging.getLogger("pgjournal.horizon")
@@ -85,14 +89,17 @@ class HorizonTracker:
         self._warned: set[str] = set()
 
     def read(self, conn: psycopg.Connection) -> Horizon:
+        """:meth:`read_step` on a blocking connection."""
+        return run(self.read_step(), conn)
+
+    def read_step(self) -> Step[Horizon]:
         """One horizon reading. Where hidden writers have been open since this tracker's first reading,
         ``safe`` is the newest earlier reading they have all left (at the very first reading: the epoch)."""
         if not self.capabilities.writer_horizon:
-            row = conn.execute(CLOCK_SQL, prepare=False).fetchone()
-            assert row is not None
-            return Horizon(row[0], row[0] - self._margin)
-        rows = conn.execute(WRITERS_SQL, {"relations": list(self.relations)},
-                            prepare=False).fetchall()
+            clock = yield Statement(CLOCK_SQL, prepare=False)
+            now = clock[0][0]
+            return Horizon(now, now - self._margin)
+        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)}, prepare=False)
         now = rows[0][0]
         writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
         safe = now - self._margin
@@ -142,21 +149,30 @@ class HorizonTracker:
                         writer.pid, writer.vxid, since, self._longest.total_seconds())
 
     def final_bound(self, conn: psycopg.Connection, *, settle: bool = True) -> datetime:
+        """:meth:`final_bound_step` on a blocking connection."""
+        return run(self.final_bound_step(settle=settle), conn)
+
+    def final_bound_step(self, *, settle: bool = True) -> Step[datetime]:
         """The newest ``db_timestamp`` below which every event is committed *for good* (what a checkpoint
         may move to): the writer-lock horizon (``settle``: waiting out writers hidden from this role, for a
         one-shot read), else the clock minus ``longest_transaction`` (portable mode: only a transaction open
         longer can still commit below it)."""
         caps = self.capabilities
-        horizon = self.settle(conn, timeout=caps.longest_transaction) if settle else self.read(conn)
+        horizon = (yield from self.settle_step(timeout=caps.longest_transaction)) if settle else (
+            yield from self.read_step())
         if caps.writer_horizon:
             return horizon.safe
         return horizon.now - self._longest
 
     def settle(self, conn: psycopg.Connection, timeout: float) -> Horizon:
+        """:meth:`settle_step` on a blocking connection."""
+        return run(self.settle_step(timeout), conn)
+
+    def settle_step(self, timeout: float) -> Step[Horizon]:
         """A horizon for a one-shot read: reads again (every 10 ms) until the writers hidden from this role
         at the first reading have finished. Raises :class:`HorizonBlocked` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        horizon = self.read(conn)
+        horizon = yield from self.read_step()
         first = horizon.now - self._margin
         while self.capabilities.writer_horizon and (self._cleared is None or self._cleared < first):
             if time.monotonic() >= deadline:
@@ -168,6 +184,6 @@ class HorizonTracker:
                     "(pgjournal roles --visibility-horizon) so their start times are visible, or retry later",
                     backends=tuple(w.pid for w in hidden),
                 )
-            time.sleep(0.01)
-            horizon = self.read(conn)
+            yield Sleep(0.01)
+            horizon = yield from self.read_step()
         return horizon

@@ -90,7 +90,8 @@ class TimestampOffset:
         """An offset from values read from the journal (aware timestamps, stored pids and sequence numbers),
         without the checks: a query builds one per envelope, and the checks cost more than the rest of it."""
         offset = object.__new__(cls)
-        offset.__dict__.update(timestamp=timestamp, read_timestamp=read_timestamp, seen=MappingProxyType(dict(seen)))
+        object.__setattr__(offset, "__dict__", {"timestamp": timestamp, "read_timestamp": read_timestamp,
+                                                "seen": MappingProxyType(dict(seen))})
         return offset
 
     def __str__(self) -> str:

@@ -12,6 +12,12 @@ A poll that fails because the database is unreachable is retried with exponentia
 must leave its state unchanged when it raises, so the query resumes exactly where it was. After
 ``max_failures`` failed polls in a row (setting ``live_query_retries``) the query raises
 :class:`DatabaseUnavailable` naming the count. When the journal is closed under it, the query ends.
+
+The decisions (when to poll next, whether a poll counts as notified, how a failure is retried) are a
+:class:`Schedule` that neither waits nor listens; :class:`LiveQuery` is the blocking loop around it (a
+``threading.Event`` set by writers' signals), and an asyncio loop takes the same schedule around an
+``asyncio.Event`` and a poll step run with :func:`pgjournal.steps.arun_pooled`. A poll may return its items
+as :class:`Made` (each made when it is taken), which the loop hands out one by one.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 import psycopg
@@ -30,11 +36,94 @@ from psycopg_pool import PoolClosed
 from .errors import DatabaseUnavailable
 
 T = TypeVar("T")
+D = TypeVar("D")
 _log = logging.getLogger(__name__)
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
-Poll = Callable[[bool], tuple[list[T], int]]
+#: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
+Poll = Callable[[bool], tuple[Iterable[T], int]]
 Subscribe = Callable[[threading.Event], Callable[[], None]]
+
+
+class Made(Generic[D, T]):
+    """A poll's items, each made (``make(datum)``) only when it is taken, so a page of thousands is not kept
+    alive at once (the garbage collector's cost). One whose making raises (a payload that does not decode)
+    stays first: taken again, it is made again, so nothing is skipped, as when the whole poll failed."""
+
+    def __init__(self, data: Iterable[D], make: Callable[[D], T]) -> None:
+        self._data = deque(data)
+        self._make = make
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if not self._data:
+            raise StopIteration
+        item = self._make(self._data[0])
+        self._data.popleft()
+        return item
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Schedule:
+    """The live loop's decisions, without waiting or listening: after each poll (or failed poll), how long to
+    wait before the next one (:attr:`delay`) and whether the next one counts as notified."""
+
+    def __init__(self, *, buffer_size: int, refresh_interval: float, settle: float = 0.0,
+                 max_failures: int | None = None) -> None:
+        self._buffer_size = buffer_size
+        self._refresh_interval = refresh_interval
+        self._settle = settle
+        self._max_failures = max_failures
+        #: Seconds to wait (a writer's signal ends the wait early) before the next poll.
+        self.delay = 0.0
+        self._settling = False
+        self._failures = 0
+        self._failing_since = 0.0
+
+    def notified(self, signalled: bool) -> bool:
+        """Whether the next poll counts as notified: a signal came, or it is the look after a signal."""
+        return signalled or self._settling
+
+    def polled(self, rows: int, signalled: bool) -> None:
+        """A poll read ``rows`` rows (``signalled``: a signal had come before it)."""
+        self._failures = 0
+        self.delay = self.delay_after(rows)
+        # A signal can arrive before the new rows are readable (a query stays a margin behind the clock):
+        # look again once that margin has passed instead of a whole refresh interval later.
+        self._settling = signalled and self._settle > 0
+        if self._settling:
+            self.delay = min(self.delay, self._settle)
+
+    def delay_after(self, rows: int) -> float:
+        """Akka's rule: a nearly full page polls again at once, a nearly empty one waits the refresh interval,
+        anything between half of it."""
+        if rows >= 0.9 * self._buffer_size:
+            return 0.0
+        if rows <= 0.1 * self._buffer_size:
+            return self._refresh_interval
+        return self._refresh_interval / 2
+
+    def failed(self, exc: BaseException) -> DatabaseUnavailable | None:
+        """A poll failed with a retryable ``exc``: back off (:attr:`delay`), or, past ``max_failures`` in a
+        row, the error that ends the query."""
+        self._failures += 1
+        if self._failures == 1:
+            self._failing_since = time.monotonic()
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if self._max_failures is not None and self._failures > self._max_failures:
+            return DatabaseUnavailable(
+                f"live query gave up after {self._failures} failed polls in a row over "
+                f"{time.monotonic() - self._failing_since:.1f} s (live_query_retries is "
+                f"{self._max_failures}); last: {type(exc).__name__}: {first_line}")
+        cap = min(0.1 * 2 ** (self._failures - 1), 5.0)
+        self.delay = random.uniform(cap / 2, cap)
+        _log.warning("live query poll failed (%s: %s); retrying in %.2f s (failure %d in a row)",
+                     type(exc).__name__, first_line, self.delay, self._failures)
+        return None
 
 
 class LiveQuery(Generic[T]):
@@ -51,71 +140,43 @@ class LiveQuery(Generic[T]):
         max_failures: int | None = None,
     ) -> None:
         self._poll = poll
-        self._buffer_size = buffer_size
-        self._refresh_interval = refresh_interval
-        self._pending: deque[T] = deque()
+        self._schedule = Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
+                                  max_failures=max_failures)
+        self._page: Iterator[T] = iter(())
         self._closed = False
         self._wakeup = threading.Event()
         self._unsubscribe = subscribe(self._wakeup) if subscribe else None
-        self._delay = 0.0
-        self._settle = settle
-        self._settling = False
-        self._failures = 0
-        self._max_failures = max_failures
-        self._failing_since = 0.0
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
-        while not self._pending:
+        schedule = self._schedule
+        while True:
+            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
+                return item
             if self._closed:
                 raise StopIteration
-            if self._delay:
-                self._wakeup.wait(self._delay)
+            if schedule.delay:
+                self._wakeup.wait(schedule.delay)
                 if self._closed:
                     raise StopIteration
             signalled = self._wakeup.is_set()
-            notified = signalled or self._settling
             self._wakeup.clear()
             try:
-                items, rows = self._poll(notified)
+                items, rows = self._poll(schedule.notified(signalled))
             except PoolClosed:
                 _log.info("live query ends: its journal was closed")
                 self.close()
                 raise StopIteration from None
             except RETRYABLE as exc:
-                self._failures += 1
-                if self._failures == 1:
-                    self._failing_since = time.monotonic()
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                if self._max_failures is not None and self._failures > self._max_failures:
+                fatal = schedule.failed(exc)
+                if fatal is not None:
                     self.close()
-                    raise DatabaseUnavailable(
-                        f"live query gave up after {self._failures} failed polls in a row over "
-                        f"{time.monotonic() - self._failing_since:.1f} s (live_query_retries is "
-                        f"{self._max_failures}); last: {type(exc).__name__}: {first_line}") from exc
-                cap = min(0.1 * 2 ** (self._failures - 1), 5.0)
-                self._delay = random.uniform(cap / 2, cap)
-                _log.warning("live query poll failed (%s: %s); retrying in %.2f s (failure %d in a row)",
-                             type(exc).__name__, first_line, self._delay, self._failures)
+                    raise fatal from exc
                 continue
-            self._failures = 0
-            self._pending.extend(items)
-            self._delay = self.delay_after(rows)
-            # A signal can arrive before the new rows are readable (a query stays a margin behind the clock):
-            # look again once that margin has passed instead of a whole refresh interval later.
-            self._settling = signalled and self._settle > 0
-            if self._settling:
-                self._delay = min(self._delay, self._settle)
-        return self._pending.popleft()
-
-    def delay_after(self, rows: int) -> float:
-        if rows >= 0.9 * self._buffer_size:
-            return 0.0
-        if rows <= 0.1 * self._buffer_size:
-            return self._refresh_interval
-        return self._refresh_interval / 2
+            self._page = iter(items)
+            schedule.polled(rows, signalled)
 
     def close(self) -> None:
         self._closed = True

@@ -1,8 +1,8 @@
 """Poison events: envelopes a projection cannot decode or handle.
 
-The runner reads through a *lenient* view of the journal (:func:`lenient_journal`): a payload that does not
-decode becomes an :class:`Undecodable` event instead of failing the query (which made the range restart
-without end). The runner treats it like a handler failure: retried with backoff, then
+The runner reads with *lenient* serializers (:func:`lenient`, passed to its queries as ``serializers=``): a
+payload that does not decode becomes an :class:`Undecodable` event instead of failing the query (which made
+the range restart without end). The runner treats it like a handler failure: retried with backoff, then
 ``ProjectionSettings.on_failure`` applies — ``stop`` raises :class:`~projections.runner.ProjectionFailed`
 naming projection, persistence id, sequence number, serializer id and manifest; ``dead-letter`` stores the
 envelope in ``projection_dead_letter`` (payload kept) and goes on, in exactly-once and grouped modes in the
@@ -15,17 +15,13 @@ per-entity order must tolerate that.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from pgjournal.by_pid import ByPersistenceId
-from pgjournal.by_slices import BySlices
 from pgjournal.envelope import EventEnvelope, Source
 from pgjournal.errors import SerializationError
 from pgjournal.offsets import TimestampOffset
-from pgjournal.query import Query
 from pgjournal.slices import entity_type_of
 from pgjournal.store import dead_letters as sql
 from pgjournal.store.dead_letters import DeadLetter as DeadLetter  # the row shape, part of this module's API
@@ -67,15 +63,10 @@ class LenientSerializers:
         return getattr(self._inner, name)
 
 
-def lenient_journal(journal: Journal) -> Journal:
-    """The same journal (pool, settings, signals) whose queries yield :class:`Undecodable` events instead of
-    raising on a payload that does not decode. For reading only."""
-    view = copy.copy(journal)
-    view.serializers = LenientSerializers(journal.serializers)  # type: ignore[assignment]
-    view.by_pid = ByPersistenceId(view)
-    view.by_slices = BySlices(view)
-    view.query = Query(view)
-    return view
+def lenient(journal: Journal) -> SerializerRegistry:
+    """The journal's serializers, but a payload they cannot decode becomes an :class:`Undecodable` event instead
+    of an error: for the ``serializers=`` of the queries a projection reads through. For reading only."""
+    return cast("SerializerRegistry", LenientSerializers(journal.serializers))
 
 
 def undecodable(env: EventEnvelope) -> Undecodable | None:

@@ -3,10 +3,11 @@
 Per slice it keeps the latest offset and, within a time window behind it, one row per persistence id with
 the highest sequence number processed. From these rows:
 
-* **validation** of every envelope: *duplicate* (``seq_nr`` at or below the stored one, or older than the
-  window of its slice, which was all processed), *accepted* (the next one, a first event, or a pid whose
-  previous event lies before the window), or *rejected* (its predecessors were not processed: the runner
-  loads them by persistence id and processes them first, so nothing is ever skipped);
+* **validation** of every envelope by the ordering/dedup gate (:mod:`pgjournal.gate`): *duplicate*
+  (``seq_nr`` at or below the stored one, or older than the window of its slice, which was all processed),
+  *accepted* (the next one, a first event, or a pid whose previous event lies before the window), or
+  *rejected* (its predecessors were not processed: the runner loads them by persistence id and processes
+  them first, so nothing is ever skipped);
 * the **start offset** of a slice range: the earliest over its slices of each slice's *safe point* (every
   event of the slice before it was processed): its latest offset minus the backtracking lookback (late
   commits the previous run had not seen yet are read again and dropped as duplicates by the rows above),
@@ -24,15 +25,16 @@ Eviction keeps the latest row per slice, so a slice that was ever processed or m
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pgjournal.envelope import EventEnvelope
+from pgjournal.gate import Gate, Verdict, judge
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import check_slice_range
+from pgjournal.steps import Step, run, statement
 from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
 from pgjournal.store.offsets import range_key as range_key  # the runner's key of a range
 from pgjournal.timeuuid import EPOCH
@@ -41,12 +43,6 @@ if TYPE_CHECKING:
     import psycopg
 
     from pgjournal.journal import Journal
-
-
-class Verdict(enum.Enum):
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    REJECTED = "rejected"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +56,7 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Validation:
+    #: The gate's verdict (:class:`pgjournal.gate.Verdict`): ``ACCEPTED`` is ``NEXT``, ``REJECTED`` is ``GAP``.
     verdict: Verdict
     #: For a rejected envelope: the highest sequence number processed (or counted processed) before it;
     #: the runner loads ``after + 1 .. seq_nr - 1`` and processes them first.
@@ -90,7 +87,8 @@ class OffsetStore:
         #: Per slice: the latest processed event time (markers included) and the latest marker.
         self.latest: dict[int, datetime] = {}
         self.markers: dict[int, datetime] = {}
-        self.records: dict[str, Record] = {}
+        #: Per persistence id the highest event processed (stamped with its :class:`Record`), within the window.
+        self.gate: Gate[Record] = Gate()
         self.rows_since_delete = 0
         #: The newest event time committed through this instance (this run), and the markers it wrote.
         self.run_newest: datetime | None = None
@@ -100,14 +98,15 @@ class OffsetStore:
 
     def load(self, conn: psycopg.Connection) -> TimestampOffset | None:
         """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
-        self.latest, self.markers, self.records = {}, {}, {}
+        self.latest, self.markers, self.gate = {}, {}, Gate()
         for row in self.sql.latest(self.name, self.min_slice, self.max_slice).all(conn):
             self.latest[row.slice] = row.latest
             if row.marker is not None:
                 self.markers[row.slice] = row.marker
         if self.latest:
             rows = self.sql.highest_per_pid(self.name, {s: self.floor(s) for s in self.latest}).all(conn)
-            self.records = {r.persistence_id: Record(r.slice, r.seq_nr, r.timestamp) for r in rows}
+            for r in rows:
+                self.gate.deliver(r.persistence_id, r.seq_nr, Record(r.slice, r.seq_nr, r.timestamp))
         start = min((self.safe_point(s) for s in self.latest), default=None)
         empty = [s for s in range(self.min_slice, self.max_slice + 1) if s not in self.latest]
         if empty and start is not None:
@@ -140,23 +139,32 @@ class OffsetStore:
 
     def validate(self, conn: psycopg.Connection, env: EventEnvelope, pending: Mapping[str, Record]
                  ) -> Validation:
-        record = pending.get(env.persistence_id) or self.records.get(env.persistence_id)
-        if record is not None:
-            if env.seq_nr <= record.seq_nr:
-                return Validation(Verdict.DUPLICATE)
-            if env.seq_nr == record.seq_nr + 1:
-                return Validation(Verdict.ACCEPTED)
-            return Validation(Verdict.REJECTED, record.seq_nr)
+        """:meth:`validate_step` on a blocking connection."""
+        return run(self.validate_step(env, pending), conn)
+
+    def validate_step(self, env: EventEnvelope, pending: Mapping[str, Record]) -> Step[Validation]:
+        """The gate's verdict for ``env``; ``pending``: what the open unit of work accepted (it counts)."""
+        record = pending.get(env.persistence_id)
+        after = record.seq_nr if record is not None else self.gate.last(env.persistence_id)
+        if after is None:
+            after = yield from self._unknown_step(env)
+        verdict = judge(after, env.seq_nr)
+        return Validation(verdict, after if verdict is Verdict.REJECTED else 0)  # type: ignore[arg-type]
+
+    def _unknown_step(self, env: EventEnvelope) -> Step[int | Verdict]:
+        """The gate's policy for a persistence id without a record: older than its slice's window, it was
+        processed; a first event or one whose predecessor is before the window (or deleted) is next; else
+        everything up to the highest event before the window counts as processed."""
         floor = self.floor(env.slice)
         if env.db_timestamp < floor:
-            return Validation(Verdict.DUPLICATE)
+            return Verdict.DUPLICATE
         if env.seq_nr == 1:
-            return Validation(Verdict.ACCEPTED)
-        row = conn.execute(*self.journal.events.previous(env.persistence_id, env.seq_nr, floor)).fetchone()
-        prev_ts, before_floor = row if row else (None, 0)
+            return 0
+        rows = yield statement(self.journal.events.previous(env.persistence_id, env.seq_nr, floor))
+        prev_ts, before_floor = rows[0] if rows else (None, 0)
         if prev_ts is None or prev_ts < floor:
-            return Validation(Verdict.ACCEPTED)  # the previous event was processed (or deleted)
-        return Validation(Verdict.REJECTED, int(before_floor))
+            return env.seq_nr - 1  # the previous event was processed (or deleted)
+        return int(before_floor)
 
     # -- storing -------------------------------------------------------------------------------------
 
@@ -174,7 +182,7 @@ class OffsetStore:
     def commit(self, pending: Mapping[str, Record]) -> None:
         """Take ``pending`` into memory once its transaction committed."""
         for pid, record in pending.items():
-            self.records[pid] = record
+            self.gate.deliver(pid, record.seq_nr, record)
             if self.run_newest is None or record.timestamp > self.run_newest:
                 self.run_newest = record.timestamp
             if record.timestamp > self.latest.get(record.slice, EPOCH):
@@ -214,7 +222,7 @@ class OffsetStore:
 
     def evict(self) -> None:
         """Forget records older than the window of their slice (they validate by the floor instead)."""
-        self.records = {pid: r for pid, r in self.records.items() if r.timestamp >= self.floor(r.slice)}
+        self.gate.forget_where(lambda r: r.timestamp < self.floor(r.slice))
 
     def delete_old(self, conn: psycopg.Connection) -> int:
         """Delete superseded rows and rows older than the window (the latest row per slice stays)."""

@@ -28,13 +28,16 @@ import psycopg
 import psycopg.errors
 
 from pgjournal import metrics
+from pgjournal.by_pid import ByPersistenceId
 from pgjournal.connections import user_statements
 from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
 from pgjournal.offsets import NoOffset, Offset
+from pgjournal.query import Query
 from pgjournal.slices import check_slice_range
+from pgjournal.steps import Step, run
 
-from .dead_letters import decoded, lenient_journal, serializer_of, store_dead_letter
+from .dead_letters import decoded, lenient, serializer_of, store_dead_letter
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused
 from .offset_store import OffsetStore, Record, Verdict, range_key
@@ -155,7 +158,9 @@ class RangeRunner:
         self.stats = Stats()
         self._metrics = _RangeMetrics(projection.name, metrics.slices_label(min_slice, max_slice))
         #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
-        self.reading = lenient_journal(journal)
+        serializers = lenient(journal)
+        self.reading = Query(journal, serializers=serializers)
+        self._replay = ByPersistenceId(journal, serializers)
         self._stop = threading.Event()
         self.lookback = lookback(journal, self.settings)
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
@@ -233,8 +238,7 @@ class RangeRunner:
         with self.journal.connection() as conn:
             start = store.load(conn)  # the lookback is applied per slice: see OffsetStore.safe_point
         offset: Offset = NoOffset if start is None else start
-        query = self.reading.query.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice,
-                                                    offset)
+        query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset)
         inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
         halt = threading.Event()
         reader = threading.Thread(target=_read, args=(query, inbox, halt), daemon=True,
@@ -318,7 +322,12 @@ class RangeRunner:
     def _admit(self, conn: psycopg.Connection, store: OffsetStore, env: EventEnvelope,
                pending: MutableMapping[str, Record]) -> list[EventEnvelope]:
         """Validate ``env``: nothing for a duplicate; for a rejected one, its missing predecessors first."""
-        validation = store.validate(conn, env, pending)
+        return run(self._admit_step(store, env, pending), conn)
+
+    def _admit_step(self, store: OffsetStore, env: EventEnvelope, pending: MutableMapping[str, Record]
+                    ) -> Step[list[EventEnvelope]]:
+        """:meth:`_admit` as a step: the gate's verdict, and a gap filled by replaying the missing events."""
+        validation = yield from store.validate_step(env, pending)
         if validation.verdict is Verdict.DUPLICATE:
             self.stats.duplicates += 1
             return []
@@ -327,8 +336,7 @@ class RangeRunner:
             self.stats.rejected += 1
             log.info("projection %s: %r seq_nr %d rejected (processed up to %d): loading the missing events",
                      self.projection.name, env.persistence_id, env.seq_nr, validation.after)
-            out = list(self.reading.query.current_events_by_persistence_id(
-                env.persistence_id, validation.after + 1, env.seq_nr - 1))
+            out = yield from self._replay.events_step(env.persistence_id, validation.after + 1, env.seq_nr - 1)
         out.append(env)
         for e in out:
             pending[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)

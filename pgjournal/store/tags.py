@@ -5,6 +5,7 @@ CTEs that write the tag view rows and the tag write progress in the same stateme
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from ..timeuuid import UUID_EPOCH_OFFSET
 from .events import AFTER_EXPECTED, AFTER_LATEST, BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT
@@ -79,3 +80,62 @@ def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: 
     return (_ONE_TAG if one_tag else _TAGGED).format(
         prev=prev, events=ONE_EVENT if single else MANY_EVENTS, insert=insert,
         uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"), epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
+
+
+# -- reads of the tag view (events_by_tag, see pgjournal.by_tag) -----------------------------------------
+# Keys are (timebucket, ts_time, ts_lsb): Cassandra's TimeUUID order within the buckets.
+
+#: The columns every read of a tag view row selects, in order.
+TAG_COLUMNS = ("ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event, "
+               "meta_ser_id, meta_ser_manifest, meta_payload, writer_uuid")
+PAGE = f"""
+SELECT {TAG_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND timebucket <= %s AND ts_time <= %s
+ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
+# Back tracking: keys only; the few rows the stream has not delivered are loaded by LOAD.
+KEYS = """
+SELECT ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr FROM tag_views
+WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) AND (timebucket, ts_time, ts_lsb) <= (%s, %s, %s)
+ORDER BY timebucket, ts_time, ts_lsb LIMIT %s"""
+LOAD = f"""
+SELECT {TAG_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr = ANY(%s)
+  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
+ORDER BY tag_pid_sequence_nr"""
+MISSING = f"""
+SELECT {TAG_COLUMNS} FROM tag_views
+WHERE tag_name = %s AND persistence_id = %s AND tag_pid_sequence_nr >= %s AND tag_pid_sequence_nr < %s
+  AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s)
+ORDER BY tag_pid_sequence_nr"""
+LOWEST_IN_BUCKET = """
+SELECT persistence_id, min(tag_pid_sequence_nr) FROM tag_views
+WHERE tag_name = %s AND timebucket = %s AND (ts_time, ts_lsb) > (%s, %s)
+GROUP BY persistence_id"""
+
+Key = tuple[int, int, int]
+TagQuery = tuple[str, tuple[Any, ...]]
+
+
+def page(tag: str, after: Key, last_bucket: int, last_ticks: int, limit: int) -> TagQuery:
+    """Rows of :data:`TAG_COLUMNS` after ``after`` up to ``last_ticks`` (in bucket ``last_bucket`` at most)."""
+    return PAGE, (tag, *after, last_bucket, last_ticks, limit)
+
+
+def keys(tag: str, after: Key, up_to: Key, limit: int) -> TagQuery:
+    """(ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr) after ``after`` up to ``up_to`` (inclusive)."""
+    return KEYS, (tag, *after, *up_to, limit)
+
+
+def load(tag: str, pid: str, numbers: list[int], after: Key) -> TagQuery:
+    """Rows of :data:`TAG_COLUMNS`: the given tag sequence numbers of ``pid`` after ``after``."""
+    return LOAD, (tag, pid, numbers, *after)
+
+
+def missing(tag: str, pid: str, lowest: int, below: int, after: Key) -> TagQuery:
+    """Rows of :data:`TAG_COLUMNS`: tag sequence numbers ``lowest .. below - 1`` of ``pid`` after ``after``."""
+    return MISSING, (tag, pid, lowest, below, *after)
+
+
+def lowest_in_bucket(tag: str, bucket: int, after: tuple[int, int]) -> TagQuery:
+    """(persistence_id, lowest tag sequence number) of the rows of ``bucket`` after ``after`` (ticks, lsb)."""
+    return LOWEST_IN_BUCKET, (tag, bucket, *after)
