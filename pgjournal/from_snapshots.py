@@ -46,7 +46,7 @@ def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform:
                    serializers: SerializerRegistry | None = None) -> Step[list[EventEnvelope]]:
     """The snapshot envelopes of the query's range taken after its start, each marked delivered in its gate."""
     journal, start = query.journal, query.start
-    rows = yield statement(journal.snapshots.sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp))
+    rows = yield statement(journal.snapshot_sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp))
     serializers = serializers if serializers is not None else journal.serializers
     out: list[EventEnvelope] = []
     for row in rows:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg_pool import PoolClosed
@@ -126,7 +126,58 @@ class Schedule:
         return None
 
 
-class LiveQuery(Generic[T]):
+class LoopState(Generic[T]):
+    """What the blocking and the asyncio live loop share besides the :class:`Schedule`: the page being handed
+    out, the wake-up event (``threading.Event`` or ``asyncio.Event``: a writer's signal sets it), closing, and
+    what a failed poll means. A driver only waits and polls in its own way."""
+
+    def __init__(self, schedule: Schedule, wakeup: Any, subscribe: Callable[[Any], Callable[[], None]] | None
+                 ) -> None:
+        self._schedule = schedule
+        self._page: Iterator[T] = iter(())
+        self._closed = False
+        self._wakeup = wakeup
+        self._unsubscribe = subscribe(wakeup) if subscribe else None
+
+    def _signalled(self) -> bool:
+        """Whether a signal came since the last poll (and forget it)."""
+        signalled: bool = self._wakeup.is_set()
+        self._wakeup.clear()
+        return signalled
+
+    def _polled(self, items: Iterable[T], rows: int, signalled: bool) -> None:
+        self._page = iter(items)
+        self._schedule.polled(rows, signalled)
+
+    def _ends(self, exc: Exception) -> bool:
+        """A poll raised ``exc``: ``True`` when the query ends quietly (its journal was closed), ``False`` to
+        poll again after the schedule's backoff; ``exc`` itself, or past ``max_failures`` a
+        :class:`DatabaseUnavailable`, is raised (a fatal one closes the query)."""
+        if isinstance(exc, PoolClosed):
+            _log.info("live query ends: its journal was closed")
+            self.close()
+            return True
+        if not isinstance(exc, RETRYABLE):
+            raise exc
+        fatal = self._schedule.failed(exc)
+        if fatal is not None:
+            self.close()
+            raise fatal from exc
+        return False
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class LiveQuery(LoopState[T]):
     """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
 
     def __init__(
@@ -139,13 +190,9 @@ class LiveQuery(Generic[T]):
         settle: float = 0.0,
         max_failures: int | None = None,
     ) -> None:
+        super().__init__(Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
+                                  max_failures=max_failures), threading.Event(), subscribe)
         self._poll = poll
-        self._schedule = Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
-                                  max_failures=max_failures)
-        self._page: Iterator[T] = iter(())
-        self._closed = False
-        self._wakeup = threading.Event()
-        self._unsubscribe = subscribe(self._wakeup) if subscribe else None
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -155,39 +202,18 @@ class LiveQuery(Generic[T]):
         while True:
             for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
                 return item
+            if schedule.delay and not self._closed:
+                self._wakeup.wait(schedule.delay)
             if self._closed:
                 raise StopIteration
-            if schedule.delay:
-                self._wakeup.wait(schedule.delay)
-                if self._closed:
-                    raise StopIteration
-            signalled = self._wakeup.is_set()
-            self._wakeup.clear()
+            signalled = self._signalled()
             try:
                 items, rows = self._poll(schedule.notified(signalled))
-            except PoolClosed:
-                _log.info("live query ends: its journal was closed")
-                self.close()
-                raise StopIteration from None
-            except RETRYABLE as exc:
-                fatal = schedule.failed(exc)
-                if fatal is not None:
-                    self.close()
-                    raise fatal from exc
+            except Exception as exc:
+                if self._ends(exc):
+                    raise StopIteration from None
                 continue
-            self._page = iter(items)
-            schedule.polled(rows, signalled)
-
-    def close(self) -> None:
-        self._closed = True
-        self._wakeup.set()
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+            self._polled(items, rows, signalled)
 
     def __enter__(self) -> LiveQuery[T]:
         return self

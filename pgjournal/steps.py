@@ -94,6 +94,12 @@ def rows_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[list[Any
     return rows
 
 
+def first_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[Any]:
+    """A step of one statement: its first row (``None`` when there is none)."""
+    rows: list[Any] = yield statement(query, **options)
+    return rows[0] if rows else None
+
+
 def joined(steps: Steps[T]) -> Step[list[T]]:
     """A sequence of steps as one step (all on one connection): the items of all of them."""
     out: list[T] = []
