@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from .errors import ConfigurationError
-from .steps import Step, first_of, run
+from .steps import Step, first_of, run, statement
 from .store import format as sql
 
 
@@ -113,7 +113,11 @@ def check_bucket_size_step(wanted: str | BucketSize) -> Step[BucketSize]:
 
 def ensure_bucket_size(conn: psycopg.Connection, wanted: str | BucketSize) -> BucketSize:
     """Record ``wanted`` unless a size is recorded already; raise if the recorded one differs."""
+    return run(ensure_bucket_size_step(wanted), conn)
+
+
+def ensure_bucket_size_step(wanted: str | BucketSize) -> Step[BucketSize]:
+    """:func:`ensure_bucket_size` as a step."""
     size = BucketSize.parse(wanted)
-    conn.execute(*sql.record_tag_setting(_SETTING, size.label))
-    check_bucket_size(conn, size)
-    return size
+    yield statement(sql.record_tag_setting(_SETTING, size.label))
+    return (yield from check_bucket_size_step(size))

@@ -20,6 +20,7 @@ from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege, JournalError
 from .horizon import HorizonTracker
+from .polling import Schedule
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .steps import Step
@@ -62,6 +63,12 @@ class JournalCore:
         """A new reader's view of the visibility horizon (see :mod:`pgjournal.horizon`); ``relations``: the
         tables whose writers bound it (default: the journal's)."""
         return HorizonTracker(self.capabilities, relations)
+
+    def schedule(self, settle: float = 0.0) -> Schedule:
+        """The decisions of a new live query's loop (:mod:`pgjournal.polling`); ``settle``: how long after a
+        signal the new rows may still be hidden from its polls (their margin behind the clock)."""
+        return Schedule(buffer_size=self.settings.buffer_size, refresh_interval=self.settings.refresh_interval,
+                        settle=settle, max_failures=self.settings.live_query_retries)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"

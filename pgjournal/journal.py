@@ -27,6 +27,7 @@ from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
 from .steps import run
 from .stored_format import StoredFormat
+from .transaction import Transaction, transaction
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
@@ -121,14 +122,7 @@ class Journal(JournalCore):
                    ) -> LiveQuery[T]:
         """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on. ``settle``:
         how long after a signal the new rows may still be hidden from ``poll`` (its margin behind the clock)."""
-        return LiveQuery(
-            poll,
-            buffer_size=self.settings.buffer_size,
-            refresh_interval=self.settings.refresh_interval,
-            subscribe=self.signals.subscribe(entity_types) if self.signals else None,
-            settle=settle,
-            max_failures=self.settings.live_query_retries,
-        )
+        return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None)
 
     def migrate(self) -> None:
         migrations.upgrade(self.dsn, self.settings.dialect)
@@ -153,6 +147,12 @@ class Journal(JournalCore):
         return self._writer.append(
             persistence_id, events, expected_seq_nr=expected_seq_nr, tags=tags, metadata=metadata
         )
+
+    def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractContextManager[Transaction]:
+        """``with journal.transaction() as tx:`` appends (``tx.append``) and your own SQL (``tx.connection``)
+        that commit or roll back together; see :mod:`pgjournal.transaction` for the rules. ``savepoints``: each
+        append in a savepoint, so a conflict leaves the transaction usable."""
+        return transaction(self, savepoints=savepoints)
 
     def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
         """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""

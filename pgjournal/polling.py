@@ -131,10 +131,11 @@ class LoopState(Generic[T]):
     out, the wake-up event (``threading.Event`` or ``asyncio.Event``: a writer's signal sets it), closing, and
     what a failed poll means. A driver only waits and polls in its own way."""
 
-    def __init__(self, schedule: Schedule, wakeup: Any, subscribe: Callable[[Any], Callable[[], None]] | None
-                 ) -> None:
+    def __init__(self, schedule: Schedule, wakeup: Any, subscribe: Callable[[Any], Callable[[], None]] | None,
+                 first: Iterable[T] = ()) -> None:
         self._schedule = schedule
-        self._page: Iterator[T] = iter(())
+        #: What is handed out before the next poll (``first``: before the first one).
+        self._page: Iterator[T] = iter(first)
         self._closed = False
         self._wakeup = wakeup
         self._unsubscribe = subscribe(wakeup) if subscribe else None
@@ -180,18 +181,8 @@ class LoopState(Generic[T]):
 class LiveQuery(LoopState[T]):
     """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
 
-    def __init__(
-        self,
-        poll: Poll[T],
-        *,
-        buffer_size: int,
-        refresh_interval: float,
-        subscribe: Subscribe | None = None,
-        settle: float = 0.0,
-        max_failures: int | None = None,
-    ) -> None:
-        super().__init__(Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
-                                  max_failures=max_failures), threading.Event(), subscribe)
+    def __init__(self, poll: Poll[T], schedule: Schedule, subscribe: Subscribe | None = None) -> None:
+        super().__init__(schedule, threading.Event(), subscribe)
         self._poll = poll
 
     def __iter__(self) -> Iterator[T]:

@@ -16,6 +16,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,91 @@ from .tag_write import bucket_size_recorded, prepare, record_bucket_size
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
+    from .core import JournalCore
     from .journal import Journal
+
+@dataclass(slots=True)
+class AppendPlan:
+    """One append, checked, serialized and made a statement: what every face runs (the blocking pool, the
+    asyncio pool, a caller's transaction) and how its result becomes envelopes."""
+
+    pid: str
+    slice: int
+    entity_type: str
+    events: list[Any]
+    tags: tuple[str, ...]
+    metadata: Any
+    sql: str
+    params: dict[str, Any]
+
+    @property
+    def expected(self) -> int | None:
+        return self.params["expected"]  # type: ignore[no-any-return]
+
+    def envelopes(self, rows: list[tuple[int, datetime]]) -> list[EventEnvelope]:
+        """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned."""
+        pid, slice_, entity_type = self.pid, self.slice, self.entity_type
+        return [
+            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, TimestampOffset(ts, ts, {pid: seq_nr}), event,
+                          self.tags, self.metadata, Source.QUERY)
+            for (seq_nr, ts), event in zip(sorted(rows), self.events, strict=True)
+        ]
+
+
+def plan_append(journal: JournalCore, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None,
+                tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
+    """Check and serialize an append and build its statement; ``None`` when there are no events."""
+    pid = check_persistence_id(persistence_id)
+    if expected_seq_nr is not None:
+        check_seq_nr(expected_seq_nr, "expected_seq_nr")
+    tag_list = check_tags(tags)
+    if isinstance(events, str | bytes | dict):
+        raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
+                              "wrap it in a list")
+    try:
+        event_list = list(events)
+    except TypeError:
+        raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
+    if not event_list:
+        return None
+    serializers = journal.serializers
+    encoded = [serializers.serialize(event, persistence_id=pid) for event in event_list]
+    meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
+    if journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
+        journal.events.check_payloads(pid, encoded, meta)
+    slice_ = slice_for_persistence_id(pid)
+    entity_type = entity_type_of(pid)
+    params: dict[str, Any] = {
+        "slice": slice_, "entity_type": entity_type, "pid": pid, "writer": journal.writer_id,
+        "tags": text_array(tag_list) if tag_list else None, "expected": expected_seq_nr,
+        "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
+        "meta_payload": meta.payload if meta else None,
+    }
+    if len(encoded) == 1:
+        params.update(ser_id=encoded[0].ser_id, manifest=encoded[0].manifest, payload=encoded[0].payload)
+    else:
+        params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
+                      payloads=[e.payload for e in encoded])
+    sql = journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
+    if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
+        sql = prepare(journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
+    return AppendPlan(pid, slice_, entity_type, event_list, tag_list, metadata, sql, params)
+
+
+def refused(pid: str, exc: psycopg.Error) -> JournalError:
+    """A statement the server refused for a reason that retrying will not change (privileges, a trigger, a
+    constraint): the statement rolled back, so nothing was written."""
+    kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+    return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
+                f"({_first_line(exc)}); nothing was written")
+
+
+def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyConflict:
+    """The conflict of an append after ``expected`` (``None``: after the latest); ``actual``: the highest
+    sequence number stored, where it could be read."""
+    first = (expected if expected is not None else (actual or 0)) + 1
+    return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+
 
 class EventWriter:
     """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id)."""
@@ -59,60 +144,28 @@ class EventWriter:
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
-        pid = check_persistence_id(persistence_id)
-        if expected_seq_nr is not None:
-            check_seq_nr(expected_seq_nr, "expected_seq_nr")
-        tag_list = check_tags(tags)
-        if isinstance(events, str | bytes | dict):
-            raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
-                                  "wrap it in a list")
-        try:
-            event_list = list(events)
-        except TypeError:
-            raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
-        if not event_list:
+        plan = plan_append(self._journal, persistence_id, events, expected_seq_nr, tags, metadata)
+        if plan is None:
             return []
-        serializers = self._journal.serializers
-        encoded = [serializers.serialize(event, persistence_id=pid) for event in event_list]
-        meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
-        if self._journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
-            self._journal.events.check_payloads(pid, encoded, meta)
-        slice_ = slice_for_persistence_id(pid)
-        entity_type = entity_type_of(pid)
-        params: dict[str, Any] = {
-            "slice": slice_, "entity_type": entity_type, "pid": pid, "writer": self._journal.writer_id,
-            "tags": text_array(tag_list) if tag_list else None, "expected": expected_seq_nr,
-            "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
-            "meta_payload": meta.payload if meta else None,
-        }
-        if len(encoded) == 1:
-            params.update(ser_id=encoded[0].ser_id, manifest=encoded[0].manifest, payload=encoded[0].payload)
-        else:
-            params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
-                          payloads=[e.payload for e in encoded])
-        sql = self._journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
-        before = None
-        if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
-            sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
-            before = record_bucket_size(self._journal)
+        before = record_bucket_size(self._journal) if plan.tags else None
         started = time.perf_counter()
-        rows = self._execute(pid, sql, params, before)
-        if before is not None:
-            bucket_size_recorded(self._journal)
+        rows = self._execute(plan.pid, plan.sql, plan.params, before)
         metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-        counters = self._counters.get(entity_type)
+        self.count(plan, rows)
+        if self._after_commit is not None:
+            self._after_commit(plan.slice, plan.entity_type)
+        return plan.envelopes(rows)
+
+    def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]]) -> None:
+        """Count a committed append (and note that its tagged events recorded the bucket size)."""
+        if plan.tags:
+            bucket_size_recorded(self._journal)
+        counters = self._counters.get(plan.entity_type)
         if counters is None:  # labels() takes a lock and builds a key: once per entity type, not per append
-            counters = self._counters[entity_type] = (metrics.APPENDS.labels(entity_type),
-                                                      metrics.EVENTS_APPENDED.labels(entity_type))
+            counters = self._counters[plan.entity_type] = (metrics.APPENDS.labels(plan.entity_type),
+                                                           metrics.EVENTS_APPENDED.labels(plan.entity_type))
         counters[0].inc()
         counters[1].inc(len(rows))
-        if self._after_commit is not None:
-            self._after_commit(slice_, entity_type)
-        return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, TimestampOffset(ts, ts, {pid: seq_nr}), event,
-                          tag_list, metadata, Source.QUERY)
-            for (seq_nr, ts), event in zip(sorted(rows), event_list, strict=True)
-        ]
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
                  before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
@@ -174,21 +227,14 @@ class EventWriter:
                 ) from exc
             raise
 
-    @staticmethod
-    def _failed(pid: str, exc: psycopg.Error) -> JournalError:
-        """A statement the server refused for a reason that retrying will not change (privileges, a
-        trigger, a constraint): the statement rolled back, so nothing was written."""
-        kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-        return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
-                    f"({_first_line(exc)}); nothing was written")
+    _failed = staticmethod(refused)
 
     def _conflict(self, pid: str, expected: int | None) -> ConcurrencyConflict:
         try:
             actual: int | None = self._journal.by_pid.highest_seq_nr(pid)
         except (psycopg.Error, JournalError):
             actual = None
-        first = (expected if expected is not None else (actual or 0)) + 1
-        return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+        return conflict(pid, expected, actual)
 
 
 def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
