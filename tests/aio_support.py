@@ -32,3 +32,14 @@ async def take(iterator: Any, count: int, timeout: float = 20.0) -> list[Any]:
         while len(out) < count:
             out.append(await anext(iterator))
     return out
+
+
+def check_once_in_order(delivered: list[tuple[str, int]], written: set[tuple[str, int]], label: str) -> None:
+    """Every written ``(persistence id, seq_nr)`` delivered exactly once, in sequence order per persistence id."""
+    assert len(delivered) == len(set(delivered)), f"{label}: duplicates"
+    assert set(delivered) == written, (f"{label}: missed {sorted(written - set(delivered))[:5]}, "
+                                       f"unexpected {sorted(set(delivered) - written)[:5]}")
+    last: dict[str, int] = {}
+    for pid, seq_nr in delivered:
+        assert seq_nr == last.get(pid, 0) + 1, f"{label}: {pid} {seq_nr} after {last.get(pid, 0)}"
+        last[pid] = seq_nr

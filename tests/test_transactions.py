@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from aio_support import SETTINGS, eventually
+from aio_support import SETTINGS, check_once_in_order, eventually
 from conftest import FAST
 
 from pgjournal import ConcurrencyConflict, Journal, NoOffset, TransactionAborted
@@ -179,12 +179,3 @@ async def test_a_transaction_waiting_5_s_between_appends(dsn: str, portable: boo
         again = [(e.persistence_id, e.seq_nr) async for e in
                  journal.query.current_events_by_slices(ENTITY, 0, 1023, restart_at)]
         check_once_in_order(before + again, written, "restart from an offset taken during the wait")
-
-
-def check_once_in_order(delivered: list[tuple[str, int]], written: set[tuple[str, int]], label: str) -> None:
-    assert len(delivered) == len(set(delivered)), f"{label}: duplicates"
-    assert set(delivered) == written, f"{label}: missed {sorted(written - set(delivered))[:5]}"
-    last: dict[str, int] = {}
-    for pid, seq_nr in delivered:
-        assert seq_nr == last.get(pid, 0) + 1, f"{label}: {pid} {seq_nr} after {last.get(pid, 0)}"
-        last[pid] = seq_nr
