@@ -25,7 +25,7 @@ from .query import Query
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
-from .steps import run
+from .steps import R, Step, run, run_pooled
 from .stored_format import StoredFormat
 from .transaction import Transaction, transaction
 from .validation import check_persistence_id, check_seq_nr
@@ -117,6 +117,10 @@ class Journal(JournalCore):
             raise lost from exc
         finally:
             self._pool.putconn(conn)
+
+    def run(self, step: Step[R]) -> R:
+        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""
+        return run_pooled(step, self.connection)
 
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
                    ) -> LiveQuery[T]:

@@ -6,7 +6,10 @@ A *step* is a generator. It yields a request and receives the answer:
   → the rows (a list of tuples), or the row count for a statement that returns no rows;
 * :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
   once for a statement that was not streamed);
-* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment).
+* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment);
+* :class:`Call` → what a function of the face returns (awaited by the asyncio driver when it is awaitable):
+  an operation of the face inside shared logic (the journal's ``append``, a user's handler), optionally
+  given the step's connection.
 
 Its return value is the step's result. A statement that fails raises inside the step, at its ``yield``,
 as a ``conn.execute`` would; a step that is abandoned (its driver cancelled) is closed, so its ``finally``
@@ -24,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .store import Read
@@ -64,6 +68,17 @@ class Sleep:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Call ``fn(*args, **kwargs)``; with ``connection``, ``fn(conn, *args, **kwargs)`` on the step's connection.
+    The asyncio driver awaits a result that is awaitable; the blocking driver refuses one."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    connection: bool = False
+
+
 class _More:
     def __repr__(self) -> str:
         return "MORE"
@@ -72,7 +87,7 @@ class _More:
 #: Ask for the next chunk of the statement being streamed.
 MORE = _More()
 
-Request = Statement | Sleep | _More
+Request = Statement | Sleep | Call | _More
 Step = Generator[Request, Any, R]
 #: A query that runs on several connections in turn: its steps, each returning its items (a list, or an
 #: iterator that makes them as they are read, after the connection went back). A generator of steps receives
@@ -135,10 +150,16 @@ class _SyncFetch:
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None
-        assert isinstance(request, Statement), request
-        if self.conn is None:
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
             assert self._connection is not None
             self.conn = self._borrowed.enter_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            if inspect.isawaitable(result):
+                _discard(result)
+                raise TypeError(f"{request.fn!r} returned an awaitable: run this step with the asyncio driver")
+            return result
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
             stream = cur.stream(request.sql, request.params, size=request.stream)
@@ -231,10 +252,13 @@ class _AsyncFetch:
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None
-        assert isinstance(request, Statement), request
-        if self.conn is None:
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
             assert self._connection is not None
             self.conn = await self._borrowed.enter_async_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            return await result if inspect.isawaitable(result) else result
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
             self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
@@ -301,6 +325,16 @@ async def adrive(steps: Steps[T],
         for item in items:
             yield item
         step = _following(sequence, items)
+
+
+def _arguments(call: Call, conn: Any) -> tuple[Any, ...]:
+    return (conn, *call.args) if call.connection else call.args
+
+
+def _discard(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:  # a coroutine never awaited: close it quietly
+        close()
 
 
 def _following(sequence: Iterator[Step[Iterable[T]]], items: Iterable[T]) -> Step[Iterable[T]] | None:
