@@ -63,9 +63,9 @@ class AppendPlan:
 
     def envelopes(self, rows: list[tuple[int, datetime]]) -> list[EventEnvelope]:
         """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned."""
-        pid, slice_, entity_type = self.pid, self.slice, self.entity_type
+        pid, slice_, entity_type, trusted = self.pid, self.slice, self.entity_type, TimestampOffset.trusted
         return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, TimestampOffset(ts, ts, {pid: seq_nr}), event,
+            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event,
                           self.tags, self.metadata, Source.QUERY)
             for (seq_nr, ts), event in zip(sorted(rows), self.events, strict=True)
         ]

@@ -47,14 +47,14 @@ async def pool_is_clean(journal: AsyncJournal, dsn: str) -> None:
 
     await eventually(all_idle, "every pool session idle on the server")
     size = journal.settings.pool_max_size
-    borrowed = [await journal._pool.getconn() for _ in range(size)]
+    borrowed = [await journal.connections.get() for _ in range(size)]
     try:
         for conn in borrowed:
             assert not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
             assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
     finally:
         for conn in borrowed:
-            await journal._pool.putconn(conn)
+            await journal.connections.put(conn)
 
 
 async def test_cancelling_appends_at_many_points_leaves_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
@@ -159,3 +159,29 @@ async def test_a_timeout_stops_a_live_query_in_a_poll_blocked_on_the_server(aj: 
         assert time.monotonic() - started < 2.0, "the blocked poll is cancelled on the server"
         blocker.rollback()
     await pool_is_clean(aj, dsn)
+
+
+async def test_the_pool_front_serves_waiters_and_loses_no_connection(dsn: str) -> None:
+    """200 tasks on 2 connections, some cancelled while they wait or hold one, one connection left inside a
+    transaction: every borrower served (or cancelled), the held count back to the pool's size, all idle."""
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, connect_timeout=5)) as journal:
+        front = journal.connections
+        rng = random.Random(3)
+        served = 0
+
+        async def borrower(i: int) -> None:
+            nonlocal served
+            async with journal.connection() as conn:
+                await conn.execute("SELECT pg_sleep(0.001)")
+                if i == 7:
+                    await conn.execute("BEGIN")  # returned inside a transaction: the pool resets it
+                served += 1
+
+        tasks = [asyncio.create_task(borrower(i)) for i in range(200)]
+        await asyncio.sleep(0.01)
+        for task in rng.sample(tasks, 40):
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(o is None or isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+        assert served >= 150 and not front._waiters and front._held <= 2
+        await pool_is_clean(journal, dsn)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Generator, Iterable
+from collections.abc import Generator, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +28,7 @@ from ..steps import Step, arun, arun_pooled, first_of, statement
 from ..stored_format import StoredFormat
 from ..validation import check_persistence_id, check_seq_nr
 from ..write import EventWriter, plan_append
-from .connections import async_limited_connection_class
+from .connections import AsyncPoolFront, async_limited_connection_class
 from .live import AsyncLiveQuery, AsyncPoll
 from .query import AsyncQuery
 from .signals import AsyncSignals
@@ -53,6 +53,8 @@ class AsyncJournal(JournalCore):
             name="pgjournal-async",
             open=False,
         )
+        #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
+        self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
         #: Counts appends (the blocking face's counters, shared).
         self._writer = EventWriter(self)  # type: ignore[arg-type]
         self.query = AsyncQuery(self)
@@ -86,6 +88,7 @@ class AsyncJournal(JournalCore):
     async def close(self) -> None:
         if self.signals is not None:
             await self.signals.close()
+        await self.connections.close()
         await self._pool.close()
 
     async def __aenter__(self) -> AsyncJournal:
@@ -94,26 +97,13 @@ class AsyncJournal(JournalCore):
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        """Borrow an autocommit connection from the pool (a broken one is discarded on return; one returned
-        inside a transaction is rolled back by the pool)."""
-        try:
-            conn = await self._pool.getconn()
-        except PoolTimeout:
-            raise no_connection(self.dsn, self.settings) from None
-        try:
-            yield conn
-        except psycopg.OperationalError as exc:
-            lost = lost_connection(self.dsn, conn, exc)
-            if lost is None:
-                raise
-            raise lost from exc
-        finally:
-            await self._pool.putconn(conn)
+    def connection(self) -> _Borrowed:
+        """``async with journal.connection() as conn``: an autocommit connection of the pool (a broken one is
+        discarded on return; one returned inside a transaction is rolled back by the pool)."""
+        return _Borrowed(self)
 
     async def run(self, step: Step[T]) -> T:
-        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""
+        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool (borrowed at its first statement)."""
         return await arun_pooled(step, self.connection)
 
     def live_query(self, poll: AsyncPoll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
@@ -135,7 +125,8 @@ class AsyncJournal(JournalCore):
         plan = plan_append(self, persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
-        rows = await self.run(append_step(self, plan))
+        async with self.connection() as conn:
+            rows = await arun(append_step(self, plan), conn)
         self._writer.count(plan, rows)
         if self.signals is not None:
             self.signals.written(plan.slice, plan.entity_type)
@@ -174,6 +165,30 @@ class AsyncJournal(JournalCore):
 def _statement_step(query: tuple[str, Any]) -> Step[Any]:
     """One statement that returns no rows: its row count."""
     return (yield statement(query))
+
+
+class _Borrowed:
+    """A connection of the journal's pool for an ``async with`` block, a lost connection reported as a typed
+    error (a class, not a generator-based context manager: this runs once per append)."""
+
+    __slots__ = ("_conn", "_journal")
+
+    def __init__(self, journal: AsyncJournal) -> None:
+        self._journal = journal
+
+    async def __aenter__(self) -> psycopg.AsyncConnection:
+        try:
+            self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
+        except PoolTimeout:
+            raise no_connection(self._journal.dsn, self._journal.settings) from None
+        return self._conn
+
+    async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:
+        await self._journal.connections.put(self._conn)
+        if isinstance(exc, psycopg.OperationalError):
+            lost = lost_connection(self._journal.dsn, self._conn, exc)
+            if lost is not None:
+                raise lost from exc
 
 
 class _Opening:

@@ -33,9 +33,15 @@ class AsyncSignals:
     # -- writers -------------------------------------------------------------------------------------
 
     def written(self, _slice: int, entity_type: str) -> None:
-        """Record that ``entity_type`` got events (call it after the commit); the sender notifies soon."""
+        """Record that ``entity_type`` got events (call it after the commit); the sender notifies soon. The
+        sender is woken only when the set goes from empty to non-empty (as in :mod:`pgjournal.notify`: a wake-up
+        per append would cost a task switch per append)."""
+        if entity_type in self._pending:
+            return
+        wake = not self._pending
         self._pending.add(entity_type)
-        self._due.set()
+        if wake:
+            self._due.set()
         if self._sender is None and not self._closed:
             self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name="pgjournal-notify")
 
