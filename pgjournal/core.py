@@ -15,7 +15,7 @@ import psycopg.errors
 from . import migrate as migrations
 from .buckets import check_bucket_size_step
 from .capabilities import Capabilities
-from .connections import ServerSilent
+from .connections import ServerSilent, connection_kwargs
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege, JournalError
@@ -72,6 +72,13 @@ class JournalCore:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
+
+
+def pool_options(settings: Settings) -> dict[str, Any]:
+    """What both faces' connection pools are made with (autocommit, pgjournal's limits, sizes, timeout)."""
+    return {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size,
+            "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
+            "timeout": settings.connect_timeout, "open": False}
 
 
 def opening(dsn: str | None, serializers: SerializerRegistry | None, migrate: bool, settings: dict[str, Any]

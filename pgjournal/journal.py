@@ -16,7 +16,16 @@ from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
 from .connections import connection_kwargs, limited_connection_class
-from .core import JournalCore, lost_connection, no_connection, open_step, opening, registry, unreachable
+from .core import (
+    JournalCore,
+    lost_connection,
+    no_connection,
+    open_step,
+    opening,
+    pool_options,
+    registry,
+    unreachable,
+)
 from .durable_state import DurableStateStore
 from .envelope import EventEnvelope
 from .notify import Signals
@@ -47,16 +56,8 @@ class Journal(JournalCore):
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
         super().__init__(dsn, settings, serializers, capabilities, stored)
         self.signals = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=settings.pool_min_size,
-            max_size=settings.pool_max_size,
-            kwargs={"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
-            connection_class=limited_connection_class(settings),
-            timeout=settings.connect_timeout,
-            name="pgjournal",
-            open=False,
-        )
+        self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
+                                    **pool_options(settings))
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -57,18 +58,24 @@ async def pool_is_clean(journal: AsyncJournal, dsn: str) -> None:
             await journal.connections.put(conn)
 
 
-async def test_cancelling_appends_at_many_points_leaves_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
-    rng = random.Random(21)
+async def cancel_at_random(make: Callable[[int], Awaitable[Any]], count: int, within: float, seed: int) -> int:
+    """Start ``make(i)`` for each i and cancel it after a random moment; how many were cancelled."""
+    rng = random.Random(seed)
     cancelled = 0
-    for i in range(60):
-        task = asyncio.create_task(aj.append(f"Cancel|{i}", [{"i": i, "pad": "x" * 200}] * EVENTS,
-                                             tags=["c"] if i % 3 == 0 else ()))
-        await asyncio.sleep(rng.uniform(0, 0.004))
+    for i in range(count):
+        task = asyncio.ensure_future(make(i))
+        await asyncio.sleep(rng.uniform(0, within))
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
             cancelled += 1
+    return cancelled
+
+
+async def test_cancelling_appends_at_many_points_leaves_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
+    cancelled = await cancel_at_random(lambda i: aj.append(f"Cancel|{i}", [{"i": i, "pad": "x" * 200}] * EVENTS,
+                                                           tags=["c"] if i % 3 == 0 else ()), 60, 0.004, 21)
     assert cancelled >= 10, "too few appends were cancelled to prove anything"
     written = counts(dsn, "Cancel|")
     assert set(written.values()) <= {EVENTS}, "an append was half written"
@@ -111,24 +118,13 @@ async def test_cancelling_an_append_blocked_on_the_server(aj: AsyncJournal, dsn:
 
 
 async def test_cancelling_a_transaction_rolls_all_of_it_back(aj: AsyncJournal, dsn: str) -> None:
-    rng = random.Random(7)
-    cancelled = 0
-
     async def unit(i: int) -> None:
         async with aj.transaction() as tx:
             await tx.append(f"Unit|{i}-a", [i] * 3)
             await tx.connection.execute("SELECT pg_sleep(0.001)")
             await tx.append(f"Unit|{i}-b", [i] * 3, tags=["u"])
 
-    for i in range(40):
-        task = asyncio.create_task(unit(i))
-        await asyncio.sleep(rng.uniform(0, 0.008))
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            cancelled += 1
-    assert cancelled >= 10
+    assert await cancel_at_random(unit, 40, 0.008, 7) >= 10
     written = counts(dsn, "Unit|")
     for i in range(40):
         assert written.get(f"Unit|{i}-a") == written.get(f"Unit|{i}-b"), f"unit {i} was half committed"

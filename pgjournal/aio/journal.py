@@ -14,11 +14,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .. import core
 from .. import migrate as migrations
 from ..appending import append_step
 from ..capabilities import Capabilities
 from ..connections import connection_kwargs
-from ..core import JournalCore, lost_connection, no_connection, open_step, opening, registry, unreachable
+from ..core import JournalCore
 from ..envelope import EventEnvelope
 from ..polling import T
 from ..serialization import SerializerRegistry
@@ -43,16 +44,8 @@ class AsyncJournal(JournalCore):
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
         super().__init__(dsn, settings, serializers, capabilities, stored)
         self.signals = AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify else None
-        self._pool = AsyncConnectionPool(
-            dsn,
-            min_size=settings.pool_min_size,
-            max_size=settings.pool_max_size,
-            kwargs={"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
-            connection_class=async_limited_connection_class(settings),
-            timeout=settings.connect_timeout,
-            name="pgjournal-async",
-            open=False,
-        )
+        self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
+                                         name="pgjournal-async", **core.pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
         #: Counts appends (the blocking face's counters, shared).
@@ -70,16 +63,16 @@ class AsyncJournal(JournalCore):
     @classmethod
     async def _open(cls, dsn: str | None, serializers: SerializerRegistry | None, migrate: bool,
                     settings: dict[str, Any]) -> AsyncJournal:
-        resolved, loaded = opening(dsn, serializers, migrate, settings)
+        resolved, loaded = core.opening(dsn, serializers, migrate, settings)
         try:
             conn = await psycopg.AsyncConnection.connect(resolved, autocommit=True, **connection_kwargs(loaded))
         except psycopg.OperationalError as exc:
-            raise unreachable(resolved, exc) from None
+            raise core.unreachable(resolved, exc) from None
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
-            capabilities, stored = await arun(open_step(resolved, loaded), conn)
-        journal = cls(resolved, loaded, registry(serializers, stored), capabilities, stored)
+            capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
+        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored)
         await journal._pool.open(wait=False)
         return journal
 
@@ -180,13 +173,13 @@ class _Borrowed:
         try:
             self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
         except PoolTimeout:
-            raise no_connection(self._journal.dsn, self._journal.settings) from None
+            raise core.no_connection(self._journal.dsn, self._journal.settings) from None
         return self._conn
 
     async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:
         await self._journal.connections.put(self._conn)
         if isinstance(exc, psycopg.OperationalError):
-            lost = lost_connection(self._journal.dsn, self._conn, exc)
+            lost = core.lost_connection(self._journal.dsn, self._conn, exc)
             if lost is not None:
                 raise lost from exc
 
