@@ -1,0 +1,175 @@
+"""Rows from PostgreSQL to Arrow record batches of a read's Spark schema, for the native source's tasks.
+
+The ADBC PostgreSQL driver runs a query as ``COPY (query) TO STDOUT (FORMAT BINARY)`` and builds Arrow
+arrays in C++: no Python object per row. Measured on 1M events (CPU per row, one process; the machine
+shared): the driver ~0.9 µs vs 2.0-2.4 µs for the text COPY parsed by Arrow's CSV reader that it replaced,
+and the server's part 0.63 vs 1.1-1.2 µs (no text formatting of timestamps, arrays and bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pgjournal.dsn import mask_dsn
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, SerializationError
+from pgjournal.serialization import SerializerRegistry
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What a read returns (``output``, the Spark schema's names in order), which of them is the decoded
+    payload (``decoded``), and what it selects from the table (``read``: the outputs but the decoded one,
+    then whatever decoding needs that the outputs lack)."""
+
+    output: tuple[str, ...]
+    decoded: str | None
+    read: tuple[str, ...]
+    #: ``(ser_id, manifest, payload)``: the columns decoding reads.
+    serialized: tuple[str, str, str]
+
+    @classmethod
+    def of(cls, output: Sequence[str], decoded_name: str, serialized: tuple[str, str, str]) -> Columns:
+        decoded = decoded_name if decoded_name in output else None
+        read = [c for c in output if c != decoded_name]
+        if decoded is not None:
+            read += [c for c in serialized if c not in read]
+        return cls(tuple(output), decoded, tuple(read), serialized)
+
+
+class ArrowRows:
+    """Record batches as the driver reads them (:attr:`Columns.read` order) -> record batches of the read's
+    Spark schema, with no Python object per row except payloads being decoded.
+
+    Picklable: built on the driver, used in every task. Payloads that are not JSON objects, or do not fit the
+    decoded column's type, give null there (as ``from_json`` would). :attr:`decoded_rows` counts the payloads
+    decoded by this instance.
+    """
+
+    def __init__(self, schema: StructType, columns: Columns) -> None:
+        if list(schema.fieldNames()) != list(columns.output):
+            raise ConfigurationError(f"schema {schema.simpleString()} does not match columns {columns.output}")
+        self.columns = columns
+        self.schema_json = schema.json()
+        self.decoded_rows = 0
+        self._arrow: pa.Schema | None = None
+        self._registry: SerializerRegistry | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrow": None, "_registry": None}
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        if self._arrow is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+            from pyspark.sql.types import StructType
+
+            self._arrow = to_arrow_schema(StructType.fromJson(json.loads(self.schema_json)), timezone="UTC")
+        return self._arrow
+
+    def convert(self, raw: pa.RecordBatch) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        schema = self.arrow_schema
+        read = dict(zip(self.columns.read, raw.columns, strict=True))
+        arrays = []
+        for target in schema:
+            if target.name == self.columns.decoded:
+                ser_id, manifest, payload = (read[c].to_pylist() for c in self.columns.serialized)
+                arrays.append(self._decode(ser_id, manifest, payload, target.type))
+            else:
+                array = read[target.name]
+                arrays.append(array if array.type == target.type else array.cast(target.type))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def _decode(self, ser_ids: Sequence[int], manifests: Sequence[str], payloads: Sequence[bytes],
+                struct: pa.DataType) -> pa.Array:
+        import pyarrow as pa
+
+        if self._registry is None:
+            self._registry = SerializerRegistry()
+        values = [deserialize(self._registry, s, m, p) for s, m, p in zip(ser_ids, manifests, payloads, strict=True)]
+        self.decoded_rows += len(values)
+        try:
+            return pa.array(values, type=struct)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return pa.array([_fitting(v, struct) for v in values], type=struct)
+
+
+def deserialize(registry: SerializerRegistry, ser_id: int, manifest: str, payload: bytes | None) -> dict | None:
+    """The payload as a JSON object when the registry decodes it to one, else ``None``: payload formats are
+    the registry's business, so no serializer id is assumed here."""
+    if payload is None:
+        return None
+    try:
+        value = registry.deserialize(ser_id, manifest or "", payload)
+    except SerializationError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _fitting(value: dict | None, struct: pa.DataType) -> dict | None:
+    import pyarrow as pa
+
+    try:
+        pa.array([value], type=struct)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return None
+    return value
+
+
+def bind(query: str, params: Mapping[str, Any]) -> str:
+    """``query`` with its ``%(name)s`` placeholders replaced by SQL literals (psycopg's quoting).
+
+    A ``COPY`` takes no bound parameters, so its values are quoted client-side, as psycopg does for
+    ``cursor.copy(query, params)``: a value never reaches the text unquoted."""
+    from psycopg import sql
+
+    names = set(_PLACEHOLDER.findall(query))
+    missing = names - set(params)
+    if missing:
+        raise KeyError(f"no value for placeholder(s) {', '.join(sorted(missing))}")
+    template = _PLACEHOLDER.sub(r"{\1}", query.replace("{", "{{").replace("}", "}}")).replace("%%", "%")
+    return sql.SQL(template).format(**{n: sql.Literal(params[n]) for n in names}).as_string(None)
+
+
+def stream_rows(dsn: str, query: str, params: Mapping[str, Any], converter: ArrowRows, batch_rows: int
+                ) -> Iterator[pa.RecordBatch]:
+    """``query`` in a read-only session through the ADBC driver (a binary COPY), as record batches of at
+    most ``batch_rows`` rows of the read's schema."""
+    import adbc_driver_postgresql.dbapi as adbc
+    import psycopg.conninfo
+
+    from pgjournal.connections import connection_kwargs
+    from pgjournal.settings import Settings
+
+    text = bind(query, params)
+    conninfo = psycopg.conninfo.make_conninfo(dsn, **connection_kwargs(Settings.load()))
+    try:
+        conn = adbc.connect(conninfo)
+    except adbc.Error as exc:
+        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {_reason(exc)}") from None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            cur.execute(text)
+            for raw in cur.fetch_record_batch():
+                for offset in range(0, raw.num_rows, batch_rows):
+                    yield converter.convert(raw.slice(offset, batch_rows))
+    except adbc.OperationalError as exc:
+        raise DatabaseUnavailable(f"lost the connection to {mask_dsn(dsn)}: {_reason(exc)}") from None
+    finally:
+        conn.close()
+
+
+def _reason(exc: BaseException) -> str:
+    return mask_dsn(" ".join(str(exc).split()) or type(exc).__name__)
