@@ -383,3 +383,56 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1, en
         "tags": None, "expected": after, "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
         "ser_ids": [4] * count, "manifests": [""] * count, "payloads": [b'{"held":true}'] * count})
 
+
+
+# -- column pruning: the schema is the projection ----------------------------------------------------------
+
+
+def batch_reader(spark: Any, dsn: str, schema: Any = None, **options: Any) -> Any:
+    """The batch reader Spark would build for these options, driven here in the test's process."""
+    from spark.source import JournalBatchReader, SourceOptions
+
+    frame = source(spark, dsn, **options)
+    return JournalBatchReader(SourceOptions.parse({"dsn": dsn, **options}), schema or frame.schema)
+
+
+def read_in_process(reader: Any) -> list[Any]:
+    return [batch for partition in reader.partitions() for batch in reader.read(partition)]
+
+
+def test_columns_without_the_payload_neither_read_nor_decode_it(spark: Any, journal: Journal, dsn: str) -> None:
+    fill(journal, pids=20)
+    journal.append("Cart|big", [b"\x07" * (1 << 20)] * 3)  # 3 MiB of payload in all
+    pruned = batch_reader(spark, dsn, columns="persistence_id,seq_nr", entityType=ENTITY)
+    statements = [p.query[0] for p in pruned.partitions()]
+    assert statements and all(s.startswith("SELECT persistence_id, seq_nr FROM event_journal WHERE")
+                              for s in statements), statements
+    batches = read_in_process(pruned)
+    assert {tuple(b.schema.names) for b in batches} == {("persistence_id", "seq_nr")}
+    assert sum(b.num_rows for b in batches) == 33 and pruned.converter.decoded_rows == 0
+    assert sum(b.nbytes for b in batches) < 2_000  # the payloads' 3 MiB never came
+    # asking for the decoded event reads the payload's columns and decodes each row once, returning only event
+    decoding = batch_reader(spark, dsn, columns="persistence_id,event", entityType=ENTITY,
+                            payloadSchema="item STRING, qty INT")
+    assert all("event_ser_id, event_ser_manifest, event_payload FROM" in p.query[0] for p in decoding.partitions())
+    rows = {(r["persistence_id"], r["event"]["qty"] if r["event"] else None)
+            for b in read_in_process(decoding) for r in b.to_pylist()}
+    assert decoding.converter.decoded_rows == 33 and ("Cart|4", 2) in rows and ("Cart|big", None) in rows
+    # through Spark: the same columns, the same rows as the journal
+    frame = source(spark, dsn, columns="seq_nr,persistence_id", entityType=ENTITY)
+    assert frame.columns == ["seq_nr", "persistence_id"]
+    assert {(r["persistence_id"], r["seq_nr"]) for r in frame.collect()} == journal_keys(dsn)
+
+
+def test_a_given_schema_is_the_projection_and_a_wrong_one_is_refused(spark: Any, journal: Journal, dsn: str) -> None:
+    fill(journal, pids=10)
+    given = spark.read.format("pgjournal").option("dsn", dsn).schema(
+        "persistence_id STRING, db_timestamp TIMESTAMP, event STRUCT<qty: BIGINT>").load()
+    assert given.columns == ["persistence_id", "db_timestamp", "event"]
+    assert given.where("event.qty = 2").count() == 10
+    with pytest.raises(Exception, match=r"ConfigurationError: format 'pgjournal' reads the columns .*got a schema "
+                                        r"with seq_nr string"):
+        spark.read.format("pgjournal").option("dsn", dsn).schema("seq_nr STRING").load().collect()
+    with pytest.raises(Exception, match=r"InvalidArgument: option columns must name distinct columns of "
+                                        r"event_journal .*got 'persistence_id,payload'"):
+        source(spark, dsn, columns="persistence_id,payload")
