@@ -436,3 +436,24 @@ def test_a_given_schema_is_the_projection_and_a_wrong_one_is_refused(spark: Any,
     with pytest.raises(Exception, match=r"InvalidArgument: option columns must name distinct columns of "
                                         r"event_journal .*got 'persistence_id,payload'"):
         source(spark, dsn, columns="persistence_id,payload")
+
+
+def test_a_task_reuses_its_process_connection_and_replaces_a_stale_one(spark: Any, journal: Journal,
+                                                                       dsn: str) -> None:
+    fill(journal, pids=6)
+    reader = batch_reader(spark, dsn, columns="persistence_id,seq_nr", sliceRanges=1)
+
+    def copy_backends() -> list[int]:
+        with psycopg.connect(dsn) as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'COPY (%'")]
+
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    first = copy_backends()
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    assert copy_backends() == first and len(first) == 1  # the same session served both reads
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the server ends it (a restart, an idle timeout)
+        conn.execute("SELECT pg_terminate_backend(%s)", (first[0],))
+    eventually(lambda: first[0] not in copy_backends(), what="the kept session is gone")
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    assert len(copy_backends()) == 1 and copy_backends() != first
