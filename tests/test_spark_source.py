@@ -365,6 +365,12 @@ def test_bad_options_fail_at_load_with_pgjournal_errors(spark: Any, journal: Jou
         source(spark, dsn, sliceRanges="0-600,500-1023")
     with pytest.raises(Exception, match=r"InvalidArgument: unknown option\(s\) entitytyp\b"):
         source(spark, dsn, entityTyp="Cart")
+    with pytest.raises(Exception, match=r"InvalidArgument: option table must be one of event_journal, "
+                                        r"durable_state, got 'events'"):
+        source(spark, dsn, table="events")
+    with pytest.raises(Exception, match=r"ConfigurationError: entity type 'Cart' has no rows in durable_state .*"
+                                        r"none \(durable_state is empty\)"):
+        source(spark, dsn, table="durable_state", entityType="Cart")
     unreachable = "postgresql://alice:s3cret-pw@127.0.0.1:1/nowhere"
     with pytest.raises(Exception, match=r"DatabaseUnavailable: cannot connect to .*127\.0\.0\.1") as failed:
         source(spark, unreachable)
