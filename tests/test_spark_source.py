@@ -463,3 +463,20 @@ def test_a_task_reuses_its_process_connection_and_replaces_a_stale_one(spark: An
     eventually(lambda: first[0] not in copy_backends(), what="the kept session is gone")
     assert sum(b.num_rows for b in read_in_process(reader)) == 18
     assert len(copy_backends()) == 1 and copy_backends() != first
+
+
+def test_copy_statements_quote_every_value_client_side(dsn: str) -> None:
+    """A COPY takes no bound parameters: spark.arrow.bind quotes values as literals; hostile ones come back
+    verbatim, and braces or percent signs in the statement's own text survive."""
+    from spark.arrow import bind
+
+    hostile = ["x'); DROP TABLE event_journal; --", "{f0} %(f0)s %% \\ \" ' é \U0001f600", ""]
+    when = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    text = bind("SELECT %(a)s::text, %(b)s::text[], %(n)s::bigint, %(t)s::timestamptz, '{x}', 'a%%b', %(z)s::int",
+                {"a": hostile[0], "b": hostile, "n": 2**40, "t": when, "z": None})
+    assert "%(" not in text.replace("%(f0)s", "")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(text).fetchone() == (hostile[0], hostile, 2**40, when, "{x}", "a%b", None)
+        assert conn.execute("SELECT to_regclass('event_journal') IS NOT NULL").fetchone() == (True,)
+    with pytest.raises(KeyError, match="no value for placeholder"):
+        bind("SELECT %(missing)s", {})
