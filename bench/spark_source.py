@@ -105,9 +105,12 @@ def _stream_latency(ctx: Context, state: dict[str, Any]) -> float:
                  .option("columns", "persistence_id,seq_nr").load()
                  .writeStream.foreachBatch(on_batch).trigger(processingTime="1 second").start())
         try:
+            while not query.recentProgress:  # its start offset ("latest") is taken: what follows is read
+                time.sleep(0.1)
             # steady state: the first micro-batch with rows starts the Python workers (seconds on a busy machine)
             journal.append(f"{entity}|warm-up", list(range(WARM_UP)))
-            while len(received) < WARM_UP and query.exception() is None:
+            deadline = time.monotonic() + 300
+            while len(received) < WARM_UP and query.exception() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             received.clear()
             committed = write_steadily(journal, entity, rate, seconds)
