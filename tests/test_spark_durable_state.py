@@ -107,3 +107,27 @@ def test_durable_state_stream_delivers_the_latest_revisions_across_restarts(
     eventually(caught_up, what="the stream delivers the three new revisions", timeout=60)
     again = run()
     assert len(again) == len(set(again)) == len(first) + 3
+
+
+def test_cli_exports_durable_state_to_parquet(spark: Any, journal: Journal, dsn: str,  # noqa: F811
+                                              tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pgjournal.cli import app
+
+    write_states(journal, n=9)
+    runner = CliRunner()
+    done = runner.invoke(app, ["spark", "states", str(tmp_path / "s"), "--dsn", dsn, "-n", "2", "--decode"])
+    assert done.exit_code == 0, done.output
+    assert "exported 9 durable states" in done.output
+    assert sorted(p.name for p in (tmp_path / "s").glob("entity_type=*")) == ["entity_type=Account",
+                                                                                "entity_type=Profile"]
+    exported = spark.read.parquet(str(tmp_path / "s"))
+    assert {(r["persistence_id"], r["revision"], r["deleted"]) for r in exported.collect()} == table_rows(dsn)
+    assert exported.where("persistence_id = 'Account|2'").select("state.balance").first()[0] == 30
+    bad = runner.invoke(app, ["spark", "states", str(tmp_path / "b"), "--dsn", dsn, "-n", "3"])
+    assert bad.exit_code == 1 and "divisor of 1024" in " ".join(bad.output.split())
+    unknown = runner.invoke(app, ["spark", "states", str(tmp_path / "b"), "--dsn", dsn, "-e", "Nope"])
+    assert unknown.exit_code == 1 and "entity type 'Nope' has no rows in durable_state" in " ".join(
+        unknown.output.split())
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the shared session survived the command
