@@ -480,3 +480,54 @@ def test_copy_statements_quote_every_value_client_side(dsn: str) -> None:
         assert conn.execute("SELECT to_regclass('event_journal') IS NOT NULL").fetchone() == (True,)
     with pytest.raises(KeyError, match="no value for placeholder"):
         bind("SELECT %(missing)s", {})
+
+
+def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
+    """spark.arrow.json_objects (Arrow's JSON reader) gives what the serializer registry's path gives, or
+    hands the batch to that path: a non-JSON serializer id, a value that does not fit, a timestamp field."""
+    import cbor2
+    import pyarrow as pa
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from spark.arrow import ArrowRows, Columns
+
+    def convert(event: Any, rows: list[tuple[int, bytes]]) -> tuple[list[Any], list[Any], int]:
+        schema = StructType([StructField("seq_nr", LongType()), StructField("event", event)])
+        converter = ArrowRows(schema, Columns.of(["seq_nr", "event"], "event",
+                                                 ("event_ser_id", "event_ser_manifest", "event_payload")))
+        raw = pa.RecordBatch.from_arrays(
+            [pa.array(range(len(rows)), pa.int64()), pa.array([r[0] for r in rows], pa.int32()),
+             pa.array([""] * len(rows)), pa.array([r[1] for r in rows], pa.binary())],
+            names=["seq_nr", "event_ser_id", "event_ser_manifest", "event_payload"])
+        fast = converter.convert(raw).column("event").to_pylist()
+        schema_type = converter.arrow_schema.field("event").type
+        slow = converter._decode([r[0] for r in rows], [""] * len(rows), [r[1] for r in rows], schema_type)
+        return fast, slow.to_pylist(), converter.fast_rows
+
+    nested = StructType([StructField("item", StringType()), StructField("qty", IntegerType()),
+                         StructField("tags", ArrayType(StringType())),
+                         StructField("at", StructType([StructField("x", LongType())]))])
+    plain = [(31, json.dumps(v).encode()) for v in (
+        {"item": "a", "qty": 1, "tags": ["x", "y"], "at": {"x": 5}, "extra": [1]}, {"item": "é\n\"q\""},
+        {}, {"qty": -3, "tags": [], "at": None})]
+    fast, slow, used = convert(nested, plain)
+    assert used == 4 and fast == slow and fast[0] == {"item": "a", "qty": 1, "tags": ["x", "y"], "at": {"x": 5}}
+    for odd in [(31, b'{"qty": 3000000000}'), (31, b'{"item": 5}'), (31, b"[1, 2]"), (31, b'{"item":\n"a"}'),
+                (33, cbor2.dumps({"item": "cbor"})), (4, b"\x00\x01")]:
+        fast, slow, used = convert(nested, [*plain, odd])
+        assert used == 0 and fast == slow, odd  # the whole batch went one payload at a time
+    shifted = [(31, b'{"item": "x"}\n{"item": "y"}'), (31, b"")]  # two lines in one payload, none in the next
+    fast, slow, used = convert(nested, [*plain, *shifted])
+    assert used == 0 and fast == slow and fast[-2:] == [None, None]
+    stamped = StructType([StructField("when", TimestampType()), StructField("raw", BinaryType())])
+    fast, slow, used = convert(stamped, [(31, b'{"when": "2026-11-01T00:00:00"}')])
+    assert used == 0 and fast == slow == [None]
