@@ -1,11 +1,10 @@
 """A Spark driver that tests/test_spark_kill.py starts in a subprocess and kills with SIGKILL.
 
-``python spark_stream_app.py DSN OUT run|drain``: two streaming queries over ``format("pgjournal")``
-(entity type Cart, 4 slice ranges, at most 40 events per micro-batch while running). One writes a
+``python spark_stream_app.py DSN OUT``: two streaming queries over ``format("pgjournal")`` (entity type
+Cart, 4 slice ranges, at most 40 events per micro-batch, a trigger every 300 ms) until killed. One writes a
 checkpointed Parquet sink (``OUT/data``). One applies each micro-batch through ``foreachBatch`` to the
 PostgreSQL read model ``spark_read_model`` in one transaction with its batch id
 (``spark_read_model_progress``), so the micro-batch Spark runs again after a crash is applied once.
-``run`` triggers every 300 ms until killed; ``drain`` stops when everything committed at its start is in.
 """
 
 from __future__ import annotations
@@ -36,12 +35,12 @@ def apply_batch(dsn: str) -> Any:
     return apply
 
 
-def main(dsn: str, out: str, mode: str) -> None:
+def main(dsn: str, out: str) -> None:
     spark = spark_session("pgjournal-kill-test")
     frame = (spark.readStream.format("pgjournal").option("dsn", dsn).option("entityType", "Cart")
-             .option("sliceRanges", 4).option("maxEventsPerTrigger", 40 if mode == "run" else 100_000)
-             .option("columns", "persistence_id,seq_nr").load())
-    trigger: dict[str, Any] = {"availableNow": True} if mode == "drain" else {"processingTime": "300 milliseconds"}
+             .option("sliceRanges", 4).option("maxEventsPerTrigger", 40).option("columns", "persistence_id,seq_nr")
+             .load())
+    trigger = {"processingTime": "300 milliseconds"}
     files = (frame.writeStream.format("parquet").option("path", f"{out}/data")
              .option("checkpointLocation", f"{out}/checkpoint-files").trigger(**trigger).start())
     model = (frame.writeStream.foreachBatch(apply_batch(dsn)).option("checkpointLocation", f"{out}/checkpoint-model")
@@ -55,4 +54,4 @@ def main(dsn: str, out: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:3])
