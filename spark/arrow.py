@@ -8,6 +8,8 @@ and the server's part 0.63 vs 1.1-1.2 µs (no text formatting of timestamps, arr
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -201,6 +203,15 @@ def bind(query: str, params: Mapping[str, Any]) -> str:
 #: reused across tasks): connecting costs ~33 ms of client CPU (the driver loads the server's type catalog),
 #: about what a small micro-batch's read costs altogether.
 _IDLE: dict[str, Any] = {}
+
+
+@atexit.register
+def _close_idle() -> None:
+    """Close the kept connections before the interpreter tears the driver's module down (a connection left
+    to its finalizer then fails noisily)."""
+    while _IDLE:
+        with contextlib.suppress(Exception):
+            _IDLE.popitem()[1].close()
 
 
 def _connect(conninfo: str, dsn: str) -> Any:
