@@ -37,6 +37,8 @@ def _metric(kind: str, name: str, documentation: str, labels: tuple[str, ...] = 
 APPENDS = _metric("Counter", "pgjournal_appends", "Appends committed", ("entity_type",))
 EVENTS_APPENDED = _metric("Counter", "pgjournal_events_appended", "Events committed by appends", ("entity_type",))
 APPEND_SECONDS = _metric("Histogram", "pgjournal_append_seconds", "Time of an append, retries included")
+WRITE_RETRIES = _metric("Counter", "pgjournal_write_retries",
+                        "Writes (appends, durable state) tried again after a transient failure", ("sqlstate",))
 LIVE_LAG = _metric("Gauge", "pgjournal_live_lag_seconds",
                    "Database clock minus the db_timestamp of the last delivered event (caught up: minus the "
                    "visibility horizon)", ("entity_type", "slices"))

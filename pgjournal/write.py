@@ -13,7 +13,6 @@ horizon a reader computed before that append.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -23,6 +22,7 @@ import psycopg
 import psycopg.errors
 
 from . import metrics
+from .contention import KeyedLocks, RetryPolicy
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
@@ -49,6 +49,9 @@ class EventWriter:
         self._after_commit = after_commit
         #: The append counters' children per entity type.
         self._counters: dict[str, tuple[Any, Any]] = {}
+        #: Appends of this process to one persistence id take turns (pgjournal.contention).
+        self._turns = KeyedLocks()
+        self._retry = RetryPolicy.of(journal.settings)
 
     def append(
         self,
@@ -116,39 +119,48 @@ class EventWriter:
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
                  before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
-        """Run the append statement (after ``before``, in one transaction with it), retrying what may be."""
+        """Run the append statement (after ``before``, in one transaction with it), retrying what may be.
+
+        Threads of this process appending to ``pid`` take turns here, so they never collide in the database;
+        collisions with other processes (and SERIALIZABLE's false conflicts) are retried under the journal's
+        :class:`~pgjournal.contention.RetryPolicy`."""
         expected = params["expected"]
-        retries = self._journal.settings.append_retries
+        policy = self._retry
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self._journal.connection() as conn:
-                    rows = self._run(conn, sql, params, before)
-            except psycopg.errors.UniqueViolation:
-                if expected is None:
-                    # No expectation was stated: number after the new highest. Each clash means another
-                    # append committed, so this always ends; past append_retries, back off a little (with
-                    # jitter) so a convoy of writers on one persistence id spreads out.
-                    if attempt > retries:
-                        time.sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
-                    continue
-                raise self._conflict(pid, expected) from None
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+        started = time.monotonic()
+        self._turns.acquire(pid)
+        try:
+            while True:
+                attempt += 1
+                try:
+                    with self._journal.connection() as conn:
+                        rows = self._run(conn, sql, params, before)
+                except psycopg.errors.UniqueViolation as exc:
+                    if expected is not None:
+                        raise self._conflict(pid, expected) from None
+                    # No expectation was stated: another writer appended first; number after it.
+                    if policy.should_retry(attempt, exc.sqlstate):
+                        continue
+                    raise self._exhausted(pid, attempt, started, exc) from None
+                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                    if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+                        raise self._failed(pid, exc) from exc
+                    if policy.should_retry(attempt, exc.sqlstate):
+                        continue  # the statement is one transaction: running it again is safe
+                    raise self._exhausted(pid, attempt, started, exc) from exc
+                except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
                     raise self._failed(pid, exc) from exc
-                if attempt <= retries:
-                    continue  # the statement is one transaction: running it again is safe
-                raise RetriesExhausted(
-                    f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row with "
-                    f"SQLSTATE {exc.sqlstate} ({_first_line(exc)}); append_retries is {retries}; nothing was "
-                    "written, trying again later is safe"
-                ) from exc
-            except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
-                raise self._failed(pid, exc) from exc
-            if not rows:  # expected_seq_nr is above the highest stored sequence number
-                raise self._conflict(pid, expected)
-            return rows
+                if not rows:  # expected_seq_nr is above the highest stored sequence number
+                    raise self._conflict(pid, expected)
+                return rows
+        finally:
+            self._turns.release(pid)
+
+    def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
+        return RetriesExhausted(
+            f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
+            f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
+            f"append_retries is {self._retry.retries}; nothing was written, trying again later is safe")
 
     @staticmethod
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
