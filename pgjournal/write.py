@@ -35,7 +35,7 @@ from .errors import (
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
 from .store.events import text_array
-from .tag_write import bucket_size_recorded, prepare, record_bucket_size
+from .tag_write import bucket_size_recorded, prepare, record_bucket_size, stamp_time
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
@@ -94,12 +94,13 @@ class EventWriter:
             params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
                           payloads=[e.payload for e in encoded])
         sql = self._journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
-        before = None
+        before = stamp = None
         if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
             sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
             before = record_bucket_size(self._journal)
+            stamp = stamp_time
         started = time.perf_counter()
-        rows = self._execute(pid, sql, params, before)
+        rows = self._execute(pid, sql, params, before, stamp)
         if before is not None:
             bucket_size_recorded(self._journal)
         metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
@@ -118,8 +119,11 @@ class EventWriter:
         ]
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
-                 before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
+                 before: Callable[[psycopg.Connection], None] | None = None,
+                 stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
         """Run the append statement (after ``before``, in one transaction with it), retrying what may be.
+        ``stamp`` sets the writer's clock in ``params`` right before each attempt (tagged appends: a TimeUUID
+        taken before a wait for a turn or a backoff pause would lag behind the readers' horizon).
 
         Threads of this process appending to ``pid`` take turns here, so they never collide in the database;
         collisions with other processes (and SERIALIZABLE's false conflicts) are retried under the journal's
@@ -134,7 +138,7 @@ class EventWriter:
                 attempt += 1
                 try:
                     with self._journal.connection() as conn:
-                        rows = self._run(conn, sql, params, before)
+                        rows = self._run(conn, sql, params, before, stamp)
                 except psycopg.errors.UniqueViolation as exc:
                     if expected is not None:
                         raise self._conflict(pid, expected) from None
@@ -164,9 +168,12 @@ class EventWriter:
 
     @staticmethod
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
-             before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
+             before: Callable[[psycopg.Connection], None] | None = None,
+             stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
         try:
             cur = _append_cursor(conn)
+            if stamp is not None:
+                stamp(params)
             if before is None:
                 return cur.execute(sql, params, prepare=True).fetchall()
             with conn.transaction():

@@ -20,6 +20,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import psycopg
+import psycopg.errors
 import pytest
 from conftest import FAST
 from test_projections_support import AUDIT_DDL
@@ -79,7 +80,10 @@ class Writers:
 def _wait_until(check, timeout: float, interval: float = 0.3):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while True:
-        result = check()
+        try:
+            result = check()
+        except psycopg.errors.SerializationFailure:  # SERIALIZABLE (portable test mode) may cancel a read
+            result = None
         if result or time.monotonic() > deadline:
             return result
         time.sleep(interval)
