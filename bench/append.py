@@ -69,6 +69,8 @@ def _setup(ctx: Context) -> dict[str, Any]:
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
+    if "portable" in state:
+        state["portable"].close()
     if "app" in state:
         state["app"].close()
 
@@ -150,13 +152,18 @@ def _cpu_threads(writers: int, prepare: Callable[[int], Any], work: Callable[[in
     return run
 
 
-def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = ()) -> Callable[[Context, Any], float]:
-    """Client + server CPU µs per append of ours (one event per append, ``expected_seq_nr`` given)."""
+def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: bool = False
+             ) -> Callable[[Context, Any], float]:
+    """Client + server CPU µs per append of ours (one event per append, ``expected_seq_nr`` given);
+    ``portable``: a portable journal (no notifications), to show what the after-commit signals cost."""
     per_writer = total // writers
     warm = 20
+    name = "ours_portable" if portable else "ours"
 
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        journal: Journal = state["journal"]
+        if portable and "portable" not in state:
+            state["portable"] = Journal.open(ctx.dsn, pool_max_size=12, portable=True)
+        journal: Journal = state["portable" if portable else "journal"]
 
         def prepare(_w: int) -> str:
             pid = f"Bench|{uuid.uuid4().hex}"
@@ -169,7 +176,7 @@ def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = ()) -> Callable[[
                 journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
 
         result = measure_cpu(ctx.dsn, per_writer * writers, _cpu_threads(writers, prepare, work, lambda _s: None))
-        return _record_cpu(ctx, "ours", result)
+        return _record_cpu(ctx, name, result)
 
     return measure
 
@@ -298,6 +305,7 @@ def _scenarios() -> list[Scenario]:
             setup=_setup, teardown=_teardown,
             contenders={
                 "ours": _sized(lambda t, w=writers: cpu_ours(w, t), total),
+                "ours_portable": _sized(lambda t, w=writers: cpu_ours(w, t, portable=True), total),
                 "raw_insert": _sized(lambda t, w=writers: cpu_raw_insert(w, t), total),
             },
         ))

@@ -24,35 +24,23 @@ if TYPE_CHECKING:
 
 
 class KeyedLocks:
-    """One lock per key in use (a persistence id), created on first use and dropped when no thread holds or
-    waits for it: threads writing different keys never wait for each other, threads writing the same key
-    take turns. Not re-entrant."""
+    """A lock per key (a persistence id): threads writing different keys never wait for each other, threads
+    writing the same key take turns. Taking a key's lock is a dict lookup (``setdefault`` is atomic), so it
+    costs next to nothing per append. Past ``kept`` keys the table starts over; a thread still holding a lock
+    of the old table may then overlap one holding the new lock of its key, which the database settles (a
+    clash or a serialization failure, retried) — never a wrong write."""
 
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        #: key -> [lock, number of threads holding or waiting for it]
-        self._locks: dict[str, list] = {}
+    def __init__(self, kept: int = 100_000) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._kept = kept
 
-    def acquire(self, key: str) -> None:
-        with self._guard:
-            entry = self._locks.get(key)
-            if entry is None:
-                entry = self._locks[key] = [threading.Lock(), 1]
-            else:
-                entry[1] += 1
-        entry[0].acquire()
-
-    def release(self, key: str) -> None:
-        with self._guard:
-            entry = self._locks[key]
-            entry[0].release()
-            entry[1] -= 1
-            if not entry[1]:
-                del self._locks[key]
-
-    def __len__(self) -> int:
-        """Keys held or waited for now."""
-        return len(self._locks)
+    def __getitem__(self, key: str) -> threading.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            if len(self._locks) >= self._kept:
+                self._locks = {}
+            lock = self._locks.setdefault(key, threading.Lock())
+        return lock
 
 
 @dataclass(frozen=True)

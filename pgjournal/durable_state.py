@@ -159,8 +159,7 @@ class DurableStateStore:
         under the journal's :class:`~pgjournal.contention.RetryPolicy` (see :mod:`pgjournal.contention`)."""
         statement = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
         attempt = 0
-        self._turns.acquire(pid)
-        try:
+        with self._turns[pid]:
             while True:
                 attempt += 1
                 try:
@@ -181,8 +180,6 @@ class DurableStateStore:
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                     raise kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
                                f"{exc.sqlstate} ({first}); nothing was written") from exc
-        finally:
-            self._turns.release(pid)
         if row is None:
             raise RevisionConflict(pid, revision, self._current_revision(pid))
         if self.journal.signals is not None:

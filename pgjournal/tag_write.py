@@ -71,7 +71,7 @@ def stamp_time(params: dict[str, Any]) -> None:
 
 
 def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
-            after_latest: bool) -> str:
+            after_latest: bool = False, after: str | None = None) -> str:
     """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement. The bucket
     size is the journal's setting, checked against the recorded one when the journal opened; the writer
     records it with the first tagged append (:func:`record_bucket_size`)."""
@@ -82,6 +82,7 @@ def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], cou
         params["tv_tag"] = tags[0]
     else:
         params["tv_tags"] = text_array(sorted(tags))  # sorted: racing appends lock progress rows in one order
-    return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, single=count == 1,
+    return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, after=after,
+                             single=count == 1,
                              one_tag=len(tags) == 1, bucket_ms=size.millis, lsb=GENERATOR.lsb,
                              lsb_bytes=GENERATOR.lsb_bytes, **journal.events.payload_sql)
