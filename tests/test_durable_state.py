@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import FAST, PORTABLE
+from conftest import FAST
 from eventually import eventually
 
 from pgjournal import (
@@ -300,7 +300,7 @@ def test_live_changes_restart_from_an_offset(journal: Journal) -> None:
     assert [(c.persistence_id, c.revision) for c in resumed] == [("Account|1", 2), ("Account|3", 1)]
 
 
-@pytest.mark.skipif(PORTABLE, reason="tests the visibility horizon, which portable mode does not use")
+@pytest.mark.postgres_only("the visibility horizon")
 def test_an_open_durable_state_writer_holds_changes_back_but_not_events(journal: Journal, dsn: str) -> None:
     """The horizon of changes comes from durable_state writers: a change committed after an open writer
     started is not read until that writer ends (else the cursor would pass the writer's earlier
