@@ -152,13 +152,13 @@ def _cpu_threads(writers: int, prepare: Callable[[int], Any], work: Callable[[in
     return run
 
 
-def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: bool = False
-             ) -> Callable[[Context, Any], float]:
+def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: bool = False,
+             label: str | None = None) -> Callable[[Context, Any], float]:
     """Client + server CPU µs per append of ours (one event per append, ``expected_seq_nr`` given);
     ``portable``: a portable journal (no notifications), to show what the after-commit signals cost."""
     per_writer = total // writers
     warm = 20
-    name = "ours_portable" if portable else "ours"
+    name = label or ("ours_portable" if portable else "ours")
 
     def measure(ctx: Context, state: dict[str, Any]) -> float:
         if portable and "portable" not in state:
