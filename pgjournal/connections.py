@@ -161,20 +161,21 @@ class PoolFront:
             return
         self._idle.append(conn)
         if self._waiting:  # a borrower started waiting meanwhile: let the pool hand it a connection
-            try:
-                kept = self._idle.pop()
-            except IndexError:
-                return
-            self.pool.putconn(kept)
+            self._hand_back()
+
+    def _hand_back(self) -> bool:
+        """Give one kept connection to the pool; ``False`` when none is kept."""
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return False
+        self.pool.putconn(conn)
+        return True
 
     def close(self) -> None:
         """Hand every kept connection back (before the pool closes)."""
-        while True:
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                return
-            self.pool.putconn(conn)
+        while self._hand_back():
+            pass
 
     def __len__(self) -> int:
         """Connections kept here now."""

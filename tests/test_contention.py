@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import queue
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +20,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 from conftest import FAST
+from processes import collect
 
 from pgjournal import Journal, RevisionConflict
 from pgjournal.contention import KeyedLocks, RetryPolicy
@@ -204,15 +203,7 @@ def test_processes_appending_to_one_hot_persistence_id_back_off_and_lose_nothing
     processes = [ctx.Process(target=hot_writer, args=(serializable, i, start, results)) for i in range(PROCESSES)]
     for process in processes:
         process.start()
-    collected: list[tuple[int, list[str]]] = []
-    deadline = time.monotonic() + 240
-    while len(collected) < PROCESSES:
-        try:
-            collected.append(results.get(timeout=1))
-        except queue.Empty:
-            crashed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
-            assert not crashed, f"a writer process failed with exit code {crashed[0]} (traceback above)"
-            assert time.monotonic() < deadline, "the writer processes did not finish in time"
+    collected: list[tuple[int, list[str]]] = collect(processes, results, "writer")
     for process in processes:
         process.join(timeout=30)
     assert [f for _, failures in collected for f in failures] == []
