@@ -17,7 +17,7 @@ from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
-from .connections import ServerSilent, connection_kwargs, limited_connection_class
+from .connections import PoolFront, ServerSilent, connection_kwargs, limited_connection_class
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn, resolve_dsn
 from .durable_state import DurableStateStore
@@ -74,6 +74,8 @@ class Journal:
             name="pgjournal",
             open=False,
         )
+        #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
+        self.connections = PoolFront(self._pool)
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)
@@ -124,6 +126,7 @@ class Journal:
     def close(self) -> None:
         if self.signals is not None:
             self.signals.close()
+        self.connections.close()
         self._pool.close()
 
     def __enter__(self) -> Journal:
@@ -139,7 +142,7 @@ class Journal:
     def connection(self) -> Iterator[psycopg.Connection]:
         """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
         try:
-            conn = self._pool.getconn()
+            conn = self.connections.get()
         except PoolTimeout:
             raise DatabaseUnavailable(
                 f"no connection to {mask_dsn(self.dsn)} within {self.settings.connect_timeout}s"
@@ -153,7 +156,7 @@ class Journal:
             kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
             raise kind(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
         finally:
-            self._pool.putconn(conn)
+            self.connections.put(conn)
 
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
                    ) -> LiveQuery[T]:

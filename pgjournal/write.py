@@ -13,7 +13,6 @@ horizon a reader computed before that append.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -21,12 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.errors
+from psycopg_pool import PoolTimeout
 
 from . import metrics
+from .contention import KeyedLocks, RetryPolicy
+from .dsn import mask_dsn
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
+    DatabaseUnavailable,
     InvalidArgument,
     JournalError,
     RetriesExhausted,
@@ -35,20 +38,58 @@ from .errors import (
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
 from .store.events import text_array
-from .tag_write import bucket_size_recorded, prepare, record_bucket_size
+from .tag_write import bucket_size_recorded, prepare, record_bucket_size, stamp_time
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
     from .journal import Journal
 
+#: Persistence ids whose append targets a writer keeps (a few hundred bytes each); past it, it starts over.
+TARGETS_KEPT = 50_000
+
+
+class _Target:
+    """What appends to one persistence id need, worked out once: its slice, entity type, metric children,
+    and the last event this writer appended to it (sequence number and db_timestamp, as the database
+    returned them), so the next append with that ``expected_seq_nr`` reads nothing before it inserts."""
+
+    __slots__ = ("counts", "entity_type", "last_seq", "last_ts", "pid", "slice", "statements")
+
+    def __init__(self, pid: str, counts: list[int]) -> None:
+        self.pid = pid
+        self.slice = slice_for_persistence_id(pid)
+        self.entity_type = entity_type_of(pid)
+        #: this entity type's append counts (pgjournal.metrics.AppendStats)
+        self.counts = counts
+        self.last_seq: int | None = None
+        self.last_ts: datetime | None = None
+        #: (after, single, plain) -> the untagged append statement
+        self.statements: dict[tuple[str, bool, bool], str] = {}
+
+
 class EventWriter:
-    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id)."""
+    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id).
+
+    The common append (a known persistence id, one event, no tags or metadata) is kept lean: on 2 cores the
+    client's CPU per append is throughput, and a raw single-row INSERT is the yardstick (bench ``append-cpu``).
+    """
 
     def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None) -> None:
         self._journal = journal
         self._after_commit = after_commit
-        #: The append counters' children per entity type.
-        self._counters: dict[str, tuple[Any, Any]] = {}
+        #: Per persistence id (see :class:`_Target`).
+        self._targets: dict[str, _Target] = {}
+        #: Appends of this process to one persistence id take turns (pgjournal.contention).
+        self._turns = KeyedLocks()
+        self._retry = RetryPolicy.of(journal.settings)
+
+    def _target(self, persistence_id: Any) -> _Target:
+        pid = check_persistence_id(persistence_id)
+        counts = metrics.APPEND_STATS.counts(entity_type_of(pid))
+        if len(self._targets) >= TARGETS_KEPT:
+            self._targets.clear()
+        target = self._targets[pid] = _Target(pid, counts)
+        return target
 
     def append(
         self,
@@ -59,102 +100,144 @@ class EventWriter:
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
-        pid = check_persistence_id(persistence_id)
-        if expected_seq_nr is not None:
+        # A persistence id seen before was checked then (the same string passes the same checks).
+        target = self._targets.get(persistence_id) if persistence_id.__class__ is str else None
+        if target is None:
+            target = self._target(persistence_id)
+        pid = target.pid
+        if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
             check_seq_nr(expected_seq_nr, "expected_seq_nr")
-        tag_list = check_tags(tags)
-        if isinstance(events, str | bytes | dict):
-            raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
-                                  "wrap it in a list")
-        try:
-            event_list = list(events)
-        except TypeError:
-            raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
-        if not event_list:
+        tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
+        if events.__class__ is not list:
+            if isinstance(events, str | bytes | dict):
+                raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
+                                      "wrap it in a list")
+            try:
+                events = list(events)
+            except TypeError:
+                raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
+        if not events:
             return []
-        serializers = self._journal.serializers
-        encoded = [serializers.serialize(event, persistence_id=pid) for event in event_list]
-        meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
-        if self._journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
-            self._journal.events.check_payloads(pid, encoded, meta)
-        slice_ = slice_for_persistence_id(pid)
-        entity_type = entity_type_of(pid)
+        event_list = list(events)  # the caller's list may change while this runs
+        serialize = self._journal.serializers.serialize
+        encoded = [serialize(event, persistence_id=pid) for event in event_list]
+        meta = serialize(metadata, persistence_id=pid) if metadata is not None else None
+        store = self._journal.events
+        if store.jsonb:  # Akka's JSONB payload columns take JSON only
+            store.check_payloads(pid, encoded, meta)
+        single = len(encoded) == 1
+        plain = single and not tag_list and meta is None  # the common case: fewer parameters to send
         params: dict[str, Any] = {
-            "slice": slice_, "entity_type": entity_type, "pid": pid, "writer": self._journal.writer_id,
-            "tags": text_array(tag_list) if tag_list else None, "expected": expected_seq_nr,
-            "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
-            "meta_payload": meta.payload if meta else None,
-        }
-        if len(encoded) == 1:
-            params.update(ser_id=encoded[0].ser_id, manifest=encoded[0].manifest, payload=encoded[0].payload)
+            "slice": target.slice, "entity_type": target.entity_type, "pid": pid, "writer": self._journal.writer_id,
+            "expected": expected_seq_nr}
+        if not plain:
+            params.update(tags=text_array(tag_list) if tag_list else None,
+                          meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
+                          meta_payload=meta.payload if meta else None)
+        if single:
+            first = encoded[0]
+            params["ser_id"], params["manifest"], params["payload"] = first.ser_id, first.manifest, first.payload
         else:
             params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
                           payloads=[e.payload for e in encoded])
-        sql = self._journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
-        before = None
+        if expected_seq_nr is None:
+            after = "latest"
+        elif expected_seq_nr == 0 or expected_seq_nr == target.last_seq:
+            # The predecessor is known (none, or this writer's own last append): the statement reads nothing.
+            after = "known"
+            params["prev_ts"] = target.last_ts if expected_seq_nr else None
+        else:
+            after = "expected"
+        before = stamp = None
         if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
-            sql = prepare(self._journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
+            sql = prepare(self._journal, params, tag_list, len(encoded), after=after)
             before = record_bucket_size(self._journal)
+            stamp = stamp_time
+        else:
+            key = (after, single, plain)
+            sql = target.statements.get(key)  # type: ignore[assignment]
+            if sql is None:
+                sql = target.statements[key] = store.append(target.slice, after=after, single=single, plain=plain)
         started = time.perf_counter()
-        rows = self._execute(pid, sql, params, before)
+        try:
+            rows = self._execute(pid, sql, params, before, stamp)
+        except BaseException:
+            target.last_seq = target.last_ts = None  # whatever happened, look the predecessor up next time
+            raise
         if before is not None:
             bucket_size_recorded(self._journal)
-        metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-        counters = self._counters.get(entity_type)
-        if counters is None:  # labels() takes a lock and builds a key: once per entity type, not per append
-            counters = self._counters[entity_type] = (metrics.APPENDS.labels(entity_type),
-                                                      metrics.EVENTS_APPENDED.labels(entity_type))
-        counters[0].inc()
-        counters[1].inc(len(rows))
+        metrics.APPEND_STATS.record(target.counts, len(rows), time.perf_counter() - started)
+        if not single:
+            rows.sort()
+        target.last_seq, target.last_ts = rows[-1]
         if self._after_commit is not None:
-            self._after_commit(slice_, entity_type)
+            self._after_commit(target.slice, target.entity_type)
+        slice_, entity_type, trusted = target.slice, target.entity_type, TimestampOffset.trusted
         return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, TimestampOffset(ts, ts, {pid: seq_nr}), event,
-                          tag_list, metadata, Source.QUERY)
-            for (seq_nr, ts), event in zip(sorted(rows), event_list, strict=True)
+            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event, tag_list,
+                          metadata, Source.QUERY)
+            for (seq_nr, ts), event in zip(rows, event_list, strict=True)
         ]
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
-                 before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
-        """Run the append statement (after ``before``, in one transaction with it), retrying what may be."""
+                 before: Callable[[psycopg.Connection], None] | None = None,
+                 stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
+        """Run the append statement (after ``before``, in one transaction with it), retrying what may be.
+        ``stamp`` sets the writer's clock in ``params`` right before each attempt (tagged appends: a TimeUUID
+        taken before a wait for a turn or a backoff pause would lag behind the readers' horizon).
+
+        Threads of this process appending to ``pid`` take turns here, so they never collide in the database;
+        collisions with other processes (and SERIALIZABLE's false conflicts) are retried under the journal's
+        :class:`~pgjournal.contention.RetryPolicy`."""
         expected = params["expected"]
-        retries = self._journal.settings.append_retries
+        connections = self._journal.connections
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self._journal.connection() as conn:
-                    rows = self._run(conn, sql, params, before)
-            except psycopg.errors.UniqueViolation:
-                if expected is None:
-                    # No expectation was stated: number after the new highest. Each clash means another
-                    # append committed, so this always ends; past append_retries, back off a little (with
-                    # jitter) so a convoy of writers on one persistence id spreads out.
-                    if attempt > retries:
-                        time.sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
-                    continue
-                raise self._conflict(pid, expected) from None
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+        started = time.monotonic()
+        with self._turns[pid]:
+            while True:
+                attempt += 1
+                try:
+                    conn = connections.get()
+                except PoolTimeout:
+                    raise DatabaseUnavailable(f"no connection to {mask_dsn(self._journal.dsn)} within "
+                                              f"{self._journal.settings.connect_timeout}s") from None
+                try:
+                    rows = self._run(conn, sql, params, before, stamp)
+                except psycopg.errors.UniqueViolation as exc:
+                    if expected is not None:
+                        raise self._conflict(pid, expected) from None
+                    # No expectation was stated: another writer appended first; number after it.
+                    if self._retry.should_retry(attempt, exc.sqlstate):
+                        continue
+                    raise self._exhausted(pid, attempt, started, exc) from None
+                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                    if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+                        raise self._failed(pid, exc) from exc
+                    if self._retry.should_retry(attempt, exc.sqlstate):
+                        continue  # the statement is one transaction: running it again is safe
+                    raise self._exhausted(pid, attempt, started, exc) from exc
+                except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
                     raise self._failed(pid, exc) from exc
-                if attempt <= retries:
-                    continue  # the statement is one transaction: running it again is safe
-                raise RetriesExhausted(
-                    f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row with "
-                    f"SQLSTATE {exc.sqlstate} ({_first_line(exc)}); append_retries is {retries}; nothing was "
-                    "written, trying again later is safe"
-                ) from exc
-            except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
-                raise self._failed(pid, exc) from exc
-            if not rows:  # expected_seq_nr is above the highest stored sequence number
-                raise self._conflict(pid, expected)
-            return rows
+                finally:
+                    connections.put(conn)
+                if not rows:  # expected_seq_nr is above the highest stored sequence number
+                    raise self._conflict(pid, expected)
+                return rows
+
+    def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
+        return RetriesExhausted(
+            f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
+            f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
+            f"append_retries is {self._retry.retries}; nothing was written, trying again later is safe")
 
     @staticmethod
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
-             before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
+             before: Callable[[psycopg.Connection], None] | None = None,
+             stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
         try:
             cur = _append_cursor(conn)
+            if stamp is not None:
+                stamp(params)
             if before is None:
                 return cur.execute(sql, params, prepare=True).fetchall()
             with conn.transaction():

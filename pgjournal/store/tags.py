@@ -10,7 +10,7 @@ from typing import Any
 
 from ..timeuuid import UUID_EPOCH_OFFSET
 from . import Query, Read, rows
-from .events import AFTER_EXPECTED, AFTER_LATEST, BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT
+from .events import BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT, PREVIOUS, TAGS_META
 
 # The event's TimeUUID is assembled in SQL from its ticks and this process's low bytes, because the ticks
 # are raised above the persistence id's last ones (``tag_write_progress.ts_time``): with concurrent appends
@@ -70,15 +70,15 @@ SELECT seq_nr, db_timestamp FROM ins"""
 
 
 @functools.cache
-def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: bool, bucket_ms: int, lsb: int,
-                      lsb_bytes: int, payload: str = BYTEA_PAYLOADS["payload"],
-                      meta_payload: str = BYTEA_PAYLOADS["meta_payload"]) -> str:
+def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, one_tag: bool, bucket_ms: int,
+                      lsb: int, lsb_bytes: int, payload: str = BYTEA_PAYLOADS["payload"],
+                      meta_payload: str = BYTEA_PAYLOADS["meta_payload"], after: str | None = None) -> str:
     """The append statement for ``table`` with the tag view rows and progress in the same statement
     (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array). The bucket
     size and this process's TimeUUID low bytes are written into the text: fewer parameters to send."""
-    prev = (AFTER_LATEST if after_latest else AFTER_EXPECTED).format(table=table)
+    prev = PREVIOUS[after or ("latest" if after_latest else "expected")].format(table=table)
     insert = INSERT.format(table=table, prev="SELECT * FROM prev", events="e", payload=payload,
-                           meta_payload=meta_payload).strip()
+                           **{k: v.format(meta_payload=meta_payload) for k, v in TAGS_META.items()}).strip()
     return (_ONE_TAG if one_tag else _TAGGED).format(
         prev=prev, events=ONE_EVENT if single else MANY_EVENTS, insert=insert,
         uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"), epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
