@@ -6,6 +6,7 @@ transaction; ``append-batch``: batches of 10 per transaction, 8 writers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -20,6 +21,8 @@ import psycopg.conninfo
 
 from pgjournal import Journal
 
+from .cpu import CpuPerOp
+from .cpu import measure as measure_cpu
 from .harness import Context, Scenario
 
 EVENT = {"type": "ItemAdded", "item": "sku-000123", "quantity": 2, "price_cents": 1999,
@@ -66,6 +69,8 @@ def _setup(ctx: Context) -> dict[str, Any]:
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
+    if "portable" in state:
+        state["portable"].close()
     if "app" in state:
         state["app"].close()
 
@@ -96,6 +101,118 @@ def raw_insert(writers: int, total: int) -> Callable[[Context, Any], float]:
         return total / _threads(writers, total // writers, work)
 
     return measure
+
+
+def _cpu_threads(writers: int, prepare: Callable[[int], Any], work: Callable[[int, Any], None],
+                 cleanup: Callable[[Any], None]) -> Callable[[Callable[[], None], Callable[[], None]], None]:
+    """``run(start, stop)`` for :func:`bench.cpu.measure`: each thread prepares (opens its connection, warms
+    up), ``start`` is read, all work, ``stop`` is read while every connection is still open, then cleanup."""
+
+    def run(start: Callable[[], None], stop: Callable[[], None]) -> None:
+        ready, go, done = (threading.Barrier(writers + 1) for _ in range(3))
+        release = threading.Event()
+        errors: list[BaseException] = []
+
+        def thread(w: int) -> None:
+            state = None
+            try:
+                state = prepare(w)
+                ready.wait()
+                go.wait()
+                work(w, state)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+                for barrier in (ready, go):
+                    barrier.abort()
+            finally:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    done.wait()
+                release.wait()
+                if state is not None:
+                    cleanup(state)
+
+        threads = [threading.Thread(target=thread, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        try:
+            ready.wait()
+            start()
+            go.wait()
+            done.wait()
+            stop()
+        except threading.BrokenBarrierError:
+            pass
+        finally:
+            release.set()
+            for t in threads:
+                t.join()
+        if errors:
+            raise errors[0]
+
+    return run
+
+
+def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: bool = False,
+             label: str | None = None) -> Callable[[Context, Any], float]:
+    """Client + server CPU µs per append of ours (one event per append, ``expected_seq_nr`` given);
+    ``portable``: a portable journal (no notifications), to show what the after-commit signals cost."""
+    per_writer = total // writers
+    warm = 20
+    name = label or ("ours_portable" if portable else "ours")
+
+    def measure(ctx: Context, state: dict[str, Any]) -> float:
+        if portable and "portable" not in state:
+            state["portable"] = Journal.open(ctx.dsn, pool_max_size=12, portable=True)
+        journal: Journal = state["portable" if portable else "journal"]
+
+        def prepare(_w: int) -> str:
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for i in range(warm):  # the pool grows to the writers' concurrency, statements get prepared
+                journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
+            return pid
+
+        def work(_w: int, pid: str) -> None:
+            for i in range(warm, warm + per_writer):
+                journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
+
+        result = measure_cpu(ctx.dsn, per_writer * writers, _cpu_threads(writers, prepare, work, lambda _s: None))
+        return _record_cpu(ctx, name, result)
+
+    return measure
+
+
+def cpu_raw_insert(writers: int, total: int) -> Callable[[Context, Any], float]:
+    """Client + server CPU µs per raw single-row INSERT (the ``raw_insert`` reference)."""
+    per_writer = total // writers
+
+    def measure(ctx: Context, _state: Any) -> float:
+        def prepare(_w: int) -> tuple[psycopg.Connection, str]:
+            conn = psycopg.connect(ctx.dsn, autocommit=True)
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for seq in range(1, 21):
+                conn.execute(RAW_INSERT, (1, "Bench", pid, seq, "raw", PAYLOAD))
+            return conn, pid
+
+        def work(_w: int, state: tuple[psycopg.Connection, str]) -> None:
+            conn, pid = state
+            for seq in range(21, 21 + per_writer):
+                conn.execute(RAW_INSERT, (1, "Bench", pid, seq, "raw", PAYLOAD))
+
+        result = measure_cpu(ctx.dsn, per_writer * writers,
+                             _cpu_threads(writers, prepare, work, lambda state: state[0].close()))
+        return _record_cpu(ctx, "raw_insert", result)
+
+    return measure
+
+
+def _record_cpu(ctx: Context, name: str, result: CpuPerOp) -> float:
+    """Keep the client/server split of each round in the scenario's extra figures; the metric is the sum."""
+    split = ctx.extra.setdefault("cpu_us_per_event", {}).setdefault(name, {"client": [], "server": []})
+    split["client"].append(round(result.client_us, 1))
+    split["server"].append(round(result.server_us, 1))
+    ctx.note(f"{name}: client {result.client_us:.0f} µs + server {result.server_us:.0f} µs per event "
+             f"({result.wall_s:.1f} s wall)")
+    return result.total_us
 
 
 def copy_batches(writers: int, total: int, batch: int) -> Callable[[Context, Any], float]:
@@ -177,6 +294,19 @@ def _scenarios() -> list[Scenario]:
                 "ours": _sized(lambda t, w=writers: ours(w, t, 1), total),
                 "raw_insert": _sized(lambda t, w=writers: raw_insert(w, t), total),
                 "eventsourcing": _sized(lambda t, w=writers: eventsourcing_app(w, t), total, cap=4_000),
+            },
+        ))
+    for writers in (8, 1):
+        total = 8_000 if writers == 8 else 3_000
+        out.append(Scenario(
+            name="append-cpu" if writers == 8 else "append-cpu-1", metric="cpu_us_per_event", lower_is_better=True,
+            description=f"client + server CPU µs per event (split in extra), {total:,} events (quick: a tenth), "
+                        f"1 per transaction, {writers} writer(s): CPU per append is throughput on 2 shared cores",
+            setup=_setup, teardown=_teardown,
+            contenders={
+                "ours": _sized(lambda t, w=writers: cpu_ours(w, t), total),
+                "ours_portable": _sized(lambda t, w=writers: cpu_ours(w, t, portable=True), total),
+                "raw_insert": _sized(lambda t, w=writers: cpu_raw_insert(w, t), total),
             },
         ))
     out.append(Scenario(

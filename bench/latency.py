@@ -48,9 +48,10 @@ def run(ctx: Context, settings: dict[str, Any], label: str, readers: bool = Fals
         return measure(ctx, settings, label)
 
 
-def measure(ctx: Context, settings: dict[str, Any], label: str) -> float:
-    rate, seconds = (300, 8) if ctx.quick else (1000, 60)
-    committed: dict[tuple[str, int], float] = {}
+def measure(ctx: Context, settings: dict[str, Any], label: str, rate: int | None = None,
+            seconds: float | None = None) -> float:
+    """p99 in ms of live events_by_slices delivery on 4 ranges (rate and seconds: the mode's unless given)."""
+    default_rate, default_seconds = (300, 8) if ctx.quick else (1000, 60)
     received: dict[tuple[str, int], float] = {}
     entity = "Lat" + uuid.uuid4().hex[:8]
     with Journal.open(ctx.dsn, **settings) as journal:
@@ -64,33 +65,52 @@ def measure(ctx: Context, settings: dict[str, Any], label: str) -> float:
         for t in consumers:
             t.start()
         time.sleep(0.5)
-        stop_at = time.monotonic() + seconds
-
-        def write(w: int) -> None:
-            interval = 4 / rate
-            next_at = time.monotonic()
-            seq = 0
-            pids = [f"{entity}|{w}-{i}" for i in range(50)]
-            highest = dict.fromkeys(pids, 0)
-            while time.monotonic() < stop_at:
-                pid = pids[seq % len(pids)]
-                journal.append(pid, [{"n": seq}], expected_seq_nr=highest[pid])
-                highest[pid] += 1
-                committed[(pid, highest[pid])] = time.monotonic()
-                seq += 1
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.monotonic()))
-
-        writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
-        for t in writers:
-            t.start()
-        for t in writers:
-            t.join()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(received) < len(committed):
-            time.sleep(0.05)
+        committed = write_steadily(journal, entity, rate or default_rate, seconds or default_seconds)
+        wait_delivered(committed, received)
         for live in lives:
             live.close()
+    return lag_p99(ctx, label, committed, received)
+
+
+def write_steadily(journal: Journal, entity: str, rate: int, seconds: float) -> dict[tuple[str, int], float]:
+    """4 writer threads append ``rate`` events/s in all for ``seconds`` to 50 persistence ids each of
+    ``entity``; returns when each (pid, seq_nr) committed (``time.monotonic()`` when its append returned)."""
+    committed: dict[tuple[str, int], float] = {}
+    stop_at = time.monotonic() + seconds
+
+    def write(w: int) -> None:
+        interval = 4 / rate
+        next_at = time.monotonic()
+        seq = 0
+        pids = [f"{entity}|{w}-{i}" for i in range(50)]
+        highest = dict.fromkeys(pids, 0)
+        while time.monotonic() < stop_at:
+            pid = pids[seq % len(pids)]
+            journal.append(pid, [{"n": seq}], expected_seq_nr=highest[pid])
+            highest[pid] += 1
+            committed[(pid, highest[pid])] = time.monotonic()
+            seq += 1
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    return committed
+
+
+def wait_delivered(committed: dict[tuple[str, int], float], received: dict[tuple[str, int], float],
+                   timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(received) < len(committed):
+        time.sleep(0.05)
+
+
+def lag_p99(ctx: Context, label: str, committed: dict[tuple[str, int], float],
+            received: dict[tuple[str, int], float]) -> float:
+    """Notes p50/p95/p99 of delivery minus commit (ms) and returns p99; fails when an event was missed."""
     missed = len(set(committed) - set(received))
     lags = sorted(max(0.0, received[k] - committed[k]) * 1000 for k in committed if k in received)
     q = statistics.quantiles(lags, n=100)

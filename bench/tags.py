@@ -19,7 +19,7 @@ from pgjournal import Journal
 from pgjournal.buckets import BucketSize
 from pgjournal.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_of_ms
 
-from .append import EVENT, PAYLOAD, _threads
+from .append import EVENT, PAYLOAD, _threads, cpu_ours
 from .harness import Context, Scenario
 
 WRITERS = 8
@@ -132,6 +132,18 @@ SCENARIOS = [
             "3_tags": append_with(("bench", "bench-b", "bench-c"), 1, 3_000),
         },
     ),
+    *[Scenario(
+        name=name, metric="cpu_us_per_event", lower_is_better=True,
+        description=f"client + server CPU µs per event (split in extra), {total:,} events (quick: a tenth), 1 per "
+                    f"transaction, {writers} writer(s), with 1 tag (ours) beside untagged",
+        setup=_append_setup, teardown=_teardown,
+        contenders={
+            "ours": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t, ("bench",))(
+                ctx, state),
+            "untagged": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t,
+                                                                         label="untagged")(ctx, state),
+        },
+    ) for name, writers, total in (("tags-append-cpu", WRITERS, 8_000), ("tags-append-cpu-1", 1, 3_000))],
     Scenario(
         name="tags-catchup", metric="events_per_s",
         description="current_events_by_tag over 1,000,000 tagged events (quick: 50,000), decoded",

@@ -9,7 +9,7 @@ rolled back and is reported as such, and a lost connection leaves the outcome un
 from __future__ import annotations
 
 import contextlib
-import random
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -17,10 +17,11 @@ import psycopg
 import psycopg.errors
 
 from .buckets import ensure_bucket_size_step
-from .errors import ConcurrencyConflict, JournalError, RetriesExhausted, WriteOutcomeUnknown
+from .contention import RetryPolicy
+from .errors import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
 from .steps import Sleep, Statement, Step, first_of
 from .tag_write import record_bucket_size
-from .write import AppendPlan, conflict, refused
+from .write import AppendPlan, conflict, exhausted, refused
 
 if TYPE_CHECKING:
     from .core import JournalCore
@@ -41,6 +42,8 @@ def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: boo
     if savepoint:
         begin, keep, undo = (f"{verb} {SAVEPOINT}" for verb in (begin, keep, undo))
     wrapped = savepoint or (own_transaction and record)
+    if plan.stamp is not None:
+        plan.stamp(plan.params)  # the writer's clock right before each attempt (see pgjournal.tag_write)
     if wrapped:
         yield Statement(begin)
     try:
@@ -58,32 +61,40 @@ def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: boo
 
 
 def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
-    """The append on an autocommit connection, retried where the write path retries; returns its rows."""
-    retries = journal.settings.append_retries
+    """The append on an autocommit connection, retried under the write path's
+    :class:`~pgjournal.contention.RetryPolicy` (the pause yielded as a :class:`~pgjournal.steps.Sleep`);
+    returns its rows."""
+    policy = RetryPolicy.of(journal.settings)
+    started = time.monotonic()
     attempt = 0
     while True:
         attempt += 1
         try:
             rows = yield from attempt_step(journal, plan, own_transaction=True)
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation as exc:
             if plan.expected is not None:
                 raise (yield from conflict_step(journal, plan)) from None
-            if attempt > retries:  # each clash means another append committed: spread a convoy out
-                yield Sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
+            # No expectation was stated: another writer appended first; number after it.
+            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))
             continue
         except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
             if exc.sqlstate not in journal.dialect.retryable_sqlstates:
                 raise refused(plan.pid, exc) from exc
-            if attempt <= retries:
-                continue  # one transaction: running it again is safe
-            raise RetriesExhausted(
-                f"appending to {plan.pid!r} failed {attempt} attempts in a row with SQLSTATE {exc.sqlstate}; "
-                f"append_retries is {retries}; nothing was written, trying again later is safe") from exc
+            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))  # one transaction: safe again
+            continue
         except psycopg.Error as exc:
             raise failed(plan, exc) from exc
         if not rows:
             raise (yield from conflict_step(journal, plan))
         return rows
+
+
+def _pause_or_raise(policy: RetryPolicy, plan: AppendPlan, attempt: int, started: float, exc: psycopg.Error
+                    ) -> float:
+    pause = policy.next_pause(attempt, exc.sqlstate)
+    if pause is None:
+        raise exhausted(plan.pid, attempt, started, exc, policy.retries) from exc
+    return pause
 
 
 def failed(plan: AppendPlan, exc: psycopg.Error) -> JournalError:

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.pq import TransactionStatus
 
 if TYPE_CHECKING:
     from .settings import Settings
 
 RV = TypeVar("RV")
+_IDLE = TransactionStatus.IDLE
 # psycopg's own signal that Connection.wait(timeout=...) ran out (private, hence looked up defensively).
 _WAIT_TIMEOUT: type[BaseException] | None = getattr(psycopg.errors, "_WaitTimeout", None)
 
@@ -106,3 +109,74 @@ def user_statements(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connectio
         yield conn
     finally:
         del conn.limit  # type: ignore[attr-defined]  # back to the class's limit
+
+
+class PoolFront:
+    """Idle connections kept in front of a psycopg pool, so borrowing one is a list pop, not a pool round.
+
+    ``psycopg_pool``'s ``getconn``/``putconn`` pair runs some 30 Python calls (locks, stats, logging, checks):
+    ~30,000 instructions, a fifth of a raw single-row INSERT's client cost (measured with callgrind). Every
+    borrower of the journal goes through this front, so a connection kept here is available to all of them,
+    never hoarded by one. The pool still owns every connection:
+
+    * a connection goes back to the pool, which resets or replaces it, unless it is healthy and idle (not in a
+      transaction, not closed or broken);
+    * while any borrower waits inside the pool (all connections out), returned connections go to the pool,
+      which hands them to the waiters (a waiter re-checks this front before it waits, a returner re-checks
+      the waiters after it kept one, so none is missed);
+    * one return in ``recycle_every`` goes to the pool anyway, so its lifetime and idle limits still apply;
+    * :meth:`close` hands back everything kept before the pool closes.
+    """
+
+    def __init__(self, pool: Any, *, recycle_every: int = 500) -> None:
+        self.pool = pool
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._waiting = 0
+        self._lock = threading.Lock()
+        self._returns = 0
+        self._recycle_every = recycle_every
+
+    def get(self) -> psycopg.Connection[Any]:
+        """An idle connection (raises ``PoolTimeout`` as the pool does when none comes in time)."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            pass
+        with self._lock:
+            self._waiting += 1
+        try:
+            try:
+                return self._idle.pop()  # kept by a returner that did not see this borrower yet
+            except IndexError:
+                return self.pool.getconn()
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def put(self, conn: psycopg.Connection[Any]) -> None:
+        self._returns += 1  # a lost increment under a race only delays a recycle
+        if (self._waiting or self._returns % self._recycle_every == 0 or conn.closed
+                or conn.pgconn.transaction_status != _IDLE):
+            self.pool.putconn(conn)
+            return
+        self._idle.append(conn)
+        if self._waiting:  # a borrower started waiting meanwhile: let the pool hand it a connection
+            self._hand_back()
+
+    def _hand_back(self) -> bool:
+        """Give one kept connection to the pool; ``False`` when none is kept."""
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return False
+        self.pool.putconn(conn)
+        return True
+
+    def close(self) -> None:
+        """Hand every kept connection back (before the pool closes)."""
+        while self._hand_back():
+            pass
+
+    def __len__(self) -> int:
+        """Connections kept here now."""
+        return len(self._idle)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.errors
 
+from .contention import KeyedLocks, RetryPolicy
 from .envelope import Source
 from .errors import (
     ConfigurationError,
@@ -96,6 +97,9 @@ class DurableStateStore:
         self.journal = journal
         #: The SQL over durable_state (store layer).
         self.sql = journal.dialect.durable_state_store()
+        #: Writes of this process to one persistence id take turns; retries back off (pgjournal.contention).
+        self._turns = KeyedLocks()
+        self._retry = RetryPolicy.of(journal.settings)
 
     # -- reads ---------------------------------------------------------------------------------------
 
@@ -155,28 +159,31 @@ class DurableStateStore:
 
     def _write(self, pid: str, revision: int, ser_id: int, manifest: str, payload: bytes,
                tags: tuple[str, ...]) -> datetime:
+        """One statement; threads of this process writing ``pid`` take turns, transient failures are retried
+        under the journal's :class:`~pgjournal.contention.RetryPolicy` (see :mod:`pgjournal.contention`)."""
         statement = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
-        retries = self.journal.settings.append_retries
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self.journal.connection() as conn:
-                    row = self._run(conn, pid, statement)
-                break
-            except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
-                row = None
-                break
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                if attempt <= retries:
-                    continue  # one statement, one transaction: running it again is safe
-                raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
-                                       f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written") from exc
-            except psycopg.Error as exc:  # the server refused it: the statement rolled back
-                kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
-                           f"{exc.sqlstate} ({first}); nothing was written") from exc
+        with self._turns[pid]:
+            while True:
+                attempt += 1
+                try:
+                    with self.journal.connection() as conn:
+                        row = self._run(conn, pid, statement)
+                    break
+                except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
+                    row = None
+                    break
+                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                    if self._retry.should_retry(attempt, exc.sqlstate):
+                        continue  # one statement, one transaction: running it again is safe
+                    raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
+                                           f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written"
+                                           ) from exc
+                except psycopg.Error as exc:  # the server refused it: the statement rolled back
+                    kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    raise kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
+                               f"{exc.sqlstate} ({first}); nothing was written") from exc
         if row is None:
             raise RevisionConflict(pid, revision, self._current_revision(pid))
         if self.journal.signals is not None:

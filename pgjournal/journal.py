@@ -15,7 +15,7 @@ from . import migrate as migrations
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
-from .connections import connection_kwargs, limited_connection_class
+from .connections import PoolFront, connection_kwargs, limited_connection_class
 from .core import (
     JournalCore,
     lost_connection,
@@ -58,6 +58,8 @@ class Journal(JournalCore):
         self.signals = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
                                     **pool_options(settings))
+        #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
+        self.connections = PoolFront(self._pool)
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)
@@ -94,6 +96,7 @@ class Journal(JournalCore):
     def close(self) -> None:
         if self.signals is not None:
             self.signals.close()
+        self.connections.close()
         self._pool.close()
 
     def __enter__(self) -> Journal:
@@ -106,7 +109,7 @@ class Journal(JournalCore):
     def connection(self) -> Iterator[psycopg.Connection]:
         """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
         try:
-            conn = self._pool.getconn()
+            conn = self.connections.get()
         except PoolTimeout:
             raise no_connection(self.dsn, self.settings) from None
         try:
@@ -117,7 +120,7 @@ class Journal(JournalCore):
                 raise  # the server answered (a serialization failure, a cancelled statement, ...)
             raise lost from exc
         finally:
-            self._pool.putconn(conn)
+            self.connections.put(conn)
 
     def run(self, step: Step[R]) -> R:
         """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""

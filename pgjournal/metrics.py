@@ -6,6 +6,10 @@ Served with :func:`serve` (or ``pgjournal info --metrics-port``); names follow P
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 try:
@@ -34,9 +38,62 @@ def _metric(kind: str, name: str, documentation: str, labels: tuple[str, ...] = 
     return getattr(prometheus_client, kind)(name, documentation, labels)
 
 
-APPENDS = _metric("Counter", "pgjournal_appends", "Appends committed", ("entity_type",))
-EVENTS_APPENDED = _metric("Counter", "pgjournal_events_appended", "Events committed by appends", ("entity_type",))
-APPEND_SECONDS = _metric("Histogram", "pgjournal_append_seconds", "Time of an append, retries included")
+class AppendStats:
+    """``pgjournal_appends_total`` and ``pgjournal_events_appended_total`` per entity type and the
+    ``pgjournal_append_seconds`` histogram, updated together under one lock per append and exposed as those
+    three metrics when scraped. Three ``prometheus_client`` updates cost three locks and a Python loop over
+    the buckets: about 17,000 instructions per append, a tenth of a raw INSERT's client cost (callgrind)."""
+
+    #: prometheus_client's default histogram buckets (seconds; the last is +Inf).
+    BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, float("inf"))
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._types: dict[str, list[int]] = {}
+        self._buckets = [0] * len(self.BOUNDS)
+        self._sum = 0.0
+
+    def counts(self, entity_type: str) -> list[int]:
+        """The [appends, events] counts of ``entity_type`` (a writer keeps it per persistence id)."""
+        with self._lock:
+            return self._types.setdefault(entity_type, [0, 0])
+
+    def record(self, counts: list[int], events: int, seconds: float) -> None:
+        """One append of ``events`` events that took ``seconds``, to the ``counts`` of its entity type."""
+        bucket = bisect.bisect_left(self.BOUNDS, seconds)  # "le": the first bound >= seconds
+        with self._lock:
+            counts[0] += 1
+            counts[1] += events
+            self._buckets[bucket] += 1
+            self._sum += seconds
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        with self._lock:
+            types = {name: list(counts) for name, counts in self._types.items()}
+            buckets, total = list(self._buckets), self._sum
+        appends = CounterMetricFamily("pgjournal_appends", "Appends committed", labels=["entity_type"])
+        events = CounterMetricFamily("pgjournal_events_appended", "Events committed by appends",
+                                     labels=["entity_type"])
+        for name, (count, event_count) in sorted(types.items()):
+            appends.add_metric([name], count)
+            events.add_metric([name], event_count)
+        cumulative = list(itertools.accumulate(buckets))
+        seconds = HistogramMetricFamily("pgjournal_append_seconds", "Time of an append, retries included")
+        seconds.add_metric([], [(_bound(b), c) for b, c in zip(self.BOUNDS, cumulative, strict=True)], total)
+        yield from (appends, events, seconds)
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(value)
+
+
+APPEND_STATS = AppendStats()
+if prometheus_client is not None:
+    prometheus_client.REGISTRY.register(APPEND_STATS)
+WRITE_RETRIES = _metric("Counter", "pgjournal_write_retries",
+                        "Writes (appends, durable state) tried again after a transient failure", ("sqlstate",))
 LIVE_LAG = _metric("Gauge", "pgjournal_live_lag_seconds",
                    "Database clock minus the db_timestamp of the last delivered event (caught up: minus the "
                    "visibility horizon)", ("entity_type", "slices"))

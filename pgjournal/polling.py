@@ -38,6 +38,8 @@ from .errors import DatabaseUnavailable
 T = TypeVar("T")
 D = TypeVar("D")
 _log = logging.getLogger(__name__)
+#: A read cancelled by a concurrent write (serialization failure, deadlock): run it again, it is not down.
+CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
 #: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
@@ -83,6 +85,7 @@ class Schedule:
         self._settling = False
         self._failures = 0
         self._failing_since = 0.0
+        self._conflicts = 0
 
     def notified(self, signalled: bool) -> bool:
         """Whether the next poll counts as notified: a signal came, or it is the look after a signal."""
@@ -90,7 +93,7 @@ class Schedule:
 
     def polled(self, rows: int, signalled: bool) -> None:
         """A poll read ``rows`` rows (``signalled``: a signal had come before it)."""
-        self._failures = 0
+        self._failures = self._conflicts = 0
         self.delay = self.delay_after(rows)
         # A signal can arrive before the new rows are readable (a query stays a margin behind the clock):
         # look again once that margin has passed instead of a whole refresh interval later.
@@ -109,7 +112,14 @@ class Schedule:
 
     def failed(self, exc: BaseException) -> DatabaseUnavailable | None:
         """A poll failed with a retryable ``exc``: back off (:attr:`delay`), or, past ``max_failures`` in a
-        row, the error that ends the query."""
+        row, the error that ends the query. A read cancelled by a serialization conflict (40001/40P01: routine
+        under SERIALIZABLE, CockroachDB's default) is no failure: it runs again after a short jittered pause."""
+        if getattr(exc, "sqlstate", None) in CONFLICT_SQLSTATES:
+            self._conflicts += 1
+            self.delay = random.uniform(0, min(0.005 * 2 ** self._conflicts, 0.25))
+            _log.debug("live query poll cancelled by a serialization conflict (%d in a row); again in %.3f s",
+                       self._conflicts, self.delay)
+            return None
         self._failures += 1
         if self._failures == 1:
             self._failing_since = time.monotonic()

@@ -17,21 +17,17 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from .store import tags as sql
+from .store.tags import TagCount as TagCount  # the row shape, part of this module's API
 from .tag_write import bucket_size
 from .timeuuid import lsb_key, make_uuid, ms_of_ticks
 from .validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
     from .journal import Journal
+    from .store import Query
 
 _UNIX_EPOCH_TICKS = 0x01B21DD213814000
-
-
-@dataclass(frozen=True)
-class TagCount:
-    tag: str
-    events: int
-    persistence_ids: int
 
 
 def _random_lsb_bytes() -> int:
@@ -59,9 +55,9 @@ class Reconciliation:
 
     @staticmethod
     def _delete(conn: psycopg.Connection, pid: str, tags: list[str]) -> int:
-        deleted = conn.execute("DELETE FROM tag_views WHERE tag_name = ANY(%s) AND persistence_id = %s",
-                               (tags, pid)).rowcount
-        conn.execute("DELETE FROM tag_write_progress WHERE persistence_id = %s AND tag = ANY(%s)", (pid, tags))
+        views, progress = sql.delete_view_of(pid, tags)
+        deleted = conn.execute(*views).rowcount
+        conn.execute(*progress)
         return deleted
 
     def rebuild(self, persistence_id: str, tags: list[str] | None = None) -> int:
@@ -98,31 +94,21 @@ class Reconciliation:
                                  payload, meta_id, meta_manifest, meta))
                     progress[tag] = (seq_nr, counters[tag], stamp, ticks)
             with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, "
-                    "tag_pid_sequence_nr, sequence_nr, writer_uuid, ser_id, ser_manifest, event, meta_ser_id, "
-                    "meta_ser_manifest, meta_payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                    "%s, %s)", rows)
-                cur.executemany(
-                    'INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset", '
-                    "ts_time) VALUES (%s, %s, %s, %s, %s, %s)", [(pid, tag, *p) for tag, p in progress.items()])
+                cur.executemany(sql.REBUILT_ROW, rows)
+                cur.executemany(sql.REBUILT_PROGRESS, [(pid, tag, *p) for tag, p in progress.items()])
             if events:  # as in Cassandra: how far the journal of this pid was scanned for tags
-                conn.execute("INSERT INTO tag_scanning (persistence_id, sequence_nr) VALUES (%s, %s) "
-                             "ON CONFLICT (persistence_id) DO UPDATE SET sequence_nr = excluded.sequence_nr",
-                             (pid, events[-1][0]))
+                conn.execute(*sql.record_scanned(pid, events[-1][0]))
         return len(rows)
 
     def all_tags(self) -> list[TagCount]:
         """Every tag in the tag view with its event and persistence id counts."""
         with self._journal.connection() as conn:
-            rows = conn.execute("SELECT tag, sum(tag_pid_sequence_nr), count(*) FROM tag_write_progress "
-                                "GROUP BY tag ORDER BY tag").fetchall()
-        return [TagCount(tag, int(events), int(pids)) for tag, events, pids in rows]
+            return sql.tag_counts().all(conn)
 
     def truncate(self) -> None:
         """Empty the whole tag view and its progress (the recorded bucket size stays)."""
         with self._journal.connection() as conn, conn.transaction():
-            conn.execute("TRUNCATE tag_views, tag_write_progress, tag_scanning")
+            conn.execute(*sql.truncate_views())
 
 
 @dataclass(frozen=True)
@@ -144,13 +130,13 @@ class Cleanup:
         self._journal = journal
         self.dry_run = dry_run
 
-    def _run(self, pid: str, what: str, count_sql: str, delete_sql: str, params: tuple[object, ...]) -> CleanupResult:
+    def _run(self, pid: str, what: str, count: Query, delete: Query) -> CleanupResult:
         with self._journal.connection() as conn:
             if self.dry_run:
-                row = conn.execute(count_sql, params).fetchone()
+                row = conn.execute(*count).fetchone()
                 rows = int(row[0]) if row else 0
             else:
-                rows = conn.execute(delete_sql, params).rowcount
+                rows = conn.execute(*delete).rowcount
         return CleanupResult(pid, what, rows, self.dry_run)
 
     def delete_all_events(self, persistence_id: str, *, reset_sequence_number: bool = False) -> CleanupResult:
@@ -158,9 +144,8 @@ class Cleanup:
         marker so the persistence id continues after its highest sequence number."""
         pid = check_persistence_id(persistence_id)
         events, keep_last = self._journal.events, not reset_sequence_number
-        count_sql, params = events.count_or_delete(pid, keep_last=keep_last, count=True)
-        delete_sql, _ = events.count_or_delete(pid, keep_last=keep_last, count=False)
-        result = self._run(pid, "events", count_sql, delete_sql, tuple(params))
+        result = self._run(pid, "events", events.count_or_delete(pid, keep_last=keep_last, count=True),
+                           events.count_or_delete(pid, keep_last=keep_last, count=False))
         if keep_last and not self.dry_run:
             with self._journal.connection() as conn:
                 conn.execute(*events.mark_all_deleted(pid))
@@ -169,16 +154,13 @@ class Cleanup:
     def delete_all_tagged_events(self, persistence_id: str) -> CleanupResult:
         """Delete the persistence id's rows from every tag view (its tag sequence numbers keep counting)."""
         pid = check_persistence_id(persistence_id)
-        # The tags come from the progress rows, so the (tag_name, persistence_id) index finds the rows.
-        where = ("tag_name = ANY(ARRAY(SELECT tag FROM tag_write_progress WHERE persistence_id = %s)) "
-                 "AND persistence_id = %s")
-        return self._run(pid, "tagged events", f"SELECT count(*) FROM tag_views WHERE {where}",
-                         f"DELETE FROM tag_views WHERE {where}", (pid, pid))
+        return self._run(pid, "tagged events", sql.count_or_delete_tagged(pid, count=True),
+                         sql.count_or_delete_tagged(pid, count=False))
 
     def delete_all_snapshots(self, persistence_id: str) -> CleanupResult:
         pid = check_persistence_id(persistence_id)
-        return self._run(pid, "snapshots", "SELECT count(*) FROM snapshot WHERE persistence_id = %s",
-                         "DELETE FROM snapshot WHERE persistence_id = %s", (pid,))
+        snapshots = self._journal.snapshots.sql
+        return self._run(pid, "snapshots", snapshots.count(pid), snapshots.delete(pid))
 
     def delete_all(self, persistence_id: str, *, reset_sequence_number: bool = False) -> list[CleanupResult]:
         """Tagged events, then events, then snapshots."""

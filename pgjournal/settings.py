@@ -54,8 +54,14 @@ class Settings:
     notify: bool = True
     #: Identifies this Journal's writes in the ``writer`` column; a random id when not set.
     writer_id: str = ""
-    #: How often an append with ``expected_seq_nr=None`` or a serialization failure is tried again.
-    append_retries: int = 5
+    #: How often a write is tried again after a transient failure: a serialization failure (40001), a
+    #: deadlock (40P01), or another process's append to the same persistence id when ``expected_seq_nr`` is
+    #: None. Appends from threads of one process to one persistence id never collide (they take turns).
+    append_retries: int = 10
+    #: The pause before the first retry; it doubles with each retry up to ``retry_backoff_max``, with jitter
+    #: (a random pause between half and all of it). Defaults: at most ~1 s of pauses over 10 retries.
+    retry_backoff: float = 0.002
+    retry_backoff_max: float = 0.25
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
@@ -96,7 +102,7 @@ class Settings:
         durations = ("connect_timeout", "statement_timeout", "tcp_user_timeout", "refresh_interval",
                      "behind_current_time", "horizon_margin",
                      "backtracking_window",
-                     "backtracking_behind_current_time")
+                     "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:
             _check_seconds(name, getattr(self, name))
         for name in ("portable", "backtracking_enabled", "notify"):

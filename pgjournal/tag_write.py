@@ -62,18 +62,27 @@ def bucket_size_recorded(journal: Journal) -> None:
     _bucket_sizes[journal] = BucketSize.parse(journal.settings.tag_bucket_size)
 
 
+def stamp_time(params: dict[str, Any]) -> None:
+    """The writer's clock for the events' TimeUUIDs, read right before the statement runs (each attempt): a
+    reading taken before a wait for the persistence id's turn, a pool connection or a retry's pause could
+    lag behind the horizon readers already passed. The statement raises it above the persistence id's last
+    TimeUUID when needed."""
+    params["tv_time"] = GENERATOR.next_ticks(params["tv_count"])
+
+
 def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
-            after_latest: bool) -> str:
+            after_latest: bool = False, after: str | None = None) -> str:
     """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement. The bucket
     size is the journal's setting, checked against the recorded one when the journal opened; the writer
     records it with the first tagged append (:func:`record_bucket_size`)."""
     size = _bucket_sizes.get(journal) or BucketSize.parse(journal.settings.tag_bucket_size)
-    # The writer's clock; the statement raises it above the persistence id's last TimeUUID when needed.
-    params.update(tv_count=count, tv_time=GENERATOR.next_ticks(count))
+    params["tv_count"] = count
+    stamp_time(params)  # the write path stamps again right before each attempt
     if len(tags) == 1:
         params["tv_tag"] = tags[0]
     else:
         params["tv_tags"] = text_array(sorted(tags))  # sorted: racing appends lock progress rows in one order
-    return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, single=count == 1,
+    return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, after=after,
+                             single=count == 1,
                              one_tag=len(tags) == 1, bucket_ms=size.millis, lsb=GENERATOR.lsb,
                              lsb_bytes=GENERATOR.lsb_bytes, **journal.events.payload_sql)

@@ -13,7 +13,6 @@ horizon a reader computed before that append.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.errors
+from psycopg_pool import PoolTimeout
 
 from . import metrics
+from .contention import KeyedLocks, RetryPolicy
+from .dsn import mask_dsn
 from .envelope import EventEnvelope, Source
 from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
+    DatabaseUnavailable,
     InvalidArgument,
     JournalError,
     RetriesExhausted,
@@ -36,79 +39,148 @@ from .errors import (
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
 from .store.events import text_array
-from .tag_write import bucket_size_recorded, prepare, record_bucket_size
+from .tag_write import bucket_size_recorded, prepare, record_bucket_size, stamp_time
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
     from .core import JournalCore
     from .journal import Journal
 
+#: Persistence ids whose append targets a writer keeps (a few hundred bytes each); past it, it starts over.
+TARGETS_KEPT = 50_000
+
+
+class _Target:
+    """What appends to one persistence id need, worked out once: its slice, entity type, metric children,
+    and the last event this writer appended to it (sequence number and db_timestamp, as the database
+    returned them), so the next append with that ``expected_seq_nr`` reads nothing before it inserts."""
+
+    __slots__ = ("counts", "entity_type", "last_seq", "last_ts", "pid", "slice", "statements")
+
+    def __init__(self, pid: str, counts: list[int]) -> None:
+        self.pid = pid
+        self.slice = slice_for_persistence_id(pid)
+        self.entity_type = entity_type_of(pid)
+        #: this entity type's append counts (pgjournal.metrics.AppendStats)
+        self.counts = counts
+        self.last_seq: int | None = None
+        self.last_ts: datetime | None = None
+        #: (after, single, plain) -> the untagged append statement
+        self.statements: dict[tuple[str, bool, bool], str] = {}
+
+
 @dataclass(slots=True)
 class AppendPlan:
     """One append, checked, serialized and made a statement: what every face runs (the blocking pool, the
     asyncio pool, a caller's transaction) and how its result becomes envelopes."""
 
-    pid: str
-    slice: int
-    entity_type: str
+    target: _Target
     events: list[Any]
     tags: tuple[str, ...]
     metadata: Any
     sql: str
     params: dict[str, Any]
+    #: Sets the writer's clock in ``params`` right before each attempt (tagged appends), else ``None``.
+    stamp: Callable[[dict[str, Any]], None] | None
+
+    @property
+    def pid(self) -> str:
+        return self.target.pid
+
+    @property
+    def slice(self) -> int:
+        return self.target.slice
+
+    @property
+    def entity_type(self) -> str:
+        return self.target.entity_type
 
     @property
     def expected(self) -> int | None:
         return self.params["expected"]  # type: ignore[no-any-return]
 
     def envelopes(self, rows: list[tuple[int, datetime]]) -> list[EventEnvelope]:
-        """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned."""
-        pid, slice_, entity_type, trusted = self.pid, self.slice, self.entity_type, TimestampOffset.trusted
+        """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned
+        (sorted in place)."""
+        if len(rows) > 1:
+            rows.sort()
+        target, trusted, tags, metadata = self.target, TimestampOffset.trusted, self.tags, self.metadata
+        pid, slice_, entity_type = target.pid, target.slice, target.entity_type
         return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event,
-                          self.tags, self.metadata, Source.QUERY)
-            for (seq_nr, ts), event in zip(sorted(rows), self.events, strict=True)
+            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event, tags,
+                          metadata, Source.QUERY)
+            for (seq_nr, ts), event in zip(rows, self.events, strict=True)
         ]
 
 
 def plan_append(journal: JournalCore, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None,
                 tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
-    """Check and serialize an append and build its statement; ``None`` when there are no events."""
+    """:func:`build` for a persistence id this writer knows nothing about (the asyncio face, a caller's
+    transaction): its predecessor is read by the statement unless there is none."""
     pid = check_persistence_id(persistence_id)
-    if expected_seq_nr is not None:
+    target = _Target(pid, metrics.APPEND_STATS.counts(entity_type_of(pid)))
+    return build(journal, target, events, expected_seq_nr, tags, metadata)
+
+
+def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected_seq_nr: int | None,
+          tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
+    """Check and serialize an append to ``target`` and build its statement; ``None`` when there are no events.
+    The common append (one event, no tags or metadata) is kept lean: on 2 cores the client's CPU per append
+    is throughput."""
+    pid = target.pid
+    if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
         check_seq_nr(expected_seq_nr, "expected_seq_nr")
-    tag_list = check_tags(tags)
-    if isinstance(events, str | bytes | dict):
-        raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
-                              "wrap it in a list")
-    try:
-        event_list = list(events)
-    except TypeError:
-        raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
-    if not event_list:
+    tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
+    if events.__class__ is not list:
+        if isinstance(events, str | bytes | dict):
+            raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
+                                  "wrap it in a list")
+        try:
+            events = list(events)
+        except TypeError:
+            raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
+    if not events:
         return None
-    serializers = journal.serializers
-    encoded = [serializers.serialize(event, persistence_id=pid) for event in event_list]
-    meta = serializers.serialize(metadata, persistence_id=pid) if metadata is not None else None
-    if journal.events.jsonb:  # Akka's JSONB payload columns take JSON only
-        journal.events.check_payloads(pid, encoded, meta)
-    slice_ = slice_for_persistence_id(pid)
-    entity_type = entity_type_of(pid)
+    event_list = list(events)  # the caller's list may change while this runs
+    serialize = journal.serializers.serialize
+    encoded = [serialize(event, persistence_id=pid) for event in event_list]
+    meta = serialize(metadata, persistence_id=pid) if metadata is not None else None
+    store = journal.events
+    if store.jsonb:  # Akka's JSONB payload columns take JSON only
+        store.check_payloads(pid, encoded, meta)
+    single = len(encoded) == 1
+    plain = single and not tag_list and meta is None  # the common case: fewer parameters to send
     params: dict[str, Any] = {
-        "slice": slice_, "entity_type": entity_type, "pid": pid, "writer": journal.writer_id,
-        "tags": text_array(tag_list) if tag_list else None, "expected": expected_seq_nr,
-        "meta_ser_id": meta.ser_id if meta else None, "meta_manifest": meta.manifest if meta else None,
-        "meta_payload": meta.payload if meta else None,
-    }
-    if len(encoded) == 1:
-        params.update(ser_id=encoded[0].ser_id, manifest=encoded[0].manifest, payload=encoded[0].payload)
+        "slice": target.slice, "entity_type": target.entity_type, "pid": pid, "writer": journal.writer_id,
+        "expected": expected_seq_nr}
+    if not plain:
+        params.update(tags=text_array(tag_list) if tag_list else None,
+                      meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
+                      meta_payload=meta.payload if meta else None)
+    if single:
+        first = encoded[0]
+        params["ser_id"], params["manifest"], params["payload"] = first.ser_id, first.manifest, first.payload
     else:
         params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
                       payloads=[e.payload for e in encoded])
-    sql = journal.events.append(slice_, after_latest=expected_seq_nr is None, single=len(encoded) == 1)
+    if expected_seq_nr is None:
+        after = "latest"
+    elif expected_seq_nr == 0 or expected_seq_nr == target.last_seq:
+        # The predecessor is known (none, or this writer's own last append): the statement reads nothing.
+        after = "known"
+        params["prev_ts"] = target.last_ts if expected_seq_nr else None
+    else:
+        after = "expected"
+    stamp = None
     if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
-        sql = prepare(journal, params, tag_list, len(encoded), after_latest=expected_seq_nr is None)
-    return AppendPlan(pid, slice_, entity_type, event_list, tag_list, metadata, sql, params)
+        sql = prepare(journal, params, tag_list, len(encoded), after=after)  # type: ignore[arg-type]
+        stamp = stamp_time
+    else:
+        key = (after, single, plain)
+        sql = target.statements.get(key)  # type: ignore[assignment]
+        if sql is None:
+            sql = target.statements[key] = store.append(target.slice, after=after, single=single, plain=plain)
+    return AppendPlan(target, event_list, tag_list, metadata, sql, params, stamp)
 
 
 def refused(pid: str, exc: psycopg.Error) -> JournalError:
@@ -126,14 +198,36 @@ def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyC
     return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
 
 
+def exhausted(pid: str, attempt: int, started: float, exc: psycopg.Error, retries: int) -> RetriesExhausted:
+    return RetriesExhausted(
+        f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
+        f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
+        f"append_retries is {retries}; nothing was written, trying again later is safe")
+
+
 class EventWriter:
-    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id)."""
+    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id).
+
+    The common append (a known persistence id, one event, no tags or metadata) is kept lean: on 2 cores the
+    client's CPU per append is throughput, and a raw single-row INSERT is the yardstick (bench ``append-cpu``).
+    """
 
     def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None) -> None:
         self._journal = journal
         self._after_commit = after_commit
-        #: The append counters' children per entity type.
-        self._counters: dict[str, tuple[Any, Any]] = {}
+        #: Per persistence id (see :class:`_Target`).
+        self._targets: dict[str, _Target] = {}
+        #: Appends of this process to one persistence id take turns (pgjournal.contention).
+        self._turns = KeyedLocks()
+        self._retry = RetryPolicy.of(journal.settings)
+
+    def _target(self, persistence_id: Any) -> _Target:
+        pid = check_persistence_id(persistence_id)
+        counts = metrics.APPEND_STATS.counts(entity_type_of(pid))
+        if len(self._targets) >= TARGETS_KEPT:
+            self._targets.clear()
+        target = self._targets[pid] = _Target(pid, counts)
+        return target
 
     def append(
         self,
@@ -144,70 +238,89 @@ class EventWriter:
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
-        plan = plan_append(self._journal, persistence_id, events, expected_seq_nr, tags, metadata)
+        # A persistence id seen before was checked then (the same string passes the same checks).
+        target = self._targets.get(persistence_id) if persistence_id.__class__ is str else None
+        if target is None:
+            target = self._target(persistence_id)
+        plan = build(self._journal, target, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
         before = record_bucket_size(self._journal) if plan.tags else None
         started = time.perf_counter()
-        rows = self._execute(plan.pid, plan.sql, plan.params, before)
-        metrics.APPEND_SECONDS.observe(time.perf_counter() - started)
-        self.count(plan, rows)
+        try:
+            rows = self._execute(target.pid, plan.sql, plan.params, before, plan.stamp)
+        except BaseException:
+            target.last_seq = target.last_ts = None  # whatever happened, look the predecessor up next time
+            raise
+        envelopes = plan.envelopes(rows)  # sorts the rows
+        self.count(plan, rows, time.perf_counter() - started)
+        target.last_seq, target.last_ts = rows[-1]
         if self._after_commit is not None:
-            self._after_commit(plan.slice, plan.entity_type)
-        return plan.envelopes(rows)
+            self._after_commit(target.slice, target.entity_type)
+        return envelopes
 
-    def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]]) -> None:
+    def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
         if plan.tags:
             bucket_size_recorded(self._journal)
-        counters = self._counters.get(plan.entity_type)
-        if counters is None:  # labels() takes a lock and builds a key: once per entity type, not per append
-            counters = self._counters[plan.entity_type] = (metrics.APPENDS.labels(plan.entity_type),
-                                                           metrics.EVENTS_APPENDED.labels(plan.entity_type))
-        counters[0].inc()
-        counters[1].inc(len(rows))
+        metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
-                 before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
-        """Run the append statement (after ``before``, in one transaction with it), retrying what may be."""
+                 before: Callable[[psycopg.Connection], None] | None = None,
+                 stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
+        """Run the append statement (after ``before``, in one transaction with it), retrying what may be.
+        ``stamp`` sets the writer's clock in ``params`` right before each attempt (tagged appends: a TimeUUID
+        taken before a wait for a turn or a backoff pause would lag behind the readers' horizon).
+
+        Threads of this process appending to ``pid`` take turns here, so they never collide in the database;
+        collisions with other processes (and SERIALIZABLE's false conflicts) are retried under the journal's
+        :class:`~pgjournal.contention.RetryPolicy`."""
         expected = params["expected"]
-        retries = self._journal.settings.append_retries
+        connections = self._journal.connections
         attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self._journal.connection() as conn:
-                    rows = self._run(conn, sql, params, before)
-            except psycopg.errors.UniqueViolation:
-                if expected is None:
-                    # No expectation was stated: number after the new highest. Each clash means another
-                    # append committed, so this always ends; past append_retries, back off a little (with
-                    # jitter) so a convoy of writers on one persistence id spreads out.
-                    if attempt > retries:
-                        time.sleep(random.uniform(0, min(0.05, 0.001 * attempt)))
-                    continue
-                raise self._conflict(pid, expected) from None
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+        started = time.monotonic()
+        with self._turns[pid]:
+            while True:
+                attempt += 1
+                try:
+                    conn = connections.get()
+                except PoolTimeout:
+                    raise DatabaseUnavailable(f"no connection to {mask_dsn(self._journal.dsn)} within "
+                                              f"{self._journal.settings.connect_timeout}s") from None
+                try:
+                    rows = self._run(conn, sql, params, before, stamp)
+                except psycopg.errors.UniqueViolation as exc:
+                    if expected is not None:
+                        raise self._conflict(pid, expected) from None
+                    # No expectation was stated: another writer appended first; number after it.
+                    if self._retry.should_retry(attempt, exc.sqlstate):
+                        continue
+                    raise self._exhausted(pid, attempt, started, exc) from None
+                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                    if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
+                        raise self._failed(pid, exc) from exc
+                    if self._retry.should_retry(attempt, exc.sqlstate):
+                        continue  # the statement is one transaction: running it again is safe
+                    raise self._exhausted(pid, attempt, started, exc) from exc
+                except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
                     raise self._failed(pid, exc) from exc
-                if attempt <= retries:
-                    continue  # the statement is one transaction: running it again is safe
-                raise RetriesExhausted(
-                    f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row with "
-                    f"SQLSTATE {exc.sqlstate} ({_first_line(exc)}); append_retries is {retries}; nothing was "
-                    "written, trying again later is safe"
-                ) from exc
-            except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
-                raise self._failed(pid, exc) from exc
-            if not rows:  # expected_seq_nr is above the highest stored sequence number
-                raise self._conflict(pid, expected)
-            return rows
+                finally:
+                    connections.put(conn)
+                if not rows:  # expected_seq_nr is above the highest stored sequence number
+                    raise self._conflict(pid, expected)
+                return rows
+
+    def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
+        return exhausted(pid, attempt, started, exc, self._retry.retries)
 
     @staticmethod
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
-             before: Callable[[psycopg.Connection], None] | None = None) -> list[tuple[int, datetime]]:
+             before: Callable[[psycopg.Connection], None] | None = None,
+             stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
         try:
             cur = _append_cursor(conn)
+            if stamp is not None:
+                stamp(params)
             if before is None:
                 return cur.execute(sql, params, prepare=True).fetchall()
             with conn.transaction():

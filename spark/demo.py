@@ -1,11 +1,14 @@
 """The Spark part of ``make demo``: export the journal to Parquet by slice range, aggregate over the Parquet
-files, then two incremental loads (everything so far, then only what was appended since)."""
+files, two incremental loads (everything so far, then only what was appended since), then a streaming query
+of ``format("pgjournal")`` over live writers into Parquet, stopped and restarted from its checkpoint."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,13 +20,19 @@ from pgjournal.errors import ConfigurationError
 from pgjournal.store import stats
 
 from .jobs import LoadResult, export_events, load_events
+from .source import export_store
 from .system import SKIP_ENV, spark_skipped
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from pgjournal import Journal
 
 #: Events appended between the two incremental loads (entity type ``SparkDemo``, outside the carts).
 INCREMENT = 300
+#: Seconds the streaming query runs before it is stopped, and again after its restart, while writers append.
+STREAM_SECONDS = 3.0
 
 
 def run_demo(dsn: str, console: Console) -> bool:
@@ -78,10 +87,11 @@ def run_demo(dsn: str, console: Console) -> bool:
             fields = ", ".join(f.name for f in events.schema["event"].dataType.fields[:12])  # type: ignore[attr-defined]
             console.print(f"JSON payloads decoded to a struct column `event` with fields: {fields}")
         loaded = incremental_loads(spark, dsn, str(work / "loads"), console)
+        streamed = stream_with_restart(spark, dsn, work / "stream", console)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    return loaded
+    return loaded and streamed
 
 
 def incremental_loads(spark: SparkSession, dsn: str, out: str, console: Console) -> bool:
@@ -100,11 +110,7 @@ def incremental_loads(spark: SparkSession, dsn: str, out: str, console: Console)
     with Journal.open(dsn) as journal:
         for i in range(INCREMENT):
             journal.append(f"SparkDemo|{i % 30}", [{"n": i}])
-        with journal.connection() as conn:  # wait until the next horizon is past the last commit
-            newest = stats.newest().one(conn)
-        if newest is not None and newest.db_timestamp is not None:
-            ahead = (newest.db_timestamp - newest.now).total_seconds()  # by the database's clock
-            time.sleep(max(0.0, ahead + journal.read_margin + 0.2))
+        wait_past_horizon(journal)
     with console.status(f"incremental load 2 ({INCREMENT} events appended since load 1)"):
         second = load_events(spark, out, "demo", dsn=dsn)
     show(second)
@@ -112,3 +118,91 @@ def incremental_loads(spark: SparkSession, dsn: str, out: str, console: Console)
     console.print(f"load 2 took exactly the {INCREMENT} events appended since load 1: "
                   + ("[green]yes[/]" if ok else f"[red]NO[/] ({second.rows:,} rows)"))
     return ok
+
+
+def wait_past_horizon(journal: Journal) -> None:
+    """Wait until the next horizon reading is past the journal's last commit (by the database's clock)."""
+    with journal.connection() as conn:
+        newest = stats.newest().one(conn)
+    if newest is not None and newest.db_timestamp is not None:
+        ahead = (newest.db_timestamp - newest.now).total_seconds()
+        time.sleep(max(0.0, ahead + journal.read_margin + 0.2))
+
+
+def stream_with_restart(spark: SparkSession, dsn: str, out: Path, console: Console) -> bool:
+    """A streaming query of the whole journal into Parquet while writers append: run a few seconds, stop,
+    restart from the checkpoint, catch up once the writers stop; True when the Parquet files hold exactly the
+    journal's events, each once."""
+    from pgjournal import Journal
+
+    def sink(out: Path) -> DataFrame:
+        return spark.read.schema("entity_type STRING, persistence_id STRING, seq_nr BIGINT").parquet(str(out / "data"))
+
+    def start() -> StreamingQuery:
+        return (spark.readStream.format("pgjournal").option("dsn", dsn).option("sliceRanges", 4)
+                .option("columns", "entity_type,persistence_id,seq_nr").load()
+                .writeStream.format("parquet").option("path", str(out / "data"))
+                .option("checkpointLocation", str(out / "checkpoint")).trigger(processingTime="500 milliseconds")
+                .start())
+
+    with Journal.open(dsn) as journal:
+        stop = threading.Event()
+        written = [0]
+
+        def write() -> None:
+            while not stop.is_set():
+                journal.append(f"SparkStream|{written[0] % 40}", [{"n": written[0]}])
+                written[0] += 1
+                time.sleep(0.005)
+
+        writer = threading.Thread(target=write, daemon=True)
+        with console.status(f"streaming query over live writers for {STREAM_SECONDS:.0f} s, then a stop"):
+            writer.start()
+            query = start()
+            run_for(query, STREAM_SECONDS)
+            idle_stop(spark, query)
+        first = sink(out).count()
+        with console.status(f"restarted from its checkpoint, {STREAM_SECONDS:.0f} s more of writers, catching up"):
+            query = start()
+            run_for(query, STREAM_SECONDS)
+            stop.set()
+            writer.join()
+            wait_past_horizon(journal)
+            query.processAllAvailable()
+            idle_stop(spark, query)
+        sql, params = export_store(journal, "event_journal").rows_below(
+            ("entity_type", "persistence_id", "seq_nr"), 0, 1023, datetime.now(UTC) + timedelta(days=1))
+        with journal.connection() as conn:
+            expected = set(conn.execute(sql, params).fetchall())
+    rows = [tuple(r) for r in sink(out).collect()]
+    ok = len(rows) == len(set(rows)) and set(rows) == expected
+    console.print(f"streaming query (format 'pgjournal', 4 slice ranges) into Parquet with {written[0]:,} events "
+                  f"appended meanwhile: [bold]{first:,}[/] events before the stop, [bold]{len(rows):,}[/] after the "
+                  f"restart from its checkpoint; equals the journal ({len(expected):,} events, each once): "
+                  + ("[green]yes[/]" if ok else f"[red]NO[/] ({len(set(rows)):,} distinct, "
+                     f"{len(expected - set(rows)):,} missing)"))
+    return ok
+
+
+def run_for(query: StreamingQuery, seconds: float, first_batch_within: float = 120.0) -> None:
+    """Let ``query`` run ``seconds`` after its first micro-batch with rows has finished."""
+    deadline = time.monotonic() + first_batch_within
+    while not any(p.get("numInputRows") for p in query.recentProgress) and time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+        time.sleep(0.2)
+    time.sleep(seconds)
+
+
+def idle_stop(spark: SparkSession, query: StreamingQuery, within: float = 30.0) -> None:
+    """Stop ``query``, between micro-batches where it can. A stop that lands inside one aborts its write, which
+    Spark logs as an error with a stack trace although nothing is lost (the micro-batch runs again from the
+    checkpoint): the demo keeps Spark's log quiet for the moment of the stop."""
+    deadline = time.monotonic() + within
+    while query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        query.stop()
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")

@@ -1,4 +1,5 @@
-"""``spark.readStream.format("pgjournal")``: the journal as a Structured Streaming source.
+"""``spark.readStream.format("pgjournal")``: the journal (or, with ``table=durable_state``, the changes of
+durable state) as a Structured Streaming source.
 
 The offset is a JSON map from slice range (``"0-127"``) to a :class:`~pgjournal.offsets.TimestampOffset`
 string: the ``db_timestamp`` of the last event delivered in that range and, in ``seen``, every persistence id
@@ -11,6 +12,10 @@ them (``maxEventsPerTrigger``) delivers the rest in the next one and none twice.
 the reader for the life of the query): every row it admits is committed and visible, and no transaction
 still open can add a row at or below it. So re-reading a micro-batch after a restart from the checkpoint
 gives the same rows, and a checkpointed sink gets every event exactly once.
+
+Durable state is read alike, with the revision in place of the sequence number: a micro-batch delivers each
+persistence id's latest revision in it, and a state overwritten before its micro-batch ran is delivered once,
+at its newer revision, in a later one (the changes semantics of ``changes_by_slices``).
 
 Offsets are per slice range, so a checkpoint is tied to the query's ``sliceRanges``: a restart with other
 ranges raises :class:`SliceRangesChanged` naming both.
@@ -26,14 +31,15 @@ from typing import TYPE_CHECKING, Any
 from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.offsets import TimestampOffset
 
+from .arrow import ArrowRows
 from .source import (
-    SELECT_LIST,
-    ArrowRows,
     RangePartition,
     SourceOptions,
-    check_entity_type_known,
     describe_ranges,
-    stream_rows,
+    horizon_tracker,
+    plan,
+    read_columns,
+    read_partition,
 )
 
 try:
@@ -52,17 +58,6 @@ if TYPE_CHECKING:
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-_SEEN = ("COALESCE((SELECT s.seq FROM unnest(%({p}_pids)s::text[], %({p}_seqs)s::bigint[]) AS s(pid, seq) "
-         "WHERE s.pid = persistence_id), 0)")
-#: After the start offset (exclusive): later timestamps, or the same one for what ``seen`` does not cover.
-AFTER_START = (f"db_timestamp >= %(from_ts)s AND NOT (db_timestamp = %(from_ts)s AND seq_nr <= "
-               f"{_SEEN.format(p='from')})")
-#: Up to the end offset (inclusive): earlier timestamps, or the same one for what ``seen`` covers.
-UP_TO_END = (f"db_timestamp <= %(to_ts)s AND NOT (db_timestamp = %(to_ts)s AND seq_nr > "
-             f"{_SEEN.format(p='to')})")
-RANGE = "slice BETWEEN %(lo)s AND %(hi)s AND NOT deleted"
-ENTITY = " AND entity_type = %(entity_type)s"
-
 
 class SliceRangesChanged(ConfigurationError):
     """A checkpoint's offsets are for other slice ranges than the query's ``sliceRanges`` option."""
@@ -79,24 +74,20 @@ def _key(lo: int, hi: int) -> str:
     return f"{lo}-{hi}"
 
 
-def _offset_params(prefix: str, offset: TimestampOffset) -> dict[str, Any]:
-    return {f"{prefix}_ts": offset.timestamp, f"{prefix}_pids": list(offset.seen),
-            f"{prefix}_seqs": list(offset.seen.values())}
-
-
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the journal per slice range, bounded by the visibility horizon."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self.options = options
-        self.converter = ArrowRows(schema)
+        self.columns = read_columns(schema, options.table)
+        self.converter = ArrowRows(schema, self.columns)
         self.keys = [_key(lo, hi) for lo, hi in options.ranges]
-        self._journal: Journal | None = None
-        self._tracker: Any = None
         #: Trigger.AvailableNow: the offset the query stops at (taken when it starts).
         self._cap: dict[str, str] | None = None
-        with self._connection() as conn:  # fail before any task: unreachable, unmigrated, unknown type
-            check_entity_type_known(conn, options.entity_type, options.dsn)
+        # fail before any task: unreachable, unmigrated, unknown type; the planning journal is kept
+        self._journal: Journal | None
+        self._journal, self.store = plan(options)
+        self._tracker: Any = horizon_tracker(self._journal, options.table)
         self._starting: dict[str, str] | None = None
         if options.starting_offsets.startswith("{"):
             self._starting = self.check_offset(_json_offset(options.starting_offsets))
@@ -110,7 +101,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _connection(self) -> Any:
         if self._journal is None:
             self._journal = self.options.open_journal()
-            self._tracker = self._journal.horizon_tracker()
+            self._tracker = horizon_tracker(self._journal, self.options.table)
         return self._journal.connection()
 
     def check_offset(self, offset: Mapping[str, Any]) -> dict[str, str]:
@@ -156,55 +147,43 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         for k, (lo, hi) in zip(self.keys, self.options.ranges, strict=True)}
         return {k: str(ends[k]) for k in self.keys}
 
-    def _where(self, lo: int, hi: int, start: TimestampOffset, cap: TimestampOffset | None, bound: datetime
-               ) -> tuple[str, dict[str, Any]]:
-        where = f"{RANGE}{ENTITY if self.options.entity_type is not None else ''} AND {AFTER_START} " \
-                "AND db_timestamp < %(bound)s"
-        params = {"lo": lo, "hi": hi, "entity_type": self.options.entity_type, "bound": bound,
-                  **_offset_params("from", start)}
-        if cap is not None:
-            where += f" AND {UP_TO_END}"
-            params.update(_offset_params("to", cap))
-        return where, params
-
     def _newest(self, conn: psycopg.Connection, key: str, lo: int, hi: int, start: TimestampOffset,
                 cap: TimestampOffset | None, bound: datetime) -> TimestampOffset:
         """Everything committed after ``start``: the newest timestamp and every pid at it."""
-        where, params = self._where(lo, hi, start, cap, bound)
-        row = conn.execute(_statement("SELECT max(db_timestamp)", where), params, prepare=False).fetchone()
+        scope = {"entity_type": self.options.entity_type, "cap": cap}
+        row = conn.execute(*self.store.newest_after(lo, hi, start, bound, **scope), prepare=False).fetchone()
         newest = row[0] if row else None
         if newest is None:
             return start
         seen = dict(start.seen) if newest == start.timestamp else {}
-        rows = conn.execute(_statement("SELECT persistence_id, max(seq_nr)", where,
-                                       "AND db_timestamp = %(newest)s GROUP BY persistence_id"),
-                            {**params, "newest": newest}, prepare=False).fetchall()
-        for pid, seq_nr in rows:
-            seen[pid] = max(seq_nr, seen.get(pid, 0))
+        rows = conn.execute(*self.store.numbers_at(lo, hi, start, bound, newest, **scope), prepare=False).fetchall()
+        for pid, number in rows:
+            seen[pid] = max(number, seen.get(pid, 0))
         return TimestampOffset(newest, seen=seen)
 
     def _limited(self, conn: psycopg.Connection, starts: dict[str, TimestampOffset],
                  caps: dict[str, TimestampOffset] | None, bound: datetime, limit: int) -> dict[str, TimestampOffset]:
-        """The first ``limit`` events after the starts, over all ranges in (db_timestamp, seq_nr, pid) order."""
+        """The first ``limit`` rows after the starts, over all ranges in (db_timestamp, number, pid) order."""
         keyed: list[tuple[datetime, int, str, str]] = []
         for key, (lo, hi) in zip(self.keys, self.options.ranges, strict=True):
-            where, params = self._where(lo, hi, starts[key], caps[key] if caps else None, bound)
-            rows = conn.execute(_statement("SELECT db_timestamp, seq_nr, persistence_id", where,
-                                           "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT %(limit)s"),
-                                {**params, "limit": limit}, prepare=False).fetchall()
-            keyed.extend((ts, seq_nr, pid, key) for ts, seq_nr, pid in rows)
+            rows = conn.execute(*self.store.first_after(lo, hi, starts[key], bound, limit,
+                                                        entity_type=self.options.entity_type,
+                                                        cap=caps[key] if caps else None), prepare=False).fetchall()
+            keyed.extend((ts, number, pid, key) for ts, number, pid in rows)
         keyed.sort()
         ends = dict(starts)
-        for ts, seq_nr, pid, key in keyed[:limit]:
+        for ts, number, pid, key in keyed[:limit]:
             current = ends[key]
             seen = dict(current.seen) if ts == current.timestamp else {}
-            seen[pid] = max(seq_nr, seen.get(pid, 0))
+            seen[pid] = max(number, seen.get(pid, 0))
             ends[key] = TimestampOffset(ts, seen=seen)
         return ends
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[InputPartition]:
         starts, ends = self.check_offset(start), self.check_offset(end)
-        return [RangePartition(i, lo, hi, start=starts[k], end=ends[k])
+        return [RangePartition(i, lo, hi, self.store.rows_between(
+                    self.columns.read, lo, hi, TimestampOffset.parse(starts[k]), TimestampOffset.parse(ends[k]),
+                    entity_type=self.options.entity_type))
                 for i, (k, (lo, hi)) in enumerate(zip(self.keys, self.options.ranges, strict=True))
                 if starts[k] != ends[k]]
 
@@ -219,13 +198,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- tasks ---------------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition) and partition.start and partition.end
-        start, end = TimestampOffset.parse(partition.start), TimestampOffset.parse(partition.end)
-        where = f"{RANGE}{ENTITY if self.options.entity_type is not None else ''} AND {AFTER_START} AND {UP_TO_END}"
-        params = {"lo": partition.lo, "hi": partition.hi, "entity_type": self.options.entity_type,
-                  **_offset_params("from", start), **_offset_params("to", end)}
-        return stream_rows(self.options.dsn, _statement(f"SELECT {SELECT_LIST}", where), params,
-                           self.converter, self.options.batch_rows)
+        return read_partition(self.options, self.converter, partition)
 
 
 def _json_offset(text: str) -> dict[str, Any]:
@@ -237,8 +210,3 @@ def _json_offset(text: str) -> dict[str, Any]:
         raise InvalidArgument(f"option startingOffsets must be a JSON object of slice range -> offset, "
                               f"got {text[:200]!r}")
     return value
-
-
-def _statement(select: str, where: str, tail: str = "") -> str:
-    """A statement over the journal from the module's constant fragments (values always go as parameters)."""
-    return f"{select} FROM event_journal WHERE {where} {tail}".rstrip()

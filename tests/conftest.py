@@ -84,6 +84,17 @@ def journal(dsn: str) -> Iterator[Journal]:
         yield opened
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In portable mode, tests of a PostgreSQL-only feature skip, naming it (``@pytest.mark.postgres_only``)."""
+    if not PORTABLE:
+        return
+    for item in items:
+        marker = item.get_closest_marker("postgres_only")
+        if marker is not None:
+            feature = marker.args[0] if marker.args else "a PostgreSQL-only feature"
+            item.add_marker(pytest.mark.skip(reason=f"tests {feature}, which portable mode does not use"))
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     if PORTABLE:
         return f"{PORTABLE_ENV}=1: portable journal fixture, SERIALIZABLE test databases"

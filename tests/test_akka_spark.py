@@ -1,5 +1,5 @@
-"""Spark's ``read_events`` over adopted Akka R2DBC databases: JSONB payloads as a struct, data partitions
-read through the ``event_journal`` view."""
+"""Spark's ``read_events`` and the native ``format("pgjournal")`` source over adopted Akka R2DBC databases:
+JSONB payloads as a struct, data partitions read through the ``event_journal`` view."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def test_jsonb_payloads_are_a_struct(empty_dsn: str, spark: Any) -> None:  # noq
     inferred = read_events(spark, empty_dsn, entity_type="ShoppingCart", slice_ranges=2)
     assert "itemId" in inferred.schema["event"].dataType.fieldNames()
     assert inferred.where("event.quantity > 2").count() == 2
+    native = (spark.read.format("pgjournal").option("dsn", empty_dsn).option("entityType", "ShoppingCart")
+              .option("payloadSchema", "itemId STRING, quantity INT").load())
+    assert dict(native.dtypes)["event_payload"] == "binary"
+    assert sorted(tuple(r) for r in native.where("event.itemId = 'socks'").select("persistence_id", "event.quantity")
+                  .collect()) == sorted((r[0], r[1]) for r in socks)
 
 
 def test_data_partitions_read_through_the_view(empty_dsn: str, spark: Any) -> None:  # noqa: F811
@@ -66,3 +71,9 @@ def test_data_partitions_read_through_the_view(empty_dsn: str, spark: Any) -> No
     assert sorted(rows[f"Cart|{i}"][2] for i in range(20)) == list(range(20))
     assert {pid: rows[pid] for pid in others} == {pid: (ser_id, payload, None)
                                                   for pid, (ser_id, _, payload) in others.items()}
+    native = (spark.read.format("pgjournal").option("dsn", empty_dsn).option("entityType", "Cart")
+              .option("sliceRanges", 4).option("payloadSchema", "n INT").load())
+    # the native source decodes through the serializer registry, so Akka's CBOR payloads decode as well
+    assert {r[0]: (r[1], bytes(r[2]), r[3]) for r in native.select("persistence_id", "event_ser_id", "event_payload",
+                                                                   "event.n").collect()} == {
+        **rows, "Cart|cbor": (akka.JACKSON_CBOR, others["Cart|cbor"][2], 99)}

@@ -4,12 +4,11 @@ update, and every decision was taken on the current state (the no-overdraft rule
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import threading
-import time
 from typing import Any
 
 from conftest import FAST
+from processes import collect
 from test_entities import Account, hammer, replay
 
 from pgjournal import Journal
@@ -40,15 +39,7 @@ def test_two_processes_hammering_one_entity_lose_no_update(dsn: str) -> None:
     processes = [ctx.Process(target=worker, args=(dsn, i, start, results)) for i in range(2)]
     for process in processes:
         process.start()
-    collected: list[Any] = []
-    deadline = time.monotonic() + 240
-    while len(collected) < len(processes):
-        try:
-            collected.append(results.get(timeout=1))
-        except queue.Empty:
-            crashed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
-            assert not crashed, f"a worker process failed with exit code {crashed[0]} (traceback above)"
-            assert time.monotonic() < deadline, "the worker processes did not finish in time"
+    collected: list[Any] = collect(processes, results, "worker")
     for process in processes:
         process.join(timeout=30)
         assert process.exitcode == 0

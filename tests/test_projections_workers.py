@@ -21,6 +21,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import psycopg
+import psycopg.errors
 import pytest
 from conftest import FAST
 from eventually import eventually

@@ -399,9 +399,6 @@ def test_statements_interpolate_only_table_names_never_values() -> None:
 #: table model, the dialects' DDL, migrations, roles and grants, the adoption of Akka's tables).
 SCHEMA_MANAGEMENT = ("pgjournal/schema.py", "pgjournal/dialects/", "pgjournal/migrate.py", "pgjournal/roles.py",
                      "pgjournal/adopt.py")
-#: Still to move into stores (each in another change under way). This list only shrinks: a file that no
-#: longer holds such SQL fails the test until it is removed here.
-NOT_YET_IN_STORES = ("pgjournal/reconciliation.py", "spark/source.py", "spark/stream.py")
 
 
 def pgjournal_tables() -> list[str]:
@@ -454,17 +451,11 @@ F = "select * from my_read_model; the table snapshot is fine in prose"
 def test_sql_over_pgjournal_tables_is_only_in_stores_and_schema_management() -> None:
     """Statements over pgjournal's tables (their text, table names and row shapes) belong to pgjournal/store/
     (see ARCHITECTURE.md); a query written in place elsewhere fails here."""
-    found, still = [], set()
+    found = []
     sources = [*ROOT.glob("pgjournal/**/*.py"), *ROOT.glob("projections/**/*.py"), *ROOT.glob("spark/**/*.py")]
     for path in sorted(sources):
         name = path.relative_to(ROOT).as_posix()
         if name.startswith(("pgjournal/store/", *SCHEMA_MANAGEMENT)):
             continue
-        hits = sql_over_tables(path.read_text())
-        if name in NOT_YET_IN_STORES:
-            if hits:
-                still.add(name)
-            continue
-        found += [f"{name}:{line}: {text}" for line, text in hits]
+        found += [f"{name}:{line}: {text}" for line, text in sql_over_tables(path.read_text())]
     assert found == [], "SQL over pgjournal's tables outside pgjournal/store/"
-    assert still == set(NOT_YET_IN_STORES), f"moved into stores: drop {set(NOT_YET_IN_STORES) - still} from the list"

@@ -426,8 +426,14 @@ def test_load_bound_with_behind_comes_from_one_horizon_reading(dsn: str, portabl
     with Journal.open(dsn, portable=portable, notify=False) as journal, journal.connection() as conn:
         tracker = journal.horizon_tracker()
         readings = []
-        read = tracker.read
-        monkeypatch.setattr(tracker, "read", lambda c: readings.append(read(c)) or readings[-1])
+        read_step = tracker.read_step
+
+        def counted() -> Any:
+            horizon = yield from read_step()
+            readings.append(horizon)
+            return horizon
+
+        monkeypatch.setattr(tracker, "read_step", counted)
         monkeypatch.setattr(journal, "horizon_tracker", lambda *_: tracker)
         before = conn.execute("SELECT CURRENT_TIMESTAMP").fetchone()[0]  # type: ignore[index]
         bound = spark_jobs.final_bound(journal, conn, 5.0)

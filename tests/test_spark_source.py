@@ -365,6 +365,12 @@ def test_bad_options_fail_at_load_with_pgjournal_errors(spark: Any, journal: Jou
         source(spark, dsn, sliceRanges="0-600,500-1023")
     with pytest.raises(Exception, match=r"InvalidArgument: unknown option\(s\) entitytyp\b"):
         source(spark, dsn, entityTyp="Cart")
+    with pytest.raises(Exception, match=r"InvalidArgument: option table must be one of event_journal, "
+                                        r"durable_state, got 'events'"):
+        source(spark, dsn, table="events")
+    with pytest.raises(Exception, match=r"ConfigurationError: entity type 'Cart' has no rows in durable_state .*"
+                                        r"none \(durable_state is empty\)"):
+        source(spark, dsn, table="durable_state", entityType="Cart")
     unreachable = "postgresql://alice:s3cret-pw@127.0.0.1:1/nowhere"
     with pytest.raises(Exception, match=r"DatabaseUnavailable: cannot connect to .*127\.0\.0\.1") as failed:
         source(spark, unreachable)
@@ -383,3 +389,145 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1, en
         "tags": None, "expected": after, "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
         "ser_ids": [4] * count, "manifests": [""] * count, "payloads": [b'{"held":true}'] * count})
 
+
+
+# -- column pruning: the schema is the projection ----------------------------------------------------------
+
+
+def batch_reader(spark: Any, dsn: str, schema: Any = None, **options: Any) -> Any:
+    """The batch reader Spark would build for these options, driven here in the test's process."""
+    from spark.source import JournalBatchReader, SourceOptions
+
+    frame = source(spark, dsn, **options)
+    return JournalBatchReader(SourceOptions.parse({"dsn": dsn, **options}), schema or frame.schema)
+
+
+def read_in_process(reader: Any) -> list[Any]:
+    return [batch for partition in reader.partitions() for batch in reader.read(partition)]
+
+
+def test_columns_without_the_payload_neither_read_nor_decode_it(spark: Any, journal: Journal, dsn: str) -> None:
+    fill(journal, pids=20)
+    journal.append("Cart|big", [b"\x07" * (1 << 20)] * 3)  # 3 MiB of payload in all
+    pruned = batch_reader(spark, dsn, columns="persistence_id,seq_nr", entityType=ENTITY)
+    statements = [p.query[0] for p in pruned.partitions()]
+    assert statements and all(s.startswith("SELECT persistence_id, seq_nr FROM event_journal WHERE")
+                              for s in statements), statements
+    batches = read_in_process(pruned)
+    assert {tuple(b.schema.names) for b in batches} == {("persistence_id", "seq_nr")}
+    assert sum(b.num_rows for b in batches) == 33 and pruned.converter.decoded_rows == 0
+    assert sum(b.nbytes for b in batches) < 2_000  # the payloads' 3 MiB never came
+    # asking for the decoded event reads the payload's columns and decodes each row once, returning only event
+    decoding = batch_reader(spark, dsn, columns="persistence_id,event", entityType=ENTITY,
+                            payloadSchema="item STRING, qty INT")
+    assert all("event_ser_id, event_ser_manifest, event_payload FROM" in p.query[0] for p in decoding.partitions())
+    rows = {(r["persistence_id"], r["event"]["qty"] if r["event"] else None)
+            for b in read_in_process(decoding) for r in b.to_pylist()}
+    assert decoding.converter.decoded_rows == 33 and ("Cart|4", 2) in rows and ("Cart|big", None) in rows
+    # through Spark: the same columns, the same rows as the journal
+    frame = source(spark, dsn, columns="seq_nr,persistence_id", entityType=ENTITY)
+    assert frame.columns == ["seq_nr", "persistence_id"]
+    assert {(r["persistence_id"], r["seq_nr"]) for r in frame.collect()} == journal_keys(dsn)
+
+
+def test_a_given_schema_is_the_projection_and_a_wrong_one_is_refused(spark: Any, journal: Journal, dsn: str) -> None:
+    fill(journal, pids=10)
+    given = spark.read.format("pgjournal").option("dsn", dsn).schema(
+        "persistence_id STRING, db_timestamp TIMESTAMP, event STRUCT<qty: BIGINT>").load()
+    assert given.columns == ["persistence_id", "db_timestamp", "event"]
+    assert given.where("event.qty = 2").count() == 10
+    with pytest.raises(Exception, match=r"ConfigurationError: format 'pgjournal' reads the columns .*got a schema "
+                                        r"with seq_nr string"):
+        spark.read.format("pgjournal").option("dsn", dsn).schema("seq_nr STRING").load().collect()
+    with pytest.raises(Exception, match=r"InvalidArgument: option columns must name distinct columns of "
+                                        r"event_journal .*got 'persistence_id,payload'"):
+        source(spark, dsn, columns="persistence_id,payload")
+
+
+def test_a_task_reuses_its_process_connection_and_replaces_a_stale_one(spark: Any, journal: Journal,
+                                                                       dsn: str) -> None:
+    fill(journal, pids=6)
+    reader = batch_reader(spark, dsn, columns="persistence_id,seq_nr", sliceRanges=1)
+
+    def copy_backends() -> list[int]:
+        with psycopg.connect(dsn) as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'COPY (%'")]
+
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    first = copy_backends()
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    assert copy_backends() == first and len(first) == 1  # the same session served both reads
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the server ends it (a restart, an idle timeout)
+        conn.execute("SELECT pg_terminate_backend(%s)", (first[0],))
+    eventually(lambda: first[0] not in copy_backends(), what="the kept session is gone")
+    assert sum(b.num_rows for b in read_in_process(reader)) == 18
+    assert len(copy_backends()) == 1 and copy_backends() != first
+
+
+def test_copy_statements_quote_every_value_client_side(dsn: str) -> None:
+    """A COPY takes no bound parameters: spark.arrow.bind quotes values as literals; hostile ones come back
+    verbatim, and braces or percent signs in the statement's own text survive."""
+    from spark.arrow import bind
+
+    hostile = ["x'); DROP TABLE event_journal; --", "{f0} %(f0)s %% \\ \" ' é \U0001f600", ""]
+    when = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    text = bind("SELECT %(a)s::text, %(b)s::text[], %(n)s::bigint, %(t)s::timestamptz, '{x}', 'a%%b', %(z)s::int",
+                {"a": hostile[0], "b": hostile, "n": 2**40, "t": when, "z": None})
+    assert "%(" not in text.replace("%(f0)s", "")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(text).fetchone() == (hostile[0], hostile, 2**40, when, "{x}", "a%b", None)
+        assert conn.execute("SELECT to_regclass('event_journal') IS NOT NULL").fetchone() == (True,)
+    with pytest.raises(KeyError, match="no value for placeholder"):
+        bind("SELECT %(missing)s", {})
+
+
+def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
+    """spark.arrow.json_objects (Arrow's JSON reader) gives what the serializer registry's path gives, or
+    hands the batch to that path: a non-JSON serializer id, a value that does not fit, a timestamp field."""
+    import cbor2
+    import pyarrow as pa
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    from spark.arrow import ArrowRows, Columns
+
+    def convert(event: Any, rows: list[tuple[int, bytes]]) -> tuple[list[Any], list[Any], int]:
+        schema = StructType([StructField("seq_nr", LongType()), StructField("event", event)])
+        converter = ArrowRows(schema, Columns.of(["seq_nr", "event"], "event",
+                                                 ("event_ser_id", "event_ser_manifest", "event_payload")))
+        raw = pa.RecordBatch.from_arrays(
+            [pa.array(range(len(rows)), pa.int64()), pa.array([r[0] for r in rows], pa.int32()),
+             pa.array([""] * len(rows)), pa.array([r[1] for r in rows], pa.binary())],
+            names=["seq_nr", "event_ser_id", "event_ser_manifest", "event_payload"])
+        fast = converter.convert(raw).column("event").to_pylist()
+        schema_type = converter.arrow_schema.field("event").type
+        slow = converter._decode([r[0] for r in rows], [""] * len(rows), [r[1] for r in rows], schema_type)
+        return fast, slow.to_pylist(), converter.fast_rows
+
+    nested = StructType([StructField("item", StringType()), StructField("qty", IntegerType()),
+                         StructField("tags", ArrayType(StringType())),
+                         StructField("at", StructType([StructField("x", LongType())]))])
+    plain = [(31, json.dumps(v).encode()) for v in (
+        {"item": "a", "qty": 1, "tags": ["x", "y"], "at": {"x": 5}, "extra": [1]}, {"item": "é\n\"q\""},
+        {}, {"qty": -3, "tags": [], "at": None})]
+    fast, slow, used = convert(nested, plain)
+    assert used == 4 and fast == slow and fast[0] == {"item": "a", "qty": 1, "tags": ["x", "y"], "at": {"x": 5}}
+    for odd in [(31, b'{"qty": 3000000000}'), (31, b'{"item": 5}'), (31, b"[1, 2]"), (31, b'{"item":\n"a"}'),
+                (33, cbor2.dumps({"item": "cbor"})), (4, b"\x00\x01")]:
+        fast, slow, used = convert(nested, [*plain, odd])
+        assert used == 0 and fast == slow, odd  # the whole batch went one payload at a time
+    shifted = [(31, b'{"item": "x"}\n{"item": "y"}'), (31, b"")]  # two lines in one payload, none in the next
+    fast, slow, used = convert(nested, [*plain, *shifted])
+    assert used == 0 and fast == slow and fast[-2:] == [None, None]
+    stamped = StructType([StructField("when", TimestampType()), StructField("raw", BinaryType())])
+    fast, slow, used = convert(stamped, [(31, b'{"when": "2026-11-01T00:00:00"}')])
+    assert used == 0 and fast == slow == [None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -236,13 +237,20 @@ def test_notification_comes_after_commit_from_another_session(dsn: str) -> None:
         assert len(rows(dsn, PID)) == 1  # the event was committed when the signal arrived
 
 
-def test_a_stream_of_appends_shares_signals(dsn: str) -> None:
+def test_a_stream_of_appends_shares_signals(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most one round of signals per SEND_INTERVAL, however fast the appends come (an interval of 50 ms, so
+    the appends are faster than it even on a busy machine or under SERIALIZABLE)."""
+    interval = 0.05
+    monkeypatch.setattr("pgjournal.notify.SEND_INTERVAL", interval)
     with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn) as journal:
         listener.execute(f"LISTEN {CHANNEL}")
+        started = time.monotonic()
         for i in range(200):
             journal.append(PID, [i], expected_seq_nr=i)
+        elapsed = time.monotonic() - started
         notes = list(listener.notifies(timeout=1))
-        assert 1 <= len(notes) < 100
+        assert 1 <= len(notes) <= elapsed / interval + 2  # one round per interval, and the one after the last
+        assert len(notes) < 200
         assert {n.payload for n in notes} == {"Cart"}
 
 
@@ -287,3 +295,32 @@ def test_append_does_not_wait_for_another_open_writing_transaction(journal: Jour
         assert done.wait(10), "append blocked behind another writer's open transaction"
         blocker.rollback()
     assert [r[0] for r in rows(dsn, PID)] == [1, 2, 3]
+
+
+def test_an_append_after_its_own_last_event_reads_nothing_and_still_conflicts(dsn: str) -> None:
+    """A journal that wrote a persistence id's last event knows its sequence number and timestamp, so its next
+    append with that expected_seq_nr inserts a plain row (no read of the predecessor). Another journal's
+    append in between still makes it a ConcurrencyConflict (the primary key), with nothing written, and time
+    stays monotonic across writers."""
+    known = insert_sql("event_journal_s0000_0127", single=True, after="known", plain=True)
+    assert "FROM" not in known.upper() and "GREATEST(clock_timestamp(), %(prev_ts)s" in known
+    with Journal.open(dsn) as first, Journal.open(dsn) as second:
+        a = first.append(PID, ["a"], expected_seq_nr=0)[0]
+        b = second.append(PID, ["b"], expected_seq_nr=1)[0]
+        with pytest.raises(ConcurrencyConflict) as caught:
+            first.append(PID, ["stale"], expected_seq_nr=1)  # first's own last event is 1; 2 is taken
+        assert (caught.value.seq_nr, caught.value.actual_seq_nr) == (2, 2)
+        c = first.append(PID, ["c"], expected_seq_nr=2)[0]  # looked up again: after second's event
+        d = first.append(PID, ["d"], expected_seq_nr=3)[0]  # its own again
+    stored = rows(dsn, PID)
+    assert [r[0] for r in stored] == [1, 2, 3, 4]
+    assert [r[1] for r in stored] == [a.db_timestamp, b.db_timestamp, c.db_timestamp, d.db_timestamp]
+    assert all(x < y for x, y in itertools.pairwise(r[1] for r in stored))
+
+
+def test_expected_seq_nr_zero_needs_no_lookup_and_conflicts_on_an_existing_pid(journal: Journal, dsn: str) -> None:
+    insert_row(dsn, PID, 1)
+    with pytest.raises(ConcurrencyConflict) as caught:
+        journal.append(PID, ["x"], expected_seq_nr=0)
+    assert caught.value.seq_nr == 1 and caught.value.actual_seq_nr == 1
+    assert [r[0] for r in rows(dsn, PID)] == [1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Generator, Iterable
 from datetime import datetime
 from typing import Any
@@ -118,9 +119,10 @@ class AsyncJournal(JournalCore):
         plan = plan_append(self, persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
+        started = time.perf_counter()
         async with self.connection() as conn:
             rows = await arun(append_step(self, plan), conn)
-        self._writer.count(plan, rows)
+        self._writer.count(plan, rows, time.perf_counter() - started)
         if self.signals is not None:
             self.signals.written(plan.slice, plan.entity_type)
         return plan.envelopes(rows)

@@ -10,6 +10,7 @@ from ..errors import ConfigurationError
 from ..slices import NUMBER_OF_SLICES
 from ..store.durable_state import DurableStateSQL
 from ..store.events import EventStore
+from ..store.export import ExportSQL
 
 _PG = postgresql.dialect()
 
@@ -58,6 +59,11 @@ class Dialect:
     def durable_state_store(self) -> DurableStateSQL:
         """The SQL over the durable state table in this dialect."""
         return DurableStateSQL(self)
+
+    def export_store(self, table: str = "event_journal", jsonb: frozenset[str] = frozenset()) -> ExportSQL:
+        """The bulk reads by slice range of ``event_journal`` or ``durable_state`` (Spark's native source);
+        ``jsonb``: the table's payload columns that are JSONB."""
+        return ExportSQL(self, table, jsonb)
 
     # -- DDL -----------------------------------------------------------------------------------------
 

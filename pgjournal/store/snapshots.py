@@ -65,6 +65,7 @@ BY_SLICES = f"""
 SELECT {{columns}} FROM {SNAPSHOT_TABLE} WHERE entity_type = %(entity_type)s AND {{slices}}
     AND db_timestamp >= %(since)s ORDER BY db_timestamp, persistence_id"""
 DELETE = f"DELETE FROM {SNAPSHOT_TABLE} WHERE persistence_id = %s"
+COUNT = f"SELECT count(*) FROM {SNAPSHOT_TABLE} WHERE persistence_id = %s"
 
 
 def _jsonb_in(param: str) -> str:
@@ -119,3 +120,8 @@ class SnapshotSQL:
     @staticmethod
     def delete(pid: str) -> Query:
         return DELETE, (pid,)
+
+    @staticmethod
+    def count(pid: str) -> Query:
+        """One row: how many snapshots ``pid`` has (0 or 1)."""
+        return COUNT, (pid,)

@@ -5,10 +5,12 @@ CTEs that write the tag view rows and the tag write progress in the same stateme
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from ..timeuuid import UUID_EPOCH_OFFSET
-from .events import AFTER_EXPECTED, AFTER_LATEST, BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT
+from . import Query, Read, rows
+from .events import BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT, PREVIOUS, TAGS_META
 
 # The event's TimeUUID is assembled in SQL from its ticks and this process's low bytes, because the ticks
 # are raised above the persistence id's last ones (``tag_write_progress.ts_time``): with concurrent appends
@@ -68,15 +70,15 @@ SELECT seq_nr, db_timestamp FROM ins"""
 
 
 @functools.cache
-def tagged_insert_sql(table: str, *, after_latest: bool, single: bool, one_tag: bool, bucket_ms: int, lsb: int,
-                      lsb_bytes: int, payload: str = BYTEA_PAYLOADS["payload"],
-                      meta_payload: str = BYTEA_PAYLOADS["meta_payload"]) -> str:
+def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, one_tag: bool, bucket_ms: int,
+                      lsb: int, lsb_bytes: int, payload: str = BYTEA_PAYLOADS["payload"],
+                      meta_payload: str = BYTEA_PAYLOADS["meta_payload"], after: str | None = None) -> str:
     """The append statement for ``table`` with the tag view rows and progress in the same statement
     (``one_tag``: the statement for exactly one tag, ``tv_tag``; else ``tv_tags``, an array). The bucket
     size and this process's TimeUUID low bytes are written into the text: fewer parameters to send."""
-    prev = (AFTER_LATEST if after_latest else AFTER_EXPECTED).format(table=table)
+    prev = PREVIOUS[after or ("latest" if after_latest else "expected")].format(table=table)
     insert = INSERT.format(table=table, prev="SELECT * FROM prev", events="e", payload=payload,
-                           meta_payload=meta_payload).strip()
+                           **{k: v.format(meta_payload=meta_payload) for k, v in TAGS_META.items()}).strip()
     return (_ONE_TAG if one_tag else _TAGGED).format(
         prev=prev, events=ONE_EVENT if single else MANY_EVENTS, insert=insert,
         uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"), epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb))
@@ -139,3 +141,55 @@ def missing(tag: str, pid: str, lowest: int, below: int, after: Key) -> TagQuery
 def lowest_in_bucket(tag: str, bucket: int, after: tuple[int, int]) -> TagQuery:
     """(persistence_id, lowest tag sequence number) of the rows of ``bucket`` after ``after`` (ticks, lsb)."""
     return LOWEST_IN_BUCKET, (tag, bucket, *after)
+
+
+# -- tag view maintenance (pgjournal.reconciliation: the Cassandra plugin's Reconciliation and Cleanup) ---------
+
+#: One tag view row as a rebuild writes it (``executemany``), in this order.
+REBUILT_ROW = """INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id,
+    tag_pid_sequence_nr, sequence_nr, writer_uuid, ser_id, ser_manifest, event, meta_ser_id, meta_ser_manifest,
+    meta_payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"""
+#: One progress row as a rebuild writes it (``executemany``): persistence id, tag, sequence number, tag
+#: sequence number, TimeUUID, ticks.
+REBUILT_PROGRESS = """INSERT INTO tag_write_progress (persistence_id, tag, sequence_nr, tag_pid_sequence_nr,
+    "offset", ts_time) VALUES (%s, %s, %s, %s, %s, %s)"""
+# A persistence id's tags come from its progress rows, so the (tag_name, persistence_id) index finds its rows.
+_TAGGED_ROWS_OF = ("tag_name = ANY(ARRAY(SELECT tag FROM tag_write_progress WHERE persistence_id = %s)) "
+                   "AND persistence_id = %s")
+
+
+@dataclass(frozen=True, slots=True)
+class TagCount:
+    """A tag of the tag view: its events and persistence ids (from the write progress)."""
+
+    tag: str
+    events: int
+    persistence_ids: int
+
+
+def delete_view_of(pid: str, tags: list[str]) -> list[Query]:
+    """Delete the persistence id's rows of ``tags`` and their progress (the first statement's rowcount: rows)."""
+    return [("DELETE FROM tag_views WHERE tag_name = ANY(%s) AND persistence_id = %s", (tags, pid)),
+            ("DELETE FROM tag_write_progress WHERE persistence_id = %s AND tag = ANY(%s)", (pid, tags))]
+
+
+def record_scanned(pid: str, seq_nr: int) -> Query:
+    """How far the journal of ``pid`` was scanned for tags (as the Cassandra plugin's ``tag_scanning``)."""
+    return ("INSERT INTO tag_scanning (persistence_id, sequence_nr) VALUES (%s, %s) "
+            "ON CONFLICT (persistence_id) DO UPDATE SET sequence_nr = excluded.sequence_nr", (pid, seq_nr))
+
+
+def tag_counts() -> Read[TagCount]:
+    return rows(TagCount, "SELECT tag, sum(tag_pid_sequence_nr)::bigint, count(*) FROM tag_write_progress "
+                          "GROUP BY tag ORDER BY tag")
+
+
+def truncate_views() -> Query:
+    """Empty the tag view and its progress (the recorded bucket size stays)."""
+    return "TRUNCATE tag_views, tag_write_progress, tag_scanning", ()
+
+
+def count_or_delete_tagged(pid: str, *, count: bool) -> Query:
+    """The persistence id's rows in every tag view: how many (``count``), or delete them."""
+    verb = "SELECT count(*) FROM" if count else "DELETE FROM"
+    return f"{verb} tag_views WHERE {_TAGGED_ROWS_OF}", (pid, pid)
