@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from aio_support import SETTINGS, take
-from conftest import FAST, PORTABLE
+from conftest import FAST
 
 from pgjournal import (
     ConcurrencyConflict,
@@ -90,8 +90,6 @@ async def test_sequence_numbers_and_conflicts(aj: AsyncJournal, dsn: str) -> Non
         await aj.append(PID, "abc")
 
 
-@pytest.mark.skipif(PORTABLE, reason="known under SERIALIZABLE (README, Tests): many writers of one persistence id "
-                    "exhaust append_retries with 40001 until the write path's per-persistence-id turns land")
 async def test_many_tasks_without_expectation_lose_nothing(aj: AsyncJournal, dsn: str) -> None:
     await asyncio.gather(*(aj.append(PID, [{"task": t, "i": i}]) for t in range(20) for i in range(5)))
     assert [r[0] for r in stored(dsn, PID)] == list(range(1, 101))
