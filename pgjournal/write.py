@@ -238,25 +238,39 @@ class EventWriter:
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
-        # A persistence id seen before was checked then (the same string passes the same checks).
-        target = self._targets.get(persistence_id) if persistence_id.__class__ is str else None
-        if target is None:
-            target = self._target(persistence_id)
-        plan = build(self._journal, target, events, expected_seq_nr, tags, metadata)
+        plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
         before = record_bucket_size(self._journal) if plan.tags else None
         started = time.perf_counter()
         try:
-            rows = self._execute(target.pid, plan.sql, plan.params, before, plan.stamp)
+            rows = self._execute(plan.pid, plan.sql, plan.params, before, plan.stamp)
         except BaseException:
-            target.last_seq = target.last_ts = None  # whatever happened, look the predecessor up next time
+            self.failed(plan)
             raise
+        return self.committed(plan, rows, time.perf_counter() - started)
+
+    def plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
+             metadata: Any) -> AppendPlan | None:
+        """:func:`build` on this writer's target for the persistence id (what it knows of its last append)."""
+        # A persistence id seen before was checked then (the same string passes the same checks).
+        target = self._targets.get(persistence_id) if persistence_id.__class__ is str else None
+        if target is None:
+            target = self._target(persistence_id)
+        return build(self._journal, target, events, expected_seq_nr, tags, metadata)
+
+    @staticmethod
+    def failed(plan: AppendPlan) -> None:
+        """An append of ``plan`` failed, or its outcome is unknown: look the predecessor up next time."""
+        plan.target.last_seq = plan.target.last_ts = None
+
+    def committed(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float) -> list[EventEnvelope]:
+        """``plan`` committed with ``rows``: count it, remember its last event, signal; its envelopes."""
         envelopes = plan.envelopes(rows)  # sorts the rows
-        self.count(plan, rows, time.perf_counter() - started)
-        target.last_seq, target.last_ts = rows[-1]
+        self.count(plan, rows, seconds)
+        plan.target.last_seq, plan.target.last_ts = rows[-1]
         if self._after_commit is not None:
-            self._after_commit(target.slice, target.entity_type)
+            self._after_commit(plan.slice, plan.entity_type)
         return envelopes
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:

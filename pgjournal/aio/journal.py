@@ -29,7 +29,7 @@ from ..snapshots import SelectedSnapshot, delete_statement, load_step, save_stat
 from ..steps import Step, arun, arun_pooled, first_of, statement
 from ..stored_format import StoredFormat
 from ..validation import check_persistence_id, check_seq_nr
-from ..write import EventWriter, plan_append
+from ..write import EventWriter
 from .connections import AsyncPoolFront, async_limited_connection_class
 from .live import AsyncLiveQuery, AsyncPoll
 from .query import AsyncQuery
@@ -49,8 +49,8 @@ class AsyncJournal(JournalCore):
                                          name="pgjournal-async", **core.pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
-        #: Counts appends (the blocking face's counters, shared).
-        self._writer = EventWriter(self)  # type: ignore[arg-type]
+        #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
+        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
         self.query = AsyncQuery(self)
 
     @classmethod
@@ -116,16 +116,17 @@ class AsyncJournal(JournalCore):
         """:meth:`Journal.append <pgjournal.Journal.append>`: atomically, after ``expected_seq_nr``; a
         :class:`~pgjournal.errors.ConcurrencyConflict` writes nothing. Cancelling it leaves all of the events
         written or none (one statement), and the connection back in the pool."""
-        plan = plan_append(self, persistence_id, events, expected_seq_nr, tags, metadata)
+        plan = self._writer.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
         started = time.perf_counter()
-        async with self.connection() as conn:
-            rows = await arun(append_step(self, plan), conn)
-        self._writer.count(plan, rows, time.perf_counter() - started)
-        if self.signals is not None:
-            self.signals.written(plan.slice, plan.entity_type)
-        return plan.envelopes(rows)
+        try:
+            async with self.connection() as conn:
+                rows = await arun(append_step(self, plan), conn)
+        except BaseException:
+            self._writer.failed(plan)
+            raise
+        return self._writer.committed(plan, rows, time.perf_counter() - started)
 
     def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractAsyncContextManager[AsyncTransaction]:
         """``async with journal.transaction() as tx:`` appends and your own SQL on ``tx.connection`` that commit
