@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg_pool import PoolClosed
@@ -136,57 +136,45 @@ class Schedule:
         return None
 
 
-class LiveQuery(Generic[T]):
-    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+class LoopState(Generic[T]):
+    """What the blocking and the asyncio live loop share besides the :class:`Schedule`: the page being handed
+    out, the wake-up event (``threading.Event`` or ``asyncio.Event``: a writer's signal sets it), closing, and
+    what a failed poll means. A driver only waits and polls in its own way."""
 
-    def __init__(
-        self,
-        poll: Poll[T],
-        *,
-        buffer_size: int,
-        refresh_interval: float,
-        subscribe: Subscribe | None = None,
-        settle: float = 0.0,
-        max_failures: int | None = None,
-    ) -> None:
-        self._poll = poll
-        self._schedule = Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
-                                  max_failures=max_failures)
-        self._page: Iterator[T] = iter(())
+    def __init__(self, schedule: Schedule, wakeup: Any, subscribe: Callable[[Any], Callable[[], None]] | None,
+                 first: Iterable[T] = ()) -> None:
+        self._schedule = schedule
+        #: What is handed out before the next poll (``first``: before the first one).
+        self._page: Iterator[T] = iter(first)
         self._closed = False
-        self._wakeup = threading.Event()
-        self._unsubscribe = subscribe(self._wakeup) if subscribe else None
+        self._wakeup = wakeup
+        self._unsubscribe = subscribe(wakeup) if subscribe else None
 
-    def __iter__(self) -> Iterator[T]:
-        return self
+    def _signalled(self) -> bool:
+        """Whether a signal came since the last poll (and forget it)."""
+        signalled: bool = self._wakeup.is_set()
+        self._wakeup.clear()
+        return signalled
 
-    def __next__(self) -> T:
-        schedule = self._schedule
-        while True:
-            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
-                return item
-            if self._closed:
-                raise StopIteration
-            if schedule.delay:
-                self._wakeup.wait(schedule.delay)
-                if self._closed:
-                    raise StopIteration
-            signalled = self._wakeup.is_set()
-            self._wakeup.clear()
-            try:
-                items, rows = self._poll(schedule.notified(signalled))
-            except PoolClosed:
-                _log.info("live query ends: its journal was closed")
-                self.close()
-                raise StopIteration from None
-            except RETRYABLE as exc:
-                fatal = schedule.failed(exc)
-                if fatal is not None:
-                    self.close()
-                    raise fatal from exc
-                continue
-            self._page = iter(items)
-            schedule.polled(rows, signalled)
+    def _polled(self, items: Iterable[T], rows: int, signalled: bool) -> None:
+        self._page = iter(items)
+        self._schedule.polled(rows, signalled)
+
+    def _ends(self, exc: Exception) -> bool:
+        """A poll raised ``exc``: ``True`` when the query ends quietly (its journal was closed), ``False`` to
+        poll again after the schedule's backoff; ``exc`` itself, or past ``max_failures`` a
+        :class:`DatabaseUnavailable`, is raised (a fatal one closes the query)."""
+        if isinstance(exc, PoolClosed):
+            _log.info("live query ends: its journal was closed")
+            self.close()
+            return True
+        if not isinstance(exc, RETRYABLE):
+            raise exc
+        fatal = self._schedule.failed(exc)
+        if fatal is not None:
+            self.close()
+            raise fatal from exc
+        return False
 
     def close(self) -> None:
         self._closed = True
@@ -198,6 +186,35 @@ class LiveQuery(Generic[T]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class LiveQuery(LoopState[T]):
+    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+
+    def __init__(self, poll: Poll[T], schedule: Schedule, subscribe: Subscribe | None = None) -> None:
+        super().__init__(schedule, threading.Event(), subscribe)
+        self._poll = poll
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        schedule = self._schedule
+        while True:
+            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
+                return item
+            if schedule.delay and not self._closed:
+                self._wakeup.wait(schedule.delay)
+            if self._closed:
+                raise StopIteration
+            signalled = self._signalled()
+            try:
+                items, rows = self._poll(schedule.notified(signalled))
+            except Exception as exc:
+                if self._ends(exc):
+                    raise StopIteration from None
+                continue
+            self._polled(items, rows, signalled)
 
     def __enter__(self) -> LiveQuery[T]:
         return self
