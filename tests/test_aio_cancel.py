@@ -58,28 +58,37 @@ async def pool_is_clean(journal: AsyncJournal, dsn: str) -> None:
             await journal.connections.put(conn)
 
 
-async def cancel_at_random(make: Callable[[int], Awaitable[Any]], count: int, within: float, seed: int) -> int:
-    """Start ``make(i)`` for each i and cancel it after a random moment; how many were cancelled."""
+async def cancel_at_random(make: Callable[[int], Awaitable[Any]], seed: int, want: int = 10) -> tuple[int, int]:
+    """Run ``make(0)`` to the end to learn how long one takes, then start ``make(i)`` for i = 1, 2, ... and cancel
+    each at a random moment within 1.5 times that, until ``want`` were cancelled and ``want`` finished (at most
+    400 tries, so a slow or a fast machine both cut at every point). Returns (cancelled, tries)."""
     rng = random.Random(seed)
-    cancelled = 0
-    for i in range(count):
-        task = asyncio.ensure_future(make(i))
-        await asyncio.sleep(rng.uniform(0, within))
+    started = time.monotonic()
+    await make(0)
+    took = time.monotonic() - started
+    cancelled = finished = 0
+    tries = 1
+    while (cancelled < want or finished < want) and tries < 400:
+        task = asyncio.ensure_future(make(tries))
+        tries += 1
+        await asyncio.sleep(rng.uniform(0, 1.5 * took))
         task.cancel()
         try:
             await task
+            finished += 1
         except asyncio.CancelledError:
             cancelled += 1
-    return cancelled
+    return cancelled, tries
 
 
 async def test_cancelling_appends_at_many_points_leaves_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
-    cancelled = await cancel_at_random(lambda i: aj.append(f"Cancel|{i}", [{"i": i, "pad": "x" * 200}] * EVENTS,
-                                                           tags=["c"] if i % 3 == 0 else ()), 60, 0.004, 21)
+    cancelled, tries = await cancel_at_random(
+        lambda i: aj.append(f"Cancel|{i}", [{"i": i, "pad": "x" * 200}] * EVENTS, tags=["c"] if i % 3 == 0 else ()),
+        21)
     assert cancelled >= 10, "too few appends were cancelled to prove anything"
     written = counts(dsn, "Cancel|")
     assert set(written.values()) <= {EVENTS}, "an append was half written"
-    assert 0 < len(written) < 60, "cancelled at both ends: some appends committed, some not"
+    assert 0 < len(written) < tries, "cancelled at both ends: some appends committed, some not"
     with psycopg.connect(dsn) as conn:
         journal_rows = conn.execute("SELECT count(*) FROM event_journal WHERE tags @> '{c}'").fetchone()[0]
         tag_rows = conn.execute("SELECT count(*) FROM tag_views WHERE tag_name = 'c'").fetchone()[0]
@@ -124,9 +133,10 @@ async def test_cancelling_a_transaction_rolls_all_of_it_back(aj: AsyncJournal, d
             await tx.connection.execute("SELECT pg_sleep(0.001)")
             await tx.append(f"Unit|{i}-b", [i] * 3, tags=["u"])
 
-    assert await cancel_at_random(unit, 40, 0.008, 7) >= 10
+    cancelled, tries = await cancel_at_random(unit, 7)
+    assert cancelled >= 10
     written = counts(dsn, "Unit|")
-    for i in range(40):
+    for i in range(tries):
         assert written.get(f"Unit|{i}-a") == written.get(f"Unit|{i}-b"), f"unit {i} was half committed"
     await pool_is_clean(aj, dsn)
 
