@@ -107,10 +107,21 @@ class SerializerRegistry:
         later ones included, with that database's reading of id 33. ``self`` when nothing differs."""
         if stored.legacy_json_33 == self.legacy_json_33:
             return self
+        return self._derived(stored.legacy_json_33, self.transcoder)
+
+    def with_transcoder(self, transcoder: transcoding.Transcoder | None) -> SerializerRegistry:
+        """This registry with another transcoder (say, one whose key store a Spark task can open): the same
+        registrations, later ones included, and the same reading of id 33."""
+        if transcoder is not None and not isinstance(transcoder, transcoding.Transcoder):
+            raise ConfigurationError(f"transcoder must be a pgjournal.transcoding.Transcoder, got "
+                                     f"{type(transcoder).__name__}")
+        return self._derived(self.legacy_json_33, transcoder)
+
+    def _derived(self, legacy_json_33: bool, transcoder: transcoding.Transcoder | None) -> SerializerRegistry:
         derived = SerializerRegistry.__new__(SerializerRegistry)
         derived._known = self._known
-        derived.legacy_json_33 = stored.legacy_json_33
-        derived.transcoder = self.transcoder
+        derived.legacy_json_33 = legacy_json_33
+        derived.transcoder = transcoder
         return derived
 
     def register(
@@ -310,6 +321,30 @@ class SerializerRegistry:
                 f"serializer {ser_id} could not decode manifest {manifest!r}{where}: {exc}",
                 persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
             ) from exc
+
+    def reads_as_stored(self, manifest: str) -> bool:
+        """Whether a Jackson JSON or CBOR payload of ``manifest`` reads as its data as stored: no type and no
+        upcaster is registered for it (with or without its ``#N``). Lets a bulk reader decode such payloads
+        its own way (Spark decodes whole batches of JSON in Arrow) and still give what :meth:`deserialize`
+        gives."""
+        name = manifest
+        if manifest not in self._known.jackson_by_name and "#" in manifest:
+            try:
+                name = akka.split_manifest(manifest)[0]
+            except ValueError:
+                return True  # not a Jackson version suffix: read as it is
+        return name not in self._known.jackson_by_name and name not in self._known.upcasters
+
+    def as_data(self, value: Any) -> Any:
+        """``value`` as the JSON-like data this registry writes for it: a registered type through its
+        ``to_dict``, a dataclass or pydantic model as its fields; anything else as it is."""
+        entry = self._known.jackson_by_type.get(type(value))
+        if entry is not None:
+            return entry.to_dict(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        dump = getattr(value, "model_dump", None)
+        return dump(mode="json") if callable(dump) and not isinstance(value, type) else value
 
     def _from_jackson(self, manifest: str, data: Any) -> Any:
         """``data`` as the registered type of ``manifest`` (upcast from an older version first), or as it is
