@@ -51,7 +51,8 @@ def test_a_registry_with_a_transcoder_and_in_memory_keys_pickles_as_a_copy() -> 
     assert copy.deserialize(stored.ser_id, stored.manifest, stored.payload, persistence_id="Cart|1") == Added(
         "mug" * 20, 2)
     # a compressed payload is not encrypted; a short or foreign one is neither
-    plain = SerializerRegistry(transcoder=Transcoder(compression="zlib", compress_min_size=1)).serialize({"a": "b" * 50})
+    zipped = SerializerRegistry(transcoder=Transcoder(compression="zlib", compress_min_size=1))
+    plain = zipped.serialize({"a": "b" * 50})
     assert plain.ser_id == TRANSCODED_SER_ID and not encrypted(plain.payload)
     assert not encrypted(b"\x01\x04") and not encrypted(b'{"a": 1}')
 
