@@ -23,6 +23,7 @@ is gone reads as a :class:`~pgjournal.transcoding.Redacted` value.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -340,9 +341,9 @@ class SerializerRegistry:
         ``to_dict``, a dataclass or pydantic model as its fields; anything else as it is."""
         entry = self._known.jackson_by_type.get(type(value))
         if entry is not None:
-            return entry.to_dict(value)
+            return _dataclass_data(value) if entry.to_dict is dataclasses.asdict else entry.to_dict(value)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return dataclasses.asdict(value)
+            return _dataclass_data(value)
         dump = getattr(value, "model_dump", None)
         return dump(mode="json") if callable(dump) and not isinstance(value, type) else value
 
@@ -372,6 +373,23 @@ class SerializerRegistry:
             if from_version < entry.version and entry.upcast is not None:
                 data = entry.upcast(data, from_version)
         return entry.from_dict(data)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _dataclass_data(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(obj)``, without its deep copy when every field holds a JSON scalar (a third of the
+    cost of a bulk read's per-row decoding went to that copy)."""
+    data = {name: getattr(obj, name) for name in _field_names(type(obj))}
+    if all(type(v) in _SCALARS for v in data.values()):
+        return data
+    return dataclasses.asdict(obj)
 
 
 def _upcast(name: str, steps: dict[int, Callable[[Any], Any]], data: Any, from_version: int, current: int) -> Any:
