@@ -207,7 +207,8 @@ def load_events(
     On PostgreSQL ``behind`` only keeps the load further behind the clock. The role needs SELECT on the
     journal and SELECT, INSERT, DELETE on ``projection_timestamp_offset_store`` (``pgjournal_loader``);
     without them :class:`~pgjournal.errors.InsufficientPrivilege` is raised before Spark reads anything.
-    A failed load leaves no output and moves no watermark.
+    A failed load leaves no output and moves no watermark. ``decode`` decodes with ``serializers`` (the journal's
+    registry), see :func:`spark.read.decode_payloads`.
     """
     out = check_output(out)
     check_job_name(job)

@@ -3,8 +3,9 @@
 is honoured, and a crypto-shredded payload reads as ``redacted``. The native source (batch and stream) and the
 JDBC reader give the same rows.
 
-The types, upcasters and serializers below live in this module, which Spark's Python workers cannot import:
-:mod:`spark.shipping` sends them by value, as it does for a user's script and its sibling modules.
+The types and upcasters (test_upcasting's) and the serializer below live in test modules, which Spark's Python
+workers cannot import: :mod:`spark.shipping` sends them by value, as it does for a user's script and its
+sibling modules.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 import cbor2
 import psycopg
 import pytest
+import test_upcasting as upcasting
 from alembic import command
 from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark tests)
+from test_upcasting import NAME, ItemAdded, ItemAddedV1, ItemAddedV2
 
 from pgjournal import Journal, SerializerRegistry, slice_for_persistence_id
 from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
@@ -33,42 +36,12 @@ pytestmark = pytest.mark.spark
 if spark_skipped():
     pytest.skip(f"{SKIP_ENV} is set", allow_module_level=True)
 
-NAME = "com.example.ItemAdded"
 ENTITY = "Cart"
 
 
-@dataclass(frozen=True)
-class ItemAddedV1:  # version 1: {"name": ...}, manifest without '#'
-    name: str
-
-
-@dataclass(frozen=True)
-class ItemAddedV2:  # version 2: the field renamed
-    item: str
-
-
-@dataclass(frozen=True)
-class ItemAdded:  # version 3, the current one: a quantity
-    item: str
-    quantity: int
-
-
-def rename(data: dict[str, Any]) -> dict[str, Any]:
-    return {"item": data["name"]}
-
-
 def registry_v(version: int, transcoder: Transcoder | None = None) -> SerializerRegistry:
-    """The registry of the application at ``version`` (as that version wrote its events)."""
-    reg = SerializerRegistry(transcoder=transcoder)
-    if version == 1:
-        reg.register(ItemAddedV1, NAME)
-    elif version == 2:
-        reg.register(ItemAddedV2, NAME, version=2)
-    else:
-        reg.register(ItemAdded, NAME, version=3)
-        reg.register_upcaster(NAME, 1, rename)  # a function of this module
-        reg.register_upcaster(NAME, 2, lambda d: {**d, "quantity": 1})
-    return reg
+    """The registry of the application at ``version`` (test_upcasting's), with ``transcoder``."""
+    return upcasting.registry_v(version).with_transcoder(transcoder)
 
 
 @dataclass(frozen=True)
