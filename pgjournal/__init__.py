@@ -34,6 +34,7 @@ from .errors import (
     SchemaNotMigrated,
     SerializationError,
     SlowConsumer,
+    TransactionAborted,
     WriteOutcomeUnknown,
 )
 from .journal import Journal
@@ -87,6 +88,7 @@ __all__ = [
     "TagEnvelope",
     "TimeBasedUUID",
     "TimestampOffset",
+    "TransactionAborted",
     "WriteOutcomeUnknown",
     "entity_type_of",
     "persist",
