@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import InvalidArgument
 
+_new, _set_attribute = object.__new__, object.__setattr__
 _UUID_FORM = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
@@ -89,9 +90,15 @@ class TimestampOffset:
                 ) -> TimestampOffset:
         """An offset from values read from the journal (aware timestamps, stored pids and sequence numbers),
         without the checks: a query builds one per envelope, and the checks cost more than the rest of it."""
-        offset = object.__new__(cls)
-        object.__setattr__(offset, "__dict__", {"timestamp": timestamp, "read_timestamp": read_timestamp,
-                                                "seen": MappingProxyType(dict(seen))})
+        return cls.adopted(timestamp, read_timestamp, dict(seen))
+
+    @classmethod
+    def adopted(cls, timestamp: datetime, read_timestamp: datetime | None, seen: dict[str, int]) -> TimestampOffset:
+        """:meth:`trusted` that keeps ``seen`` itself (behind a read-only view) instead of a copy: for a caller
+        that never changes that dict afterwards (the by-slice cursor replaces its map, never changes it)."""
+        offset = _new(cls)
+        _set_attribute(offset, "__dict__", {"timestamp": timestamp, "read_timestamp": read_timestamp,
+                                            "seen": MappingProxyType(seen)})
         return offset
 
     def __str__(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import timedelta
@@ -10,7 +11,16 @@ import psycopg
 import pytest
 from conftest import FAST
 
-from pgjournal import InvalidArgument, Journal, NoOffset, Source, TimestampOffset, slice_for_persistence_id
+from pgjournal import (
+    InvalidArgument,
+    Journal,
+    NoOffset,
+    SerializationError,
+    Source,
+    TimestampOffset,
+    slice_for_persistence_id,
+)
+from pgjournal.envelope import EventEnvelope
 from pgjournal.store.events import insert_sql
 
 
@@ -192,3 +202,41 @@ def test_offset_lag_fields(journal: Journal) -> None:
     (envelope,) = journal.query.current_events_by_slices("Cart", 0, 1023, NoOffset)
     assert envelope.offset.read_timestamp is not None
     assert envelope.offset.read_timestamp - envelope.offset.timestamp >= timedelta(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    item: str
+
+
+def test_catch_up_decodes_each_payload_as_deserialize_does(journal: Journal) -> None:
+    """The catch-up's plain-JSON shortcut gives what ``deserialize`` gives: plain JSON as data, a registered type
+    as its class, other payloads through their own path; a payload that does not decode raises deserialize's
+    error naming the row; the envelopes compare and replace like any other."""
+    journal.serializers.register(Added, "cart.added")
+    journal.append("Cart|1", [{"n": 1}, Added("sku-1"), 7, "text", b"\x00raw", {"é": "ü"}, [1, 2], None])
+    time.sleep(0.05)
+    envelopes = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+    assert [e.event for e in envelopes] == [{"n": 1}, Added("sku-1"), 7, "text", b"\x00raw", {"é": "ü"}, [1, 2],
+                                            None]
+    made = [EventEnvelope(*(getattr(e, f.name) for f in dataclasses.fields(e))) for e in envelopes]
+    assert envelopes == made and made == envelopes and all(type(e) is EventEnvelope for e in envelopes)
+    assert dataclasses.replace(envelopes[0], seq_nr=99).seq_nr == 99
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        envelopes[0].seq_nr = 5  # type: ignore[misc]
+    with journal.connection() as conn:
+        conn.execute("UPDATE event_journal SET event_payload = %s WHERE persistence_id = 'Cart|1' AND seq_nr = 2",
+                     (b'{"n": \xff',))
+        conn.execute("UPDATE event_journal SET event_payload = %s, event_ser_manifest = '' WHERE "
+                     "persistence_id = 'Cart|1' AND seq_nr = 3", (b'{"n": 1} trailing',))
+    read = journal.query.current_events_by_slices("Cart", 0, 1023)
+    assert next(read).event == {"n": 1}
+    with pytest.raises(SerializationError, match=r"'Cart\|1'.* 2"):
+        next(read)
+    with journal.connection() as conn:
+        conn.execute("UPDATE event_journal SET event_payload = '{\"item\": \"sku-2\"}'::bytea WHERE "
+                     "persistence_id = 'Cart|1' AND seq_nr = 2")
+    read = journal.query.current_events_by_slices("Cart", 0, 1023)
+    assert [next(read).event for _ in range(2)] == [{"n": 1}, Added("sku-2")]
+    with pytest.raises(SerializationError, match=r"'Cart\|1'.* 3"):
+        next(read)
