@@ -108,6 +108,9 @@ def decode_boolean(payload: bytes) -> bool:
 # -- Jackson --------------------------------------------------------------------------------------------
 
 _scan_once = json.JSONDecoder().scan_once
+#: ``scan_json(text, 0)``: ``(the JSON value at the start of text, where it ends)``; raises StopIteration or
+#: ValueError when there is none (the C scanner of ``json.loads``, without its wrappers).
+scan_json = _scan_once
 
 
 def _gunzip(payload: bytes) -> bytes:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import metrics
+from .akka_formats import scan_json
 from .envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
 from .errors import InvalidArgument
 from .gate import DUPLICATE, GAP, Gate, Unknown
@@ -94,32 +95,41 @@ class EventRows:
     def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> EventEnvelope:
         return envelope_from_row(row, self._serializers, offset=offset, source=source)
 
-    def envelopes(self, deliveries: list[Delivery]) -> Iterator[EventEnvelope]:
-        """:meth:`envelope` of each delivery, made as they are taken, at less per row (a catch-up's cost): the
-        offset keeps the cursor's seen map (replaced, never changed) without a copy; a payload its registry has
-        a plain decoder for (:meth:`SerializerRegistry.plain_decoder`) is decoded by it directly (its error
-        still comes from ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
+    def envelopes(self, deliveries: list[Any], source: Source = Source.QUERY, read_timestamp: datetime | None = None
+                  ) -> Iterator[EventEnvelope]:
+        """:meth:`envelope` of each delivery (a :data:`Delivery`, or a bare row of a page read at
+        ``read_timestamp``, delivered alone at its timestamp: see :meth:`SliceQuery.sift_step`), made as they
+        are taken, at less per row (a catch-up's cost): the offset keeps the cursor's seen map (replaced, never
+        changed) without a copy; a payload that is plain JSON (:meth:`SerializerRegistry.plain_json`) is
+        scanned here (anything unusual, and the error of one that does not decode, is left to
+        ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
         serializers = self._serializers
-        deserialize, plain_decoder = serializers.deserialize, serializers.plain_decoder
-        decoders: dict[tuple[int, str], Any] = {}
+        deserialize, plain_json, scan = serializers.deserialize, serializers.plain_json, scan_json
         offset_of, make = TimestampOffset.adopted, new_envelope
-        for row, source, at, seen, read_timestamp in deliveries:
+        last_id, last_manifest, plain = None, None, False
+        for delivery in deliveries:
+            if delivery[0].__class__ is tuple:  # a Delivery (a row starts with its slice)
+                row, at_source, at, seen, at_read = delivery
+            else:
+                row, at_source, at, seen, at_read = delivery, source, delivery[4], None, read_timestamp
             slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, _, _ = row
-            key = (ser_id, manifest)
-            decode = decoders.get(key, _UNSET)
-            if decode is _UNSET:
-                decode = decoders[key] = plain_decoder(ser_id, manifest)
+            if ser_id != last_id or manifest != last_manifest:
+                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
             event = _UNSET
-            if decode is not None:
-                try:  # noqa: SIM105  # (contextlib.suppress costs ~0.2 us a row)
-                    event = decode(payload)
+            if plain:
+                try:  # bytes to str (gzip's magic bytes are not UTF-8), then one whole JSON document
+                    text = payload.decode()
+                    event, end = scan(text, 0)
+                    if end != len(text):
+                        event = _UNSET
                 except Exception:
-                    pass  # deserialize raises the error (or a lenient registry decides)
+                    event = _UNSET  # deserialize decides (or raises the error)
             if event is _UNSET:
                 event = deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
-            yield make(pid, seq_nr, slice_, entity_type, ts, offset_of(at, read_timestamp, seen), event,
+            yield make(pid, seq_nr, slice_, entity_type, ts,
+                       offset_of(at, at_read, seen if seen is not None else {pid: seq_nr}), event,
                        tuple(tags) if tags else (), None if meta_id is None else metadata_of(row, serializers),
-                       source)
+                       at_source)
 
 
 class SliceQuery:
@@ -242,10 +252,11 @@ class SliceQuery:
         limit = self.main_limit()
         rows = yield self.page(self.main, horizon.safe, limit)
         self.read_timestamp = horizon.now
-        deliveries = yield from self.sift_step(rows, Source.QUERY, main=True)
+        bare = hasattr(self.rows, "envelopes")
+        deliveries = yield from self.sift_step(rows, Source.QUERY, main=True, bare=bare)
         self.behind = len(rows) >= limit
         self._forget(self.main.ts - self.window - self.bt_behind)
-        return self.envelopes(deliveries)
+        return self.envelopes(deliveries, Source.QUERY, self.read_timestamp)
 
     def _made(self, step: Step[tuple[list[Delivery], int]]) -> Step[Iterator[Any]]:
         deliveries, _rows = yield from step
@@ -253,13 +264,19 @@ class SliceQuery:
 
     # -- the gate ------------------------------------------------------------------------------------
 
-    def sift_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool) -> Step[list[Delivery]]:
+    def sift_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool, bare: bool = False
+                  ) -> Step[list[Delivery]]:
         """The gate over a page: each row once, after its predecessor (missing ones loaded and delivered
         first); the cursor advanced. Returns the rows to deliver, in order, with what their envelopes need;
         :meth:`envelope` makes each as the reader takes it (an envelope made and dropped before the next one
         is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once cost a third
-        of a catch-up's client CPU)."""
-        out: list[Delivery] = []
+        of a catch-up's client CPU).
+
+        ``bare`` (a main page whose rows have ``envelopes``, see :meth:`envelopes`): a row delivered alone at
+        its timestamp (its offset: its own timestamp, persistence id and number) is delivered as the row itself,
+        not a :data:`Delivery`; so a page keeps one object per row alive, not three (the tuple and the seen map
+        cost more in garbage collection than in making them)."""
+        out: list[Any] = []
         if not rows:
             return out
         cursor = self.main if main else self.backtracking
@@ -269,27 +286,33 @@ class SliceQuery:
         unknown = self._unknown(predecessors) if contiguous else _next
         # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
         # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted, the
-        # gate's common case (the next number of a persistence id, or 1) inline, and the cursor written back
-        # once a page (and before a gap is filled, which reads it).
+        # gate's common case (the next number of a persistence id, or 1) inline, the cursor written back once a
+        # page (and before a gap is filled, which reads it), and the seen map of a timestamp made only when a
+        # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``).
         start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
         start_seen = self.start.seen
         gate = self.gate
         delivered, judge, deliver = gate.delivered, gate.judge, gate.deliver
-        main_cursor, read_timestamp = self.main, self.read_timestamp
+        read_timestamp = self.read_timestamp
         ts_at, seen = cursor.ts, cursor.seen
-        # The main cursor's (ts, seen) for deliveries: the row's own while the main cursor reads.
-        main_ts, main_seen = main_cursor.ts, main_cursor.seen
-        pid = seq_nr = None
+        lone_pid, lone_seq = "", 0
+        # A backtracking delivery's offset is the main cursor's position (unchanged by a backtracking page).
+        main_ts, main_seen = self.main.ts, self.main.seen
+        pid, seq_nr = cursor.last_pid, cursor.last_seq
         append = out.append
         for row in rows:
             pid, seq_nr, ts = row[2], row[3], row[4]
             # The cursor's seen map is replaced, never changed: a delivery keeps the one of its offset.
             if ts != ts_at:
-                ts_at, seen = ts, ({pid: seq_nr} if main else {})
+                ts_at = ts
+                if main:
+                    seen, lone_pid, lone_seq = None, pid, seq_nr
+                else:
+                    seen = {}
             elif main:
+                if seen is None:
+                    seen = {lone_pid: lone_seq}
                 seen = {**seen, pid: max(seq_nr, seen.get(pid, 0))}
-            if main:
-                main_ts, main_seen = ts_at, seen
             if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
                 continue  # consumed before this query started (only backtracking can meet these)
             known = delivered.get(pid)
@@ -300,12 +323,20 @@ class SliceQuery:
                 if verdict is DUPLICATE:
                     continue  # a duplicate (backtracking, or a replayed gap)
                 if verdict is GAP and contiguous:
+                    if seen is None:
+                        seen = {lone_pid: lone_seq}
                     cursor.ts, cursor.seen, cursor.last_seq, cursor.last_pid = ts_at, seen, seq_nr, pid
                     out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
                     delivered = gate.delivered
                 deliver(pid, seq_nr, ts)
-            append((row, source, main_ts, main_seen, read_timestamp))
-        cursor.ts, cursor.seen, cursor.last_seq, cursor.last_pid = ts_at, seen, seq_nr, pid
+            if not main:
+                append((row, source, main_ts, main_seen, read_timestamp))
+            elif seen is not None:
+                append((row, source, ts_at, seen, read_timestamp))
+            else:
+                append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp))
+        cursor.ts, cursor.seen = ts_at, seen if seen is not None else {lone_pid: lone_seq}
+        cursor.last_seq, cursor.last_pid = seq_nr, pid
         return out
 
     def envelope(self, delivery: Delivery) -> Any:
@@ -313,12 +344,14 @@ class SliceQuery:
         row, source, ts, seen, read_timestamp = delivery
         return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen), source)
 
-    def envelopes(self, deliveries: list[Delivery]) -> Iterator[Any]:
+    def envelopes(self, deliveries: list[Any], source: Source = Source.QUERY, read_timestamp: datetime | None = None
+                  ) -> Iterator[Any]:
         """The envelopes of deliveries, made one by one as they are taken (by the rows' ``envelopes`` when they
-        have one: see :meth:`EventRows.envelopes`)."""
+        have one: see :meth:`EventRows.envelopes`, which also takes bare rows: see :meth:`sift_step`, with their
+        page's ``source`` and ``read_timestamp``)."""
         many = getattr(self.rows, "envelopes", None)
         if many is not None:
-            return many(deliveries)  # type: ignore[no-any-return]
+            return many(deliveries, source, read_timestamp)  # type: ignore[no-any-return]
         return self._one_by_one(deliveries)
 
     def _one_by_one(self, deliveries: list[Delivery]) -> Iterator[Any]:

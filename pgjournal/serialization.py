@@ -323,14 +323,14 @@ class SerializerRegistry:
                 persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
             ) from exc
 
-    def plain_decoder(self, ser_id: int, manifest: str) -> Callable[[bytes], Any] | None:
-        """For a bulk reader: a function that gives, for a payload of ``(ser_id, manifest)``, what
-        :meth:`deserialize` gives when it succeeds, without its dispatch (Jackson JSON of a manifest with no
-        registered type or upcaster: the JSON decoded); ``None`` when there is none. When the function raises,
-        call :meth:`deserialize` for the error (or what a subclass makes of it)."""
-        if ser_id != akka.JACKSON_JSON or type(self).deserialize is not SerializerRegistry.deserialize:
-            return None
-        return akka.decode_json if self.reads_as_stored(manifest) else None
+    def plain_json(self, ser_id: int, manifest: str) -> bool:
+        """Whether a payload of ``(ser_id, manifest)`` deserializes to its JSON document as it is (Jackson
+        JSON of a manifest with no registered type or upcaster; :meth:`deserialize` not overridden): a bulk
+        reader may then decode the common case itself (:func:`pgjournal.akka_formats.scan_json`) and leave
+        anything else (compressed, not UTF-8, not one JSON document) to :meth:`deserialize`, for its value or
+        its error."""
+        return (ser_id == akka.JACKSON_JSON and type(self).deserialize is SerializerRegistry.deserialize
+                and self.reads_as_stored(manifest))
 
     def reads_as_stored(self, manifest: str) -> bool:
         """Whether a Jackson JSON or CBOR payload of ``manifest`` reads as its data as stored: no type and no
