@@ -32,6 +32,9 @@ _IDLE = TransactionStatus.IDLE
 _WAIT_TIMEOUT: type[BaseException] | None = getattr(psycopg.errors, "_WaitTimeout", None)
 
 
+_psycopg_wait = psycopg.Connection.wait
+
+
 class ServerSilent(psycopg.OperationalError):
     """No answer within the client-side limit; the connection was closed (the statement may have run)."""
 
@@ -79,11 +82,12 @@ class LimitedConnection(psycopg.Connection[Any]):
     limit: float | None = None
 
     def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        # psycopg's own wait called directly, not through super(): this runs for every statement.
         limit = self.limit
         if limit is None or timeout is not None or _WAIT_TIMEOUT is None:
-            return super().wait(gen, interval, timeout)
+            return _psycopg_wait(self, gen, interval, timeout)
         try:
-            return super().wait(gen, interval, limit)
+            return _psycopg_wait(self, gen, interval, limit)
         except _WAIT_TIMEOUT:
             # The protocol state is unknown mid-exchange: the connection cannot be used again.
             self.pgconn.finish()

@@ -26,7 +26,7 @@ from psycopg_pool import PoolTimeout
 from . import metrics
 from .contention import KeyedLocks, RetryPolicy
 from .dsn import mask_dsn
-from .envelope import EventEnvelope, Source
+from .envelope import EventEnvelope, Source, new_envelope
 from .errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -104,11 +104,11 @@ class AppendPlan:
         (sorted in place)."""
         if len(rows) > 1:
             rows.sort()
-        target, trusted, tags, metadata = self.target, TimestampOffset.trusted, self.tags, self.metadata
+        target, adopted, tags, metadata = self.target, TimestampOffset.adopted, self.tags, self.metadata
         pid, slice_, entity_type = target.pid, target.slice, target.entity_type
         return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event, tags,
-                          metadata, Source.QUERY)
+            new_envelope(pid, seq_nr, slice_, entity_type, ts, adopted(ts, ts, {pid: seq_nr}), event, tags,
+                         metadata, Source.QUERY)
             for (seq_nr, ts), event in zip(rows, self.events, strict=True)
         ]
 
@@ -335,11 +335,12 @@ class EventWriter:
             cur = _append_cursor(conn)
             if stamp is not None:
                 stamp(params)
+            # Binary results: the returned (seq_nr, db_timestamp) parse for less than their text.
             if before is None:
-                return cur.execute(sql, params, prepare=True).fetchall()
+                return cur.execute(sql, params, prepare=True, binary=True).fetchall()
             with conn.transaction():
                 before(conn)
-                rows = cur.execute(sql, params, prepare=True).fetchall()
+                rows = cur.execute(sql, params, prepare=True, binary=True).fetchall()
                 if not rows:  # a stale expected_seq_nr: a conflict, so nothing of this call stays
                     raise psycopg.Rollback()
                 return rows
