@@ -102,10 +102,14 @@ class AppendPlan:
     def envelopes(self, rows: list[tuple[int, datetime]]) -> list[EventEnvelope]:
         """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned
         (sorted in place)."""
-        if len(rows) > 1:
-            rows.sort()
         target, adopted, tags, metadata = self.target, TimestampOffset.adopted, self.tags, self.metadata
         pid, slice_, entity_type = target.pid, target.slice, target.entity_type
+        if len(rows) == 1:  # the common append, without a comprehension's frame
+            (seq_nr, ts), = rows
+            (event,) = self.events
+            return [new_envelope(pid, seq_nr, slice_, entity_type, ts, adopted(ts, ts, {pid: seq_nr}), event, tags,
+                                 metadata, Source.QUERY)]
+        rows.sort()
         return [
             new_envelope(pid, seq_nr, slice_, entity_type, ts, adopted(ts, ts, {pid: seq_nr}), event, tags,
                          metadata, Source.QUERY)
@@ -143,7 +147,8 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
         return None
     event_list = list(events)  # the caller's list may change while this runs
     serialize = journal.serializers.serialize
-    encoded = [serialize(event, persistence_id=pid) for event in event_list]
+    encoded = [serialize(event_list[0], persistence_id=pid)] if len(event_list) == 1 else [
+        serialize(event, persistence_id=pid) for event in event_list]
     meta = serialize(metadata, persistence_id=pid) if metadata is not None else None
     store = journal.events
     if store.jsonb:  # Akka's JSONB payload columns take JSON only
@@ -244,7 +249,7 @@ class EventWriter:
         before = record_bucket_size(self._journal) if plan.tags else None
         started = time.perf_counter()
         try:
-            rows = self._execute(plan.pid, plan.sql, plan.params, before, plan.stamp)
+            rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp)
         except BaseException:
             self.failed(plan)
             raise
@@ -268,9 +273,10 @@ class EventWriter:
         """``plan`` committed with ``rows``: count it, remember its last event, signal; its envelopes."""
         envelopes = plan.envelopes(rows)  # sorts the rows
         self.count(plan, rows, seconds)
-        plan.target.last_seq, plan.target.last_ts = rows[-1]
+        target = plan.target
+        target.last_seq, target.last_ts = rows[-1]
         if self._after_commit is not None:
-            self._after_commit(plan.slice, plan.entity_type)
+            self._after_commit(target.slice, target.entity_type)
         return envelopes
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
