@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from datetime import datetime
 from typing import Any
 
@@ -80,22 +80,10 @@ def metadata_of(row: Sequence[Any], serializers: SerializerRegistry) -> Any:
                                    persistence_id=pid, seq_nr=seq_nr)
 
 
-@dataclass(slots=True)
-class _Unfrozen:
-    """:class:`EventEnvelope`'s twin without ``frozen``: same slots in the same order, so an instance can take
-    :class:`EventEnvelope` as its class once filled (its ``__init__`` stores each slot directly, where the
-    frozen one calls ``object.__setattr__`` per field)."""
-
-    persistence_id: str
-    seq_nr: int
-    slice: int
-    entity_type: str
-    db_timestamp: datetime
-    offset: TimestampOffset
-    event: Any
-    tags: tuple[str, ...]
-    metadata: Any
-    source: Source
+#: :class:`EventEnvelope`'s twin without ``frozen``, made from its fields: the same slots in the same order, so an
+#: instance can take :class:`EventEnvelope` as its class once filled (its ``__init__`` stores each slot
+#: directly, where the frozen one calls ``object.__setattr__`` per field).
+_Unfrozen = make_dataclass("_Unfrozen", [(f.name, f.type) for f in fields(EventEnvelope)], slots=True)
 
 
 def _recast(pid: str, seq_nr: int, slice_: int, entity_type: str, ts: datetime, offset: TimestampOffset,

@@ -20,7 +20,8 @@ A persistence id the gate does not know (never met, or forgotten) is resolved by
 
 A catch-up meets the common case on nearly every row (the next number of a known persistence id, or 1):
 :meth:`Gate.take_next` (per row) and :meth:`Gate.take_leading` (per page or streamed chunk) deliver it in
-one call and leave everything else to :meth:`Gate.judge`.
+one call and leave everything else to :meth:`Gate.judge` (by-slice's page loop does what ``take_next`` does
+inline, on :attr:`Gate.delivered`, to save a method call per row).
 
 The gate runs no SQL: a policy that needs the database is resolved by the caller first (by-slice loads the
 predecessors of a page's unknown persistence ids in one statement; the offset store looks one up), so the
