@@ -17,10 +17,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psycopg.errors
+
 from . import metrics
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+
+#: Errors after which a write's whole transaction may be run again, if the dialect lists their SQLSTATE
+#: (:attr:`~pgjournal.dialects.base.Dialect.retryable_sqlstates`).
+TRANSIENT_ERRORS = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.OutOfMemory)
 
 
 class KeyedLocks:

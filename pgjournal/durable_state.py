@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.errors
 
-from .contention import KeyedLocks, RetryPolicy
+from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
 from .envelope import Source
 from .errors import (
     ConfigurationError,
@@ -173,7 +173,7 @@ class DurableStateStore:
                 except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
                     row = None
                     break
-                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                except TRANSIENT_ERRORS as exc:
                     if self._retry.should_retry(attempt, exc.sqlstate):
                         continue  # one statement, one transaction: running it again is safe
                     raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "

@@ -146,8 +146,9 @@ class WriteOutcomeUnknown(JournalError):
 
 
 class RetriesExhausted(JournalError):
-    """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01) past its
-    retry bound. The server rolled every attempt back, so nothing was written; trying again later is safe."""
+    """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01, a full lock
+    table 53200) past its retry bound. The server rolled every attempt back, so nothing was written; trying again
+    later is safe."""
 
 
 class TransactionAborted(JournalError):

@@ -24,7 +24,7 @@ import psycopg.errors
 from psycopg_pool import PoolTimeout
 
 from . import metrics
-from .contention import KeyedLocks, RetryPolicy
+from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
 from .dsn import mask_dsn
 from .envelope import EventEnvelope, Source
 from .errors import (
@@ -310,7 +310,7 @@ class EventWriter:
                     if self._retry.should_retry(attempt, exc.sqlstate):
                         continue
                     raise self._exhausted(pid, attempt, started, exc) from None
-                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                except TRANSIENT_ERRORS as exc:
                     if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
                         raise self._failed(pid, exc) from exc
                     if self._retry.should_retry(attempt, exc.sqlstate):
@@ -376,5 +376,8 @@ def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The server's message, and its hint when it gave one (e.g. which setting to raise)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    hint = exc.diag.message_hint if isinstance(exc, psycopg.Error) else None
+    return f"{line}; hint: {hint}" if hint else line
