@@ -1,0 +1,156 @@
+"""Appends that would wait for a pool connection ride together: a *drain* borrows a connection and sends every
+queued append on it in one pipeline (psycopg's pipeline mode), each append its own statement followed by its own
+Sync, so each is its own transaction exactly as on a connection of its own: its all-or-nothing, its primary-key
+clash, its rows. What the asyncio face saves is the per-append cost of its event loop (a socket wait, a timer and
+a task switch per round trip), which made its client CPU per append well above the threads' (bench
+``async-append``).
+
+Only the first attempt of an untagged append rides in a pipeline: an append whose statement failed there wrote
+nothing (its transaction rolled back at its Sync) and is handed back to its task, which runs it on a connection
+of its own through :func:`pgjournal.appending.append_step` (the write path's conflict and retry rules, one
+implementation). A lost connection leaves the outcome of what was sent unknown
+(:class:`~pgjournal.errors.WriteOutcomeUnknown`), as on a connection of its own.
+
+Cancelling an append still queued removes it (nothing written); once sent, its statement runs to its end on the
+server (all of it or nothing) and only the task stops waiting. The drain's connection goes back to the pool idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import ExecStatus
+
+from ..appending import Rows, failed
+from ..write import AppendPlan
+
+if TYPE_CHECKING:
+    from .journal import AsyncJournal
+
+#: Appends sent in one pipeline at most (a drain takes what is queued, up to this).
+BATCH = 64
+
+Queued = tuple[AppendPlan, "asyncio.Future[Rows | None]"]
+
+
+def supported() -> bool:
+    """Pipeline mode (libpq 14+) and a Sync that can be queued after each statement (psycopg's pipeline)."""
+    try:
+        from psycopg._pipeline_base import BasePipeline
+    except ImportError:  # pragma: no cover - another psycopg layout: appends wait for a connection instead
+        return False
+    return psycopg.AsyncPipeline.is_supported() and hasattr(BasePipeline, "_enqueue_sync")
+
+
+class AppendPipeline:
+    """The queue of appends waiting for a connection and the drains (at most one per pool connection) that
+    send them."""
+
+    def __init__(self, journal: AsyncJournal, drains: int, *, enabled: bool = True) -> None:
+        self._journal = journal
+        self._queue: collections.deque[Queued] = collections.deque()
+        self._most = drains
+        self._drains: set[asyncio.Task[None]] = set()
+        self.enabled = enabled and supported()
+        #: Appends sent in a pipeline so far, and the pipelines that carried them.
+        self.sent = self.pipelines = 0
+
+    def takes(self, plan: AppendPlan) -> bool:
+        """Whether ``plan`` should ride in a pipeline: untagged (a tagged append may record the bucket size in a
+        transaction of its own) and no connection is free right now."""
+        return self.enabled and not plan.tags and not self._journal.connections.ready()
+
+    async def submit(self, plan: AppendPlan) -> Rows | None:
+        """The rows of ``plan`` appended in a pipeline; ``None``: not written, run it on a connection of its own
+        (its statement failed or found no predecessor, or no drain could get a connection)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Rows | None] = loop.create_future()
+        self._queue.append((plan, future))
+        if len(self._drains) < self._most:
+            drain = loop.create_task(self._drain())
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
+        return await future
+
+    async def close(self) -> None:
+        for drain in list(self._drains):
+            drain.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
+        self._hand_back(last=True)
+
+    async def _drain(self) -> None:
+        sent: list[Queued] = []
+        try:
+            while self._queue:
+                conn = await self._journal.connections.get()
+                try:
+                    sent = self._take()
+                    if sent:
+                        await self._send(conn, sent)
+                    sent = []
+                finally:
+                    await self._journal.connections.put(conn)
+        except BaseException as exc:
+            lost = isinstance(exc, psycopg.Error)
+            for plan, future in sent:  # on the wire: their outcome is not known
+                if not future.done():
+                    future.set_exception(failed(plan, exc) if lost else _unknown(plan))
+            self._hand_back()
+            if not lost:
+                raise
+
+    def _take(self) -> list[Queued]:
+        batch: list[Queued] = []
+        queue = self._queue
+        while queue and len(batch) < BATCH:
+            item = queue.popleft()
+            if not item[1].done():  # a cancelled task's append is not sent
+                batch.append(item)
+        return batch
+
+    def _hand_back(self, *, last: bool = False) -> None:
+        """When no other drain will send what is queued (``last``: none will): each task runs its append
+        itself."""
+        if not last and self._drains - {asyncio.current_task()}:
+            return
+        while self._queue:
+            _plan, future = self._queue.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[Queued]) -> None:
+        """Send ``batch`` in one pipeline, a Sync after each statement; a statement error stays with its append.
+        Raises a lost connection's error (the outcome of the batch is unknown)."""
+        cursors = []
+        self.sent += len(batch)
+        self.pipelines += 1
+        async with conn.pipeline() as pipeline:
+            for plan, _future in batch:
+                cur = conn.cursor()
+                cursors.append(cur)
+                try:
+                    await cur.execute(plan.sql, plan.params, prepare=True)
+                except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with its cursor
+                    _raise_if_lost(conn, exc)
+                pipeline._enqueue_sync()
+            try:
+                await pipeline.sync()
+            except psycopg.Error as exc:
+                _raise_if_lost(conn, exc)
+        for (_plan, future), cur in zip(batch, cursors, strict=True):
+            result = cur.pgresult
+            rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
+            if not future.done():
+                future.set_result(rows or None)
+
+
+def _raise_if_lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
+    if conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None):
+        raise exc
+
+
+def _unknown(plan: AppendPlan) -> BaseException:
+    return failed(plan, psycopg.OperationalError("the pipeline carrying this append was stopped"))
