@@ -18,7 +18,7 @@ from pgjournal.aio import AsyncJournal
 
 @pytest.fixture
 async def aj(dsn: str) -> AsyncIterator[AsyncJournal]:
-    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2)) as opened:
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as opened:
         yield opened
 
 
@@ -76,7 +76,7 @@ async def test_cancelled_appends_in_pipelines_are_all_or_nothing(aj: AsyncJourna
 
 async def test_closing_hands_queued_appends_back(dsn: str) -> None:
     """Appends still queued when the journal closes end with an error, not a wait forever."""
-    journal = await AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1))
+    journal = await AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True))
     tasks = [asyncio.create_task(journal.append(f"Close|{t}", [t])) for t in range(200)]
     await asyncio.sleep(0)
     await journal.close()
