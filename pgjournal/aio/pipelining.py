@@ -103,9 +103,12 @@ class AppendPipeline:
                 raise
 
     def _take(self) -> list[Queued]:
+        """This drain's share of the queue: every drain (connection) gets some, since each append waits for its
+        whole pipeline (a commit each on the server) and a drain taking all would leave the others idle."""
         batch: list[Queued] = []
         queue = self._queue
-        while queue and len(batch) < BATCH:
+        share = min(BATCH, -(-len(queue) // max(1, len(self._drains))))
+        while queue and len(batch) < share:
             item = queue.popleft()
             if not item[1].done():  # a cancelled task's append is not sent
                 batch.append(item)
