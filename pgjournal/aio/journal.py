@@ -33,6 +33,7 @@ from ..stored_format import StoredFormat
 from ..validation import check_persistence_id, check_seq_nr
 from ..write import EventWriter
 from .connections import AsyncPoolFront, async_limited_connection_class
+from .durable_state import AsyncDurableStateStore
 from .live import AsyncLiveQuery, AsyncPoll
 from .pipelining import AppendPipeline
 from .query import AsyncQuery
@@ -59,6 +60,8 @@ class AsyncJournal(JournalCore):
         #: Appends that would wait for a connection are sent together (pgjournal.aio.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.async_pipeline)
         self.query = AsyncQuery(self)
+        #: Durable state (pgjournal.durable_state's rules, awaited).
+        self.durable_state = AsyncDurableStateStore(self)
 
     @classmethod
     def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
