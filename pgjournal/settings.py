@@ -63,9 +63,8 @@ class Settings:
     retry_backoff: float = 0.002
     retry_backoff_max: float = 0.25
     #: AsyncJournal: appends that would wait for a pool connection are sent together in one pipeline, each
-    #: still its own transaction (pgjournal.aio.pipelining); off: each waits for a connection of its own. Off by
-    #: default until bench async-append shows it faster: it cuts client CPU per append but not yet wall time.
-    async_pipeline: bool = False
+    #: still its own transaction (pgjournal.aio.pipelining); off: each waits for a connection of its own.
+    async_pipeline: bool = True
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
