@@ -8,11 +8,12 @@ import asyncio
 import random
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
-from aio_support import SETTINGS
-from test_aio_cancel import counts, pool_is_clean
+from aio_support import SETTINGS, eventually
+from test_aio_cancel import counts, pool_is_clean, slow_inserts
 
-from pgjournal import ConcurrencyConflict, JournalError
+from pgjournal import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
 from pgjournal.aio import AsyncJournal
 
 
@@ -84,3 +85,36 @@ async def test_closing_hands_queued_appends_back(dsn: str) -> None:
         results = await asyncio.gather(*tasks, return_exceptions=True)
     assert [type(r).__name__ for r in results if not isinstance(r, list | JournalError)] == []
     assert any(isinstance(r, JournalError) for r in results), "some were still queued when it closed"
+
+
+async def test_a_connection_lost_under_a_pipeline_leaves_outcomes_unknown_never_half(dsn: str) -> None:
+    """The server ends the pool's sessions while pipelines are running: what was on the wire is
+    WriteOutcomeUnknown (written whole or not at all), what was not sent is appended on a new connection, and an
+    append reported written is there, whole."""
+    slow_inserts(dsn)
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as journal:
+        tasks = [asyncio.create_task(journal.append(f"Lost|{t}", [{"t": t}] * 5, expected_seq_nr=0))
+                 for t in range(60)]
+
+        def inserting() -> bool:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND state = 'active' AND query ILIKE '%INSERT%'").fetchone()[0])
+
+        async def in_flight() -> bool:
+            return journal._pipeline.pipelines > 0 and await asyncio.to_thread(inserting)
+
+        await eventually(in_flight, "a pipeline running on the server")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    written = counts(dsn, "Lost|")
+    assert set(written.values()) <= {5}, "an append was half written"
+    for t, result in enumerate(results):
+        if isinstance(result, list):
+            assert written.get(f"Lost|{t}") == 5
+        else:
+            assert isinstance(result, JournalError), repr(result)
+    assert any(isinstance(r, WriteOutcomeUnknown) for r in results), "appends in flight have an unknown outcome"
+    assert sum(isinstance(r, list) for r in results) > 0, "what was not sent was appended on a new connection"

@@ -93,13 +93,12 @@ class AppendPipeline:
                     sent = []
                 finally:
                     await self._journal.connections.put(conn)
-        except BaseException as exc:
-            lost = isinstance(exc, psycopg.Error)
+        except BaseException as exc:  # cancelled, or no connection to be had (PoolTimeout, PoolClosed)
             for plan, future in sent:  # on the wire: their outcome is not known
                 if not future.done():
-                    future.set_exception(failed(plan, exc) if lost else _unknown(plan))
+                    future.set_exception(_unknown(plan))
             self._hand_back()
-            if not lost:
+            if not isinstance(exc, psycopg.Error):
                 raise
 
     def _take(self) -> list[Queued]:
@@ -126,21 +125,36 @@ class AppendPipeline:
 
     async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[Queued]) -> None:
         """Send ``batch`` in one pipeline, a Sync after each statement; a statement error stays with its append.
-        Raises a lost connection's error (the outcome of the batch is unknown)."""
+        A lost connection leaves the outcome of what was sent unknown; what was not sent goes back to its task."""
         cursors = _cursors(conn, len(batch))
         self.sent += len(batch)
         self.pipelines += 1
-        async with conn.pipeline() as pipeline:
-            for (plan, _future), cur in zip(batch, cursors):  # noqa: B905 - there may be more cursors
+        sent = 0
+        try:
+            async with conn.pipeline() as pipeline:
+                for (plan, _future), cur in zip(batch, cursors):  # noqa: B905 - there may be more cursors
+                    sent += 1
+                    try:
+                        await cur.execute(plan.sql, plan.params, prepare=True)
+                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with it
+                        if _lost(conn, exc):
+                            raise
+                    pipeline._enqueue_sync()
                 try:
-                    await cur.execute(plan.sql, plan.params, prepare=True)
-                except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with its cursor
-                    _raise_if_lost(conn, exc)
-                pipeline._enqueue_sync()
-            try:
-                await pipeline.sync()
-            except psycopg.Error as exc:
-                _raise_if_lost(conn, exc)
+                    await pipeline.sync()
+                except psycopg.Error as exc:
+                    if _lost(conn, exc):
+                        raise
+        except psycopg.Error as exc:
+            if not _lost(conn, exc):
+                raise
+            for index, (plan, future) in enumerate(batch):
+                if not future.done():
+                    if index < sent:
+                        future.set_exception(failed(plan, exc))
+                    else:
+                        future.set_result(None)
+            return
         for (_plan, future), cur in zip(batch, cursors):  # noqa: B905
             result = cur.pgresult
             rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
@@ -159,9 +173,9 @@ def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.Asy
     return cursors
 
 
-def _raise_if_lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
-    if conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None):
-        raise exc
+def _lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> bool:
+    """The connection is gone (the server never answered), not a statement refused."""
+    return conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None)
 
 
 def _unknown(plan: AppendPlan) -> BaseException:
