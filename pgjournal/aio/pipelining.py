@@ -38,11 +38,7 @@ Queued = tuple[AppendPlan, "asyncio.Future[Rows | None]"]
 
 def supported() -> bool:
     """Pipeline mode (libpq 14+) and a Sync that can be queued after each statement (psycopg's pipeline)."""
-    try:
-        from psycopg._pipeline_base import BasePipeline
-    except ImportError:  # pragma: no cover - another psycopg layout: appends wait for a connection instead
-        return False
-    return psycopg.AsyncPipeline.is_supported() and hasattr(BasePipeline, "_enqueue_sync")
+    return psycopg.AsyncPipeline.is_supported() and hasattr(psycopg.AsyncPipeline, "_enqueue_sync")
 
 
 class AppendPipeline:
