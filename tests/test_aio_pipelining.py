@@ -118,3 +118,18 @@ async def test_a_connection_lost_under_a_pipeline_leaves_outcomes_unknown_never_
             assert isinstance(result, JournalError), repr(result)
     assert any(isinstance(r, WriteOutcomeUnknown) for r in results), "appends in flight have an unknown outcome"
     assert sum(isinstance(r, list) for r in results) > 0, "what was not sent was appended on a new connection"
+
+
+async def test_tasks_appending_in_a_row_on_one_connection_never_stall(dsn: str) -> None:
+    """Each task's next append is queued right after its previous one came back, while the drain that carried
+    it ends: some drain must always take what is queued."""
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as journal:
+
+        async def task(t: int) -> None:
+            for i in range(20):
+                await journal.append(f"Row|{t}", [i], expected_seq_nr=i)
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(task(t) for t in range(20)))
+        assert journal._pipeline.sent > 100
+    assert counts(dsn, "Row|") == {f"Row|{t}": 20 for t in range(20)}
