@@ -62,6 +62,9 @@ class Settings:
     #: (a random pause between half and all of it). Defaults: at most ~1 s of pauses over 10 retries.
     retry_backoff: float = 0.002
     retry_backoff_max: float = 0.25
+    #: AsyncJournal: appends that would wait for a pool connection are sent together in one pipeline, each
+    #: still its own transaction (pgjournal.aio.pipelining); off: each waits for a connection of its own.
+    async_pipeline: bool = True
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
