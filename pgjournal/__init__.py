@@ -34,6 +34,7 @@ from .errors import (
     SchemaNotMigrated,
     SerializationError,
     SlowConsumer,
+    TagFlushFailed,
     WriteOutcomeUnknown,
 )
 from .journal import Journal
@@ -85,6 +86,7 @@ __all__ = [
     "SlowConsumer",
     "Source",
     "TagEnvelope",
+    "TagFlushFailed",
     "TimeBasedUUID",
     "TimestampOffset",
     "WriteOutcomeUnknown",

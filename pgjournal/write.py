@@ -149,21 +149,27 @@ class EventWriter:
         else:
             after = "expected"
         before = stamp = None
-        if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
+        batcher = self._journal.tag_writer if tag_list else None
+        if tag_list and batcher is None:  # tag view rows in the same statement: pgjournal.tag_write
             sql = prepare(self._journal, params, tag_list, len(encoded), after=after)
             before = record_bucket_size(self._journal)
             stamp = stamp_time
-        else:
+        else:  # untagged, or the batched tag writer's (pgjournal.tag_batcher): the events alone, tags column set
             key = (after, single, plain)
             sql = target.statements.get(key)  # type: ignore[assignment]
             if sql is None:
                 sql = target.statements[key] = store.append(target.slice, after=after, single=single, plain=plain)
+        ticket = batcher.begin(target.entity_type) if batcher is not None else 0
         started = time.perf_counter()
         try:
             rows = self._execute(pid, sql, params, before, stamp)
-        except BaseException:
+        except BaseException as exc:
             target.last_seq = target.last_ts = None  # whatever happened, look the predecessor up next time
+            if batcher is not None:
+                batcher.failed(ticket, pid, target.slice, tag_list, exc)
             raise
+        if batcher is not None:
+            batcher.written(ticket, pid, target.slice, tag_list, rows)
         if before is not None:
             bucket_size_recorded(self._journal)
         metrics.APPEND_STATS.record(target.counts, len(rows), time.perf_counter() - started)
