@@ -35,6 +35,7 @@ from .errors import (
     SerializationError,
     SlowConsumer,
     TagFlushFailed,
+    TransactionAborted,
     WriteOutcomeUnknown,
 )
 from .journal import Journal
@@ -89,6 +90,7 @@ __all__ = [
     "TagFlushFailed",
     "TimeBasedUUID",
     "TimestampOffset",
+    "TransactionAborted",
     "WriteOutcomeUnknown",
     "entity_type_of",
     "persist",

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from .errors import ConfigurationError
+from .steps import Step, first_of, run, statement
 from .store import format as sql
 
 
@@ -98,15 +99,25 @@ def _mismatch(recorded: str, wanted: BucketSize) -> ConfigurationError:
 
 def check_bucket_size(conn: psycopg.Connection, wanted: str | BucketSize) -> None:
     """Raise :class:`ConfigurationError` when a different bucket size is recorded (nothing recorded: fine)."""
+    run(check_bucket_size_step(wanted), conn)
+
+
+def check_bucket_size_step(wanted: str | BucketSize) -> Step[BucketSize]:
+    """:func:`check_bucket_size` as a step (for a blocking or an asyncio connection); returns the size."""
     size = BucketSize.parse(wanted)
-    recorded = sql.tag_setting(_SETTING).one(conn)
+    recorded = yield from first_of(sql.tag_setting(_SETTING))
     if recorded is not None and BucketSize.parse(recorded) is not size:
         raise _mismatch(recorded, size)
+    return size
 
 
 def ensure_bucket_size(conn: psycopg.Connection, wanted: str | BucketSize) -> BucketSize:
     """Record ``wanted`` unless a size is recorded already; raise if the recorded one differs."""
+    return run(ensure_bucket_size_step(wanted), conn)
+
+
+def ensure_bucket_size_step(wanted: str | BucketSize) -> Step[BucketSize]:
+    """:func:`ensure_bucket_size` as a step."""
     size = BucketSize.parse(wanted)
-    conn.execute(*sql.record_tag_setting(_SETTING, size.label))
-    check_bucket_size(conn, size)
-    return size
+    yield statement(sql.record_tag_setting(_SETTING, size.label))
+    return (yield from check_bucket_size_step(size))

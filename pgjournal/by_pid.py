@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .envelope import EventEnvelope, Source, envelope_from_row
 from .errors import EventNotFound
 from .polling import LiveQuery
 from .slices import entity_type_of
-from .steps import Step, drive, joined, rows_of, run_pooled, statement
+from .steps import Step, drive, first_of, joined, rows_of, run_pooled, statement
 from .validation import check_name, check_persistence_id, check_positive, check_seq_nr
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ class _LiveByPid:
     to: int
 
 
-def _check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -> tuple[str, int, int]:
+def check_range(persistence_id: str, from_seq_nr: int, to_seq_nr: int | None) -> tuple[str, int, int]:
+    """A by-persistence-id read's arguments checked: the persistence id, the first and the last number."""
     pid = check_persistence_id(persistence_id)
     check_seq_nr(from_seq_nr, "from_seq_nr")
     to = MAX_SEQ_NR if to_seq_nr is None else check_seq_nr(to_seq_nr, "to_seq_nr")
@@ -78,6 +79,10 @@ class ByPersistenceId:
             start = page[-1].seq_nr + 1
 
     @staticmethod
+    def _firsts(query: tuple[str, Any]) -> Step[list[str]]:
+        return [row[0] for row in (yield from rows_of(query))]
+
+    @staticmethod
     def _into(step: Step[int], box: list[int]) -> Step[list[EventEnvelope]]:
         box.append((yield from step))
         return []
@@ -85,27 +90,29 @@ class ByPersistenceId:
     def current(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
                 ) -> Iterator[EventEnvelope]:
         """Events up to the highest sequence number seen when the query starts, in pages."""
-        pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
-        yield from drive(self.current_steps(pid, start, to), self._journal.connection)
+        pid, start, to = check_range(persistence_id, from_seq_nr, to_seq_nr)
+        return drive(self.current_steps(pid, start, to), self._journal.connection)
 
     def live(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
              ) -> LiveQuery[EventEnvelope]:
         """Events from ``from_seq_nr`` on, polling for new ones until ``to_seq_nr`` or ``close()``."""
-        pid, start, to = _check_range(persistence_id, from_seq_nr, to_seq_nr)
-        state = _LiveByPid(pid, start, to)
+        state = self.live_state(persistence_id, from_seq_nr, to_seq_nr)
         query: LiveQuery[EventEnvelope]
 
         def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
-            page, ended = run_pooled(self.poll_step(state, notified), self._journal.connection)
-            if ended:
-                query.close()
-            return page, len(page)
+            return run_pooled(self.poll_step(state, notified, query.close), self._journal.connection)
 
-        query = self._journal.live_query(poll, entity_types={entity_type_of(pid)})
+        query = self._journal.live_query(poll, entity_types={entity_type_of(state.pid)})
         return query
 
-    def poll_step(self, state: _LiveByPid, notified: bool) -> Step[tuple[list[EventEnvelope], bool]]:
-        """One poll of a live query: the next page, and whether the query has ended."""
+    @staticmethod
+    def live_state(persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None) -> _LiveByPid:
+        """Where a new live query by persistence id starts (its arguments checked)."""
+        return _LiveByPid(*check_range(persistence_id, from_seq_nr, to_seq_nr))
+
+    def poll_step(self, state: _LiveByPid, notified: bool, end: Callable[[], None]
+                  ) -> Step[tuple[list[EventEnvelope], int]]:
+        """One poll of a live query: the next page and its size; ``end()`` is called when the query has ended."""
         to = state.to
         # With a bound, read the highest seq nr *before* the page: if it had reached the bound, a short
         # page holds everything left up to it (the rest was deleted), so the query can end.
@@ -114,30 +121,42 @@ class ByPersistenceId:
                                          Source.NOTIFIED if notified else Source.QUERY)
         if page:
             state.next_seq_nr = page[-1].seq_nr + 1
-        ended = state.next_seq_nr > to or (written_to_bound and len(page) < self._journal.settings.buffer_size)
-        return page, ended
+        if state.next_seq_nr > to or (written_to_bound and len(page) < self._journal.settings.buffer_size):
+            end()
+        return page, len(page)
 
     def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
         """The db_timestamp of an event, ``None`` when there is none (or it is deleted)."""
+        return run_pooled(self.timestamp_of_step(persistence_id, seq_nr), self._journal.connection)
+
+    def timestamp_of_step(self, persistence_id: str, seq_nr: int) -> Step[datetime | None]:
         pid = check_persistence_id(persistence_id)
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
-        rows = run_pooled(rows_of(self._journal.events.timestamp_of(pid, seq_nr)), self._journal.connection)
-        return rows[0][0] if rows else None
+        row = yield from first_of(self._journal.events.timestamp_of(pid, seq_nr))
+        return row[0] if row else None
 
     def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
         """One event as an envelope (its offset: its own timestamp, seen at it); :class:`EventNotFound` when
         there is none (or it is deleted)."""
+        return run_pooled(self.load_envelope_step(persistence_id, seq_nr), self._journal.connection)
+
+    def load_envelope_step(self, persistence_id: str, seq_nr: int) -> Step[EventEnvelope]:
         pid = check_persistence_id(persistence_id)
         check_seq_nr(seq_nr, "seq_nr", minimum=1)
-        rows = run_pooled(rows_of(self._journal.events.one_event(pid, seq_nr)), self._journal.connection)
-        if not rows:
+        row = yield from first_of(self._journal.events.one_event(pid, seq_nr))
+        if row is None:
             raise EventNotFound(pid, seq_nr)
-        return envelope_from_row(rows[0], self._serializers)
+        return envelope_from_row(row, self._serializers)
 
     def persistence_ids(self, after: str | None = None, limit: int | None = None, *,
                         entity_type: str | None = None) -> Iterator[str]:
         """Every persistence id (of ``entity_type`` when given; ``""``: ids without ``|``) once, in order,
         keyset-paged; ``limit`` caps the total."""
+        return drive(self.persistence_ids_steps(after, limit, entity_type=entity_type), self._journal.connection)
+
+    def persistence_ids_steps(self, after: str | None = None, limit: int | None = None, *,
+                              entity_type: str | None = None) -> Iterator[Step[list[str]]]:
+        """:meth:`persistence_ids` as steps, a page each."""
         if after is not None:
             check_persistence_id(after)
         if limit is not None:
@@ -151,8 +170,7 @@ class ByPersistenceId:
             size = page_size if left is None else min(page_size, left)
             query = (events.persistence_ids(last, size) if entity_type is None
                      else events.persistence_ids_of_type(entity_type, last, size))
-            page = [row[0] for row in run_pooled(rows_of(query), self._journal.connection)]
-            yield from page
+            page = yield self._firsts(query)
             if len(page) < size:
                 return
             last = page[-1]

@@ -151,13 +151,15 @@ class TagStream:
     live query, ``current_steps`` for a current one; ``poll()`` runs one on the journal's pool."""
 
     def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool,
-                 serializers: SerializerRegistry | None = None) -> None:
+                 serializers: SerializerRegistry | None = None, size: BucketSize | None = None) -> None:
+        """``size``: the tag view's bucket size, checked against the database (the asyncio face checks it with
+        :func:`pgjournal.buckets.check_bucket_size_step`); ``None``: looked up on the journal's pool."""
         self._journal = journal
         self._serializers = serializers if serializers is not None else journal.serializers
         self._tracker = journal.horizon_tracker()
         self._tag = check_name(tag, "tag")
         settings = journal.settings
-        self._size: BucketSize = bucket_size(journal, record=False)
+        self._size: BucketSize = size if size is not None else bucket_size(journal, record=False)
         self._delay = settings.tag_eventual_consistency_delay
         self._gap_timeout = settings.tag_gap_timeout
         self._scan_timeout = settings.tag_new_persistence_id_scan_timeout

@@ -13,6 +13,7 @@ import psycopg
 
 from .dialects import get_dialect
 from .settings import Settings
+from .steps import Step, first_of, rows_of, run
 from .store import catalog
 
 
@@ -37,16 +38,23 @@ class Capabilities:
 
     @classmethod
     def resolve(cls, conn: psycopg.Connection, settings: Settings) -> Capabilities:
+        return run(cls.resolve_step(settings), conn)
+
+    @classmethod
+    def resolve_step(cls, settings: Settings) -> Step[Capabilities]:
+        """:meth:`resolve` as a step (:mod:`pgjournal.steps`): the same rules on a blocking or an asyncio
+        connection."""
         dialect = get_dialect(settings.dialect)
         writer_horizon = not settings.portable and dialect.supports_visibility_horizon
         role, sees_all = "", False
         relations: tuple[int, ...] = ()
         state_relations: tuple[int, ...] = ()
         if writer_horizon:
-            found = catalog.role().one(conn)
+            found = yield from first_of(catalog.role())
             role, sees_all = (found.name, found.sees_all_sessions) if found else ("", False)
-            relations = tuple(oid for oid in catalog.journal_relations().all(conn) if oid is not None)
-            state_relations = tuple(oid for oid in catalog.state_relations().all(conn) if oid is not None)
+            relations = tuple(oid for oid in (yield from rows_of(catalog.journal_relations())) if oid is not None)
+            state_relations = tuple(oid for oid in (yield from rows_of(catalog.state_relations()))
+                                    if oid is not None)
         return cls(
             notify=settings.uses_notifications,
             writer_horizon=writer_horizon and bool(relations),

@@ -65,11 +65,19 @@ class RetryPolicy:
     def should_retry(self, attempt: int, sqlstate: str | None) -> bool:
         """After failed attempt number ``attempt`` (1 for the first) with ``sqlstate``: retry (after the
         pause, counted in ``pgjournal_write_retries``), or give up."""
-        if attempt > self.retries:
+        pause = self.next_pause(attempt, sqlstate)
+        if pause is None:
             return False
-        metrics.WRITE_RETRIES.labels(sqlstate or "").inc()
-        time.sleep(self.pause(attempt))
+        time.sleep(pause)
         return True
+
+    def next_pause(self, attempt: int, sqlstate: str | None) -> float | None:
+        """:meth:`should_retry` without the waiting (for a step, which yields the pause): the seconds to wait
+        before the retry, counted as one, or ``None`` to give up."""
+        if attempt > self.retries:
+            return None
+        metrics.WRITE_RETRIES.labels(sqlstate or "").inc()
+        return self.pause(attempt)
 
     def longest(self) -> float:
         """The longest all retries can wait in total (what a caller may wait before the final error)."""

@@ -146,6 +146,16 @@ class RetriesExhausted(JournalError):
     retry bound. The server rolled every attempt back, so nothing was written; trying again later is safe."""
 
 
+class TransactionAborted(JournalError):
+    """An append inside :meth:`Journal.transaction` failed (a conflict, a refused statement) without a savepoint,
+    so PostgreSQL aborted the transaction: nothing of it commits. Raised by later appends and when the block
+    ends; ``cause`` is the first failure."""
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class HorizonBlocked(JournalError):
     """No visibility horizon above the last one could be proven within the time allowed: journal writers
     whose start this role may not see kept their write lock. ``backends`` are their backend pids."""

@@ -35,18 +35,23 @@ Transform = Callable[[Any], Any]
 def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
              transform: Transform, serializers: SerializerRegistry | None) -> tuple[SliceQuery, list[EventEnvelope]]:
     """The by-slice query with the snapshots' sequence numbers marked delivered, and the snapshot envelopes."""
+    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset, serializers=serializers)
+    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform, serializers), journal.connection)
+
+
+def check_transform(transform: Any) -> Transform:
     if not callable(transform):
         raise InvalidArgument(f"transform must be a function from a snapshot to an event, got "
                               f"{type(transform).__name__}")
-    query = SliceQuery(journal, entity_type, min_slice, max_slice, offset, serializers=serializers)
-    return query, run_pooled(snapshots_step(query, min_slice, max_slice, transform, serializers), journal.connection)
+    return transform  # type: ignore[no-any-return]
 
 
 def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform: Transform,
                    serializers: SerializerRegistry | None = None) -> Step[list[EventEnvelope]]:
     """The snapshot envelopes of the query's range taken after its start, each marked delivered in its gate."""
+    check_transform(transform)
     journal, start = query.journal, query.start
-    rows = yield statement(journal.snapshots.sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp))
+    rows = yield statement(journal.snapshot_sql.by_slices(query.entity_type, min_slice, max_slice, start.timestamp))
     serializers = serializers if serializers is not None else journal.serializers
     out: list[EventEnvelope] = []
     for row in rows:

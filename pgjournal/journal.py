@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -13,25 +12,32 @@ import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import migrate as migrations
-from .buckets import check_bucket_size
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
-from .connections import PoolFront, ServerSilent, connection_kwargs, limited_connection_class
-from .dialects import Dialect, get_dialect
-from .dsn import mask_dsn, resolve_dsn
+from .connections import PoolFront, connection_kwargs, limited_connection_class
+from .core import (
+    JournalCore,
+    lost_connection,
+    no_connection,
+    open_step,
+    opening,
+    pool_options,
+    registry,
+    unreachable,
+)
 from .durable_state import DurableStateStore
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege
-from .horizon import HorizonTracker
 from .notify import Signals
 from .polling import LiveQuery, Poll, T
 from .query import Query
 from .serialization import SerializerRegistry
 from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
-from .stored_format import StoredFormat, read_stored_format
+from .steps import R, Step, run, run_pooled
+from .stored_format import StoredFormat
 from .tag_batcher import TagBatcher
+from .transaction import Transaction, transaction
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
 
@@ -41,40 +47,18 @@ def connect(dsn: str, settings: Settings) -> psycopg.Connection:
     try:
         return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings))
     except psycopg.OperationalError as exc:
-        reason = " ".join(str(exc).split()) or exc.__class__.__name__
-        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}") from None
+        raise unreachable(dsn, exc) from None
 
 
-class Journal:
+class Journal(JournalCore):
     """An event journal on one database. Thread-safe; open one per process and share it."""
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
-        self.dsn = dsn
-        self.settings = settings
-        self.serializers = serializers
-        #: How this database's tables were laid out and payloads written (read at open).
-        self.stored = stored or StoredFormat()
-        self.dialect: Dialect = get_dialect(settings.dialect)
-        if self.stored.akka_layout:
-            self.dialect.use_akka_layout(self.stored.data_partitions)
-        #: The SQL over event_journal (store layer); nothing above it names the table.
-        self.events = self.dialect.event_store(frozenset(
-            column for column in ("event_payload", "meta_payload") if self.stored.jsonb(column)))
-        self.writer_id = settings.writer_id or uuid.uuid4().hex
-        #: What this journal may use on this server as this role; every reader takes its horizon from it.
-        self.capabilities = capabilities
+        super().__init__(dsn, settings, serializers, capabilities, stored)
         self.signals = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
-        self._pool = ConnectionPool(
-            dsn,
-            min_size=settings.pool_min_size,
-            max_size=settings.pool_max_size,
-            kwargs={"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
-            connection_class=limited_connection_class(settings),
-            timeout=settings.connect_timeout,
-            name="pgjournal",
-            open=False,
-        )
+        self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
+                                    **pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
         self.connections = PoolFront(self._pool)
         #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.tag_batcher`); None: tag rows
@@ -102,26 +86,12 @@ class Journal:
         ``migrate=True`` upgrades the schema first; otherwise an unmigrated database raises
         :class:`~pgjournal.errors.SchemaNotMigrated`.
         """
-        loaded = Settings.load(**settings)
-        if serializers is not None and not isinstance(serializers, SerializerRegistry):
-            raise ConfigurationError(f"serializers must be a SerializerRegistry, got {type(serializers).__name__}")
-        if not isinstance(migrate, bool):
-            raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
-        resolved = resolve_dsn(dsn)
+        resolved, loaded = opening(dsn, serializers, migrate, settings)
         with connect(resolved, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
-            try:
-                migrations.check_schema(conn)
-                check_bucket_size(conn, loaded.tag_bucket_size)
-                capabilities = Capabilities.resolve(conn, loaded)
-                stored = read_stored_format(conn)
-            except psycopg.errors.InsufficientPrivilege as exc:
-                raise InsufficientPrivilege(
-                    f"the role of {mask_dsn(resolved)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
-                    "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
-        journal = cls(resolved, loaded, (serializers or SerializerRegistry()).for_stored_format(stored), capabilities,
-                      stored)
+            capabilities, stored = run(open_step(resolved, loaded), conn)
+        journal = cls(resolved, loaded, registry(serializers, stored), capabilities, stored)
         journal._pool.open(wait=False)
         return journal
 
@@ -145,52 +115,32 @@ class Journal:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"Journal({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
-
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
         """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
         try:
             conn = self.connections.get()
         except PoolTimeout:
-            raise DatabaseUnavailable(
-                f"no connection to {mask_dsn(self.dsn)} within {self.settings.connect_timeout}s"
-            ) from None
+            raise no_connection(self.dsn, self.settings) from None
         try:
             yield conn
         except psycopg.OperationalError as exc:
-            if not (conn.closed or conn.broken or exc.sqlstate is None):
+            lost = lost_connection(self.dsn, conn, exc)
+            if lost is None:
                 raise  # the server answered (a serialization failure, a cancelled statement, ...)
-            reason = " ".join(str(exc).split()) or exc.__class__.__name__
-            kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
-            raise kind(f"lost the connection to {mask_dsn(self.dsn)}: {mask_dsn(reason)}") from exc
+            raise lost from exc
         finally:
             self.connections.put(conn)
+
+    def run(self, step: Step[R]) -> R:
+        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""
+        return run_pooled(step, self.connection)
 
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
                    ) -> LiveQuery[T]:
         """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on. ``settle``:
         how long after a signal the new rows may still be hidden from ``poll`` (its margin behind the clock)."""
-        return LiveQuery(
-            poll,
-            buffer_size=self.settings.buffer_size,
-            refresh_interval=self.settings.refresh_interval,
-            subscribe=self.signals.subscribe(entity_types) if self.signals else None,
-            settle=settle,
-            max_failures=self.settings.live_query_retries,
-        )
-
-    @property
-    def read_margin(self) -> float:
-        """Seconds by-slice queries stay behind the clock: ``horizon_margin`` below the visibility horizon
-        where it is used, else ``behind_current_time``. An event committed less than this ago is not read yet."""
-        return self.capabilities.read_margin
-
-    def horizon_tracker(self, relations: tuple[int, ...] | None = None) -> HorizonTracker:
-        """A new reader's view of the visibility horizon (see :mod:`pgjournal.horizon`); ``relations``: the
-        tables whose writers bound it (default: the journal's)."""
-        return HorizonTracker(self.capabilities, relations)
+        return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None)
 
     def migrate(self) -> None:
         migrations.upgrade(self.dsn, self.settings.dialect)
@@ -215,6 +165,12 @@ class Journal:
         return self._writer.append(
             persistence_id, events, expected_seq_nr=expected_seq_nr, tags=tags, metadata=metadata
         )
+
+    def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractContextManager[Transaction]:
+        """``with journal.transaction() as tx:`` appends (``tx.append``) and your own SQL (``tx.connection``)
+        that commit or roll back together; see :mod:`pgjournal.transaction` for the rules. ``savepoints``: each
+        append in a savepoint, so a conflict leaves the transaction usable."""
+        return transaction(self, savepoints=savepoints)
 
     def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
         """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""

@@ -16,6 +16,8 @@ from . import adopt as adoption
 from .dialects import Dialect, get_dialect
 from .dsn import mask_dsn
 from .errors import DatabaseUnavailable, SchemaNotMigrated
+from .steps import Statement, run
+from .steps import Step as IOStep
 
 VERSION_TABLE = "pgjournal_version"
 MIGRATE_COMMAND = "pgjournal migrate"
@@ -154,16 +156,26 @@ def _unknown_hint() -> str:
 
 
 def current_revision(conn: psycopg.Connection) -> str | None:
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,)).fetchone()
-    if not exists or not exists[0]:
+    return run(current_revision_step(), conn)
+
+
+def current_revision_step() -> IOStep[str | None]:
+    """:func:`current_revision` as a step (:mod:`pgjournal.steps`)."""
+    exists = yield Statement("SELECT to_regclass(%s) IS NOT NULL", (VERSION_TABLE,))
+    if not exists or not exists[0][0]:
         return None
-    row = conn.execute(f"SELECT version_num FROM {VERSION_TABLE}").fetchone()
-    return row[0] if row else None
+    rows = yield Statement(f"SELECT version_num FROM {VERSION_TABLE}")
+    return rows[0][0] if rows else None
 
 
 def check_schema(conn: psycopg.Connection) -> None:
     """Raise :class:`SchemaNotMigrated`, naming the command to run, unless the schema is at head."""
-    current, head = current_revision(conn), head_revision()
+    run(check_schema_step(), conn)
+
+
+def check_schema_step() -> IOStep[None]:
+    """:func:`check_schema` as a step, for a blocking or an asyncio connection."""
+    current, head = (yield from current_revision_step()), head_revision()
     if current == head:
         return
     if current is None:

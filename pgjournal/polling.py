@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg_pool import PoolClosed
@@ -38,6 +38,8 @@ from .errors import DatabaseUnavailable
 T = TypeVar("T")
 D = TypeVar("D")
 _log = logging.getLogger(__name__)
+#: A read cancelled by a concurrent write (serialization failure, deadlock): run it again, it is not down.
+CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
 #: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
@@ -83,6 +85,7 @@ class Schedule:
         self._settling = False
         self._failures = 0
         self._failing_since = 0.0
+        self._conflicts = 0
 
     def notified(self, signalled: bool) -> bool:
         """Whether the next poll counts as notified: a signal came, or it is the look after a signal."""
@@ -90,7 +93,7 @@ class Schedule:
 
     def polled(self, rows: int, signalled: bool) -> None:
         """A poll read ``rows`` rows (``signalled``: a signal had come before it)."""
-        self._failures = 0
+        self._failures = self._conflicts = 0
         self.delay = self.delay_after(rows)
         # A signal can arrive before the new rows are readable (a query stays a margin behind the clock):
         # look again once that margin has passed instead of a whole refresh interval later.
@@ -109,7 +112,14 @@ class Schedule:
 
     def failed(self, exc: BaseException) -> DatabaseUnavailable | None:
         """A poll failed with a retryable ``exc``: back off (:attr:`delay`), or, past ``max_failures`` in a
-        row, the error that ends the query."""
+        row, the error that ends the query. A read cancelled by a serialization conflict (40001/40P01: routine
+        under SERIALIZABLE, CockroachDB's default) is no failure: it runs again after a short jittered pause."""
+        if getattr(exc, "sqlstate", None) in CONFLICT_SQLSTATES:
+            self._conflicts += 1
+            self.delay = random.uniform(0, min(0.005 * 2 ** self._conflicts, 0.25))
+            _log.debug("live query poll cancelled by a serialization conflict (%d in a row); again in %.3f s",
+                       self._conflicts, self.delay)
+            return None
         self._failures += 1
         if self._failures == 1:
             self._failing_since = time.monotonic()
@@ -126,57 +136,45 @@ class Schedule:
         return None
 
 
-class LiveQuery(Generic[T]):
-    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+class LoopState(Generic[T]):
+    """What the blocking and the asyncio live loop share besides the :class:`Schedule`: the page being handed
+    out, the wake-up event (``threading.Event`` or ``asyncio.Event``: a writer's signal sets it), closing, and
+    what a failed poll means. A driver only waits and polls in its own way."""
 
-    def __init__(
-        self,
-        poll: Poll[T],
-        *,
-        buffer_size: int,
-        refresh_interval: float,
-        subscribe: Subscribe | None = None,
-        settle: float = 0.0,
-        max_failures: int | None = None,
-    ) -> None:
-        self._poll = poll
-        self._schedule = Schedule(buffer_size=buffer_size, refresh_interval=refresh_interval, settle=settle,
-                                  max_failures=max_failures)
-        self._page: Iterator[T] = iter(())
+    def __init__(self, schedule: Schedule, wakeup: Any, subscribe: Callable[[Any], Callable[[], None]] | None,
+                 first: Iterable[T] = ()) -> None:
+        self._schedule = schedule
+        #: What is handed out before the next poll (``first``: before the first one).
+        self._page: Iterator[T] = iter(first)
         self._closed = False
-        self._wakeup = threading.Event()
-        self._unsubscribe = subscribe(self._wakeup) if subscribe else None
+        self._wakeup = wakeup
+        self._unsubscribe = subscribe(wakeup) if subscribe else None
 
-    def __iter__(self) -> Iterator[T]:
-        return self
+    def _signalled(self) -> bool:
+        """Whether a signal came since the last poll (and forget it)."""
+        signalled: bool = self._wakeup.is_set()
+        self._wakeup.clear()
+        return signalled
 
-    def __next__(self) -> T:
-        schedule = self._schedule
-        while True:
-            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
-                return item
-            if self._closed:
-                raise StopIteration
-            if schedule.delay:
-                self._wakeup.wait(schedule.delay)
-                if self._closed:
-                    raise StopIteration
-            signalled = self._wakeup.is_set()
-            self._wakeup.clear()
-            try:
-                items, rows = self._poll(schedule.notified(signalled))
-            except PoolClosed:
-                _log.info("live query ends: its journal was closed")
-                self.close()
-                raise StopIteration from None
-            except RETRYABLE as exc:
-                fatal = schedule.failed(exc)
-                if fatal is not None:
-                    self.close()
-                    raise fatal from exc
-                continue
-            self._page = iter(items)
-            schedule.polled(rows, signalled)
+    def _polled(self, items: Iterable[T], rows: int, signalled: bool) -> None:
+        self._page = iter(items)
+        self._schedule.polled(rows, signalled)
+
+    def _ends(self, exc: Exception) -> bool:
+        """A poll raised ``exc``: ``True`` when the query ends quietly (its journal was closed), ``False`` to
+        poll again after the schedule's backoff; ``exc`` itself, or past ``max_failures`` a
+        :class:`DatabaseUnavailable`, is raised (a fatal one closes the query)."""
+        if isinstance(exc, PoolClosed):
+            _log.info("live query ends: its journal was closed")
+            self.close()
+            return True
+        if not isinstance(exc, RETRYABLE):
+            raise exc
+        fatal = self._schedule.failed(exc)
+        if fatal is not None:
+            self.close()
+            raise fatal from exc
+        return False
 
     def close(self) -> None:
         self._closed = True
@@ -188,6 +186,35 @@ class LiveQuery(Generic[T]):
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class LiveQuery(LoopState[T]):
+    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+
+    def __init__(self, poll: Poll[T], schedule: Schedule, subscribe: Subscribe | None = None) -> None:
+        super().__init__(schedule, threading.Event(), subscribe)
+        self._poll = poll
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        schedule = self._schedule
+        while True:
+            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
+                return item
+            if schedule.delay and not self._closed:
+                self._wakeup.wait(schedule.delay)
+            if self._closed:
+                raise StopIteration
+            signalled = self._signalled()
+            try:
+                items, rows = self._poll(schedule.notified(signalled))
+            except Exception as exc:
+                if self._ends(exc):
+                    raise StopIteration from None
+                continue
+            self._polled(items, rows, signalled)
 
     def __enter__(self) -> LiveQuery[T]:
         return self

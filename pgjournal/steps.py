@@ -6,7 +6,10 @@ A *step* is a generator. It yields a request and receives the answer:
   → the rows (a list of tuples), or the row count for a statement that returns no rows;
 * :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
   once for a statement that was not streamed);
-* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment).
+* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment);
+* :class:`Call` → what a function of the face returns (awaited by the asyncio driver when it is awaitable):
+  an operation of the face inside shared logic (the journal's ``append``, a user's handler), optionally
+  given the step's connection.
 
 Its return value is the step's result. A statement that fails raises inside the step, at its ``yield``,
 as a ``conn.execute`` would; a step that is abandoned (its driver cancelled) is closed, so its ``finally``
@@ -24,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg.rows import tuple_row
 
 from .store import Read
 
@@ -64,6 +70,17 @@ class Sleep:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Call ``fn(*args, **kwargs)``; with ``connection``, ``fn(conn, *args, **kwargs)`` on the step's connection.
+    The asyncio driver awaits a result that is awaitable; the blocking driver refuses one."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    connection: bool = False
+
+
 class _More:
     def __repr__(self) -> str:
         return "MORE"
@@ -72,7 +89,7 @@ class _More:
 #: Ask for the next chunk of the statement being streamed.
 MORE = _More()
 
-Request = Statement | Sleep | _More
+Request = Statement | Sleep | Call | _More
 Step = Generator[Request, Any, R]
 #: A query that runs on several connections in turn: its steps, each returning its items (a list, or an
 #: iterator that makes them as they are read, after the connection went back). A generator of steps receives
@@ -92,6 +109,12 @@ def rows_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[list[Any
     """A step of one statement: its rows."""
     rows: list[Any] = yield statement(query, **options)
     return rows
+
+
+def first_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[Any]:
+    """A step of one statement: its first row (``None`` when there is none)."""
+    rows: list[Any] = yield statement(query, **options)
+    return rows[0] if rows else None
 
 
 def joined(steps: Steps[T]) -> Step[list[T]]:
@@ -129,10 +152,16 @@ class _SyncFetch:
         if isinstance(request, Sleep):
             time.sleep(request.seconds)
             return None
-        assert isinstance(request, Statement), request
-        if self.conn is None:
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
             assert self._connection is not None
             self.conn = self._borrowed.enter_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            if inspect.isawaitable(result):
+                _discard(result)
+                raise TypeError(f"{request.fn!r} returned an awaitable: run this step with the asyncio driver")
+            return result
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
             stream = cur.stream(request.sql, request.params, size=request.stream)
@@ -221,21 +250,25 @@ class _AsyncFetch:
     async def answer(self, request: Request) -> Any:
         if request is MORE:
             return await self._chunk() if self._stream is not None else []
-        await self.close_stream()
+        if self._stream is not None:
+            await self.close_stream()
+        if request.__class__ is Statement and self.conn is not None and request.stream <= 1:  # type: ignore[union-attr]
+            return await _execute(self.conn, request)  # type: ignore[arg-type]  # the common case, first
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None
-        assert isinstance(request, Statement), request
-        if self.conn is None:
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
             assert self._connection is not None
             self.conn = await self._borrowed.enter_async_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            return await result if inspect.isawaitable(result) else result
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
             self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
             return await self._chunk()
-        async with self.conn.cursor(binary=request.binary, row_factory=request.row) as cur:
-            await cur.execute(request.sql, request.params, prepare=request.prepare)
-            return await cur.fetchall() if cur.description is not None else cur.rowcount
+        return await _execute(self.conn, request)
 
     async def _chunk(self) -> list[Any]:
         chunk: list[Any] = []
@@ -244,14 +277,6 @@ class _AsyncFetch:
             if len(chunk) >= self._size:
                 break
         return chunk
-
-    async def outcome(self, request: Request) -> tuple[Any, BaseException | None]:
-        """``(answer, None)``, or ``(None, error)`` to raise inside the step, where it asked."""
-        try:
-            return await self.answer(request), None
-        except Exception as exc:
-            await self.close_stream()
-            return None, exc
 
     async def close_stream(self) -> None:
         if self._stream is not None:
@@ -276,12 +301,30 @@ async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
         try:
             finished, request = _advance(step, *outcome)
             while not finished:
-                outcome = await fetch.outcome(request)
+                try:
+                    outcome = await fetch.answer(request), None
+                except Exception as exc:
+                    await fetch.close_stream()
+                    outcome = None, exc
                 finished, request = _advance(step, *outcome)
             return request  # type: ignore[no-any-return]
         finally:
-            await fetch.close_stream()
+            if fetch._stream is not None:
+                await fetch.close_stream()
             step.close()
+
+
+async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
+    """One statement on the connection's cursor kept for steps (a new cursor per statement costs some 20 us of
+    client CPU): its rows, or its row count."""
+    cur: psycopg.AsyncCursor[Any] | None = getattr(conn, "_pgjournal_cursor", None)
+    if cur is None or cur.closed:
+        cur = conn.cursor()
+        with contextlib.suppress(AttributeError):  # a connection class with __slots__: a cursor each time
+            conn._pgjournal_cursor = cur  # type: ignore[attr-defined]
+    cur.row_factory = request.row or tuple_row
+    await cur.execute(request.sql, request.params, prepare=request.prepare, binary=request.binary)
+    return await cur.fetchall() if cur.pgresult is not None and cur.description is not None else cur.rowcount
 
 
 async def adrive(steps: Steps[T],
@@ -295,6 +338,16 @@ async def adrive(steps: Steps[T],
         for item in items:
             yield item
         step = _following(sequence, items)
+
+
+def _arguments(call: Call, conn: Any) -> tuple[Any, ...]:
+    return (conn, *call.args) if call.connection else call.args
+
+
+def _discard(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:  # a coroutine never awaited: close it quietly
+        close()
 
 
 def _following(sequence: Iterator[Step[Iterable[T]]], items: Iterable[T]) -> Step[Iterable[T]] | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from .steps import Step, first_of, rows_of, run
 from .store import format as sql
 from .store.format import FORMAT_TABLE as FORMAT_TABLE  # re-exported: the markers' table
 
@@ -62,10 +63,15 @@ class StoredFormat:
 def read_stored_format(conn: psycopg.Connection) -> StoredFormat:
     """The markers of the database on ``conn``; none (Akka's meaning of every id) when the table is absent,
     as in a journal that Akka created."""
-    jsonb = frozenset(sql.jsonb_columns().all(conn))
-    if not sql.format_table_exists().one(conn):
+    return run(read_stored_format_step(), conn)
+
+
+def read_stored_format_step() -> Step[StoredFormat]:
+    """:func:`read_stored_format` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
+    jsonb = frozenset((yield from rows_of(sql.jsonb_columns())))
+    if not (yield from first_of(sql.format_table_exists())):
         return StoredFormat(jsonb_columns=jsonb)
-    values = {marker.name: marker.value for marker in sql.markers().all(conn)}
+    values = {marker.name: marker.value for marker in (yield from rows_of(sql.markers()))}
     return StoredFormat(legacy_json_33=values.get(LEGACY_JSON_SER_ID) == "33",
                         akka_layout=values.get(EVENT_LAYOUT) == AKKA_LAYOUT,
                         data_partitions=int(values.get(DATA_PARTITIONS) or 1), jsonb_columns=jsonb)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from .tag_write import bucket_size_recorded, prepare, record_bucket_size, stamp_
 from .validation import check_persistence_id, check_seq_nr, check_tags
 
 if TYPE_CHECKING:
+    from .core import JournalCore
     from .journal import Journal
 
 #: Persistence ids whose append targets a writer keeps (a few hundred bytes each); past it, it starts over.
@@ -65,6 +67,142 @@ class _Target:
         self.last_ts: datetime | None = None
         #: (after, single, plain) -> the untagged append statement
         self.statements: dict[tuple[str, bool, bool], str] = {}
+
+
+@dataclass(slots=True)
+class AppendPlan:
+    """One append, checked, serialized and made a statement: what every face runs (the blocking pool, the
+    asyncio pool, a caller's transaction) and how its result becomes envelopes."""
+
+    target: _Target
+    events: list[Any]
+    tags: tuple[str, ...]
+    metadata: Any
+    sql: str
+    params: dict[str, Any]
+    #: Sets the writer's clock in ``params`` right before each attempt (tagged appends), else ``None``.
+    stamp: Callable[[dict[str, Any]], None] | None
+
+    @property
+    def pid(self) -> str:
+        return self.target.pid
+
+    @property
+    def slice(self) -> int:
+        return self.target.slice
+
+    @property
+    def entity_type(self) -> str:
+        return self.target.entity_type
+
+    @property
+    def expected(self) -> int | None:
+        return self.params["expected"]  # type: ignore[no-any-return]
+
+    def envelopes(self, rows: list[tuple[int, datetime]]) -> list[EventEnvelope]:
+        """The appended events as envelopes, from the ``(seq_nr, db_timestamp)`` rows the statement returned
+        (sorted in place)."""
+        if len(rows) > 1:
+            rows.sort()
+        target, trusted, tags, metadata = self.target, TimestampOffset.trusted, self.tags, self.metadata
+        pid, slice_, entity_type = target.pid, target.slice, target.entity_type
+        return [
+            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event, tags,
+                          metadata, Source.QUERY)
+            for (seq_nr, ts), event in zip(rows, self.events, strict=True)
+        ]
+
+
+def plan_append(journal: JournalCore, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None,
+                tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
+    """:func:`build` for a persistence id this writer knows nothing about (the asyncio face, a caller's
+    transaction): its predecessor is read by the statement unless there is none."""
+    pid = check_persistence_id(persistence_id)
+    target = _Target(pid, metrics.APPEND_STATS.counts(entity_type_of(pid)))
+    return build(journal, target, events, expected_seq_nr, tags, metadata)
+
+
+def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected_seq_nr: int | None,
+          tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
+    """Check and serialize an append to ``target`` and build its statement; ``None`` when there are no events.
+    The common append (one event, no tags or metadata) is kept lean: on 2 cores the client's CPU per append
+    is throughput."""
+    pid = target.pid
+    if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
+        check_seq_nr(expected_seq_nr, "expected_seq_nr")
+    tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
+    if events.__class__ is not list:
+        if isinstance(events, str | bytes | dict):
+            raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
+                                  "wrap it in a list")
+        try:
+            events = list(events)
+        except TypeError:
+            raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
+    if not events:
+        return None
+    event_list = list(events)  # the caller's list may change while this runs
+    serialize = journal.serializers.serialize
+    encoded = [serialize(event, persistence_id=pid) for event in event_list]
+    meta = serialize(metadata, persistence_id=pid) if metadata is not None else None
+    store = journal.events
+    if store.jsonb:  # Akka's JSONB payload columns take JSON only
+        store.check_payloads(pid, encoded, meta)
+    single = len(encoded) == 1
+    plain = single and not tag_list and meta is None  # the common case: fewer parameters to send
+    params: dict[str, Any] = {
+        "slice": target.slice, "entity_type": target.entity_type, "pid": pid, "writer": journal.writer_id,
+        "expected": expected_seq_nr}
+    if not plain:
+        params.update(tags=text_array(tag_list) if tag_list else None,
+                      meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
+                      meta_payload=meta.payload if meta else None)
+    if single:
+        first = encoded[0]
+        params["ser_id"], params["manifest"], params["payload"] = first.ser_id, first.manifest, first.payload
+    else:
+        params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
+                      payloads=[e.payload for e in encoded])
+    if expected_seq_nr is None:
+        after = "latest"
+    elif expected_seq_nr == 0 or expected_seq_nr == target.last_seq:
+        # The predecessor is known (none, or this writer's own last append): the statement reads nothing.
+        after = "known"
+        params["prev_ts"] = target.last_ts if expected_seq_nr else None
+    else:
+        after = "expected"
+    stamp = None
+    if tag_list and not journal.settings.tag_batch_writer:  # tag view rows in the same statement: tag_write
+        sql = prepare(journal, params, tag_list, len(encoded), after=after)  # type: ignore[arg-type]
+        stamp = stamp_time
+    else:  # untagged, or the batched tag writer's (pgjournal.tag_batcher): the events alone, tags column set
+        key = (after, single, plain)
+        sql = target.statements.get(key)  # type: ignore[assignment]
+        if sql is None:
+            sql = target.statements[key] = store.append(target.slice, after=after, single=single, plain=plain)
+    return AppendPlan(target, event_list, tag_list, metadata, sql, params, stamp)
+
+
+def refused(pid: str, exc: psycopg.Error) -> JournalError:
+    """A statement the server refused for a reason that retrying will not change (privileges, a trigger, a
+    constraint): the statement rolled back, so nothing was written."""
+    kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+    return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
+                f"({_first_line(exc)}); nothing was written")
+
+
+def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyConflict:
+    """The conflict of an append after ``expected`` (``None``: after the latest); ``actual``: the highest
+    sequence number stored, where it could be read."""
+    first = (expected if expected is not None else (actual or 0)) + 1
+    return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+
+
+def exhausted(pid: str, attempt: int, started: float, exc: psycopg.Error, retries: int) -> RetriesExhausted:
+    return RetriesExhausted(
+        f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
+        f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
+        f"append_retries is {retries}; nothing was written, trying again later is safe")
 
 
 class EventWriter:
@@ -100,90 +238,56 @@ class EventWriter:
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
+        plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
+        if plan is None:
+            return []
+        batcher = self._journal.tag_writer if plan.tags else None
+        if batcher is None:
+            before = record_bucket_size(self._journal) if plan.tags else None
+            ticket = 0
+        else:  # the batched tag writer writes the tag view rows later (pgjournal.tag_batcher)
+            before = None
+            ticket = batcher.begin(plan.entity_type)
+        started = time.perf_counter()
+        try:
+            rows = self._execute(plan.pid, plan.sql, plan.params, before, plan.stamp)
+        except BaseException as exc:
+            self.failed(plan)
+            if batcher is not None:
+                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
+            raise
+        if batcher is not None:
+            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
+        return self.committed(plan, rows, time.perf_counter() - started)
+
+    def plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
+             metadata: Any) -> AppendPlan | None:
+        """:func:`build` on this writer's target for the persistence id (what it knows of its last append)."""
         # A persistence id seen before was checked then (the same string passes the same checks).
         target = self._targets.get(persistence_id) if persistence_id.__class__ is str else None
         if target is None:
             target = self._target(persistence_id)
-        pid = target.pid
-        if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
-            check_seq_nr(expected_seq_nr, "expected_seq_nr")
-        tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
-        if events.__class__ is not list:
-            if isinstance(events, str | bytes | dict):
-                raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
-                                      "wrap it in a list")
-            try:
-                events = list(events)
-            except TypeError:
-                raise InvalidArgument(f"events must be a list of events, got {type(events).__name__}") from None
-        if not events:
-            return []
-        event_list = list(events)  # the caller's list may change while this runs
-        serialize = self._journal.serializers.serialize
-        encoded = [serialize(event, persistence_id=pid) for event in event_list]
-        meta = serialize(metadata, persistence_id=pid) if metadata is not None else None
-        store = self._journal.events
-        if store.jsonb:  # Akka's JSONB payload columns take JSON only
-            store.check_payloads(pid, encoded, meta)
-        single = len(encoded) == 1
-        plain = single and not tag_list and meta is None  # the common case: fewer parameters to send
-        params: dict[str, Any] = {
-            "slice": target.slice, "entity_type": target.entity_type, "pid": pid, "writer": self._journal.writer_id,
-            "expected": expected_seq_nr}
-        if not plain:
-            params.update(tags=text_array(tag_list) if tag_list else None,
-                          meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
-                          meta_payload=meta.payload if meta else None)
-        if single:
-            first = encoded[0]
-            params["ser_id"], params["manifest"], params["payload"] = first.ser_id, first.manifest, first.payload
-        else:
-            params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
-                          payloads=[e.payload for e in encoded])
-        if expected_seq_nr is None:
-            after = "latest"
-        elif expected_seq_nr == 0 or expected_seq_nr == target.last_seq:
-            # The predecessor is known (none, or this writer's own last append): the statement reads nothing.
-            after = "known"
-            params["prev_ts"] = target.last_ts if expected_seq_nr else None
-        else:
-            after = "expected"
-        before = stamp = None
-        batcher = self._journal.tag_writer if tag_list else None
-        if tag_list and batcher is None:  # tag view rows in the same statement: pgjournal.tag_write
-            sql = prepare(self._journal, params, tag_list, len(encoded), after=after)
-            before = record_bucket_size(self._journal)
-            stamp = stamp_time
-        else:  # untagged, or the batched tag writer's (pgjournal.tag_batcher): the events alone, tags column set
-            key = (after, single, plain)
-            sql = target.statements.get(key)  # type: ignore[assignment]
-            if sql is None:
-                sql = target.statements[key] = store.append(target.slice, after=after, single=single, plain=plain)
-        ticket = batcher.begin(target.entity_type) if batcher is not None else 0
-        started = time.perf_counter()
-        try:
-            rows = self._execute(pid, sql, params, before, stamp)
-        except BaseException as exc:
-            target.last_seq = target.last_ts = None  # whatever happened, look the predecessor up next time
-            if batcher is not None:
-                batcher.failed(ticket, pid, target.slice, tag_list, exc)
-            raise
-        if batcher is not None:
-            batcher.written(ticket, pid, target.slice, tag_list, rows)
-        if before is not None:
-            bucket_size_recorded(self._journal)
-        metrics.APPEND_STATS.record(target.counts, len(rows), time.perf_counter() - started)
-        if not single:
-            rows.sort()
-        target.last_seq, target.last_ts = rows[-1]
+        return build(self._journal, target, events, expected_seq_nr, tags, metadata)
+
+    @staticmethod
+    def failed(plan: AppendPlan) -> None:
+        """An append of ``plan`` failed, or its outcome is unknown: look the predecessor up next time."""
+        plan.target.last_seq = plan.target.last_ts = None
+
+    def committed(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float) -> list[EventEnvelope]:
+        """``plan`` committed with ``rows``: count it, remember its last event, signal; its envelopes."""
+        envelopes = plan.envelopes(rows)  # sorts the rows
+        self.count(plan, rows, seconds)
+        plan.target.last_seq, plan.target.last_ts = rows[-1]
         if self._after_commit is not None:
-            self._after_commit(target.slice, target.entity_type)
-        slice_, entity_type, trusted = target.slice, target.entity_type, TimestampOffset.trusted
-        return [
-            EventEnvelope(pid, seq_nr, slice_, entity_type, ts, trusted(ts, ts, {pid: seq_nr}), event, tag_list,
-                          metadata, Source.QUERY)
-            for (seq_nr, ts), event in zip(rows, event_list, strict=True)
-        ]
+            self._after_commit(plan.slice, plan.entity_type)
+        return envelopes
+
+    def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
+        """Count a committed append (and note that its tagged events recorded the bucket size)."""
+        if plan.tags and not self._journal.settings.tag_batch_writer:
+            bucket_size_recorded(self._journal)
+        metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
                  before: Callable[[psycopg.Connection], None] | None = None,
@@ -231,10 +335,7 @@ class EventWriter:
                 return rows
 
     def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
-        return RetriesExhausted(
-            f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
-            f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
-            f"append_retries is {self._retry.retries}; nothing was written, trying again later is safe")
+        return exhausted(pid, attempt, started, exc, self._retry.retries)
 
     @staticmethod
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
@@ -263,21 +364,14 @@ class EventWriter:
                 ) from exc
             raise
 
-    @staticmethod
-    def _failed(pid: str, exc: psycopg.Error) -> JournalError:
-        """A statement the server refused for a reason that retrying will not change (privileges, a
-        trigger, a constraint): the statement rolled back, so nothing was written."""
-        kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-        return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
-                    f"({_first_line(exc)}); nothing was written")
+    _failed = staticmethod(refused)
 
     def _conflict(self, pid: str, expected: int | None) -> ConcurrencyConflict:
         try:
             actual: int | None = self._journal.by_pid.highest_seq_nr(pid)
         except (psycopg.Error, JournalError):
             actual = None
-        first = (expected if expected is not None else (actual or 0)) + 1
-        return ConcurrencyConflict(pid, first, expected_seq_nr=expected, actual_seq_nr=actual)
+        return conflict(pid, expected, actual)
 
 
 def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:

@@ -23,6 +23,7 @@ from pgjournal.envelope import EventEnvelope, Source
 from pgjournal.errors import SerializationError
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import entity_type_of
+from pgjournal.steps import Step, first_of, run
 from pgjournal.store import dead_letters as sql
 from pgjournal.store.dead_letters import DeadLetter as DeadLetter  # the row shape, part of this module's API
 from pgjournal.validation import check_name
@@ -32,6 +33,7 @@ from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
 if TYPE_CHECKING:
     import psycopg
 
+    from pgjournal.core import JournalCore
     from pgjournal.journal import Journal
     from pgjournal.serialization import SerializerRegistry
     from pgjournal.store import Query as Statement
@@ -90,18 +92,28 @@ def decoded(journal: Journal, env: EventEnvelope) -> EventEnvelope:
 
 def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope) -> tuple[int | None, str | None]:
     """The serializer id and manifest stored with the envelope's event (``None`` when it is gone)."""
+    return run(serializer_of_step(journal, env), conn)
+
+
+def serializer_of_step(journal: JournalCore, env: EventEnvelope) -> Step[tuple[int | None, str | None]]:
+    """:func:`serializer_of` as a step (:mod:`pgjournal.steps`)."""
     bad = undecodable(env)
     if bad is not None:
         return bad.ser_id, bad.manifest
-    stored = sql.serializer(journal.events, env.persistence_id, env.seq_nr).one(conn)
+    stored = yield from first_of(sql.serializer(journal.events, env.persistence_id, env.seq_nr))
     return (stored.ser_id, stored.manifest) if stored else (None, None)
 
 
 def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key: str, env: EventEnvelope,
                       error: BaseException) -> None:
     """Copy the envelope's journal row into ``projection_dead_letter`` (in the caller's transaction)."""
-    conn.execute(*sql.store(journal.events, name, key, env.persistence_id, env.seq_nr,
-                            f"{type(error).__name__}: {error}"))
+    conn.execute(*dead_letter_statement(journal, name, key, env, error))
+
+
+def dead_letter_statement(journal: JournalCore, name: str, key: str, env: EventEnvelope, error: BaseException
+                          ) -> tuple[str, Any]:
+    """The statement of :func:`store_dead_letter`."""
+    return sql.store(journal.events, name, key, env.persistence_id, env.seq_nr, f"{type(error).__name__}: {error}")
 
 
 def list_dead_letters(journal: Journal, name: str) -> list[DeadLetter]:

@@ -56,21 +56,33 @@ def ensure_counter_table(journal: Journal) -> None:
 
 def count_events(conn: psycopg.Connection, name: str, envelopes: Sequence[EventEnvelope]) -> None:
     """Add the envelopes to the counters (one statement for the whole group)."""
+    conn.execute(*counter_upsert(name, envelopes))
+
+
+async def acount_events(conn: psycopg.AsyncConnection, name: str, envelopes: Sequence[EventEnvelope]) -> None:
+    """:func:`count_events` for the asyncio runner (:mod:`projections.aio`)."""
+    await conn.execute(*counter_upsert(name, envelopes))
+
+
+def counter_upsert(name: str, envelopes: Sequence[EventEnvelope]) -> tuple[str, dict[str, Any]]:
     per_pid: dict[str, list[int]] = {}
     for env in envelopes:
         entry = per_pid.setdefault(env.persistence_id, [0, 0])
         entry[0] += 1
         entry[1] = max(entry[1], env.seq_nr)
-    conn.execute(COUNTER_UPSERT, {"name": name, "pids": list(per_pid), "ns": [v[0] for v in per_pid.values()],
-                                  "seqs": [v[1] for v in per_pid.values()]})
+    return COUNTER_UPSERT, {"name": name, "pids": list(per_pid), "ns": [v[0] for v in per_pid.values()],
+                            "seqs": [v[1] for v in per_pid.values()]}
 
 
-def counter_writer(name: str, *, grouped: bool = True, max_count: int = 500, max_wait: float = 0.5) -> Handler:
-    """The per-entity counter read model, exactly once (grouped: one upsert per group)."""
+def counter_writer(name: str, *, grouped: bool = True, max_count: int = 500, max_wait: float = 0.5,
+                   asynchronous: bool = False) -> Handler:
+    """The per-entity counter read model, exactly once (grouped: one upsert per group); ``asynchronous``:
+    coroutine handlers, for the asyncio runner."""
     check_name(name, "projection name")
+    count = acount_events if asynchronous else count_events
     if grouped:
-        return Grouped(lambda conn, envs: count_events(conn, name, envs), max_count=max_count, max_wait=max_wait)
-    return ExactlyOnce(lambda conn, env: count_events(conn, name, [env]))
+        return Grouped(lambda conn, envs: count(conn, name, envs), max_count=max_count, max_wait=max_wait)
+    return ExactlyOnce(lambda conn, env: count(conn, name, [env]))
 
 
 def counter_mismatches(journal: Journal, name: str, entity_type: str) -> list[tuple[Any, ...]]:

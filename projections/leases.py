@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from pgjournal import metrics
 from pgjournal.errors import InvalidArgument
 from pgjournal.slices import NUMBER_OF_SLICES
+from pgjournal.steps import Step, first_of, run
 from pgjournal.store import leases as sql
 from pgjournal.validation import check_name
 
@@ -82,12 +83,16 @@ class LeaseManager:
             return {s: self.held[s] for s in slices if s in self.held}
 
     def fence(self, conn: psycopg.Connection, slices: Sequence[int], epochs: Mapping[int, int]) -> None:
+        run(self.fence_step(slices, epochs), conn)
+
+    def fence_step(self, slices: Sequence[int], epochs: Mapping[int, int]) -> Step[None]:
+        """:meth:`fence` as a step (:mod:`pgjournal.steps`), inside the caller's transaction."""
         if not self.valid():
             raise LeaseLost(f"lease of {self.owner} not renewed in time")
         wanted = list(slices)
         if any(s not in epochs for s in wanted):
             raise LeaseLost(f"slices {wanted} are not all leased to this runner")
-        if sql.fence(self.name, self.owner, {s: epochs[s] for s in wanted}).one(conn) != len(wanted):
+        if (yield from first_of(sql.fence(self.name, self.owner, {s: epochs[s] for s in wanted}))) != len(wanted):
             raise LeaseLost(f"{self.owner} no longer holds the leases of slices {wanted[0]}..{wanted[-1]}")
 
     # -- membership and acquisition ------------------------------------------------------------------

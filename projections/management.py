@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument
 from pgjournal.slices import NUMBER_OF_SLICES, check_slice_range
+from pgjournal.steps import Step, first_of, run
 from pgjournal.store import leases as lease_sql
 from pgjournal.store import management as sql
 from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, offsets
@@ -32,7 +33,12 @@ LAST_SLICE = NUMBER_OF_SLICES - 1
 
 
 def is_paused(conn: psycopg.Connection, name: str) -> bool:
-    return bool(sql.is_paused(name, PAUSE_KEY).one(conn))
+    return run(is_paused_step(name), conn)
+
+
+def is_paused_step(name: str) -> Step[bool]:
+    """:func:`is_paused` as a step (:mod:`pgjournal.steps`)."""
+    return bool((yield from first_of(sql.is_paused(name, PAUSE_KEY))))
 
 
 def _set_paused(journal: Journal, name: str, paused: bool) -> None:

@@ -28,13 +28,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgjournal.envelope import EventEnvelope
 from pgjournal.gate import Gate, Verdict, judge
 from pgjournal.offsets import TimestampOffset
 from pgjournal.slices import check_slice_range
-from pgjournal.steps import Step, run, statement
+from pgjournal.steps import Step, first_of, rows_of, run, statement
 from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
 from pgjournal.store.offsets import range_key as range_key  # the runner's key of a range
 from pgjournal.timeuuid import EPOCH
@@ -98,13 +98,17 @@ class OffsetStore:
 
     def load(self, conn: psycopg.Connection) -> TimestampOffset | None:
         """Read the rows of the range; return where its query starts (``None``: from the beginning)."""
+        return run(self.load_step(), conn)
+
+    def load_step(self) -> Step[TimestampOffset | None]:
+        """:meth:`load` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
         self.latest, self.markers, self.gate = {}, {}, Gate()
-        for row in self.sql.latest(self.name, self.min_slice, self.max_slice).all(conn):
+        for row in (yield from rows_of(self.sql.latest(self.name, self.min_slice, self.max_slice))):
             self.latest[row.slice] = row.latest
             if row.marker is not None:
                 self.markers[row.slice] = row.marker
         if self.latest:
-            rows = self.sql.highest_per_pid(self.name, {s: self.floor(s) for s in self.latest}).all(conn)
+            rows = yield from rows_of(self.sql.highest_per_pid(self.name, {s: self.floor(s) for s in self.latest}))
             for r in rows:
                 self.gate.deliver(r.persistence_id, r.seq_nr, Record(r.slice, r.seq_nr, r.timestamp))
         start = min((self.safe_point(s) for s in self.latest), default=None)
@@ -112,8 +116,7 @@ class OffsetStore:
         if empty and start is not None:
             # Slices never processed (or cleared): their events before ``start`` must not be skipped. Ranges
             # mark all their slices once they ran (advance_markers), so a plain restart does not run this.
-            first = conn.execute(*self.journal.events.first_event(self.entity_type, empty, start),
-                                 prepare=False).fetchone()
+            first = yield from first_of(self.journal.events.first_event(self.entity_type, empty, start), prepare=False)
             if first and first[0] is not None:
                 start = first[0]
         elif empty:
@@ -174,10 +177,14 @@ class OffsetStore:
         ``fenced`` (exactly-once, grouped): a row that exists already means another worker processed the
         event, and the insert fails the transaction. Otherwise (at-least-once) such a row is ignored.
         """
+        run(self.save_step(pending, fenced=fenced), conn)
+
+    def save_step(self, pending: Mapping[str, Record], *, fenced: bool) -> Step[None]:
+        """:meth:`save` as a step."""
         if not pending:
             return
         rows = [OffsetRow(r.slice, pid, r.seq_nr, r.timestamp) for pid, r in pending.items()]
-        conn.execute(*self.sql.insert(self.name, self.key, rows, fenced=fenced))
+        yield statement(self.sql.insert(self.name, self.key, rows, fenced=fenced))
 
     def commit(self, pending: Mapping[str, Record]) -> None:
         """Take ``pending`` into memory once its transaction committed."""
@@ -190,10 +197,18 @@ class OffsetStore:
         self.rows_since_delete += len(pending)
 
     def save_marker(self, conn: psycopg.Connection, slices: Iterable[int], timestamp: datetime) -> None:
-        rows = [OffsetRow(s, MARKER_PID, 0, timestamp) for s in slices]
-        conn.execute(*self.sql.insert(self.name, self.key, rows, fenced=False))
+        conn.execute(*self.marker_statement(slices, timestamp))
+
+    def marker_statement(self, slices: Iterable[int], timestamp: datetime) -> tuple[str, Any]:
+        """Mark ``timestamp`` processed in ``slices`` (see the module docstring)."""
+        return self.sql.insert(self.name, self.key, [OffsetRow(s, MARKER_PID, 0, timestamp) for s in slices],
+                               fenced=False)
 
     def advance_markers(self, conn: psycopg.Connection, *, slack: float = 0.0) -> int:
+        """:meth:`advance_markers_step` on a blocking connection."""
+        return run(self.advance_markers_step(slack=slack), conn)
+
+    def advance_markers_step(self, *, slack: float = 0.0) -> Step[int]:
         """Mark ``run_newest - lookback`` in every slice of the range whose safe point is older (by more than
         ``slack`` seconds), so that the next run starts near the newest offset instead of at the last event of
         the idlest slice. Returns the number of slices marked.
@@ -212,7 +227,7 @@ class OffsetStore:
         slices = [s for s in range(self.min_slice, self.max_slice + 1) if self.safe_point(s) < mark - due]
         if not slices:
             return 0
-        self.save_marker(conn, slices, mark)
+        yield statement(self.marker_statement(slices, mark))
         for s in slices:
             self.marked[s] = mark
         self.rows_since_delete += len(slices)
@@ -226,6 +241,11 @@ class OffsetStore:
 
     def delete_old(self, conn: psycopg.Connection) -> int:
         """Delete superseded rows and rows older than the window (the latest row per slice stays)."""
+        return run(self.delete_old_step(), conn)
+
+    def delete_old_step(self) -> Step[int]:
+        """:meth:`delete_old` as a step."""
         self.rows_since_delete = 0
-        return conn.execute(*self.sql.delete_old(self.name, self.min_slice, self.max_slice,
-                                                 self.window.total_seconds())).rowcount
+        count: int = yield statement(self.sql.delete_old(self.name, self.min_slice, self.max_slice,
+                                                         self.window.total_seconds()))
+        return count

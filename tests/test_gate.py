@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg.errors
 import pytest
 
 from pgjournal import DatabaseUnavailable
@@ -97,6 +98,15 @@ def test_schedule_buffer_rule_signal_look_and_retries() -> None:
     assert isinstance(fatal, DatabaseUnavailable) and "3 failed polls" in str(fatal)
     schedule.polled(0, signalled=False)  # a poll that works resets the count
     assert schedule.failed(OSError("down")) is None
+
+
+def test_a_serialization_conflict_is_retried_soon_and_never_ends_the_query() -> None:
+    schedule = Schedule(buffer_size=100, refresh_interval=2.0, max_failures=1)
+    conflict = psycopg.errors.SerializationFailure("could not serialize access")
+    for _ in range(50):  # past max_failures many times over: conflicts are not failures
+        assert schedule.failed(conflict) is None and schedule.delay <= 0.25
+    assert schedule.failed(OSError("down")) is None  # the first real failure
+    assert isinstance(schedule.failed(OSError("down")), DatabaseUnavailable)
 
 
 @pytest.mark.parametrize("rows", [0, 10, 11, 89, 90, 100])

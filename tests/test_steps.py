@@ -173,3 +173,35 @@ def test_a_live_event_that_does_not_decode_is_neither_skipped_nor_repeated(journ
                 next(live)
         journal.serializers.register_serializer(4711, Upper())
         assert [(e.seq_nr, e.event) for e in (next(live), next(live))] == [(2, "X"), (3, {"n": 3})]
+
+
+def test_a_call_runs_a_function_of_the_face_on_either_driver(journal: Journal, dsn: str) -> None:
+    """``Call``: a plain function on both drivers (with the step's connection when asked), a coroutine
+    function awaited by the asyncio driver and refused by the blocking one; its exception raised in the step."""
+    from pgjournal.steps import Call
+
+    def on_connection(conn: Any, value: int) -> int:
+        assert conn is not None and not conn.closed
+        return value * 2
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    async def later(value: int) -> int:
+        await asyncio.sleep(0)
+        return value + 1
+
+    def step(with_coroutine: bool) -> Any:
+        doubled = yield Call(on_connection, (21,), connection=True)
+        try:
+            yield Call(boom)
+        except ValueError:
+            caught = True
+        added = (yield Call(later, (1,))) if with_coroutine else None
+        return doubled, caught, added
+
+    with journal.connection() as conn:
+        assert run(step(False), conn) == (42, True, None)
+        with pytest.raises(TypeError, match="asyncio driver"):
+            run(step(True), conn)
+    assert asyncio.run(arun_pooled(step(True), on(dsn))) == (42, True, 2)

@@ -18,12 +18,14 @@
     counters.handle("c-1", 5).reply  # 5
 """
 
+from .aio import AsyncEntityRepository
 from .breaker import BreakerState, CircuitBreaker
 from .errors import CircuitOpen, ConflictRetriesExhausted
 from .model import CommandResult, DomainError, Effect, Entity, Recovered, persist
 from .repository import EntityRepository
 
 __all__ = [
+    "AsyncEntityRepository",
     "BreakerState",
     "CircuitBreaker",
     "CircuitOpen",

@@ -41,48 +41,65 @@ class Mailboxes:
     """Queues keyed by persistence id; an entry exists only while someone works on that entity."""
 
     def __init__(self) -> None:
-        self._mutex = threading.Lock()
+        self._mutex: Any = threading.Lock()
         self._boxes: dict[str, deque[Pending]] = {}
 
     def submit(self, key: str, item: Pending, run: RunBatch, max_batch: int) -> None:
         """Return once ``item`` is completed (by this thread or by the leader of the moment)."""
-        with self._mutex:
-            box = self._boxes.get(key)
-            lead = box is None
-            if box is None:
-                box = self._boxes[key] = deque()
-            box.append(item)
+        box, lead = self._enqueue(key, item)
         while not lead:
             item.wake.wait()
             item.wake.clear()
             if item.completed:
                 return
             lead = True  # handed leadership: our command is first in the queue
-        self._lead(key, box, run, max_batch)
+        batch = self._take(box, max_batch)
+        try:
+            run(key, batch)
+        except BaseException as exc:
+            self._fail(batch, exc)
+        finally:
+            self._hand_over(key, box, batch)
 
-    def _lead(self, key: str, box: deque[Pending], run: RunBatch, max_batch: int) -> None:
+    # -- the rules, shared with AsyncMailboxes ----------------------------------------------------------
+
+    def _enqueue(self, key: str, item: Pending) -> tuple[deque[Pending], bool]:
+        """Queue ``item``; whether its caller leads (the entity was idle)."""
+        with self._mutex:
+            box = self._boxes.get(key)
+            lead = box is None
+            if box is None:
+                box = self._boxes[key] = deque()
+            box.append(item)
+        return box, lead
+
+    def _take(self, box: deque[Pending], max_batch: int) -> list[Pending]:
+        """The leader's batch: the queued commands of the first one's repository, up to ``max_batch``."""
         with self._mutex:
             owner = box[0].owner
             batch: list[Pending] = []
             while box and len(batch) < max_batch and box[0].owner is owner:
                 batch.append(box.popleft())
-        try:
-            run(key, batch)
-        except BaseException as exc:
-            for item in batch:
-                if not item.completed:
-                    item.fail(exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            with self._mutex:
-                successor = box[0] if box else None
-                if successor is None:
-                    del self._boxes[key]
-            for item in batch:
-                item.wake.set()
-            if successor is not None:
-                successor.wake.set()
+        return batch
+
+    @staticmethod
+    def _fail(batch: list[Pending], exc: BaseException) -> None:
+        for item in batch:
+            if not item.completed:
+                item.fail(exc)
+        if not isinstance(exc, Exception):
+            raise exc
+
+    def _hand_over(self, key: str, box: deque[Pending], batch: list[Pending]) -> None:
+        """Wake the callers of ``batch`` and hand leadership to the next queued caller (or drop the queue)."""
+        with self._mutex:
+            successor = box[0] if box else None
+            if successor is None:
+                del self._boxes[key]
+        for item in batch:
+            item.wake.set()
+        if successor is not None:
+            successor.wake.set()
 
     def __len__(self) -> int:
         return len(self._boxes)

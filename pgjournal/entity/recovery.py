@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..by_pid import ByPersistenceId
 from ..errors import SerializationError
+from ..steps import Call, Step
 from .model import Entity, Recovered
 
 if TYPE_CHECKING:
+    from ..core import JournalCore
     from ..journal import Journal
 
 S = TypeVar("S")
@@ -24,9 +27,9 @@ def snapshot_metadata(entity: Entity[Any]) -> dict[str, Any]:
     return {"entity": entity.name, "version": entity.snapshot_version}
 
 
-def _from_snapshot(journal: Journal, entity: Entity[S], pid: str) -> tuple[S, int] | None:
+def _from_snapshot_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[tuple[S, int] | None]:
     try:
-        selected = journal.load_snapshot(pid)
+        selected = yield Call(journal.load_snapshot, (pid,))  # type: ignore[attr-defined]
     except SerializationError as exc:
         _log.warning("ignoring the snapshot of %r: %s; replaying all events", pid, exc)
         return None
@@ -47,15 +50,27 @@ def _from_snapshot(journal: Journal, entity: Entity[S], pid: str) -> tuple[S, in
 
 def recover(journal: Journal, entity: Entity[S], pid: str) -> Recovered[S]:
     """The current state of ``pid`` as stored: snapshot (if usable) plus the events after it."""
-    snapshot = _from_snapshot(journal, entity, pid)
+    return journal.run(recover_step(journal, entity, pid))
+
+
+def recover_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[Recovered[S]]:
+    """:func:`recover` as a step (:mod:`pgjournal.steps`) of the journal's own calls (blocking or asyncio),
+    each on a connection of its own, replaying page by page (bounded memory)."""
+    snapshot = yield from _from_snapshot_step(journal, entity, pid)
     state, seq_nr = snapshot if snapshot is not None else (entity.new_state(), 0)
     # Read the highest sequence number first and replay up to it: every event up to it is committed, so the
     # state is exactly that of the stream at ``highest`` even while others append. Events the replay does
     # not return there were deleted (delete_events); their numbers stay taken.
-    highest = journal.highest_seq_nr(pid)
+    reader = ByPersistenceId(journal)  # type: ignore[arg-type]  # its steps only
+    highest = yield Call(journal.highest_seq_nr, (pid,))  # type: ignore[attr-defined]
     replayed = 0
-    if highest > seq_nr:
-        for envelope in journal.query.current_events_by_persistence_id(pid, seq_nr + 1, highest):
+    start = seq_nr + 1
+    while start <= highest:
+        page = yield Call(journal.run, (reader.page_step(pid, start, highest),))  # type: ignore[attr-defined]
+        if not page:
+            break
+        for envelope in page:
             state = entity.apply(state, envelope.event)
-            replayed += 1
+        replayed += len(page)
+        start = page[-1].seq_nr + 1
     return Recovered(state, max(seq_nr, highest), snapshot[1] if snapshot is not None else None, replayed)

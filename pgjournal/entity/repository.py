@@ -31,15 +31,17 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import psycopg
 
 from ..errors import ConcurrencyConflict, ConfigurationError, DatabaseUnavailable, InvalidArgument, WriteOutcomeUnknown
+from ..steps import Call, Sleep, Step, first_of
 from ..validation import check_persistence_id, check_tags
 from .breaker import CircuitBreaker, is_unavailability
 from .cache import LruCache
 from .errors import ConflictRetriesExhausted
 from .mailbox import Mailboxes, Pending
 from .model import CommandResult, Entity, Recovered, check_entity_name, effect_of
-from .recovery import recover, snapshot_metadata
+from .recovery import recover, recover_step, snapshot_metadata
 
 if TYPE_CHECKING:
+    from ..core import JournalCore
     from ..journal import Journal
 
 S = TypeVar("S")
@@ -60,11 +62,11 @@ class _Shared:
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
 
 
-_shared: weakref.WeakKeyDictionary[Journal, _Shared] = weakref.WeakKeyDictionary()
+_shared: weakref.WeakKeyDictionary[JournalCore, _Shared] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
 
 
-def _shared_for(journal: Journal) -> _Shared:
+def _shared_for(journal: JournalCore) -> _Shared:
     with _shared_lock:
         found = _shared.get(journal)
         if found is None:
@@ -78,8 +80,11 @@ def _check_count(value: Any, what: str, *, minimum: int) -> int:
     return value
 
 
-class EntityRepository(Generic[S]):
-    """Commands in, events persisted, replies out, for one entity type. Thread-safe; share one per process.
+class RepositoryRules(Generic[S]):
+    r"""What the blocking :class:`EntityRepository` and the asyncio
+    :class:`~pgjournal.entity.aio.AsyncEntityRepository` share: settings, cache, counters, breaker, and the
+    command loop as a step (:mod:`pgjournal.steps`) whose journal operations are ``Call``\ s of the face's
+    journal (``append``, ``highest_seq_nr``, ``save_snapshot``, ``run``), blocking or awaited.
 
     ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (0: never; default:
     100).
@@ -91,7 +96,7 @@ class EntityRepository(Generic[S]):
 
     def __init__(
         self,
-        journal: Journal,
+        journal: JournalCore,
         entity: Entity[S] | type[Entity[S]],
         *,
         snapshot_every: int | None = None,
@@ -101,7 +106,7 @@ class EntityRepository(Generic[S]):
         unknown_outcome_timeout: float = 30.0,
         breaker: CircuitBreaker | None = None,
     ) -> None:
-        self.journal = journal
+        self.journal: Any = journal
         self.entity: Entity[S] = entity() if isinstance(entity, type) else entity
         self.name = check_entity_name(self.entity)
         if snapshot_every is None:
@@ -125,7 +130,7 @@ class EntityRepository(Generic[S]):
             journal.serializers.register(cls, f"{self.name}.{cls.__name__}")
 
     def __repr__(self) -> str:
-        return f"EntityRepository({self.name!r}, breaker={self.breaker.state})"
+        return f"{type(self).__name__}({self.name!r}, breaker={self.breaker.state})"
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -133,27 +138,6 @@ class EntityRepository(Generic[S]):
         if not isinstance(entity_id, str) or not entity_id:
             raise InvalidArgument(f"entity id of {self.name!r} must be a non-empty string, got {entity_id!r}")
         return check_persistence_id(f"{self.name}|{entity_id}")
-
-    def handle(self, entity_id: str, command: Any) -> CommandResult[S]:
-        """Run ``command`` against the current state of ``entity_id`` and persist its events.
-
-        Returns once the events are written. Raises what the command handler raised (a
-        :class:`DomainError`: nothing written), :class:`ConflictRetriesExhausted`, :class:`CircuitOpen` or
-        :class:`~pgjournal.DatabaseUnavailable` (nothing written), or :class:`~pgjournal.WriteOutcomeUnknown`.
-        """
-        item = Pending(self, entity_id, command)
-        self._mailboxes.submit(self.persistence_id(entity_id), item, _run_batch, self.max_batch)
-        if item.error is not None:
-            raise item.error
-        return item.result  # type: ignore[no-any-return]
-
-    def load(self, entity_id: str) -> Recovered[S]:
-        """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
-        pid = self.persistence_id(entity_id)
-        with self.breaker.guard():
-            recovered = recover(self.journal, self.entity, pid)
-        self._cache.put_if_newer(pid, recovered, lambda old, new: new.seq_nr > old.seq_nr)
-        return recovered
 
     def evict(self, entity_id: str | None = None) -> None:
         """Forget the cached state of ``entity_id`` (of every entity when ``None``)."""
@@ -172,37 +156,41 @@ class EntityRepository(Generic[S]):
         with self._counts_lock:
             self._counts[what] += n
 
-    # -- the command loop (runs in the thread leading the entity's mailbox) ------------------------------
+    def _recovered(self, pid: str, recovered: Recovered[S]) -> Recovered[S]:
+        self._cache.put_if_newer(pid, recovered, lambda old, new: new.seq_nr > old.seq_nr)
+        return recovered
 
-    def _batch(self, pid: str, batch: list[Pending]) -> None:
-        """Decide every command of ``batch`` in order against the current state, append all their events
-        in one call, then complete each caller with its own reply, state and sequence number."""
-        try:
-            with self.breaker.guard():
-                self._decide_and_write(pid, batch)
-        except BaseException as exc:
-            self._cache.drop(pid)
-            if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
-                commands = ", ".join(sorted({type(item.command).__name__ for item in batch}))
-                converted = DatabaseUnavailable(
-                    f"command(s) {commands} for {pid!r} were not applied and nothing was written: "
-                    f"{' '.join(str(exc).split()) or exc.__class__.__name__}")
-                converted.__cause__ = exc
-                exc = converted
-            for item in batch:
-                item.fail(exc)
-            if not isinstance(exc, Exception):
-                raise
+    # -- the command loop (runs in the leader of the entity's mailbox) -----------------------------------
+
+    def _batch_failed(self, pid: str, batch: list[Pending], exc: BaseException) -> None:
+        """The unit of work of ``batch`` raised ``exc``: every caller gets it (a lost database as
+        :class:`DatabaseUnavailable`); what is not an ``Exception`` is raised again."""
+        self._cache.drop(pid)
+        if isinstance(exc, psycopg.OperationalError) and is_unavailability(exc):
+            commands = ", ".join(sorted({type(item.command).__name__ for item in batch}))
+            converted = DatabaseUnavailable(
+                f"command(s) {commands} for {pid!r} were not applied and nothing was written: "
+                f"{' '.join(str(exc).split()) or exc.__class__.__name__}")
+            converted.__cause__ = exc
+            exc = converted
+        for item in batch:
+            item.fail(exc)
+        if not isinstance(exc, Exception):
+            raise exc
+
+    def _batch_done(self, batch: list[Pending]) -> None:
         if len(batch) > 1:
             self._count("batched", len(batch))
 
-    def _decide_and_write(self, pid: str, batch: list[Pending]) -> None:
+    def _batch_step(self, pid: str, batch: list[Pending]) -> Step[None]:
+        """Decide every command of ``batch`` in order against the current state, append all their events
+        in one call, then complete each caller with its own reply, state and sequence number."""
         attempt = 0
         while True:
             current = self._cache.get(pid)
             cached = current is not None
             if current is None:
-                current = recover(self.journal, self.entity, pid)
+                current = yield from recover_step(self.journal, self.entity, pid)
             state, events, outcomes = current.state, [], []
             for item in batch:
                 try:
@@ -220,11 +208,11 @@ class EntityRepository(Generic[S]):
             if not events:
                 # A refusal or a read is only as good as the state it was decided on: a cached state may be
                 # stale when other processes write, and no append would tell. Decide again on stored state.
-                if cached and self._moved_on(pid, current.seq_nr):
+                if cached and (yield from self._moved_on_step(pid, current.seq_nr)):
                     continue
             else:
                 try:
-                    self._append(pid, events, current.seq_nr)
+                    yield from self._append_step(pid, events, current.seq_nr)
                 except ConcurrencyConflict as conflict:
                     self._cache.drop(pid)
                     self._count("conflicts")
@@ -234,11 +222,11 @@ class EntityRepository(Generic[S]):
                                                        conflict.actual_seq_nr) from None
                     _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1,
                                attempt)
-                    time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                    yield Sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
                     continue
             self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
             if events:
-                self._maybe_snapshot(pid, current.seq_nr, current.seq_nr + len(events), state)
+                yield from self._maybe_snapshot_step(pid, current.seq_nr, current.seq_nr + len(events), state)
             for item, outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, CommandResult):
                     item.succeed(outcome)
@@ -246,39 +234,43 @@ class EntityRepository(Generic[S]):
                     item.fail(outcome)
             return
 
-    def _moved_on(self, pid: str, seq_nr: int) -> bool:
+    def _moved_on_step(self, pid: str, seq_nr: int) -> Step[bool]:
         """Did another writer append to ``pid`` after ``seq_nr``? If so, forget the cached state."""
-        if self.journal.highest_seq_nr(pid) == seq_nr:
+        if (yield Call(self.journal.highest_seq_nr, (pid,))) == seq_nr:
             return False
         self._cache.drop(pid)
         self._count("stale_cache")
         return True
 
-    def _append(self, pid: str, events: Iterable[Any], expected: int) -> None:
+    def _append_step(self, pid: str, events: Iterable[Any], expected: int) -> Step[None]:
         """Append, or raise: ConcurrencyConflict (someone else's events are there: nothing of ours written),
         another error (nothing written) or WriteOutcomeUnknown (could not find out in time)."""
         events = tuple(events)
         try:
-            self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags)
+            yield self._append_call(pid, events, expected)
         except WriteOutcomeUnknown as unknown:
             self._count("unknown_outcomes")
             _log.warning("append to %r after seq_nr %d lost its connection: finding out whether it was written",
                          pid, expected)
-            self._settle_unknown(pid, events, expected, unknown)
+            yield from self._settle_unknown_step(pid, events, expected, unknown)
 
-    def _settle_unknown(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown) -> None:
+    def _append_call(self, pid: str, events: tuple[Any, ...], expected: int) -> Call:
+        return Call(self.journal.append, (pid, events), {"expected_seq_nr": expected, "tags": self._tags})
+
+    def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown
+                             ) -> Step[None]:
         deadline = time.monotonic() + self.unknown_outcome_timeout
         pause = 0.05
         last: BaseException = unknown
         while True:
             try:
                 try:
-                    self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags)
+                    yield self._append_call(pid, events, expected)
                     _log.info("append to %r after seq_nr %d: the first attempt had not been written; now it is",
                               pid, expected)
                     return
                 except ConcurrencyConflict:
-                    if self._written_by_us(pid, expected + 1):
+                    if (yield from self._written_by_us_step(pid, expected + 1)):
                         _log.info("append to %r after seq_nr %d: the first attempt had been written", pid, expected)
                         return
                     raise
@@ -291,24 +283,57 @@ class EntityRepository(Generic[S]):
                     f"to tell whether they were written ({last.__class__.__name__}). Check with "
                     f"load({pid.partition('|')[2]!r}) before sending the command again"
                 ) from last
-            time.sleep(pause)
+            yield Sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    def _written_by_us(self, pid: str, seq_nr: int) -> bool:
-        """Was ``seq_nr`` of ``pid`` written by this Journal? While we lead the entity's mailbox, no other
-        thread of this process appends to it, and writer ids are unique per Journal."""
-        with self.journal.connection() as conn:
-            row = conn.execute(*self.journal.events.writer_of(pid, seq_nr)).fetchone()
+    def _written_by_us_step(self, pid: str, seq_nr: int) -> Step[bool]:
+        """Was ``seq_nr`` of ``pid`` written by this journal? While we lead the entity's mailbox, no other
+        caller of this process appends to it, and writer ids are unique per journal."""
+        row = yield Call(self.journal.run, (first_of(self.journal.events.writer_of(pid, seq_nr)),))
         return row is not None and row[0] == self.journal.writer_id
 
-    def _maybe_snapshot(self, pid: str, before: int, after: int, state: S) -> None:
+    def _maybe_snapshot_step(self, pid: str, before: int, after: int, state: S) -> Step[None]:
         every = self.snapshot_every
         if every == 0 or after // every == before // every:
             return
         try:
-            self.journal.save_snapshot(pid, after, self.entity.to_snapshot(state),
-                                       metadata=snapshot_metadata(self.entity))
+            yield Call(self.journal.save_snapshot, (pid, after, self.entity.to_snapshot(state)),
+                       {"metadata": snapshot_metadata(self.entity)})
             self._count("snapshots")
         except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
             _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,
                          exc.__class__.__name__, exc)
+
+
+class EntityRepository(RepositoryRules[S]):
+    """Commands in, events persisted, replies out, for one entity type. Thread-safe; share one per process.
+    Settings: see :class:`RepositoryRules`."""
+
+    journal: Journal
+
+    def handle(self, entity_id: str, command: Any) -> CommandResult[S]:
+        """Run ``command`` against the current state of ``entity_id`` and persist its events.
+
+        Returns once the events are written. Raises what the command handler raised (a
+        :class:`DomainError`: nothing written), :class:`ConflictRetriesExhausted`, :class:`CircuitOpen` or
+        :class:`~pgjournal.DatabaseUnavailable` (nothing written), or :class:`~pgjournal.WriteOutcomeUnknown`.
+        """
+        item = Pending(self, entity_id, command)
+        self._mailboxes.submit(self.persistence_id(entity_id), item, _run_batch, self.max_batch)
+        if item.error is not None:
+            raise item.error
+        return item.result  # type: ignore[no-any-return]
+
+    def load(self, entity_id: str) -> Recovered[S]:
+        """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
+        pid = self.persistence_id(entity_id)
+        with self.breaker.guard():
+            return self._recovered(pid, recover(self.journal, self.entity, pid))
+
+    def _batch(self, pid: str, batch: list[Pending]) -> None:
+        try:
+            with self.breaker.guard():
+                self.journal.run(self._batch_step(pid, batch))
+        except BaseException as exc:
+            self._batch_failed(pid, batch, exc)
+        self._batch_done(batch)

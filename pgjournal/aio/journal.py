@@ -1,0 +1,210 @@
+"""``async with AsyncJournal.open(dsn) as journal: await journal.append(...); journal.query...``: the journal on
+an ``AsyncConnectionPool``. Everything it decides comes from the code the blocking face runs: the open
+steps and :class:`~pgjournal.core.JournalCore`, the write path's statement (:mod:`pgjournal.write`,
+:mod:`pgjournal.appending`), the stores, the queries' steps and the live loop's schedule."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Generator, Iterable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from .. import core
+from .. import migrate as migrations
+from ..appending import append_step
+from ..capabilities import Capabilities
+from ..connections import connection_kwargs
+from ..core import JournalCore
+from ..envelope import EventEnvelope
+from ..errors import ConfigurationError
+from ..polling import T
+from ..serialization import SerializerRegistry
+from ..settings import Settings
+from ..snapshots import SelectedSnapshot, delete_statement, load_step, save_statement
+from ..steps import Step, arun, arun_pooled, first_of, statement
+from ..stored_format import StoredFormat
+from ..validation import check_persistence_id, check_seq_nr
+from ..write import EventWriter
+from .connections import AsyncPoolFront, async_limited_connection_class
+from .live import AsyncLiveQuery, AsyncPoll
+from .query import AsyncQuery
+from .signals import AsyncSignals
+from .transaction import AsyncTransaction, transaction
+
+
+class AsyncJournal(JournalCore):
+    """An event journal on one database for asyncio code. Open one per process (and event loop) and share it;
+    use it from the event loop it was opened on."""
+
+    def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
+                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+        if settings.tag_batch_writer:
+            raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
+                                     "face writes tag view rows in the append's statement (leave it false)")
+        super().__init__(dsn, settings, serializers, capabilities, stored)
+        self.signals = AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify else None
+        self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
+                                         name="pgjournal-async", **core.pool_options(settings))
+        #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
+        self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
+        #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
+        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
+        self.query = AsyncQuery(self)
+
+    @classmethod
+    def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
+             **settings: Any) -> _Opening:
+        """Connect (to the embedded server when no DSN is given or set) and check the schema, as
+        :meth:`Journal.open <pgjournal.Journal.open>` does. ``journal = await AsyncJournal.open(...)``, or
+        ``async with AsyncJournal.open(...) as journal:`` (closed when the block ends)."""
+        return _Opening(cls._open(dsn, serializers, migrate, settings))
+
+    @classmethod
+    async def _open(cls, dsn: str | None, serializers: SerializerRegistry | None, migrate: bool,
+                    settings: dict[str, Any]) -> AsyncJournal:
+        resolved, loaded = core.opening(dsn, serializers, migrate, settings)
+        try:
+            conn = await psycopg.AsyncConnection.connect(resolved, autocommit=True, **connection_kwargs(loaded))
+        except psycopg.OperationalError as exc:
+            raise core.unreachable(resolved, exc) from None
+        async with conn:
+            if migrate:  # Alembic is blocking: in a thread
+                await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
+            capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
+        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored)
+        await journal._pool.open(wait=False)
+        return journal
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self.signals is not None:
+            await self.signals.close()
+        await self.connections.close()
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncJournal:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def connection(self) -> _Borrowed:
+        """``async with journal.connection() as conn``: an autocommit connection of the pool (a broken one is
+        discarded on return; one returned inside a transaction is rolled back by the pool)."""
+        return _Borrowed(self)
+
+    async def run(self, step: Step[T]) -> T:
+        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool (borrowed at its first statement)."""
+        return await arun_pooled(step, self.connection)
+
+    def live_query(self, poll: AsyncPoll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
+                   first: Iterable[T] = ()) -> AsyncLiveQuery[T]:
+        """Wrap ``poll`` in the asyncio live loop, woken by writers' signals where they are on."""
+        return AsyncLiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals
+                              else None, first)
+
+    async def migrate(self) -> None:
+        await asyncio.to_thread(migrations.upgrade, self.dsn, self.settings.dialect)
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    async def append(self, persistence_id: str, events: Iterable[Any], *, expected_seq_nr: int | None = None,
+                     tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
+        """:meth:`Journal.append <pgjournal.Journal.append>`: atomically, after ``expected_seq_nr``; a
+        :class:`~pgjournal.errors.ConcurrencyConflict` writes nothing. Cancelling it leaves all of the events
+        written or none (one statement), and the connection back in the pool."""
+        plan = self._writer.plan(persistence_id, events, expected_seq_nr, tags, metadata)
+        if plan is None:
+            return []
+        started = time.perf_counter()
+        try:
+            async with self.connection() as conn:
+                rows = await arun(append_step(self, plan), conn)
+        except BaseException:
+            self._writer.failed(plan)
+            raise
+        return self._writer.committed(plan, rows, time.perf_counter() - started)
+
+    def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractAsyncContextManager[AsyncTransaction]:
+        """``async with journal.transaction() as tx:`` appends and your own SQL on ``tx.connection`` that commit
+        or roll back together (the rules: :mod:`pgjournal.transaction`)."""
+        return transaction(self, savepoints=savepoints)
+
+    async def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
+        """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(to_seq_nr, "to_seq_nr")
+        return await self.run(_statement_step(self.events.mark_deleted(pid, to_seq_nr)))  # type: ignore[no-any-return]
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        row = await self.run(first_of(self.events.highest_seq_nr(check_persistence_id(persistence_id))))
+        return int(row[0]) if row else 0
+
+    # -- snapshots -----------------------------------------------------------------------------------
+
+    async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
+                            tags: Iterable[str] = ()) -> None:
+        await self.run(_statement_step(save_statement(self, persistence_id, seq_nr, snapshot, metadata=metadata,
+                                                      tags=tags)))
+
+    async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
+                            max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        return await self.run(load_step(self, persistence_id, max_seq_nr=max_seq_nr, max_timestamp=max_timestamp))
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        await self.run(_statement_step(delete_statement(self, persistence_id)))
+
+
+def _statement_step(query: tuple[str, Any]) -> Step[Any]:
+    """One statement that returns no rows: its row count."""
+    return (yield statement(query))
+
+
+class _Borrowed:
+    """A connection of the journal's pool for an ``async with`` block, a lost connection reported as a typed
+    error (a class, not a generator-based context manager: this runs once per append)."""
+
+    __slots__ = ("_conn", "_journal")
+
+    def __init__(self, journal: AsyncJournal) -> None:
+        self._journal = journal
+
+    async def __aenter__(self) -> psycopg.AsyncConnection:
+        try:
+            self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
+        except PoolTimeout:
+            raise core.no_connection(self._journal.dsn, self._journal.settings) from None
+        return self._conn
+
+    async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:
+        await self._journal.connections.put(self._conn)
+        if isinstance(exc, psycopg.OperationalError):
+            lost = core.lost_connection(self._journal.dsn, self._conn, exc)
+            if lost is not None:
+                raise lost from exc
+
+
+class _Opening:
+    """``await AsyncJournal.open(...)`` or ``async with AsyncJournal.open(...) as journal``."""
+
+    def __init__(self, opening: Any) -> None:
+        self._opening = opening
+        self._journal: AsyncJournal | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncJournal]:
+        return self._opening.__await__()  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> AsyncJournal:
+        self._journal = await self._opening
+        return self._journal
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._journal is not None:
+            await self._journal.close()

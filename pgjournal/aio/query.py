@@ -1,0 +1,143 @@
+"""``async_journal.query``: the reads of :class:`pgjournal.query.Query` as async iterators. Each runs the same
+steps as the blocking face (:mod:`pgjournal.steps`) on the asyncio pool: the by-slice state machine, the
+by-tag stream, the by-persistence-id reads, the gate, the horizon and the live loop's schedule."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..buckets import check_bucket_size_step
+from ..by_pid import ByPersistenceId, check_range
+from ..by_slices import Delivery, SliceQuery, SliceRows
+from ..by_tag import TagEnvelope, TagStream
+from ..envelope import EventEnvelope
+from ..from_snapshots import Transform, snapshots_step
+from ..offsets import NoOffset, Offset
+from ..polling import Made
+from ..slices import entity_type_of
+from ..steps import Step, adrive, arun_pooled
+from .live import AsyncLiveQuery
+
+if TYPE_CHECKING:
+    from ..serialization import SerializerRegistry
+    from .journal import AsyncJournal
+
+
+class AsyncQuery:
+    """Every read of the journal, current (ends at the tail seen at start) and live (``close()`` stops it).
+    ``serializers``: decode with these instead of the journal's (as :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: AsyncJournal, *, serializers: SerializerRegistry | None = None) -> None:
+        self._journal = journal
+        self._serializers = serializers
+        self._by_pid = ByPersistenceId(journal, serializers)  # type: ignore[arg-type]  # its steps only
+
+    def _run(self, step: Step[Any]) -> Any:
+        return arun_pooled(step, self._journal.connection)
+
+    # -- by persistence id ---------------------------------------------------------------------------
+
+    def current_events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1,
+                                         to_seq_nr: int | None = None) -> AsyncIterator[EventEnvelope]:
+        pid, start, to = check_range(persistence_id, from_seq_nr, to_seq_nr)
+        return adrive(self._by_pid.current_steps(pid, start, to), self._journal.connection)
+
+    def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+                                 ) -> AsyncLiveQuery[EventEnvelope]:
+        state = self._by_pid.live_state(persistence_id, from_seq_nr, to_seq_nr)
+        query: AsyncLiveQuery[EventEnvelope]
+
+        async def poll(notified: bool) -> tuple[list[EventEnvelope], int]:
+            return await self._run(self._by_pid.poll_step(state, notified, query.close))  # type: ignore[no-any-return]
+
+        query = self._journal.live_query(poll, entity_types={entity_type_of(state.pid)})
+        return query
+
+    def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
+                                entity_type: str | None = None) -> AsyncIterator[str]:
+        return adrive(self._by_pid.persistence_ids_steps(after, limit, entity_type=entity_type),
+                      self._journal.connection)
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        return await self._run(self._by_pid.timestamp_of_step(persistence_id, seq_nr))  # type: ignore[no-any-return]
+
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        return await self._run(self._by_pid.load_envelope_step(persistence_id, seq_nr))  # type: ignore[no-any-return]
+
+    # -- by slices -----------------------------------------------------------------------------------
+
+    def slice_query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                    rows: SliceRows | None = None) -> SliceQuery:
+        return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,  # type: ignore[arg-type]
+                          serializers=self._serializers)
+
+    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                                 ) -> AsyncIterator[EventEnvelope]:
+        return self.run_current(self.slice_query(entity_type, min_slice, max_slice, offset))
+
+    async def run_current(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncIterator[Any]:
+        """A current by-slice query (after ``first``, the snapshots of one that starts from them)."""
+        await self._run(query.settle_step())
+        for item in first or ():
+            yield item
+        async for item in adrive(query.current_steps(), self._journal.connection):
+            yield item
+
+    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                         ) -> AsyncLiveQuery[EventEnvelope]:
+        return self.run_live(self.slice_query(entity_type, min_slice, max_slice, offset))
+
+    def run_live(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncLiveQuery[Any]:
+        """A live by-slice query (``first``: items handed out before its first poll)."""
+
+        async def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            deliveries, rows = await self._run(query.poll_step(notified))
+            return Made(deliveries, query.envelope), rows
+
+        return self._journal.live_query(poll, entity_types={query.entity_type},
+                                        settle=self._journal.read_margin + 0.005, first=first or ())
+
+    async def _from_snapshots(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+                              transform: Transform) -> tuple[SliceQuery, list[EventEnvelope]]:
+        query = self.slice_query(entity_type, min_slice, max_slice, offset)
+        return query, await self._run(snapshots_step(query, min_slice, max_slice, transform, self._serializers))
+
+    async def current_events_by_slices_starting_from_snapshots(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        transform: Callable[[Any], Any],
+    ) -> AsyncIterator[EventEnvelope]:
+        query, snapshots = await self._from_snapshots(entity_type, min_slice, max_slice, offset, transform)
+        async for item in self.run_current(query, snapshots):
+            yield item
+
+    async def events_by_slices_starting_from_snapshots(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        transform: Callable[[Any], Any],
+    ) -> AsyncLiveQuery[EventEnvelope]:
+        """The snapshots are read when the query is made (hence ``await``), then it runs like
+        :meth:`events_by_slices`."""
+        query, snapshots = await self._from_snapshots(entity_type, min_slice, max_slice, offset, transform)
+        return self.run_live(query, snapshots)
+
+    # -- by tag --------------------------------------------------------------------------------------
+
+    async def _tag_stream(self, tag: str, offset: Offset, *, live: bool) -> TagStream:
+        size = await self._run(check_bucket_size_step(self._journal.settings.tag_bucket_size))
+        return TagStream(self._journal, tag, offset, live=live, serializers=self._serializers,  # type: ignore[arg-type]
+                         size=size)
+
+    async def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncIterator[TagEnvelope]:
+        stream = await self._tag_stream(tag, offset, live=False)
+        async for item in adrive(stream.current_steps(), self._journal.connection):
+            yield item
+
+    async def events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncLiveQuery[TagEnvelope]:
+        """The tag view's bucket size is checked when the query is made (hence ``await``)."""
+        stream = await self._tag_stream(tag, offset, live=True)
+
+        async def poll(notified: bool) -> tuple[list[TagEnvelope], int]:
+            return await self._run(stream.poll_step(notified))  # type: ignore[no-any-return]
+
+        return self._journal.live_query(poll, entity_types=None)

@@ -1,0 +1,127 @@
+"""LISTEN/NOTIFY wake-ups for asyncio live queries, with the rules of :mod:`pgjournal.notify`: a writer only
+records that an entity type changed, *after* its commit; a sender task sends one coalesced ``NOTIFY`` per
+entity type at most every :data:`~pgjournal.notify.SEND_INTERVAL`; a listener task (``AsyncConnection.notifies()``)
+sets the events of the live queries that care. Signals only cut latency: a lost one costs a poll interval."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+
+from ..notify import CHANNEL, SEND_INTERVAL, notify_sql
+
+_log = logging.getLogger("pgjournal.notify")
+
+
+class AsyncSignals:
+    def __init__(self, dsn: str, connect_kwargs: dict[str, Any] | None = None) -> None:
+        self._dsn = dsn
+        self._kwargs = connect_kwargs or {}
+        self._pending: set[str] = set()
+        self._due = asyncio.Event()
+        self._subscribers: dict[asyncio.Event, frozenset[str] | None] = {}
+        self._closed = False
+        self._sender: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+
+    # -- writers -------------------------------------------------------------------------------------
+
+    def written(self, _slice: int, entity_type: str) -> None:
+        """Record that ``entity_type`` got events (call it after the commit); the sender notifies soon. The
+        sender is woken only when the set goes from empty to non-empty (as in :mod:`pgjournal.notify`: a wake-up
+        per append would cost a task switch per append)."""
+        if entity_type in self._pending:
+            return
+        wake = not self._pending
+        self._pending.add(entity_type)
+        if wake:
+            self._due.set()
+        if self._sender is None and not self._closed:
+            self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name="pgjournal-notify")
+
+    async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn: psycopg.AsyncConnection | None = None
+        next_send = 0.0
+        try:
+            while True:
+                while not self._pending and not self._closed:
+                    self._due.clear()
+                    await self._due.wait()
+                if not self._pending:
+                    break  # closed, and everything recorded has been sent
+                if (wait := next_send - loop.time()) > 0 and not self._closed:
+                    await asyncio.sleep(wait)  # one round of signals per SEND_INTERVAL
+                batch, self._pending = self._pending, set()
+                next_send = loop.time() + SEND_INTERVAL
+                try:
+                    if conn is None or conn.closed:
+                        conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs)
+                    await conn.execute(notify_sql(conn, batch))  # type: ignore[arg-type]
+                except psycopg.Error as exc:  # best effort: readers still poll
+                    _log.debug("notification lost: %s", exc.__class__.__name__)
+                    conn = None
+                    await asyncio.sleep(0.1)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def subscribe(self, entity_types: Iterable[str] | None = None) -> Callable[[asyncio.Event], Callable[[], None]]:
+        """A ``subscribe`` hook for :class:`~pgjournal.aio.live.AsyncLiveQuery` (``None``: every entity type)."""
+        wanted = None if entity_types is None else frozenset(entity_types)
+
+        def attach(event: asyncio.Event) -> Callable[[], None]:
+            self._subscribers[event] = wanted
+            if self._listener is None and not self._closed:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # made outside the event loop: the query polls without wake-ups
+                    _log.debug("live query made outside a running event loop: no LISTEN wake-ups")
+                else:
+                    self._listener = loop.create_task(self._listen_loop(), name="pgjournal-listen")
+            return lambda: self._detach(event)
+
+        return attach
+
+    def _detach(self, event: asyncio.Event) -> None:
+        self._subscribers.pop(event, None)
+
+    def _wake(self, entity_type: str | None) -> None:
+        for event, wanted in self._subscribers.items():
+            if entity_type is None or wanted is None or entity_type in wanted:
+                event.set()
+
+    async def _listen_loop(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._wake(None)  # anything sent while we were not listening is caught by a poll now
+                    backoff = 0.1
+                    async for note in conn.notifies():
+                        self._wake(note.payload)
+            except psycopg.Error as exc:
+                _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
+                await asyncio.sleep(random.uniform(backoff / 2, backoff))  # listeners do not reconnect in step
+                backoff = min(backoff * 2, 5.0)
+
+    async def close(self) -> None:
+        """Send what is pending, stop listening."""
+        self._closed = True
+        self._due.set()
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                await self._listener
+        if self._sender is not None:
+            with contextlib.suppress(psycopg.Error):
+                await asyncio.wait_for(self._sender, timeout=2)

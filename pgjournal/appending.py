@@ -1,0 +1,117 @@
+"""An append as steps (:mod:`pgjournal.steps`): the asyncio face's appends and appends inside a caller's
+transaction (:mod:`pgjournal.transaction`) run the statement of :func:`pgjournal.write.plan_append` through
+these, with the write path's rules: a primary-key clash is a :class:`~pgjournal.errors.ConcurrencyConflict`
+when an ``expected_seq_nr`` was stated (else the append numbers after the new highest and tries again),
+serialization failures and deadlocks are retried where the dialect says so, anything else the server refused
+rolled back and is reported as such, and a lost connection leaves the outcome unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+import psycopg
+import psycopg.errors
+
+from .buckets import ensure_bucket_size_step
+from .contention import RetryPolicy
+from .errors import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
+from .steps import Sleep, Statement, Step, first_of
+from .tag_write import record_bucket_size
+from .write import AppendPlan, conflict, exhausted, refused
+
+if TYPE_CHECKING:
+    from .core import JournalCore
+
+Rows = list[tuple[int, datetime]]
+SAVEPOINT = "pgjournal_append"
+
+
+def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: bool, savepoint: bool = False
+                 ) -> Step[Rows]:
+    """One attempt of ``plan``. ``own_transaction``: on an autocommit connection, a tagged append that still has
+    to record the tag view's bucket size does so in one transaction with its insert. ``savepoint``: inside the
+    caller's transaction, in a savepoint, so a failed append leaves that transaction usable. No rows: the
+    ``expected_seq_nr`` is above the highest stored one (a conflict; nothing of the attempt stays)."""
+    record = bool(plan.tags) and record_bucket_size(journal) is not None  # type: ignore[arg-type]
+    begin, keep, undo = (("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT") if savepoint
+                         else ("BEGIN", "COMMIT", "ROLLBACK"))
+    if savepoint:
+        begin, keep, undo = (f"{verb} {SAVEPOINT}" for verb in (begin, keep, undo))
+    wrapped = savepoint or (own_transaction and record)
+    if plan.stamp is not None:
+        plan.stamp(plan.params)  # the writer's clock right before each attempt (see pgjournal.tag_write)
+    if wrapped:
+        yield Statement(begin)
+    try:
+        if record:
+            yield from ensure_bucket_size_step(journal.settings.tag_bucket_size)
+        rows: Rows = yield Statement(plan.sql, plan.params, prepare=True)
+    except psycopg.Error:
+        if wrapped:
+            with contextlib.suppress(psycopg.Error):  # a lost connection: the original error tells more
+                yield Statement(undo)
+        raise
+    if wrapped:
+        yield Statement(keep if rows else undo)
+    return rows
+
+
+def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
+    """The append on an autocommit connection, retried under the write path's
+    :class:`~pgjournal.contention.RetryPolicy` (the pause yielded as a :class:`~pgjournal.steps.Sleep`);
+    returns its rows."""
+    policy = RetryPolicy.of(journal.settings)
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            rows = yield from attempt_step(journal, plan, own_transaction=True)
+        except psycopg.errors.UniqueViolation as exc:
+            if plan.expected is not None:
+                raise (yield from conflict_step(journal, plan)) from None
+            # No expectation was stated: another writer appended first; number after it.
+            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))
+            continue
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+            if exc.sqlstate not in journal.dialect.retryable_sqlstates:
+                raise refused(plan.pid, exc) from exc
+            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))  # one transaction: safe again
+            continue
+        except psycopg.Error as exc:
+            raise failed(plan, exc) from exc
+        if not rows:
+            raise (yield from conflict_step(journal, plan))
+        return rows
+
+
+def _pause_or_raise(policy: RetryPolicy, plan: AppendPlan, attempt: int, started: float, exc: psycopg.Error
+                    ) -> float:
+    pause = policy.next_pause(attempt, exc.sqlstate)
+    if pause is None:
+        raise exhausted(plan.pid, attempt, started, exc, policy.retries) from exc
+    return pause
+
+
+def failed(plan: AppendPlan, exc: psycopg.Error) -> JournalError:
+    """What an attempt that raised ``exc`` means: the outcome is unknown when the server never answered (a lost
+    connection), else the statement was refused and rolled back."""
+    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
+        return WriteOutcomeUnknown(
+            f"the connection was lost while appending to {plan.pid!r}; the events may or may not be written. "
+            f"Retrying with the same expected_seq_nr is safe. ({exc.__class__.__name__})")
+    return refused(plan.pid, exc)
+
+
+def conflict_step(journal: JournalCore, plan: AppendPlan) -> Step[ConcurrencyConflict]:
+    """The conflict of ``plan``, naming the highest sequence number stored where it can be read."""
+    try:
+        row = yield from first_of(journal.events.highest_seq_nr(plan.pid))
+        actual: int | None = int(row[0]) if row else 0
+    except psycopg.Error:  # e.g. inside a transaction the conflict aborted
+        actual = None
+    return conflict(plan.pid, plan.expected, actual)

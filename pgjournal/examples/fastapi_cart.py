@@ -1,0 +1,142 @@
+"""The shopping cart (:mod:`pgjournal.examples.shopping_cart`) as an HTTP service on the asyncio face, with a
+live server-sent-events feed of a slice range. Needs the ``web`` extra (``pip install "pgjournal[web]"``)::
+
+    python -m pgjournal.examples.fastapi_cart --port 8000        # the embedded server, or --dsn / PGJOURNAL_DSN
+    curl -X POST localhost:8000/carts/c1/items -H 'content-type: application/json' \\
+         -d '{"item_id": "socks", "quantity": 2}'
+    curl -N 'localhost:8000/events?min_slice=0&max_slice=1023'   # every cart event, live
+
+Routes: ``GET /carts/{id}``; ``POST /carts/{id}/items`` (add), ``PUT /carts/{id}/items/{item}`` (adjust),
+``DELETE /carts/{id}/items/{item}`` (remove), ``POST /carts/{id}/checkout``; each answers the cart and its
+``seq_nr``. A command the cart's rules refuse is ``409 Conflict`` (nothing was written), a database that
+cannot be reached ``503``, bad input ``400`` / ``422``. ``GET /events`` streams
+``events_by_slices("cart", min_slice, max_slice)``: each event's SSE ``id`` is its offset, so a client that
+reconnects with ``Last-Event-ID`` (or ``?offset=``) goes on exactly after the last event it received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from ..aio import AsyncJournal
+from ..entity import AsyncEntityRepository, CircuitOpen, CommandResult, DomainError
+from ..errors import DatabaseUnavailable, InvalidArgument
+from ..offsets import NoOffset, parse_offset
+from ..slices import NUMBER_OF_SLICES
+from .shopping_cart import MAX_QUANTITY, AddItem, AdjustQuantity, Cart, CheckOut, GetCart, RemoveItem, ShoppingCart
+
+
+class NewItem(BaseModel):
+    item_id: str = Field(min_length=1, max_length=100)
+    quantity: int = Field(ge=1, le=MAX_QUANTITY)
+
+
+class Quantity(BaseModel):
+    quantity: int = Field(ge=1, le=MAX_QUANTITY)
+
+
+def cart_view(cart_id: str, result: CommandResult[Cart]) -> dict[str, Any]:
+    return {"cart_id": cart_id, "items": result.state.items, "checked_out": result.state.checked_out,
+            "seq_nr": result.seq_nr, "reply": result.reply if isinstance(result.reply, str) else None}
+
+
+def sse(event: Any) -> str:
+    """One server-sent event of an envelope: its offset as the id, the event's class as the type."""
+    payload = {"persistence_id": event.persistence_id, "seq_nr": event.seq_nr,
+               "db_timestamp": event.db_timestamp.isoformat(),
+               "event": dataclasses.asdict(event.event) if dataclasses.is_dataclass(event.event) else event.event}
+    return f"id: {event.offset}\nevent: {type(event.event).__name__}\ndata: {json.dumps(payload)}\n\n"
+
+
+def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
+    """The service on the database at ``dsn`` (default: ``PGJOURNAL_DSN``, else the embedded server)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncJournal.open(dsn, **settings) as journal:
+            app.state.journal = journal
+            app.state.carts = AsyncEntityRepository(journal, ShoppingCart)
+            yield
+
+    app = FastAPI(title="pgjournal shopping carts", lifespan=lifespan)
+
+    @app.exception_handler(DomainError)
+    async def refused(_request: Request, exc: DomainError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=409)
+
+    @app.exception_handler(InvalidArgument)
+    async def bad_input(_request: Request, exc: InvalidArgument) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def unavailable(_request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        retry = str(max(1, round(exc.retry_after))) if isinstance(exc, CircuitOpen) else "1"
+        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": retry})
+
+    async def command(request: Request, cart_id: str, cmd: Any) -> dict[str, Any]:
+        carts: AsyncEntityRepository[Cart] = request.app.state.carts
+        return cart_view(cart_id, await carts.handle(cart_id, cmd))
+
+    @app.get("/carts/{cart_id}")
+    async def get_cart(request: Request, cart_id: str) -> dict[str, Any]:
+        return await command(request, cart_id, GetCart())
+
+    @app.post("/carts/{cart_id}/items", status_code=201)
+    async def add_item(request: Request, cart_id: str, item: NewItem) -> dict[str, Any]:
+        return await command(request, cart_id, AddItem(item.item_id, item.quantity))
+
+    @app.put("/carts/{cart_id}/items/{item_id}")
+    async def adjust(request: Request, cart_id: str, item_id: str, body: Quantity) -> dict[str, Any]:
+        return await command(request, cart_id, AdjustQuantity(item_id, body.quantity))
+
+    @app.delete("/carts/{cart_id}/items/{item_id}")
+    async def remove(request: Request, cart_id: str, item_id: str) -> dict[str, Any]:
+        return await command(request, cart_id, RemoveItem(item_id))
+
+    @app.post("/carts/{cart_id}/checkout")
+    async def checkout(request: Request, cart_id: str) -> dict[str, Any]:
+        return await command(request, cart_id, CheckOut())
+
+    @app.get("/events")
+    async def events(request: Request, min_slice: int = 0, max_slice: int = NUMBER_OF_SLICES - 1,
+                     offset: str | None = None,
+                     last_event_id: str | None = Header(default=None)) -> StreamingResponse:
+        """Cart events of the slice range, live (server-sent events), after ``offset`` / ``Last-Event-ID``."""
+        journal: AsyncJournal = request.app.state.journal
+        start = last_event_id or offset
+        live = journal.query.events_by_slices(ShoppingCart.name, min_slice, max_slice,
+                                              parse_offset(start) if start else NoOffset)
+
+        async def stream() -> AsyncIterator[str]:
+            async with live:  # closed when the client goes away (the response task is cancelled)
+                yield ": connected\n\n"
+                async for envelope in live:
+                    yield sse(envelope)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="The shopping cart over HTTP, with a live SSE feed of events.")
+    parser.add_argument("--dsn", help="PostgreSQL DSN (default: PGJOURNAL_DSN, else the embedded server)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    uvicorn.run(create_app(args.dsn), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()
