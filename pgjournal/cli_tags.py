@@ -94,3 +94,26 @@ def truncate(
     with open_journal(dsn) as journal:
         Reconciliation(journal).truncate()
     console.print("tag view truncated")
+
+
+@tags_app.command("recover")
+def recover(
+    silent_for: Annotated[float | None, typer.Option(
+        "--silent-for", min=0.0,
+        help="Recover batched tag writers silent this many seconds (default: the tag_writer_timeout setting). "
+             "Only writers that are really gone: a live one's in-flight tag rows could be passed by readers.")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Write the tag view rows of batched tag writers that died (tag_batch_writer=True; events_by_tag waits
+    for them) from the journal, and drop their rows so readers move on."""
+    with open_journal(dsn, tag_batch_writer=True) as journal:
+        assert journal.tag_writer is not None
+        recovered = journal.tag_writer.recover(silent_for)
+    if not recovered:
+        console.print("no silent batched tag writer")
+        return
+    table = Table("writer row", "journal writer", "persistence ids", "tag rows written", title="recovered")
+    for done in recovered:
+        table.add_row(done.id, done.writer, f"{done.persistence_ids:,}", f"{done.rows:,}")
+    console.print(table)
