@@ -217,9 +217,10 @@ class TagStream:
     def _decode(self, row: Sequence[Any], pos: tuple[int, int], source: Source) -> TagEnvelope:
         ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, meta_manifest, meta, writer = row
         serializers = self._serializers
-        try:
-            event = serializers.deserialize(ser_id, manifest, payload)
-            metadata = None if meta_id is None else serializers.deserialize(meta_id, meta_manifest or "", meta)
+        try:  # the tag is named in an error only: a second decode, to build the message where it is needed
+            event = serializers.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
+            metadata = None if meta_id is None else serializers.deserialize(
+                meta_id, meta_manifest or "", meta, persistence_id=pid, seq_nr=seq_nr)
         except SerializationError:
             where = f" of persistence id {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
             event = serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid,

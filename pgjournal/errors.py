@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .envelope import EventEnvelope
 
 
 class JournalError(Exception):
@@ -217,3 +221,26 @@ class ConflictRetriesExhausted(ConcurrencyConflict):
 
 class LoadConflict(JournalError):
     """Spark incremental load: Another run of the same load job committed first; nothing of this run was committed."""
+
+
+class ProjectionFailed(JournalError):
+    """A handler kept failing (or the payload does not decode) and the projection is configured to stop
+    (``on_failure="stop"``): the offset stays before the event. ``ser_id``/``manifest`` are those stored with
+    the event (``None`` when they could not be read)."""
+
+    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException, *,
+                 ser_id: int | None = None, manifest: str | None = None) -> None:
+        self.projection = projection
+        self.persistence_id = envelope.persistence_id
+        self.seq_nr = envelope.seq_nr
+        self.ser_id = ser_id
+        self.manifest = manifest
+        self.cause = cause
+        super().__init__(f"projection {projection!r} failed on {envelope.persistence_id!r} seq_nr "
+                         f"{envelope.seq_nr} (ser_id {ser_id}, manifest {manifest!r}) after {attempts} "
+                         f"attempt(s): {cause!r}")
+
+
+class LeaseLost(JournalError):
+    """A projection worker no longer owns (or may soon lose) a slice it was processing: it stops the range,
+    and whoever holds the lease now continues from the stored offsets."""

@@ -23,6 +23,9 @@ through one store is forgotten by that store at once; other processes keep using
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import pickle
 import threading
 import time
 from collections import OrderedDict
@@ -86,6 +89,15 @@ class InMemoryKeyStore:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def __getstate__(self) -> dict[str, bytes]:
+        # a pickled copy (a Spark task's, say) holds the keys of the moment it was pickled, and only those
+        with self._lock:
+            return dict(self._keys)
+
+    def __setstate__(self, keys: dict[str, bytes]) -> None:
+        self._keys = dict(keys)
+        self._lock = threading.Lock()
+
 
 _WRAP_ASSOCIATED = b"pgjournal payload key\x00"
 
@@ -111,6 +123,10 @@ class PostgresKeyStore:
     """Data keys in ``pgjournal_payload_keys`` (run ``pgjournal migrate``), wrapped by ``master_key`` (32 bytes)
     or by ``wrapper`` (a :class:`KeyWrapper`, e.g. one calling a KMS). ``dsn``: the journal's database (default:
     the embedded server, as :meth:`pgjournal.Journal.open`). ``close()`` (or ``with``) releases its connections.
+
+    Pickled (to Spark's Python workers, say) it travels as what reopens it: the DSN, the wrapper (with the master
+    key: pickle it only to processes that may hold that key) and the cache settings; it is unpickled as
+    :meth:`shared` would give it.
     """
 
     def __init__(self, dsn: str | None = None, *, master_key: bytes | None = None,
@@ -128,6 +144,7 @@ class PostgresKeyStore:
             raise ConfigurationError(f"cache_size must be a positive integer, got {cache_size!r}")
         loaded = Settings.load(**settings)
         self.dsn = resolve_dsn(dsn)
+        self._reopen_with = (self.dsn, self._wrapper, cache_ttl, cache_size, pool_max_size, settings)
         self._ttl = float(cache_ttl)
         self._size = cache_size
         self._cache: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
@@ -136,6 +153,33 @@ class PostgresKeyStore:
                                     kwargs={"autocommit": True, **connection_kwargs(loaded, statement_timeout=True)},
                                     timeout=loaded.connect_timeout, name="pgjournal-keys", open=False)
         self._pool.open(wait=False)
+
+    @classmethod
+    def shared(cls, dsn: str | None = None, *, master_key: bytes | None = None, wrapper: KeyWrapper | None = None,
+               cache_ttl: float = 30.0, cache_size: int = 100_000, pool_max_size: int = 4,
+               **settings: Any) -> PostgresKeyStore:
+        """One store per set of arguments in this process, made on first use and closed at exit: for code
+        that cannot hold on to a store between calls (each Spark task unpickles its own copy of a reader)."""
+        if master_key is not None and wrapper is None:
+            wrapper = AesGcmKeyWrapper(master_key)
+            master_key = None
+        args = (resolve_dsn(dsn), wrapper, cache_ttl, cache_size, pool_max_size, tuple(sorted(settings.items())))
+        try:
+            spec = pickle.dumps((type(wrapper), getattr(wrapper, "__dict__", None), *args[:1], *args[2:]))
+        except Exception:  # a wrapper that does not pickle: never shared
+            spec = None
+        with _SHARED_LOCK:
+            store = _SHARED.get(spec) if spec is not None else None
+            if store is None:
+                store = cls(args[0], master_key=master_key, wrapper=wrapper, cache_ttl=cache_ttl,
+                            cache_size=cache_size, pool_max_size=pool_max_size, **settings)
+                if spec is not None:
+                    _SHARED[spec] = store
+            return store
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        dsn, wrapper, cache_ttl, cache_size, pool_max_size, settings = self._reopen_with
+        return _reopen, (dsn, wrapper, cache_ttl, cache_size, pool_max_size, settings)
 
     def close(self) -> None:
         self._pool.close()
@@ -230,3 +274,21 @@ class PostgresKeyStore:
                 raise DatabaseUnavailable(f"key store: lost the connection to {mask_dsn(self.dsn)}: "
                                           f"{mask_dsn(' '.join(str(exc).split()))}") from None
         raise AssertionError("unreachable")
+
+
+_SHARED: dict[bytes, PostgresKeyStore] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _reopen(dsn: str, wrapper: KeyWrapper, cache_ttl: float, cache_size: int, pool_max_size: int,
+            settings: dict[str, Any]) -> PostgresKeyStore:
+    """A pickled :class:`PostgresKeyStore`, unpickled (:meth:`PostgresKeyStore.shared`)."""
+    return PostgresKeyStore.shared(dsn, wrapper=wrapper, cache_ttl=cache_ttl, cache_size=cache_size,
+                                   pool_max_size=pool_max_size, **settings)
+
+
+@atexit.register
+def _close_shared() -> None:
+    while _SHARED:
+        with contextlib.suppress(Exception):
+            _SHARED.popitem()[1].close()

@@ -203,10 +203,19 @@ class Transcoder:
                                      f"{type(key_store).__name__}")
         self.compression = compression
         self.compress_min_size = compress_min_size
+        self.compression_level = compression_level
         self.key_store = key_store
         self._compress = self._compressor(compression, compression_level)
         if key_store is not None:
             _aesgcm(new_key())  # fail at configuration, not at the first write, when cryptography is missing
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickled (to Spark's workers, say) without its compressor, which holds per-thread state: remade on load
+        return {k: v for k, v in self.__dict__.items() if k != "_compress"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._compress = self._compressor(self.compression, self.compression_level)
 
     @staticmethod
     def _compressor(name: str | None, level: int | None) -> Any:
@@ -247,6 +256,11 @@ class Transcoder:
         key = self.key_store.create_key(persistence_id)
         header = _HEAD.pack(FORMAT_VERSION, flags | _ENCRYPTED, ser_id) + _cipher(key)[1]
         return TRANSCODED_SER_ID, header + seal(key, body, _associated(header, persistence_id))
+
+
+def encrypted(payload: bytes) -> bool:
+    """Whether a transcoded payload's header says it is encrypted (reading it needs a key store)."""
+    return len(payload) >= _HEAD.size and payload[0] == FORMAT_VERSION and bool(payload[1] & _ENCRYPTED)
 
 
 def decode(payload: bytes, manifest: str, key_store: KeyStore | None, *, persistence_id: str | None,

@@ -2,9 +2,11 @@
 balance slice ranges over worker processes, management (pause, resume, reset, status with lag) and dead letters
 for poison events."""
 
+from pgjournal.errors import LeaseLost, ProjectionFailed
+
 from .dead_letters import DeadLetter, Undecodable, list_dead_letters, retry_dead_letters
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
-from .runner import LeaseLost, ProjectionFailed, RangeRunner, RunContext, current_context, run_range
+from .runner import RangeRunner, RunContext, current_context, run_range
 from .workers import Worker, run_workers
 
 __all__ = [

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from pgjournal.aio import AsyncLiveQuery, AsyncQuery
 from pgjournal.envelope import EventEnvelope
+from pgjournal.errors import ProjectionFailed
 from pgjournal.offsets import Offset
 
 from .handlers import Projection
-from .logic import ProjectionFailed, RangeLogic
+from .logic import RangeLogic
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal

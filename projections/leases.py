@@ -25,13 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgjournal import metrics
-from pgjournal.errors import InvalidArgument
+from pgjournal.errors import InvalidArgument, LeaseLost
 from pgjournal.slices import NUMBER_OF_SLICES
 from pgjournal.steps import Step, first_of, run
 from pgjournal.store import leases as sql
 from pgjournal.validation import check_name
-
-from .runner import LeaseLost
 
 if TYPE_CHECKING:
     import psycopg

@@ -32,7 +32,7 @@ import psycopg.errors
 from pgjournal import metrics
 from pgjournal.by_pid import ByPersistenceId
 from pgjournal.envelope import EventEnvelope
-from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
+from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError, LeaseLost, ProjectionFailed
 from pgjournal.offsets import NoOffset, Offset, TimestampOffset
 from pgjournal.slices import check_slice_range
 from pgjournal.steps import Call, Statement, Step, statement
@@ -50,28 +50,6 @@ DEADLOCK_RETRIES = 10
 DEAD_LETTER_SAVEPOINT = "pgjournal_dead_letter"
 
 log = logging.getLogger("projections")
-
-
-class ProjectionFailed(JournalError):
-    """A handler kept failing (or the payload does not decode) and the projection is configured to stop
-    (``on_failure="stop"``): the offset stays before the event. ``ser_id``/``manifest`` are those stored with
-    the event (``None`` when they could not be read)."""
-
-    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException, *,
-                 ser_id: int | None = None, manifest: str | None = None) -> None:
-        self.projection = projection
-        self.persistence_id = envelope.persistence_id
-        self.seq_nr = envelope.seq_nr
-        self.ser_id = ser_id
-        self.manifest = manifest
-        self.cause = cause
-        super().__init__(f"projection {projection!r} failed on {envelope.persistence_id!r} seq_nr "
-                         f"{envelope.seq_nr} (ser_id {ser_id}, manifest {manifest!r}) after {attempts} "
-                         f"attempt(s): {cause!r}")
-
-
-class LeaseLost(JournalError):
-    """This worker no longer owns (or may soon lose) a slice it was processing: stop the range."""
 
 
 class LeaseGuard(Protocol):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pgjournal.envelope import EventEnvelope
+from pgjournal.errors import ProjectionFailed
 from pgjournal.offsets import Offset
 from pgjournal.polling import LiveQuery
 from pgjournal.query import Query
@@ -34,8 +35,6 @@ from .handlers import Projection
 from .logic import (
     DEADLOCK_RETRIES,
     LeaseGuard,
-    LeaseLost,
-    ProjectionFailed,
     RangeLogic,
     RunContext,
     Stats,
@@ -47,7 +46,7 @@ from .offset_store import OffsetStore, Record
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
-__all__ = ["DEADLOCK_RETRIES", "LeaseGuard", "LeaseLost", "ProjectionFailed", "RangeRunner", "RunContext", "Stats",
+__all__ = ["DEADLOCK_RETRIES", "LeaseGuard", "RangeRunner", "RunContext", "Stats",
            "current_context", "lookback", "run_range"]
 
 log = logging.getLogger("projections")

@@ -20,11 +20,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import ConfigurationError
+from pgjournal.errors import ConfigurationError, ProjectionFailed
 
 from .handlers import Projection
 from .leases import LeaseManager
-from .runner import ProjectionFailed, RangeRunner
+from .runner import RangeRunner
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal

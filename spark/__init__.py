@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgjournal.serialization import SerializerRegistry
 
-def register(spark: SparkSession) -> None:
-    """Make ``spark.read.format("pgjournal")`` and ``spark.readStream.format("pgjournal")`` available."""
+
+def register(spark: SparkSession, *, serializers: SerializerRegistry | None = None) -> None:
+    """Make ``spark.read.format("pgjournal")`` and ``spark.readStream.format("pgjournal")`` available, decoding
+    payloads with ``serializers`` (the journal's registry: see :func:`spark.datasource.register`)."""
     from .datasource import register as register_source
 
-    register_source(spark)
+    register_source(spark, serializers=serializers)

@@ -17,60 +17,76 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.dsn import mask_dsn
-from pgjournal.errors import ConfigurationError, DatabaseUnavailable, SerializationError
-from pgjournal.serialization import JSON_SER_ID, SerializerRegistry
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable
+from pgjournal.serialization import SerializerRegistry
+
+from .decode import REDACTED, PayloadDecoder
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+#: What decoding needs beside the payload's columns: an encrypted payload's key (and its AES-GCM associated
+#: data) is its persistence id's.
+KEY_COLUMN = "persistence_id"
 
 
 @dataclass(frozen=True)
 class Columns:
     """What a read returns (``output``, the Spark schema's names in order), which of them is the decoded
-    payload (``decoded``), and what it selects from the table (``read``: the outputs but the decoded one,
-    then whatever decoding needs that the outputs lack)."""
+    payload (``decoded``) and the redaction flag (``redacted``), and what it selects from the table (``read``:
+    the outputs but those two, then whatever decoding needs that the outputs lack: the payload's columns and
+    the persistence id, which opens an encrypted payload)."""
 
     output: tuple[str, ...]
     decoded: str | None
     read: tuple[str, ...]
     #: ``(ser_id, manifest, payload)``: the columns decoding reads.
     serialized: tuple[str, str, str]
+    redacted: str | None = None
 
     @classmethod
     def of(cls, output: Sequence[str], decoded_name: str, serialized: tuple[str, str, str]) -> Columns:
         decoded = decoded_name if decoded_name in output else None
-        read = [c for c in output if c != decoded_name]
-        if decoded is not None:
-            read += [c for c in serialized if c not in read]
-        return cls(tuple(output), decoded, tuple(read), serialized)
+        redacted = REDACTED if REDACTED in output else None
+        read = [c for c in output if c not in (decoded_name, REDACTED)]
+        if decoded is not None or redacted is not None:
+            read += [c for c in (*serialized, KEY_COLUMN) if c not in read]
+        return cls(tuple(output), decoded, tuple(read), serialized, redacted)
+
+    @property
+    def decodes(self) -> bool:
+        return self.decoded is not None or self.redacted is not None
 
 
 class ArrowRows:
     """Record batches as the driver reads them (:attr:`Columns.read` order) -> record batches of the read's
-    Spark schema, with no Python object per row: payloads are decoded by Arrow's JSON reader where it gives what
-    the serializer registry would (:func:`json_objects`), else one at a time by the registry.
+    Spark schema, payloads decoded by a :class:`~spark.decode.PayloadDecoder` over ``serializers`` (the
+    journal's registry as the database must be read; default: a plain one).
 
-    Picklable: built on the driver, used in every task. Payloads that are not JSON objects, or do not fit the
-    decoded column's type, give null there (as ``from_json`` would). :attr:`decoded_rows` counts the payloads
-    decoded by this instance.
+    Picklable: built where Spark plans the read, used in every task. :attr:`decoded_rows` counts the payloads
+    decoded by this instance, :attr:`fast_rows` those of them decoded by Arrow's JSON reader.
     """
 
-    def __init__(self, schema: StructType, columns: Columns) -> None:
+    def __init__(self, schema: StructType, columns: Columns, serializers: SerializerRegistry | None = None) -> None:
         if list(schema.fieldNames()) != list(columns.output):
             raise ConfigurationError(f"schema {schema.simpleString()} does not match columns {columns.output}")
         self.columns = columns
         self.schema_json = schema.json()
-        self.decoded_rows = 0
-        #: Of :attr:`decoded_rows`, those decoded by Arrow's JSON reader (:func:`json_objects`).
-        self.fast_rows = 0
+        self.decoder = PayloadDecoder(serializers if serializers is not None else SerializerRegistry())
         self._arrow: pa.Schema | None = None
-        self._registry: SerializerRegistry | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_arrow": None, "_registry": None}
+        return {**self.__dict__, "_arrow": None}
+
+    @property
+    def decoded_rows(self) -> int:
+        return self.decoder.decoded_rows
+
+    @property
+    def fast_rows(self) -> int:
+        return self.decoder.fast_rows
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -86,102 +102,20 @@ class ArrowRows:
 
         schema = self.arrow_schema
         read = dict(zip(self.columns.read, raw.columns, strict=True))
+        derived: dict[str, pa.Array] = {}
+        if self.columns.decodes:
+            struct = (schema.field(self.columns.decoded).type if self.columns.decoded is not None
+                      else pa.struct([]))
+            ser_id, manifest, payload = (read[c] for c in self.columns.serialized)
+            events, flags = self.decoder.decode(ser_id, manifest, payload, read[KEY_COLUMN], struct)
+            derived = {self.columns.decoded or "": events, REDACTED: flags}
         arrays = []
         for target in schema:
-            if target.name == self.columns.decoded:
-                ser_id, manifest, payload = (read[c] for c in self.columns.serialized)
-                decoded = json_objects(ser_id, payload, target.type)
-                if decoded is None:  # not all JSON, or something Arrow's reader refuses: one payload at a time
-                    decoded = self._decode(ser_id.to_pylist(), manifest.to_pylist(), payload.to_pylist(), target.type)
-                else:
-                    self.decoded_rows += len(decoded)
-                    self.fast_rows += len(decoded)
-                arrays.append(decoded)
-            else:
+            array = derived.get(target.name)
+            if array is None:
                 array = read[target.name]
-                arrays.append(array if array.type == target.type else array.cast(target.type))
+            arrays.append(array if array.type == target.type else array.cast(target.type))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-    def _decode(self, ser_ids: Sequence[int], manifests: Sequence[str], payloads: Sequence[bytes],
-                struct: pa.DataType) -> pa.Array:
-        import pyarrow as pa
-
-        if self._registry is None:
-            self._registry = SerializerRegistry()
-        values = [deserialize(self._registry, s, m, p) for s, m, p in zip(ser_ids, manifests, payloads, strict=True)]
-        self.decoded_rows += len(values)
-        try:
-            return pa.array(values, type=struct)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return pa.array([_fitting(v, struct) for v in values], type=struct)
-
-
-#: Arrow types whose JSON form Arrow's reader and ``pa.array`` of the decoded values agree on.
-_PLAIN_JSON = ("is_string", "is_boolean", "is_integer", "is_floating")
-
-
-def _plain(arrow_type: pa.DataType) -> bool:
-    import pyarrow as pa
-
-    if pa.types.is_struct(arrow_type):
-        return all(_plain(f.type) for f in arrow_type)
-    if pa.types.is_list(arrow_type):
-        return _plain(arrow_type.value_type)
-    return any(getattr(pa.types, check)(arrow_type) for check in _PLAIN_JSON)
-
-
-def json_objects(ser_ids: pa.Array, payloads: pa.Array, struct: pa.DataType) -> pa.Array | None:
-    """Every payload decoded by Arrow's JSON reader (C++, no Python object per row), or ``None`` when that
-    cannot give what decoding one payload at a time would: a payload that is not JSON (serializer id), a
-    compressed or multi-line one, a value that does not fit ``struct``, or a type outside strings, numbers,
-    booleans, lists and structs (Arrow reads ISO text into a timestamp, the registry's path does not)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pjson
-
-    if len(payloads) == 0 or payloads.null_count or ser_ids.null_count or not _plain(struct):
-        return None
-    if not pc.all(pc.equal(ser_ids, JSON_SER_ID)).as_py():
-        return None
-    # one line per payload, or rows could shift (a payload holding two lines, an empty one beside it)
-    if pc.min(pc.binary_length(payloads)).as_py() == 0 or pc.any(pc.match_substring(payloads, "\n")).as_py():
-        return None
-    lines = pc.binary_join_element_wise(payloads, pa.scalar(b"\n", pa.binary()), pa.scalar(b"", pa.binary()))
-    offsets = pa.Array.from_buffers(pa.int32(), len(lines) + 1, [None, lines.buffers()[1]], offset=lines.offset)
-    start, end = offsets[0].as_py(), offsets[-1].as_py()
-    data = lines.buffers()[2].slice(start, end - start)
-    try:
-        table = pjson.read_json(pa.BufferReader(data), read_options=pjson.ReadOptions(
-            use_threads=False, block_size=max(len(data) + 1, 1 << 20)), parse_options=pjson.ParseOptions(
-            explicit_schema=pa.schema(list(struct)), unexpected_field_behavior="ignore", newlines_in_values=False))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    if table.num_rows != len(payloads):
-        return None
-    fields = [table.column(f.name).combine_chunks() for f in struct]
-    return pa.StructArray.from_arrays(fields, fields=list(struct))
-
-
-def deserialize(registry: SerializerRegistry, ser_id: int, manifest: str, payload: bytes | None) -> dict | None:
-    """The payload as a JSON object when the registry decodes it to one, else ``None``: payload formats are
-    the registry's business, so no serializer id is assumed here."""
-    if payload is None:
-        return None
-    try:
-        value = registry.deserialize(ser_id, manifest or "", payload)
-    except SerializationError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _fitting(value: dict | None, struct: pa.DataType) -> dict | None:
-    import pyarrow as pa
-
-    try:
-        pa.array([value], type=struct)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return None
-    return value
 
 
 def bind(query: str, params: Mapping[str, Any]) -> str:

@@ -26,7 +26,8 @@ spark_app = typer.Typer(
 )
 EntityOption = Annotated[str | None, typer.Option("--entity-type", "-e", help="Only this entity type.")]
 TableOption = Annotated[str, typer.Option(help="Journal table (an Akka R2DBC event_journal works too).")]
-DecodeOption = Annotated[bool, typer.Option("--decode/--raw", help="Decode JSON payloads to an `event` struct.")]
+DecodeOption = Annotated[bool, typer.Option("--decode/--raw", help="Decode payloads (JSON, CBOR, compressed) to an "
+                                            "`event` struct and a `redacted` flag.")]
 SchemaOption = Annotated[str | None, typer.Option("--schema", help="Payload schema as Spark DDL, e.g. "
                                                   "'item STRING, qty INT' (default: inferred).")]
 MasterOption = Annotated[str, typer.Option(help="Spark master.")]
@@ -96,7 +97,8 @@ def states(
     dsn: DsnOption = None,
     entity_type: EntityOption = None,
     slice_ranges: Annotated[int, typer.Option("--slice-ranges", "-n", help="Input partitions (divisor of 1024).")] = 4,
-    decode: Annotated[bool, typer.Option("--decode/--raw", help="Decode JSON states to a `state` struct.")] = False,
+    decode: Annotated[bool, typer.Option("--decode/--raw",
+                                         help="Decode states to a `state` struct and a `redacted` flag.")] = False,
     schema: Annotated[str | None, typer.Option("--schema", help="State schema as Spark DDL, e.g. "
                                                "'owner STRING, balance INT' (default: inferred).")] = None,
     master: MasterOption = "local[2]",

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from pgjournal.serialization import SerializerRegistry
+
 INCOMING = "_incoming"
 #: What an incremental load needs: read the journal, keep watermarks (``spark.watermarks``).
 LOAD_RIGHTS = (("event_journal", "SELECT"), (OFFSET_TABLE, "SELECT"), (OFFSET_TABLE, "INSERT"),
@@ -133,16 +135,18 @@ def export_events(
     table: str = "event_journal",
     fetch_size: int = DEFAULT_FETCH_SIZE,
     progress: ProgressCallback | None = None,
+    serializers: SerializerRegistry | None = None,
 ) -> ExportResult:
     """Export the journal (or one entity type) to Parquet partitioned by entity type and slice range.
 
-    Replaces ``out`` entirely, or with ``entity_type`` only that entity type's directory.
+    Replaces ``out`` entirely, or with ``entity_type`` only that entity type's directory. ``decode`` decodes
+    with ``serializers`` (the journal's registry), see :func:`spark.read.decode_payloads`.
     """
     out = check_output(out)
     ranges = resolve_slice_ranges(slice_ranges)
     started = time.perf_counter()
     frame = read_events(spark, dsn, entity_type, ranges, since, until, payload_schema, decode=decode, table=table,
-                        fetch_size=fetch_size)
+                        fetch_size=fetch_size, serializers=serializers)
     frame, rows = counted(at_most_one_task_per_core(frame.withColumn("slice_range", range_label(ranges))))
     writer = frame.write.mode("overwrite").options(**PARQUET_OPTIONS).partitionBy("entity_type", "slice_range")
     if entity_type is not None:
@@ -193,6 +197,7 @@ def load_events(
     portable: bool | None = None,
     fetch_size: int = DEFAULT_FETCH_SIZE,
     progress: ProgressCallback | None = None,
+    serializers: SerializerRegistry | None = None,
 ) -> LoadResult:
     """Load the events committed since the last run of ``job`` into ``<out>/load=<n>`` (Parquet, by entity type).
 
@@ -202,7 +207,8 @@ def load_events(
     On PostgreSQL ``behind`` only keeps the load further behind the clock. The role needs SELECT on the
     journal and SELECT, INSERT, DELETE on ``projection_timestamp_offset_store`` (``pgjournal_loader``);
     without them :class:`~pgjournal.errors.InsufficientPrivilege` is raised before Spark reads anything.
-    A failed load leaves no output and moves no watermark.
+    A failed load leaves no output and moves no watermark. ``decode`` decodes with ``serializers`` (the journal's
+    registry), see :func:`spark.read.decode_payloads`.
     """
     out = check_output(out)
     check_job_name(job)
@@ -224,9 +230,7 @@ def load_events(
         frame = _new_rows(spark, state, ranges, horizon, target_frame=lambda where: jdbc_frame(
             spark, target, table, where, fetch_size=fetch_size), entity_type=entity_type)
         if decode:
-            stored = read_stored_format(conn)
-            frame = decode_payloads(frame, payload_schema, legacy_json_33=stored.legacy_json_33,
-                                    all_json=stored.jsonb("event_payload"))
+            frame = decode_payloads(frame, payload_schema, serializers=serializers, stored=read_stored_format(conn))
         staging = files.join(out, INCOMING, load_id)
         committed = False
         try:

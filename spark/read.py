@@ -19,21 +19,26 @@ from psycopg import sql
 from pgjournal.dsn import mask_dsn, resolve_dsn
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
 from pgjournal.offsets import parse_timestamp
-from pgjournal.serialization import CBOR_SER_ID, JSON_SER_ID
+from pgjournal.serialization import SerializerRegistry
 from pgjournal.slices import check_slice_range
 from pgjournal.slices import slice_ranges as split_slices
 from pgjournal.stored_format import StoredFormat, read_stored_format
 from pgjournal.validation import MAX_NAME_LENGTH
 
+from .arrow import KEY_COLUMN
+from .decode import REDACTED, PayloadDecoder, decoding_function, texts_function
 from .jdbc import JdbcTarget, jdbc_target
+from .shipping import shipped
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-#: The columns ``read_events`` returns (then ``event``, the decoded JSON payload, when decoding).
+#: The columns ``read_events`` returns (then ``event``, the decoded payload, and ``redacted`` when decoding).
 EVENT_COLUMNS = ("slice", "entity_type", "persistence_id", "seq_nr", "db_timestamp", "writer", "tags",
                  "event_ser_id", "event_ser_manifest", "event_payload")
+#: What decoding reads: ``(ser_id, manifest, payload)``.
+SERIALIZED = ("event_ser_id", "event_ser_manifest", "event_payload")
 DEFAULT_FETCH_SIZE = 10_000
 
 SliceRanges = int | Sequence[tuple[int, int]]
@@ -170,28 +175,6 @@ def jdbc_error(exc: BaseException) -> str:
     return mask_dsn(lines[0] if lines else type(exc).__name__)
 
 
-def payload_json(frame: DataFrame, *, legacy_json_33: bool = False, all_json: bool = False) -> Column:
-    """The payload as JSON text where it is JSON, else null.
-
-    ``all_json``: the payload column is JSONB (Akka's ``payload-column-type = JSONB``), so every payload is
-    JSON whatever its serializer id.
-
-    JSON is Akka's jackson-json (``event_ser_id`` 31), and with ``legacy_json_33`` (the database's marker, see
-    :mod:`pgjournal.stored_format`) id 33 where the payload is a JSON object or array: a CBOR payload (what
-    33 means to Akka) never starts with ``{`` or ``[``. CBOR is not decoded here, nor gzip-compressed JSON
-    (Akka compresses JSON above 32 KiB): those rows get null.
-    """
-    from pyspark.sql import functions as F
-
-    ser_id, payload = F.col("event_ser_id"), F.col("event_payload")
-    if all_json:
-        return payload.cast("string")
-    is_json = ser_id == JSON_SER_ID
-    if legacy_json_33:
-        is_json = is_json | ((ser_id == CBOR_SER_ID) & F.hex(F.substring(payload, 1, 1)).isin("7B", "5B"))
-    return F.when(is_json, payload.cast("string"))
-
-
 def stored_format(dsn: str | None) -> StoredFormat:
     """The database's payload markers (:mod:`pgjournal.stored_format`), read once through psycopg."""
     try:
@@ -201,31 +184,54 @@ def stored_format(dsn: str | None) -> StoredFormat:
         raise DatabaseUnavailable(f"cannot read the stored format: {mask_dsn(' '.join(str(exc).split()))}") from None
 
 
-def infer_payload_schema(frame: DataFrame, *, sampling_ratio: float = 1.0, legacy_json_33: bool = False,
-                         all_json: bool = False) -> StructType:
-    """The schema Spark's JSON reader infers over the JSON payloads of ``frame`` (one pass over the rows)."""
+def payload_decoder(serializers: SerializerRegistry | None, stored: StoredFormat | None) -> PayloadDecoder:
+    """The decoder of a read: ``serializers`` (default: a plain registry) as the database ``stored`` says."""
+    if serializers is not None and not isinstance(serializers, SerializerRegistry):
+        raise InvalidArgument(f"serializers must be a pgjournal SerializerRegistry, got {type(serializers).__name__}")
+    registry = serializers if serializers is not None else SerializerRegistry()
+    return PayloadDecoder(registry.for_stored_format(stored or StoredFormat()))
+
+
+def _payload_columns() -> list[Column]:
+    from pyspark.sql import functions as F
+
+    return [F.col(c) for c in (*SERIALIZED, KEY_COLUMN)]
+
+
+def infer_payload_schema(frame: DataFrame, decoder: PayloadDecoder, *, sampling_ratio: float = 1.0,
+                         serializers: SerializerRegistry | None = None) -> StructType:
+    """The schema Spark's JSON reader infers over the payloads of ``frame`` that ``decoder`` decodes to JSON
+    objects (one pass over the rows; ``serializers``: the registry inside ``decoder``, sent to the workers)."""
+    from pyspark.sql.functions import arrow_udf
+
     if not isinstance(sampling_ratio, int | float) or not 0 < sampling_ratio <= 1:
         raise InvalidArgument(f"sampling_ratio must be in (0, 1], got {sampling_ratio!r}")
-    texts = frame.select(payload_json(frame, legacy_json_33=legacy_json_33, all_json=all_json).alias("value")
-                         ).where("value IS NOT NULL")
-    return frame.sparkSession.read.option("samplingRatio", sampling_ratio).json(texts).schema
+    with shipped(serializers, "the payload decoding UDF"):
+        texts = frame.select(arrow_udf(texts_function(decoder), "string")(*_payload_columns()).alias("value"))
+    return frame.sparkSession.read.option("samplingRatio", sampling_ratio).json(
+        texts.where("value IS NOT NULL")).schema
 
 
 def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = None, *,
-                    sampling_ratio: float = 1.0, legacy_json_33: bool = False, all_json: bool = False) -> DataFrame:
-    """Add ``event``: the JSON payload decoded to a struct by ``payload_schema`` (a StructType or DDL text
-    like ``"item STRING, qty INT"``), or by the schema inferred from the payloads when ``None``.
+                    sampling_ratio: float = 1.0, serializers: SerializerRegistry | None = None,
+                    stored: StoredFormat | None = None) -> DataFrame:
+    """Add ``event`` and ``redacted``: the payload decoded by ``serializers`` (the journal's registry; default
+    a plain one) as the native source decodes it (:mod:`spark.decode`), as a struct of ``payload_schema`` (a
+    StructType or DDL text like ``"item STRING, qty INT"``), or of the schema inferred from the payloads when
+    ``None``; ``redacted`` is true where the payload's key is gone (crypto-shredded).
 
-    Non-JSON payloads (and JSON that does not fit) give a null ``event``; which payloads are JSON: see
-    :func:`payload_json` (``legacy_json_33``: pass ``stored_format(dsn).legacy_json_33``). When no JSON payload
-    exists to infer from, no ``event`` column is added (Parquet cannot store an empty struct).
+    ``stored``: the database's stored format (:func:`stored_format`: the legacy JSON-33 marker). A payload that
+    does not decode to a JSON object, or does not fit, gives a null ``event``. When no payload decodes to an
+    object to infer from, nothing is added (Parquet cannot store an empty struct).
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
+    from pyspark.sql.functions import arrow_udf
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import BooleanType, StructField, StructType
 
+    decoder = payload_decoder(serializers, stored)
     if payload_schema is None:
-        schema = infer_payload_schema(frame, sampling_ratio=sampling_ratio, legacy_json_33=legacy_json_33,
-                                      all_json=all_json)
+        schema = infer_payload_schema(frame, decoder, sampling_ratio=sampling_ratio, serializers=serializers)
     elif isinstance(payload_schema, StructType):
         schema = payload_schema
     elif isinstance(payload_schema, str):
@@ -239,8 +245,12 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
         raise InvalidArgument(f"payload_schema must be a StructType, DDL text or None, got {payload_schema!r}")
     if not schema.fields:
         return frame
-    return frame.withColumn("event", F.from_json(payload_json(frame, legacy_json_33=legacy_json_33,
-                                                              all_json=all_json), schema))
+    both = StructType([StructField("event", schema), StructField(REDACTED, BooleanType(), False)])
+    with shipped(serializers, "the payload decoding UDF"):
+        decode = arrow_udf(decoding_function(decoder, to_arrow_type(schema, timezone="UTC"), "event"), both)
+        decoded = frame.withColumn("_decoded", decode(*_payload_columns()))
+    return decoded.select(*[F.col(c) for c in frame.columns], F.col("_decoded.event").alias("event"),
+                          F.col(f"_decoded.{REDACTED}").alias(REDACTED))
 
 
 def read_events(
@@ -257,15 +267,16 @@ def read_events(
     include_deleted: bool = False,
     fetch_size: int = DEFAULT_FETCH_SIZE,
     sampling_ratio: float = 1.0,
+    serializers: SerializerRegistry | None = None,
 ) -> DataFrame:
     """The journal's events as a DataFrame with one partition per slice range.
 
     Columns: :data:`EVENT_COLUMNS` (``db_timestamp`` a timestamp, shown in UTC by sessions from
     :func:`spark.session.spark_session`; ``tags`` an ``array<string>``, empty when none) and, with ``decode``,
-    ``event``: the JSON payload as a struct (:func:`payload_json` says which payloads are JSON; in a journal
-    with JSONB payload columns, every one). ``since`` is
-    inclusive, ``until`` exclusive. ``table`` may name an Akka Persistence R2DBC journal (same columns).
-    ``dsn`` ``None``: ``$PGJOURNAL_DSN`` or the embedded server.
+    ``event`` and ``redacted``: the payload decoded by ``serializers`` (the journal's registry) as a struct, as
+    the native source decodes it (:func:`decode_payloads`). ``since`` is inclusive, ``until`` exclusive.
+    ``table`` may name an Akka Persistence R2DBC journal (same columns). ``dsn`` ``None``: ``$PGJOURNAL_DSN``
+    or the embedded server.
     """
     ranges = resolve_slice_ranges(slice_ranges)
     lower, upper = time_bound(since, "since"), time_bound(until, "until")
@@ -276,6 +287,5 @@ def read_events(
     frame = jdbc_frame(spark, jdbc_target(dsn), table, where, fetch_size=fetch_size)
     if not decode:
         return frame
-    stored = stored_format(dsn)
-    return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio,
-                           legacy_json_33=stored.legacy_json_33, all_json=stored.jsonb("event_payload"))
+    return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio, serializers=serializers,
+                           stored=stored_format(dsn))

@@ -24,6 +24,8 @@ from .datasource import register
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pgjournal.serialization import SerializerRegistry
+
 JAR_ENV = "PGJOURNAL_JDBC_JAR"
 DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
 MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.4"
@@ -144,9 +146,11 @@ def spark_session(
     driver_memory: str = "1g",
     shuffle_partitions: int = 4,
     conf: dict[str, str] | None = None,
+    serializers: SerializerRegistry | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession ready for :func:`spark.read.read_events` and ``format("pgjournal")``
-    (:mod:`spark.source`, registered here).
+    (:mod:`spark.source`, registered here; with ``serializers``, the journal's registry, reads decode with it:
+    see :func:`spark.datasource.register`).
 
     Python workers run on this interpreter; the session time zone is UTC; logs show errors only; the UI is
     off; memory and shuffle partitions suit a 2-core machine. Settings apply only when this call starts
@@ -159,7 +163,7 @@ def spark_session(
         session = (SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
                    .config("spark.ui.showConsoleProgress", "false").getOrCreate())
         session.sparkContext.setLogLevel("ERROR")
-        register(session)
+        register(session, serializers=serializers)
         return session
     java, jar = check_spark_available()
 
@@ -191,5 +195,5 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    register(session, serializers=serializers)
     return session

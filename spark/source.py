@@ -22,6 +22,8 @@ payload neither reads nor decodes it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,8 +37,10 @@ from pgjournal.offsets import parse_timestamp
 from pgjournal.serialization import SerializerRegistry
 from pgjournal.slices import parse_slice_range
 from pgjournal.store.export import EVENTS, STATES, TABLES, ExportSQL
+from pgjournal.transcoding import KEY_BYTES, Transcoder
 
-from .arrow import ArrowRows, Columns, deserialize, stream_rows
+from .arrow import ArrowRows, Columns, stream_rows
+from .decode import REDACTED, PayloadDecoder
 from .read import check_entity_type, resolve_slice_ranges
 
 try:  # the base classes exist only where PySpark is installed; the option parsing works without it
@@ -83,9 +87,11 @@ OPTIONS = {
     "sliceranges": "a divisor of 1024, or ranges like 0-511,512-1023 (default 4)",
     "columns": "the columns to return, comma-separated (default all): without the payload and its decoded "
                "column, payloads are neither read nor decoded",
-    "decode": "true: add `event` (`state` for durable_state), the JSON payload as a struct (schema inferred "
-              "from a sample)",
+    "decode": "true: add `event` (`state` for durable_state), the payload decoded by the journal's serializer "
+              "registry as a struct (schema inferred from a sample), and `redacted`",
     "payloadschema": "DDL of the payload struct, e.g. 'item STRING, qty INT' (implies decode)",
+    "masterkey": "the PostgresKeyStore's master key (32 bytes, hex or base64), to decode encrypted payloads",
+    "keystoredsn": "the PostgresKeyStore's database, with masterKey (default: dsn)",
     "since": "ISO 8601 lower bound on db_timestamp, inclusive (batch)",
     "until": "ISO 8601 upper bound on db_timestamp, exclusive (batch; never above the horizon)",
     "batchrows": f"rows per Arrow batch at most (default {DEFAULT_BATCH_ROWS})",
@@ -143,7 +149,7 @@ def _columns_option(value: object, table: str) -> tuple[str, ...] | None:
     if value is None:
         return None
     names = [part.strip() for part in str(value).split(",")]
-    known = [*COLUMN_TYPES[table], DECODED[table]]
+    known = [*COLUMN_TYPES[table], DECODED[table], REDACTED]
     unknown = [n for n in names if n not in known]
     if unknown or not all(names) or len(set(names)) != len(names):
         raise InvalidArgument(f"option columns must name distinct columns of {table} ({', '.join(known)}), "
@@ -168,6 +174,9 @@ class SourceOptions:
     portable: bool | None
     starting_offsets: str
     max_events: int | None
+    #: The PostgresKeyStore's master key and database (``None``: the key store, if any, is the registry's).
+    master_key: bytes | None = field(default=None, repr=False)
+    key_store_dsn: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -201,6 +210,9 @@ class SourceOptions:
             raise InvalidArgument(f"option startingOffsets must be earliest, latest or a JSON offset, "
                                   f"got {starting!r}")
         columns = _columns_option(lowered.get("columns"), table)
+        master_key = _master_key(lowered.get("masterkey"))
+        if lowered.get("keystoredsn") is not None and master_key is None:
+            raise InvalidArgument("option keyStoreDsn needs option masterKey (the key store's master key)")
         return cls(
             dsn=resolve_dsn(lowered.get("dsn")),
             table=table,
@@ -216,6 +228,8 @@ class SourceOptions:
             portable=portable,
             starting_offsets=starting,
             max_events=_positive(lowered, "maxeventspertrigger", None),
+            master_key=master_key,
+            key_store_dsn=resolve_dsn(lowered["keystoredsn"]) if lowered.get("keystoredsn") is not None else None,
         )
 
     @property
@@ -227,13 +241,47 @@ class SourceOptions:
         """The columns :func:`source_schema` gives: ``columns``, else all (and the decoded one when decoding)."""
         if self.columns is not None:
             return self.columns
-        return (*COLUMN_TYPES[self.table], *((self.decoded,) if self.decode else ()))
+        return (*COLUMN_TYPES[self.table], *((self.decoded, REDACTED) if self.decode else ()))
 
-    def open_journal(self) -> Journal:
-        """A one-connection journal for planning (raises :class:`DatabaseUnavailable` when unreachable)."""
+    def open_journal(self, serializers: SerializerRegistry | None = None) -> Journal:
+        """A one-connection journal for planning (raises :class:`DatabaseUnavailable` when unreachable), whose
+        ``serializers`` are the registry the read decodes with (:func:`reading_registry`), as the database
+        must be read."""
         from pgjournal import Journal
 
-        return Journal.open(self.dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1)
+        return Journal.open(self.dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1,
+                            serializers=reading_registry(self, serializers))
+
+
+def _master_key(value: object) -> bytes | None:
+    """Option masterKey: 32 bytes as 64 hex digits or as base64 (never echoed in an error)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    try:
+        key = bytes.fromhex(text) if len(text) == 2 * KEY_BYTES else base64.b64decode(text, validate=True)
+    except (ValueError, binascii.Error):
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise InvalidArgument(f"option masterKey must be {KEY_BYTES} bytes as {2 * KEY_BYTES} hex digits or base64 "
+                              f"(got {len(text)} characters that are neither)")
+    return key
+
+
+def reading_registry(options: SourceOptions, serializers: SerializerRegistry | None) -> SerializerRegistry:
+    """The registry a read decodes with: ``serializers`` (the one :func:`spark.datasource.register` was given;
+    default a plain one), reading encrypted payloads with the key store of option masterKey when given."""
+    registry = serializers if serializers is not None else SerializerRegistry()
+    if options.master_key is None:
+        return registry
+    transcoder = registry.transcoder
+    if transcoder is not None and transcoder.key_store is not None:
+        raise ConfigurationError("option masterKey gives a key store, and so does the serializer registry "
+                                 "registered with the source: give one of them")
+    from pgjournal.keystore import PostgresKeyStore
+
+    store = PostgresKeyStore.shared(options.key_store_dsn or options.dsn, master_key=options.master_key)
+    return registry.with_transcoder(Transcoder(key_store=store))
 
 
 def export_store(journal: Journal, table: str) -> ExportSQL:
@@ -263,10 +311,11 @@ def check_entity_type_known(conn: psycopg.Connection, store: ExportSQL, entity_t
         + (", ".join(repr(k) for k in known) if known else f"none ({store.table.name} is empty)"))
 
 
-def plan(options: SourceOptions) -> tuple[Journal, ExportSQL]:
+def plan(options: SourceOptions, serializers: SerializerRegistry | None = None) -> tuple[Journal, ExportSQL]:
     """The planning journal and the table's store, after the checks that must fail before any task runs
-    (unreachable database, missing schema, unknown entity type). The caller closes the journal."""
-    journal = options.open_journal()
+    (unreachable database, missing schema, unknown entity type). The journal's ``serializers`` are what the
+    read decodes with (the database's stored format read once, here). The caller closes the journal."""
+    journal = options.open_journal(serializers)
     try:
         store = export_store(journal, options.table)
         horizon_tracker(journal, options.table)
@@ -314,11 +363,13 @@ def arrow_type_ddl(arrow_type: pa.DataType) -> str | None:
 
 def infer_payload_ddl(conn: psycopg.Connection, store: ExportSQL, entity_type: str | None,
                       registry: SerializerRegistry, sample: int = INFER_SAMPLE) -> str | None:
-    """The struct DDL of the JSON object payloads among the first ``sample`` rows (``None``: none)."""
+    """The struct DDL of the payloads among the first ``sample`` rows that ``registry`` decodes to JSON objects
+    (``None``: none)."""
     import pyarrow as pa
 
     rows = conn.execute(*store.payload_sample(entity_type, sample)).fetchall()
-    objects = [v for v in (deserialize(registry, *row) for row in rows) if v is not None]
+    decoder = PayloadDecoder(registry)
+    objects = [v for v in (decoder.data(*row)[0] for row in rows) if isinstance(v, dict)]
     if not objects:
         return None
     try:
@@ -329,17 +380,17 @@ def infer_payload_ddl(conn: psycopg.Connection, store: ExportSQL, entity_type: s
     return arrow_type_ddl(inferred)
 
 
-def source_schema(options: SourceOptions) -> str:
+def source_schema(options: SourceOptions, serializers: SerializerRegistry | None = None) -> str:
     """The schema DDL of a read (:meth:`SourceOptions.output_columns`). Spark asks for it at ``load()``, so
     the database checks happen here too: a bad DSN or entity type fails before any task."""
     columns = options.output_columns()
     decoded_ddl = payload_struct_ddl(options.payload_schema) if options.payload_schema is not None else None
-    journal, store = plan(options)
+    journal, store = plan(options, serializers)
     with journal:
         if options.decoded in columns and decoded_ddl is None:
             with journal.connection() as conn:
                 decoded_ddl = infer_payload_ddl(conn, store, options.entity_type, journal.serializers)
-    types = {**COLUMN_TYPES[options.table], options.decoded: decoded_ddl}
+    types = {**COLUMN_TYPES[options.table], options.decoded: decoded_ddl, REDACTED: "BOOLEAN"}
     return ", ".join(f"{name} {types[name]}" for name in columns if types[name] is not None)
 
 
@@ -351,14 +402,15 @@ def read_columns(schema: StructType, table: str) -> Columns:
     wrong = []
     for f in schema.fields:
         kind = f.dataType.simpleString()
-        if f.name == DECODED[table] and kind.startswith("struct<"):
+        if (f.name == DECODED[table] and kind.startswith("struct<")) or (f.name == REDACTED and kind == "boolean"):
             continue
         if f.name not in types or types[f.name].lower() != kind:
             wrong.append(f"{f.name} {kind}")
     if wrong or len(set(names)) != len(names) or not names:
         raise ConfigurationError(
             f"format {FORMAT!r} reads the columns " + ", ".join(f"{n} {t.lower()}" for n, t in types.items())
-            + f" (then {DECODED[table]}, a struct, when decoding) of {table}, each at most once; got a schema "
+            + f" (then {DECODED[table]}, a struct, and {REDACTED} boolean when decoding) of {table}, each at most "
+            "once; got a schema "
             f"with {', '.join(wrong or names)}")
     return Columns.of(names, DECODED[table], TABLES[table].serialized)
 
@@ -440,14 +492,16 @@ def read_partition(options: SourceOptions, converter: ArrowRows, partition: Inpu
 
 
 class JournalBatchReader(DataSourceReader):
-    """Reads each slice range below one horizon settled at planning time."""
+    """Reads each slice range below one horizon settled at planning time; decodes with ``serializers``
+    (see :func:`reading_registry`)."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType, serializers: SerializerRegistry | None = None
+                 ) -> None:
         self.options = options
         self.columns = read_columns(schema, options.table)
-        self.converter = ArrowRows(schema, self.columns)
-        journal, store = plan(options)  # fail at planning, before any task runs
+        journal, store = plan(options, serializers)  # fail at planning, before any task runs
         journal.close()
+        self.converter = ArrowRows(schema, self.columns, journal.serializers)
         self.pushed = PushedFilters(store)
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from pgjournal import Journal
+    from pgjournal.serialization import SerializerRegistry
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -75,18 +76,20 @@ def _key(lo: int, hi: int) -> str:
 
 
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of the journal per slice range, bounded by the visibility horizon."""
+    """Micro-batches of the journal per slice range, bounded by the visibility horizon; decodes with
+    ``serializers`` (see :func:`spark.source.reading_registry`)."""
 
-    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType, serializers: SerializerRegistry | None = None
+                 ) -> None:
         self.options = options
         self.columns = read_columns(schema, options.table)
-        self.converter = ArrowRows(schema, self.columns)
         self.keys = [_key(lo, hi) for lo, hi in options.ranges]
         #: Trigger.AvailableNow: the offset the query stops at (taken when it starts).
         self._cap: dict[str, str] | None = None
         # fail before any task: unreachable, unmigrated, unknown type; the planning journal is kept
         self._journal: Journal | None
-        self._journal, self.store = plan(options)
+        self._journal, self.store = plan(options, serializers)
+        self.converter = ArrowRows(schema, self.columns, self._journal.serializers)
         self._tracker: Any = horizon_tracker(self._journal, options.table)
         self._starting: dict[str, str] | None = None
         if options.starting_offsets.startswith("{"):

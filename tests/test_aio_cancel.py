@@ -81,7 +81,18 @@ async def cancel_at_random(make: Callable[[int], Awaitable[Any]], seed: int, wan
     return cancelled, tries
 
 
+def slow_inserts(dsn: str) -> None:
+    """Every journal row takes 2 ms on the server, so an append's statement runs long enough for a cancel request
+    to reach it before it commits (on a fast server the one-statement append commits before the request
+    arrives, and only the committed end would be tested)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS "
+                     "$$ BEGIN PERFORM pg_sleep(0.002); RETURN NEW; END $$")
+        conn.execute("CREATE TRIGGER slow BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE FUNCTION slow_insert()")
+
+
 async def test_cancelling_appends_at_many_points_leaves_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
+    slow_inserts(dsn)
     cancelled, tries = await cancel_at_random(
         lambda i: aj.append(f"Cancel|{i}", [{"i": i, "pad": "x" * 200}] * EVENTS, tags=["c"] if i % 3 == 0 else ()),
         21)

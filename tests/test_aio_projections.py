@@ -15,14 +15,13 @@ from conftest import FAST
 from test_projections import Flaky, stored_seq_nrs
 from test_projections_support import FAST_PROJECTION
 
-from pgjournal import Journal, slice_ranges
+from pgjournal import Journal, ProjectionFailed, slice_ranges
 from pgjournal.aio import AsyncJournal
 from pgjournal.envelope import EventEnvelope
 from projections.aio import AsyncRangeRunner, run_range_async
 from projections.dead_letters import list_dead_letters
 from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
 from projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
-from projections.logic import ProjectionFailed
 from projections.runner import run_range
 
 

@@ -17,12 +17,12 @@ from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 from test_projections_workers import Writers
 
-from pgjournal import Journal, slice_ranges
+from pgjournal import Journal, ProjectionFailed, slice_ranges
 from pgjournal.envelope import EventEnvelope
 from projections import management
 from projections.examples import EventProcessor, counter_mismatches, counter_writer, ensure_counter_table
 from projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
-from projections.runner import ProjectionFailed, RangeRunner, run_range
+from projections.runner import RangeRunner, run_range
 
 
 def run_until(journal: Journal, projection: Projection, ranges: Sequence[tuple[int, int]],

@@ -220,7 +220,7 @@ def insert_payload(conn: psycopg.Connection, pid: str, seq_nr: int, ser_id: int,
 def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any, empty_dsn: str, tmp_path: Path
                                                                      ) -> None:
     """Id 31 is JSON; 33 is JSON only in a database migrated with pgjournal's old JSON-33 rows, and only where
-    the payload is JSON (a CBOR map never starts with '{'); CBOR itself is not decoded (null event)."""
+    the payload is JSON (a CBOR map never starts with '{'); CBOR is decoded as CBOR."""
     import cbor2
     from alembic import command
 
@@ -236,11 +236,11 @@ def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any,
         insert_payload(conn, "Cart|cbor", 1, 33, cbor2.dumps({"item": "cbor", "qty": 3}))
     events = {r["persistence_id"]: r["event"] for r in read_events(spark, empty_dsn, slice_ranges=2).collect()}
     assert events["Cart|old"]["item"] == "old" and events["Cart|new"]["qty"] == 2
-    assert events["Cart|cbor"] is None
+    assert events["Cart|cbor"].asDict() == {"item": "cbor", "qty": 3}
     out = str(tmp_path / "load")
     spark_jobs.load_events(spark, out, "legacy", dsn=empty_dsn, decode=True, behind=0.0)
     loaded_events = {r["persistence_id"]: r["event"] for r in spark.read.parquet(out).collect()}
-    assert loaded_events["Cart|old"]["item"] == "old" and loaded_events["Cart|cbor"] is None
+    assert loaded_events["Cart|old"]["item"] == "old" and loaded_events["Cart|cbor"]["qty"] == 3
 
 
 def test_json_under_33_is_cbor_in_a_fresh_database(spark: Any, dsn: str) -> None:

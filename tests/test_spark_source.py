@@ -483,8 +483,9 @@ def test_copy_statements_quote_every_value_client_side(dsn: str) -> None:
 
 
 def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
-    """spark.arrow.json_objects (Arrow's JSON reader) gives what the serializer registry's path gives, or
-    hands the batch to that path: a non-JSON serializer id, a value that does not fit, a timestamp field."""
+    """spark.decode (Arrow's JSON reader) gives what the serializer registry's path gives: rows it cannot take
+    (another serializer id, not one line, not an object) go one at a time, a batch its reader refuses (a value
+    that does not fit) or a type it reads otherwise (a timestamp field) goes one at a time altogether."""
     import cbor2
     import pyarrow as pa
     from pyspark.sql.types import (
@@ -506,11 +507,13 @@ def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
                                                  ("event_ser_id", "event_ser_manifest", "event_payload")))
         raw = pa.RecordBatch.from_arrays(
             [pa.array(range(len(rows)), pa.int64()), pa.array([r[0] for r in rows], pa.int32()),
-             pa.array([""] * len(rows)), pa.array([r[1] for r in rows], pa.binary())],
-            names=["seq_nr", "event_ser_id", "event_ser_manifest", "event_payload"])
+             pa.array([""] * len(rows)), pa.array([r[1] for r in rows], pa.binary()), pa.array(["Cart|1"] * len(rows))],
+            names=["seq_nr", "event_ser_id", "event_ser_manifest", "event_payload", "persistence_id"])
+        assert converter.columns.read == tuple(raw.schema.names)
         fast = converter.convert(raw).column("event").to_pylist()
         schema_type = converter.arrow_schema.field("event").type
-        slow = converter._decode([r[0] for r in rows], [""] * len(rows), [r[1] for r in rows], schema_type)
+        slow, _ = converter.decoder._one_by_one([r[0] for r in rows], [""] * len(rows), [r[1] for r in rows],
+                                                ["Cart|1"] * len(rows), schema_type)
         return fast, slow.to_pylist(), converter.fast_rows
 
     nested = StructType([StructField("item", StringType()), StructField("qty", IntegerType()),
@@ -521,13 +524,15 @@ def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
         {}, {"qty": -3, "tags": [], "at": None})]
     fast, slow, used = convert(nested, plain)
     assert used == 4 and fast == slow and fast[0] == {"item": "a", "qty": 1, "tags": ["x", "y"], "at": {"x": 5}}
-    for odd in [(31, b'{"qty": 3000000000}'), (31, b'{"item": 5}'), (31, b"[1, 2]"), (31, b'{"item":\n"a"}'),
-                (33, cbor2.dumps({"item": "cbor"})), (4, b"\x00\x01")]:
-        fast, slow, used = convert(nested, [*plain, odd])
-        assert used == 0 and fast == slow, odd  # the whole batch went one payload at a time
+    for refused in [(31, b'{"qty": 3000000000}'), (31, b'{"item": 5}')]:  # Arrow's reader refuses the batch
+        fast, slow, used = convert(nested, [*plain, refused])
+        assert used == 0 and fast == slow, refused  # the whole batch went one payload at a time
+    for odd in [(31, b"[1, 2]"), (31, b'{"item":\n"a"}'), (33, cbor2.dumps({"item": "cbor"})), (4, b"\x00\x01")]:
+        fast, slow, used = convert(nested, [odd, *plain, odd])
+        assert used == 4 and fast == slow, odd  # only the odd rows went one at a time, merged back in order
     shifted = [(31, b'{"item": "x"}\n{"item": "y"}'), (31, b"")]  # two lines in one payload, none in the next
     fast, slow, used = convert(nested, [*plain, *shifted])
-    assert used == 0 and fast == slow and fast[-2:] == [None, None]
+    assert used == 4 and fast == slow and fast[-2:] == [None, None]
     stamped = StructType([StructField("when", TimestampType()), StructField("raw", BinaryType())])
     fast, slow, used = convert(stamped, [(31, b'{"when": "2026-11-01T00:00:00"}')])
     assert used == 0 and fast == slow == [None]

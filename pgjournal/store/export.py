@@ -200,8 +200,10 @@ class ExportSQL:
         return f"SELECT DISTINCT entity_type FROM {self.table.name} ORDER BY 1 LIMIT %(limit)s", {"limit": limit}
 
     def payload_sample(self, entity_type: str | None, sample: int) -> Query:
-        """``(ser_id, manifest, payload)`` of up to ``sample`` rows (of ``entity_type``, or of every type)."""
+        """``(ser_id, manifest, payload, persistence_id)`` of up to ``sample`` rows (of ``entity_type``, or of
+        every type): what decoding a payload needs (an encrypted one is opened with its persistence id's key)."""
         conditions = [self.table.live or "TRUE",
                       "(%(entity_type)s::varchar IS NULL OR entity_type = %(entity_type)s)"]
-        return self._statement(self.select_list(self.table.serialized), conditions, "LIMIT %(sample)s"), {
+        return self._statement(self.select_list((*self.table.serialized, "persistence_id")), conditions,
+                               "LIMIT %(sample)s"), {
             "entity_type": entity_type, "sample": sample}
