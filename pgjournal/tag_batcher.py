@@ -270,7 +270,9 @@ class TagBatch:
         bounded by ``bound``; returns the rows (heartbeat, pid, tag, rows written), the clock noted."""
         sql = store.batch_sql("event_journal", bucket_ms=self.bucket_ms, jsonb=journal.events.jsonb, pairs=bool(pairs))
         params = store.batch_params(self.key, self.writer, self.entity_types, bound, pairs, self.limit)
-        rows: list[tuple[Any, ...]] = yield statement((sql, params))
+        # Prepared at once on each connection: planning this statement costs more than running it for a batch
+        # of ~150 rows, and the pool's connections take turns, so psycopg's threshold would rarely be reached.
+        rows: list[tuple[Any, ...]] = yield statement((sql, params), prepare=True)
         if not pairs:
             rows = [(rows[0][0], None, None, 0)]
         self.saw_clock(rows[0][0])

@@ -29,6 +29,8 @@ from pgjournal.timeuuid import compare
 
 #: Batched, writing often: what most tests use.
 BATCHED: dict[str, Any] = dict(TAGS, tag_batch_writer=True, tag_flush_interval=0.05, tag_writer_timeout=1.0)
+#: A reader's settings: a database records one tag writer, and every journal on it opens with that setting.
+READER: dict[str, Any] = dict(TAGS, tag_batch_writer=True)
 #: Batched, writing only when told (flush, close) or when 10,000 events are pending.
 HOLDING: dict[str, Any] = dict(TAGS, tag_batch_writer=True, tag_flush_interval=60.0, tag_writer_timeout=240.0,
                                tag_batch_size=10_000)
@@ -150,7 +152,7 @@ def test_close_writes_what_is_pending_and_drops_the_writer_row(dsn: str) -> None
     assert tag_rows(journal, "x") == []
     assert len(writer_rows(journal)) == 1
     journal.close()
-    with Journal.open(dsn, **TAGS) as reader:
+    with Journal.open(dsn, **READER) as reader:
         assert writer_rows(reader) == []
         assert len(tag_rows(reader, "x")) == 10
         envs = eventually(lambda: (e := list(reader.query.current_events_by_tag("x"))) and len(e) >= 10 and e,
@@ -178,7 +180,7 @@ def test_a_live_reader_beside_four_batched_writers_misses_nothing(dsn: str, port
     persistence id from all of them; a live reader runs throughout. Portable: no visibility horizon, so only
     the watermarks hold the reader back."""
     count = 60
-    with Journal.open(dsn, portable=portable, **TAGS) as reader, reader.query.events_by_tag("x") as stream:
+    with Journal.open(dsn, portable=portable, **READER) as reader, reader.query.events_by_tag("x") as stream:
         errors: list[BaseException] = []
         threads = [threading.Thread(target=_writer, args=(dsn, i, count, errors)) for i in range(4)]
         for t in threads:
@@ -202,7 +204,7 @@ def test_a_held_append_keeps_readers_before_it(dsn: str, portable: bool) -> None
     """A tagged append held open (the key it inserts is locked by the test's own uncommitted insert) while
     others of the same writer commit and are flushed: the reader waits for it, then reads all in order."""
     with Journal.open(dsn, portable=portable, **BATCHED) as journal, \
-            Journal.open(dsn, portable=portable, **TAGS) as reader:
+            Journal.open(dsn, portable=portable, **READER) as reader:
         journal.append("Cart|slow", [0], tags=["x"])
         with reader.query.events_by_tag("x") as stream:
             consumer = Consumer(stream)
@@ -250,11 +252,17 @@ sys.stdin.read()  # until killed
 """
 
 
+def append_and_close(dsn: str, pid: str) -> None:
+    """A tagged event of ``pid`` whose rows are written (by a batched writer that closes: no row of it stays)."""
+    with Journal.open(dsn, **HOLDING) as writer:
+        writer.append(pid, [0], tags=["x"])
+
+
 @pytest.mark.parametrize("by", ["writer", "cli"])
 def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) -> None:
     count = 40
-    with Journal.open(dsn, **TAGS) as reader, reader.query.events_by_tag("x") as stream:
-        reader.append("Cart|before", [0], tags=["x"])
+    with Journal.open(dsn, **READER) as reader, reader.query.events_by_tag("x") as stream:
+        append_and_close(dsn, "Cart|before")
         consumer = Consumer(stream)
         consumer.wait_for(1)
         child = subprocess.Popen([sys.executable, "-c", _CHILD, dsn, str(count)], stdin=subprocess.PIPE,
@@ -270,7 +278,7 @@ def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) ->
                 child.wait()
         dead = writer_rows(reader)
         assert len(dead) == 1  # the dead writer's row stays: readers wait for it
-        reader.append("Cart|after", [0], tags=["x"])  # in-statement rows, later than the dead writer's events
+        append_and_close(dsn, "Cart|after")  # rows written, later than the dead writer's events
         assert len(consumer.quiet_for(1.0)) == 1  # held back by the dead writer's watermark
         if by == "writer":  # another batched writer starts and finds it silent for its tag_writer_timeout
             with Journal.open(dsn, **BATCHED) as other:
