@@ -7,7 +7,8 @@ events, as the Cassandra plugin's tag writers do.
 tagged events after the recorded progress, numbered from it; TimeUUIDs from their db_timestamp, raised above
 the previous row of the pair, with low bytes hashed from the persistence id (:func:`pid_lsb`). So the rows
 do not depend on who writes them or when: two processes appending to one persistence id, or a recovery after a
-crash, write the same rows (``ON CONFLICT DO NOTHING``, progress only forward); tag sequence numbers stay
+crash, write the same rows (progress only forward; two writers of one pair at once collide on the primary key,
+and the loser's retry writes what is left); tag sequence numbers stay
 contiguous and TimeUUID order is tag sequence order per (tag, persistence id). The progress is written in the
 same statement as the rows.
 
@@ -405,7 +406,9 @@ class TagBatcher:
                     raise
                 log.debug("batched tag writer: %s; retrying", exc)
             except psycopg.Error as exc:
-                transient = exc.sqlstate in self._retryable or (
+                # 23505: another writer wrote the same tag rows first (see pgjournal.store.tags): the next attempt
+                # reads its progress and writes what is left.
+                transient = exc.sqlstate in self._retryable or exc.sqlstate == "23505" or (
                     isinstance(exc, psycopg.OperationalError) and exc.sqlstate not in (None, "42501"))
                 if not transient or not self._retry.should_retry(attempt, exc.sqlstate):
                     raise

@@ -98,10 +98,16 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 #   (tag, persistence id) when needed (``ts_time`` of the progress, then row by row: events of one append
 #   share a db_timestamp), so TimeUUID order is tag sequence order; its low bytes are a hash of the
 #   persistence id (:func:`pgjournal.tag_batcher.pid_lsb`), passed in with it;
-# * rows go in with ``ON CONFLICT DO NOTHING`` and the progress only moves forward: writing them twice, or
-#   from an older progress, changes nothing.
+# * the progress only moves forward, and rows are written only after it: a second writer of the same pair
+#   reads the first's progress, or (both read the same one) its rows collide with the first's on the primary key
+#   and its statement fails whole with a unique violation (23505), which the writer retries: it then reads the
+#   new progress. (``ON CONFLICT DO NOTHING`` made every row a speculative insertion: +45% per row.)
 # ``mark`` records, in the same statement, how far this writer's tag rows are complete (readers wait for it).
 
+# The TimeUUID's high 8 bytes (time_low, time_mid, version 1 and time_hi) as 16 hex digits, from ``r.ticks``:
+# one integer expression instead of three padded hex strings (a third of the per-row cost of the text form).
+_UUID_HIGH = """(encode(int8send(((r.ticks & 4294967295) << 32) | (((r.ticks >> 32) & 65535) << 16)
+           | ((r.ticks >> 48) & 4095) | 4096), 'hex')"""
 #: The batched writers' row: upsert (a writer that was presumed dead and recovered comes back with it).
 _MARK = """INSERT INTO tag_batch_writers (id, writer, entity_types, complete_before, heartbeat)
        SELECT %(id)s, %(writer)s, %(types)s::text[], LEAST(COALESCE(%(bound)s::timestamptz, clock_timestamp()),
@@ -136,14 +142,13 @@ r AS (
            ev.i + GREATEST(ev.last_time, max(ev.d - ev.i) OVER (PARTITION BY ev.pid, ev.tag ORDER BY ev.seq_nr))
                AS ticks
     FROM ev),
-u AS (SELECT r.*, {_UUID_TICKS.replace("u.ticks", "r.ticks")} || r.lsb_hex)::uuid AS stamp,
+u AS (SELECT r.*, {_UUID_HIGH} || r.lsb_hex)::uuid AS stamp,
            (r.ticks - {{epoch}}) / 10000 AS ms
     FROM r),
 tv AS ({_TAG_VIEW_INSERT}
        SELECT u.tag, u.ms - mod(u.ms, {{bucket_ms}}), u.ticks, u.lsb, u.stamp, u.pid, u.tag_seq, u.seq_nr, u.writer,
            u.event_ser_id, u.event_ser_manifest, '', u.payload, u.meta_ser_id, u.meta_ser_manifest, u.meta
-       FROM u
-       ON CONFLICT DO NOTHING),
+       FROM u),
 progress AS ({_PROGRESS_INSERT}
        SELECT DISTINCT ON (u.pid, u.tag) u.pid, u.tag, u.seq_nr, u.tag_seq, u.stamp, u.ticks FROM u
        ORDER BY u.pid, u.tag, u.seq_nr DESC
