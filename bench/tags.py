@@ -11,6 +11,7 @@ the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from pgjournal.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_
 
 from .append import EVENT, PAYLOAD, _cpu_threads, _record_cpu, _threads, cpu_ours
 from .cpu import measure as measure_cpu
-from .harness import Context, Scenario
+from .harness import Context, Scenario, scratch_database
 
 WRITERS = 8
 CATCHUP_TAG = "bench-catchup"
@@ -32,14 +33,19 @@ CATCHUP_PIDS = 1000
 
 
 def _append_setup(ctx: Context) -> dict[str, Any]:
-    return {"journal": Journal.open(ctx.dsn, pool_max_size=12),
-            "batched": Journal.open(ctx.dsn, pool_max_size=12, tag_batch_writer=True)}
+    """The in-statement journal on the scenario's database, the batched one on a database of its own (a database
+    records one tag writer, see pgjournal.tag_mode)."""
+    stack = contextlib.ExitStack()
+    batched_dsn = stack.enter_context(scratch_database(ctx.server_dsn))
+    return {"journal": Journal.open(ctx.dsn, pool_max_size=12), "stack": stack, "batched_dsn": batched_dsn,
+            "batched": Journal.open(batched_dsn, pool_max_size=12, tag_batch_writer=True)}
 
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
     if "batched" in state:
         state["batched"].close()
+        state["stack"].close()
 
 
 def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000, *, batched: bool = False) -> Any:
@@ -96,7 +102,7 @@ def cpu_batched(writers: int, total: int) -> Any:
 
             threads(started, stopped)
 
-        return _record_cpu(ctx, "batched", measure_cpu(ctx.dsn, per_writer * writers, run))
+        return _record_cpu(ctx, "batched", measure_cpu(state["batched_dsn"], per_writer * writers, run))
 
     return measure
 

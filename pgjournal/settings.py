@@ -88,7 +88,7 @@ class Settings:
     #: The batched tag writer writes what is pending at least this often (seconds).
     tag_flush_interval: float = 0.1
     #: At most this many events per tag view statement of the batched writer; this many pending start a write.
-    tag_batch_size: int = 150
+    tag_batch_size: int = 500
     #: A batched tag writer silent this long (no heartbeat) is presumed dead: other batched writers, and
     #: ``pgjournal tags recover``, write its pending tag rows. Must exceed the longest pause of a writer process.
     tag_writer_timeout: float = 10.0
