@@ -328,3 +328,33 @@ def test_bad_settings_are_named() -> None:
         Settings(tag_flush_interval=0)
     with pytest.raises(ConfigurationError, match="tag_batch_writer"):
         Settings(tag_batch_writer="yes")  # type: ignore[arg-type]
+
+
+def _flush_together(journal: Journal, start: threading.Barrier) -> None:
+    start.wait()
+    journal.tag_writer.flush()  # type: ignore[union-attr]
+
+
+def test_writers_flushing_one_pair_at_once_write_each_row_once(dsn: str) -> None:
+    """Four batched writers owe rows of one (persistence id, tag) and flush at the same moment: the tag view
+    rows carry no ON CONFLICT, so the writers that read the same progress collide on the key and retry from
+    the winner's progress (23505); every row is written once, numbered in sequence order."""
+    journals = [Journal.open(dsn, **HOLDING) for _ in range(4)]
+    try:
+        seq = 0
+        for _ in range(10):
+            for k in range(8):
+                journals[k % 4].append("Cart|race", [k], tags=["x"], expected_seq_nr=seq)
+                seq += 1
+            start = threading.Barrier(4)
+            threads = [threading.Thread(target=_flush_together, args=(j, start)) for j in journals]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert tag_rows(journals[0], "x") == [("Cart|race", n, n) for n in range(1, seq + 1)]
+        assert progress(journals[0]) == {("Cart|race", "x"): (seq, seq)}
+        assert_timeuuid_order_is_tag_order(journals[0])
+    finally:
+        for journal in journals:
+            journal.close()
