@@ -186,6 +186,11 @@ class MissingTaggedEventsError(MissingEventsError):
                          f"{shown} ({len(self.missing)} event(s)) {reason}")
 
 
+class TagFlushFailed(JournalError):
+    """The batched tag writer could not write pending tag view rows (after its retries). The events are in
+    the journal; their tag rows are written by a later round, or by recovery (``pgjournal tags recover``)."""
+
+
 class CircuitOpen(DatabaseUnavailable):
     """The database failed repeatedly: commands fail fast, without touching it, until it answers again.
 

@@ -172,10 +172,10 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     else:
         after = "expected"
     stamp = None
-    if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
+    if tag_list and not journal.settings.tag_batch_writer:  # tag view rows in the same statement: tag_write
         sql = prepare(journal, params, tag_list, len(encoded), after=after)  # type: ignore[arg-type]
         stamp = stamp_time
-    else:
+    else:  # untagged, or the batched tag writer's (pgjournal.tag_batcher): the events alone, tags column set
         key = (after, single, plain)
         sql = target.statements.get(key)  # type: ignore[assignment]
         if sql is None:
@@ -241,13 +241,23 @@ class EventWriter:
         plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
-        before = record_bucket_size(self._journal) if plan.tags else None
+        batcher = self._journal.tag_writer if plan.tags else None
+        if batcher is None:
+            before = record_bucket_size(self._journal) if plan.tags else None
+            ticket = 0
+        else:  # the batched tag writer writes the tag view rows later (pgjournal.tag_batcher)
+            before = None
+            ticket = batcher.begin(plan.entity_type)
         started = time.perf_counter()
         try:
             rows = self._execute(plan.pid, plan.sql, plan.params, before, plan.stamp)
-        except BaseException:
+        except BaseException as exc:
             self.failed(plan)
+            if batcher is not None:
+                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
             raise
+        if batcher is not None:
+            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
         return self.committed(plan, rows, time.perf_counter() - started)
 
     def plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
@@ -275,7 +285,7 @@ class EventWriter:
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
-        if plan.tags:
+        if plan.tags and not self._journal.settings.tag_batch_writer:
             bucket_size_recorded(self._journal)
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
 

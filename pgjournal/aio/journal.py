@@ -23,7 +23,7 @@ from ..connections import connection_kwargs
 from ..contention import KeyedLocks
 from ..core import JournalCore
 from ..envelope import EventEnvelope
-from ..errors import JournalError
+from ..errors import ConfigurationError, JournalError
 from ..polling import T
 from ..serialization import SerializerRegistry
 from ..settings import Settings
@@ -47,6 +47,9 @@ class AsyncJournal(JournalCore):
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+        if settings.tag_batch_writer:
+            raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
+                                     "face writes tag view rows in the append's statement (leave it false)")
         super().__init__(dsn, settings, serializers, capabilities, stored)
         self.signals = AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
