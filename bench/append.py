@@ -122,7 +122,7 @@ def _cpu_threads(writers: int, prepare: Callable[[int], Any], work: Callable[[in
                 work(w, state)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
-                for barrier in (ready, go):
+                for barrier in (ready, go, done):  # done too: the others (and the caller) would wait there forever
                     barrier.abort()
             finally:
                 with contextlib.suppress(threading.BrokenBarrierError):

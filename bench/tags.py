@@ -1,16 +1,20 @@
 """tags-append and tags-catchup: the Cassandra-compatible tag path.
 
 ``tags-append`` (8 writers) and ``tags-append-1`` (1 writer): 1 event per transaction, one entity per
-writer, with 1 tag ("ours") beside the same append untagged and with 3 tags. The tag rows and progress go
-in the same statement as the journal rows.
+writer, with 1 tag ("ours": the tag rows and progress in the append's own statement) beside the same append
+untagged, with 3 tags, and with 1 tag through the batched tag writer (``batched``: ``tag_batch_writer=True``;
+the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside the measured time). The
+``*-cpu`` variants report client + server CPU µs per append of the same contenders but the 3 tags.
 ``tags-catchup``: ``current_events_by_tag`` over a tag view loaded beforehand (1,000,000 events; quick:
 50,000), events decoded, beside a bare keyset SELECT of the same rows (no decoding, no stream logic).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -19,8 +23,9 @@ from pgjournal import Journal
 from pgjournal.buckets import BucketSize
 from pgjournal.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_of_ms
 
-from .append import EVENT, PAYLOAD, _threads, cpu_ours
-from .harness import Context, Scenario
+from .append import EVENT, PAYLOAD, _cpu_threads, _record_cpu, _threads, cpu_ours
+from .cpu import measure as measure_cpu
+from .harness import Context, Scenario, scratch_database
 
 WRITERS = 8
 CATCHUP_TAG = "bench-catchup"
@@ -28,16 +33,24 @@ CATCHUP_PIDS = 1000
 
 
 def _append_setup(ctx: Context) -> dict[str, Any]:
-    return {"journal": Journal.open(ctx.dsn, pool_max_size=12)}
+    """The in-statement journal on the scenario's database, the batched one on a database of its own (a database
+    records one tag writer, see pgjournal.tag_mode)."""
+    stack = contextlib.ExitStack()
+    batched_dsn = stack.enter_context(scratch_database(ctx.server_dsn))
+    return {"journal": Journal.open(ctx.dsn, pool_max_size=12), "stack": stack, "batched_dsn": batched_dsn,
+            "batched": Journal.open(batched_dsn, pool_max_size=12, tag_batch_writer=True)}
 
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
+    if "batched" in state:
+        state["batched"].close()
+        state["stack"].close()
 
 
-def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000) -> Any:
+def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000, *, batched: bool = False) -> Any:
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        journal: Journal = state["journal"]
+        journal: Journal = state["batched" if batched else "journal"]
         n = total // 10 if ctx.quick else total
 
         def work(_w: int, count: int) -> None:
@@ -45,7 +58,51 @@ def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_0
             for i in range(count):
                 journal.append(pid, [EVENT], expected_seq_nr=i, tags=tags)
 
-        return n / _threads(writers, n // writers, work)
+        def flushed(w: int, count: int) -> None:
+            work(w, count)
+            if journal.tag_writer is not None:
+                journal.tag_writer.flush()  # the round ends when the tag rows are written
+
+        return n / _threads(writers, n // writers, flushed)
+
+    return measure
+
+
+def cpu_batched(writers: int, total: int) -> Any:
+    """Client + server CPU µs per tagged append through the batched tag writer, its thread and its tag view
+    statements included (they are written before the second reading)."""
+    per_writer = total // writers
+    warm = 20
+
+    def measure(ctx: Context, state: dict[str, Any]) -> float:
+        journal: Journal = state["batched"]
+        writer = journal.tag_writer
+        assert writer is not None
+
+        def prepare(_w: int) -> str:
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for i in range(warm):
+                journal.append(pid, [EVENT], expected_seq_nr=i, tags=("bench",))
+            return pid
+
+        def work(_w: int, pid: str) -> None:
+            for i in range(warm, warm + per_writer):
+                journal.append(pid, [EVENT], expected_seq_nr=i, tags=("bench",))
+
+        threads = _cpu_threads(writers, prepare, work, lambda _s: None)
+
+        def run(start: Callable[[], None], stop: Callable[[], None]) -> None:
+            def started() -> None:
+                writer.flush()  # the warm-up's rows are not this round's
+                start()
+
+            def stopped() -> None:
+                writer.flush()
+                stop()
+
+            threads(started, stopped)
+
+        return _record_cpu(ctx, "batched", measure_cpu(state["batched_dsn"], per_writer * writers, run))
 
     return measure
 
@@ -119,6 +176,7 @@ SCENARIOS = [
             "ours": append_with(("bench",)),
             "untagged": append_with(()),
             "3_tags": append_with(("bench", "bench-b", "bench-c")),
+            "batched": append_with(("bench",), batched=True),
         },
     ),
     Scenario(
@@ -130,18 +188,20 @@ SCENARIOS = [
             "ours": append_with(("bench",), 1, 3_000),
             "untagged": append_with((), 1, 3_000),
             "3_tags": append_with(("bench", "bench-b", "bench-c"), 1, 3_000),
+            "batched": append_with(("bench",), 1, 3_000, batched=True),
         },
     ),
     *[Scenario(
         name=name, metric="cpu_us_per_event", lower_is_better=True,
         description=f"client + server CPU µs per event (split in extra), {total:,} events (quick: a tenth), 1 per "
-                    f"transaction, {writers} writer(s), with 1 tag (ours) beside untagged",
+                    f"transaction, {writers} writer(s), with 1 tag (ours) beside untagged and the batched tag writer",
         setup=_append_setup, teardown=_teardown,
         contenders={
             "ours": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t, ("bench",))(
                 ctx, state),
             "untagged": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t,
                                                                          label="untagged")(ctx, state),
+            "batched": lambda ctx, state, w=writers, t=total: cpu_batched(w, t // 10 if ctx.quick else t)(ctx, state),
         },
     ) for name, writers, total in (("tags-append-cpu", WRITERS, 8_000), ("tags-append-cpu-1", 1, 3_000))],
     Scenario(

@@ -36,6 +36,7 @@ from .errors import (
     SchemaNotMigrated,
     SerializationError,
     SlowConsumer,
+    TagFlushFailed,
     TransactionAborted,
     WriteOutcomeUnknown,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "SlowConsumer",
     "Source",
     "TagEnvelope",
+    "TagFlushFailed",
     "TimeBasedUUID",
     "TimestampOffset",
     "TransactionAborted",

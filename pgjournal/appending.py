@@ -17,9 +17,10 @@ import psycopg
 import psycopg.errors
 
 from .buckets import ensure_bucket_size_step
-from .contention import RetryPolicy
+from .contention import TRANSIENT_ERRORS, RetryPolicy
 from .errors import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
 from .steps import Sleep, Statement, Step, first_of
+from .tag_mode import ensure_mode_step
 from .tag_write import record_bucket_size
 from .write import AppendPlan, conflict, exhausted, refused
 
@@ -49,6 +50,7 @@ def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: boo
     try:
         if record:
             yield from ensure_bucket_size_step(journal.settings.tag_bucket_size)
+            yield from ensure_mode_step(journal.settings.tag_batch_writer)
         rows: Rows = yield Statement(plan.sql, plan.params, prepare=True)
     except psycopg.Error:
         if wrapped:
@@ -77,7 +79,7 @@ def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
             # No expectation was stated: another writer appended first; number after it.
             yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))
             continue
-        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+        except TRANSIENT_ERRORS as exc:
             if exc.sqlstate not in journal.dialect.retryable_sqlstates:
                 raise refused(plan.pid, exc) from exc
             yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))  # one transaction: safe again

@@ -4,8 +4,9 @@ The stream reads rows in TimeUUID order (Cassandra's: ``ts_time, ts_lsb``) acros
 the offset (exclusive) or from ``tag_first_time_bucket``, and only rows older than the upper bound:
 ``now - tag_eventual_consistency_delay`` (on PostgreSQL, outside portable mode, also no later than the
 visibility horizon (:mod:`pgjournal.horizon`: journal writers still open) minus that delay, so a commit
-held open is waited for instead of passed). One keyset query walks every bucket up to the current one, so
-empty buckets cost nothing.
+held open is waited for instead of passed), and below the watermark of every batched tag writer
+(:mod:`pgjournal.tag_batcher`: tag rows it has not written yet are waited for, even if it died). One
+keyset query walks every bucket up to the current one, so empty buckets cost nothing.
 
 Per persistence id the stream remembers the last ``tag_pid_sequence_nr`` delivered and so delivers each
 event once and per persistence id in order:
@@ -48,6 +49,7 @@ from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
 from .steps import MORE, Sleep, Step, drive, run_pooled, statement
 from .store import tags as store
+from .tag_batcher import complete_before_step
 from .tag_write import bucket_size
 from .timeuuid import EPOCH, UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
 from .validation import check_name
@@ -204,6 +206,10 @@ class TagStream:
         horizon = (yield from tracker.read_step()) if self._live else (
             yield from tracker.settle_step(timeout=tracker.capabilities.longest_transaction))
         upper = _ticks_of(horizon.safe) - round(self._delay * 10_000_000)
+        # Tag rows that batched tag writers still owe (pgjournal.tag_batcher): never read past them.
+        complete = yield from complete_before_step(self._journal.settings)
+        if complete is not None:
+            upper = min(upper, _ticks_of(complete) - 1)
         if not self._live:
             self._upper = upper
         return upper

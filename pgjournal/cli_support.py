@@ -3,6 +3,7 @@ errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -13,6 +14,8 @@ from rich.console import Console
 from .dsn import mask_dsn
 from .errors import JournalError
 from .journal import Journal
+from .settings import ENV_PREFIX
+from .tag_mode import BATCHED, recorded_mode
 
 console = Console()
 errors = Console(stderr=True)
@@ -40,5 +43,10 @@ def reported() -> Iterator[None]:
 
 @contextmanager
 def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
-    with reported(), Journal.open(dsn, **settings) as journal:
-        yield journal
+    """The journal of a command, with the tag writer the database records unless the command or
+    ``PGJOURNAL_TAG_BATCH_WRITER`` sets one (a command that reads or repairs the tag view works on either)."""
+    with reported():
+        if "tag_batch_writer" not in settings and ENV_PREFIX + "TAG_BATCH_WRITER" not in os.environ:
+            settings["tag_batch_writer"] = recorded_mode(dsn) == BATCHED
+        with Journal.open(dsn, **settings) as journal:
+            yield journal

@@ -6,13 +6,17 @@ import json
 import sys
 from typing import Annotated
 
+import psycopg
 import typer
 from rich.table import Table
 
 from .cli_support import DsnOption, console, fail, open_journal, reported
+from .dsn import resolve_dsn
 from .errors import InvalidArgument
 from .offsets import NoOffset, TimeBasedUUID, parse_offset
 from .reconciliation import Reconciliation
+from .steps import run
+from .tag_mode import recorded_mode, set_mode_step
 
 tags_app = typer.Typer(help="The Cassandra-compatible tag view: read it by tag, reconcile it.", no_args_is_help=True)
 
@@ -94,3 +98,46 @@ def truncate(
     with open_journal(dsn) as journal:
         Reconciliation(journal).truncate()
     console.print("tag view truncated")
+
+
+@tags_app.command("recover")
+def recover(
+    silent_for: Annotated[float | None, typer.Option(
+        "--silent-for", min=0.0,
+        help="Recover batched tag writers silent this many seconds (default: the tag_writer_timeout setting). "
+             "Only writers that are really gone: a live one's in-flight tag rows could be passed by readers.")
+    ] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Write the tag view rows of batched tag writers that died (tag_batch_writer=True; events_by_tag waits
+    for them) from the journal, and drop their rows so readers move on."""
+    with open_journal(dsn, tag_batch_writer=True) as journal:
+        assert journal.tag_writer is not None
+        recovered = journal.tag_writer.recover(silent_for)
+    if not recovered:
+        console.print("no silent batched tag writer")
+        return
+    table = Table("writer row", "journal writer", "persistence ids", "tag rows written", title="recovered")
+    for done in recovered:
+        table.add_row(done.id, done.writer, f"{done.persistence_ids:,}", f"{done.rows:,}")
+    console.print(table)
+
+
+@tags_app.command("writer")
+def writer(
+    set_to: Annotated[str | None, typer.Option(
+        "--set", help="Record this tag writer: batched or in-statement. Stop every writer first: a process still "
+                      "running with the other setting would be refused only at its next start.")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Show (or, with --set, change) the tag writer this database records: `batched` (tag_batch_writer=True)
+    or `in-statement`. Every process of the database must use it; switching to in-statement is refused while
+    a batched writer still owes tag rows."""
+    with reported():
+        if set_to is None:
+            mode = recorded_mode(dsn)
+            console.print(mode or "none recorded yet (the first tagged write records its journal's setting)")
+            return
+        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+            previous = run(set_mode_step(set_to), conn)
+    console.print(f"tag writer: {previous or 'none'} -> {set_to}")

@@ -14,8 +14,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import psycopg.errors
 
 from . import metrics
 
@@ -23,23 +26,32 @@ if TYPE_CHECKING:
     from .settings import Settings
 
 
+#: Errors after which a write's whole transaction may be run again, if the dialect lists their SQLSTATE
+#: (:attr:`~pgjournal.dialects.base.Dialect.retryable_sqlstates`).
+TRANSIENT_ERRORS = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.OutOfMemory)
+
+
 class KeyedLocks:
     """A lock per key (a persistence id): threads writing different keys never wait for each other, threads
     writing the same key take turns. Taking a key's lock is a dict lookup (``setdefault`` is atomic), so it
     costs next to nothing per append. Past ``kept`` keys the table starts over; a thread still holding a lock
     of the old table may then overlap one holding the new lock of its key, which the database settles (a
-    clash or a serialization failure, retried) — never a wrong write."""
+    clash or a serialization failure, retried) — never a wrong write.
 
-    def __init__(self, kept: int = 100_000) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+    ``lock``: what a key's lock is: ``threading.Lock`` for threads, ``asyncio.Lock`` for the tasks of one event
+    loop (the asyncio face: same rule, its primitive; both take turns in the order they asked)."""
+
+    def __init__(self, kept: int = 100_000, lock: Callable[[], Any] = threading.Lock) -> None:
+        self._locks: dict[str, Any] = {}
         self._kept = kept
+        self._lock = lock
 
-    def __getitem__(self, key: str) -> threading.Lock:
+    def __getitem__(self, key: str) -> Any:
         lock = self._locks.get(key)
         if lock is None:
             if len(self._locks) >= self._kept:
                 self._locks = {}
-            lock = self._locks.setdefault(key, threading.Lock())
+            lock = self._locks.setdefault(key, self._lock())
         return lock
 
 

@@ -26,6 +26,7 @@ from .settings import Settings
 from .steps import Step
 from .store.snapshots import SnapshotSQL
 from .stored_format import StoredFormat, read_stored_format_step
+from .tag_mode import check_mode_step
 
 
 class JournalCore:
@@ -93,11 +94,12 @@ def opening(dsn: str | None, serializers: SerializerRegistry | None, migrate: bo
 
 
 def open_step(dsn: str, settings: Settings) -> Step[tuple[Capabilities, StoredFormat]]:
-    """What opening a journal reads (after any migration): the schema is at head, the tag bucket size agrees,
-    the capabilities and the stored format."""
+    """What opening a journal reads (after any migration): the schema is at head, the tag bucket size and tag
+    writer agree, the capabilities and the stored format."""
     try:
         yield from migrations.check_schema_step()
         yield from check_bucket_size_step(settings.tag_bucket_size)
+        yield from check_mode_step(settings.tag_batch_writer)
         capabilities = yield from Capabilities.resolve_step(settings)
         stored = yield from read_stored_format_step()
     except psycopg.errors.InsufficientPrivilege as exc:

@@ -12,14 +12,14 @@ never seen, as in Akka), never one older than a revision already delivered.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.errors
 
-from .contention import KeyedLocks, RetryPolicy
+from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
 from .envelope import Source
 from .errors import (
     ConfigurationError,
@@ -32,12 +32,16 @@ from .errors import (
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
-from .steps import Step, rows_of, run_pooled, statement
+from .steps import Sleep, Step, rows_of, run_pooled, statement
 from .store.durable_state import DELETED_SER_ID
 from .validation import check_name, check_persistence_id, check_seq_nr
 
 if TYPE_CHECKING:
+    from .core import JournalCore
     from .journal import Journal
+
+#: The timestamp of a state not written yet (the write step sets the database's).
+_NO_TIME = datetime.min
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,7 @@ class _StateRows:
 
     contiguous = False  # one row per persistence id, overwritten: only its latest revision can be read
 
-    def __init__(self, store: DurableStateStore) -> None:
+    def __init__(self, store: DurableStateRules) -> None:
         self._store = store
         capabilities = store.journal.capabilities
         if capabilities.writer_horizon and not capabilities.state_relations:
@@ -90,23 +94,15 @@ class _StateRows:
                                   state.value, state.deleted, state.tags, source)
 
 
-class DurableStateStore:
-    """The durable state store of a journal (``journal.durable_state``); thread-safe like the journal."""
+class DurableStateRules:
+    """What both faces' durable state stores share: the SQL, decoding, the by-slice rows, and reads and writes as
+    steps (:mod:`pgjournal.steps`); a face adds its driver, its turns per persistence id and its queries."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: JournalCore) -> None:
         self.journal = journal
         #: The SQL over durable_state (store layer).
         self.sql = journal.dialect.durable_state_store()
-        #: Writes of this process to one persistence id take turns; retries back off (pgjournal.contention).
-        self._turns = KeyedLocks()
         self._retry = RetryPolicy.of(journal.settings)
-
-    # -- reads ---------------------------------------------------------------------------------------
-
-    def get(self, persistence_id: str) -> DurableState | None:
-        """The current state (``deleted`` set after :meth:`delete`), ``None`` when never written."""
-        pid = check_persistence_id(persistence_id)
-        return run_pooled(self.get_step(pid), self.journal.connection)
 
     def get_step(self, pid: str) -> Step[DurableState | None]:
         """:meth:`get` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
@@ -123,91 +119,137 @@ class DurableStateStore:
             f"{revision}", persistence_id=pid, seq_nr=revision)
         return DurableState(pid, revision, value, ts, tuple(tags or ()))
 
+    def rows(self) -> _StateRows:
+        """``durable_state`` as the rows of a by-slice query."""
+        return _StateRows(self)
+
+    def upsert_write(self, persistence_id: str, revision: int, value: Any, tag: str | None = None
+                     ) -> tuple[str, Step[DurableState]]:
+        """Check and serialize an upsert (see :meth:`DurableStateStore.upsert`): its persistence id and its
+        write as a step."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(revision, "revision", minimum=1)
+        tags = (check_name(tag, "tag"),) if tag not in (None, "") else ()
+        encoded = self.journal.serializers.serialize(value, persistence_id=pid)
+        write = self._write_step(pid, revision, encoded.ser_id, encoded.manifest, encoded.payload, tags)
+        return pid, self._state_step(write, DurableState(pid, revision, value, _NO_TIME, tags))
+
+    def delete_write(self, persistence_id: str, revision: int) -> tuple[str, Step[DurableState]]:
+        """Check a delete (see :meth:`DurableStateStore.delete`): its persistence id and its write as a step."""
+        pid = check_persistence_id(persistence_id)
+        check_seq_nr(revision, "revision", minimum=1)
+        write = self._write_step(pid, revision, DELETED_SER_ID, "", b"", ())
+        return pid, self._state_step(write, DurableState(pid, revision, None, _NO_TIME, (), deleted=True))
+
+    def written(self, pid: str) -> None:
+        """After a write committed: wake the live queries of its entity type."""
+        if self.journal.signals is not None:
+            self.journal.signals.written(slice_for_persistence_id(pid), entity_type_of(pid))
+
+    @staticmethod
+    def _state_step(write: Step[datetime], state: DurableState) -> Step[DurableState]:
+        ts = yield from write
+        return replace(state, db_timestamp=ts)
+
+    def _write_step(self, pid: str, revision: int, ser_id: int, manifest: str, payload: bytes,
+                    tags: tuple[str, ...]) -> Step[datetime]:
+        """One statement, transient failures retried under the journal's
+        :class:`~pgjournal.contention.RetryPolicy` (its pause yielded as a :class:`~pgjournal.steps.Sleep`)."""
+        query = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                rows = yield statement(query)
+                row = rows[0] if rows else None
+                break
+            except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
+                row = None
+                break
+            except TRANSIENT_ERRORS as exc:
+                pause = self._retry.next_pause(attempt, exc.sqlstate)
+                if pause is None:
+                    raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
+                                           f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written"
+                                           ) from exc
+                yield Sleep(pause)  # one statement, one transaction: running it again is safe
+            except psycopg.OperationalError as exc:
+                if exc.sqlstate is None:  # the server never answered
+                    raise WriteOutcomeUnknown(
+                        f"the connection was lost while writing the durable state of {pid!r}; it may or may not "
+                        "be written. Retrying with the same revision is safe (it writes, or raises "
+                        "RevisionConflict)") from exc
+                raise self._refused(pid, exc) from exc
+            except psycopg.Error as exc:  # the server refused it: the statement rolled back
+                raise self._refused(pid, exc) from exc
+        if row is None:
+            raise RevisionConflict(pid, revision, (yield from self._current_revision_step(pid)))
+        return row[0]  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _refused(pid: str, exc: psycopg.Error) -> JournalError:
+        kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
+                    f"{exc.sqlstate} ({first}); nothing was written")
+
+    def _current_revision_step(self, pid: str) -> Step[int | None]:
+        try:
+            rows = yield from rows_of(self.sql.revision(pid))
+        except psycopg.Error:
+            return None
+        return int(rows[0][0]) if rows else 0
+
+
+class DurableStateStore(DurableStateRules):
+    """The durable state store of a journal (``journal.durable_state``); thread-safe like the journal."""
+
+    journal: Journal
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal)
+        #: Writes of this process to one persistence id take turns; retries back off (pgjournal.contention).
+        self._turns = KeyedLocks()
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(self, persistence_id: str) -> DurableState | None:
+        """The current state (``deleted`` set after :meth:`delete`), ``None`` when never written."""
+        pid = check_persistence_id(persistence_id)
+        return run_pooled(self.get_step(pid), self.journal.connection)
+
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> Iterator[DurableStateChange]:
         """The states of ``entity_type`` in slices ``min_slice..max_slice`` changed after ``offset``, up to the
         bound seen when the query starts, in (db_timestamp, revision) order: each persistence id's latest
         revision, each revision at most once."""
         return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
-                                              rows=_StateRows(self))
+                                              rows=self.rows())
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
                           ) -> LiveQuery[DurableStateChange]:
         """Like :meth:`current_changes_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
         return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
-                                           rows=_StateRows(self))
+                                           rows=self.rows())
 
     # -- writes --------------------------------------------------------------------------------------
 
     def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
         """Store ``value`` as revision ``revision`` (the current revision + 1; 1 for a new persistence id) with
         an optional ``tag``. Raises :class:`~pgjournal.errors.RevisionConflict` otherwise; nothing is written."""
-        pid = check_persistence_id(persistence_id)
-        check_seq_nr(revision, "revision", minimum=1)
-        tags = (check_name(tag, "tag"),) if tag not in (None, "") else ()
-        encoded = self.journal.serializers.serialize(value, persistence_id=pid)
-        ts = self._write(pid, revision, encoded.ser_id, encoded.manifest, encoded.payload, tags)
-        return DurableState(pid, revision, value, ts, tags)
+        return self._run(*self.upsert_write(persistence_id, revision, value, tag))
 
     def delete(self, persistence_id: str, revision: int) -> DurableState:
         """Mark the state deleted at ``revision`` (the current revision + 1, as for :meth:`upsert`): Akka's
         ``deleteObject(persistenceId, revision)``. A later upsert continues at ``revision + 1``."""
-        pid = check_persistence_id(persistence_id)
-        check_seq_nr(revision, "revision", minimum=1)
-        ts = self._write(pid, revision, DELETED_SER_ID, "", b"", ())
-        return DurableState(pid, revision, None, ts, (), deleted=True)
+        return self._run(*self.delete_write(persistence_id, revision))
 
-    def _write(self, pid: str, revision: int, ser_id: int, manifest: str, payload: bytes,
-               tags: tuple[str, ...]) -> datetime:
-        """One statement; threads of this process writing ``pid`` take turns, transient failures are retried
-        under the journal's :class:`~pgjournal.contention.RetryPolicy` (see :mod:`pgjournal.contention`)."""
-        statement = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
-        attempt = 0
+    def _run(self, pid: str, write: Step[DurableState]) -> DurableState:
+        """Threads of this process writing ``pid`` take turns (see :mod:`pgjournal.contention`)."""
         with self._turns[pid]:
-            while True:
-                attempt += 1
-                try:
-                    with self.journal.connection() as conn:
-                        row = self._run(conn, pid, statement)
-                    break
-                except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
-                    row = None
-                    break
-                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
-                    if self._retry.should_retry(attempt, exc.sqlstate):
-                        continue  # one statement, one transaction: running it again is safe
-                    raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
-                                           f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written"
-                                           ) from exc
-                except psycopg.Error as exc:  # the server refused it: the statement rolled back
-                    kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    raise kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
-                               f"{exc.sqlstate} ({first}); nothing was written") from exc
-        if row is None:
-            raise RevisionConflict(pid, revision, self._current_revision(pid))
-        if self.journal.signals is not None:
-            self.journal.signals.written(slice_for_persistence_id(pid), entity_type_of(pid))
-        return row[0]
-
-    @staticmethod
-    def _run(conn: psycopg.Connection, pid: str, statement: tuple[str, Any]) -> tuple[Any, ...] | None:
-        try:
-            return conn.execute(*statement).fetchone()
-        except psycopg.OperationalError as exc:
-            if conn.closed or conn.broken or exc.sqlstate is None:
-                raise WriteOutcomeUnknown(
-                    f"the connection was lost while writing the durable state of {pid!r}; it may or may not be "
-                    "written. Retrying with the same revision is safe (it writes, or raises RevisionConflict)"
-                ) from exc
-            raise
-
-    def _current_revision(self, pid: str) -> int | None:
-        try:
-            rows = run_pooled(rows_of(self.sql.revision(pid)), self.journal.connection)
-        except (psycopg.Error, JournalError):
-            return None
-        return int(rows[0][0]) if rows else 0
+            state = run_pooled(write, self.journal.connection)
+        self.written(pid)
+        return state
 
 
-__all__ = ["DurableState", "DurableStateChange", "DurableStateStore"]
+__all__ = ["DurableState", "DurableStateChange", "DurableStateRules", "DurableStateStore"]

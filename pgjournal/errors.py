@@ -146,8 +146,9 @@ class WriteOutcomeUnknown(JournalError):
 
 
 class RetriesExhausted(JournalError):
-    """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01) past its
-    retry bound. The server rolled every attempt back, so nothing was written; trying again later is safe."""
+    """A write kept failing with a transient error (serialization failure 40001, deadlock 40P01, a full lock
+    table 53200) past its retry bound. The server rolled every attempt back, so nothing was written; trying again
+    later is safe."""
 
 
 class TransactionAborted(JournalError):
@@ -183,6 +184,11 @@ class MissingTaggedEventsError(MissingEventsError):
         shown = ", ".join(map(str, self.missing[:20])) + (", ..." if len(self.missing) > 20 else "")
         super().__init__(f"events_by_tag {tag!r}: persistence id {persistence_id!r} is missing tag_pid_sequence_nr "
                          f"{shown} ({len(self.missing)} event(s)) {reason}")
+
+
+class TagFlushFailed(JournalError):
+    """The batched tag writer could not write pending tag view rows (after its retries). The events are in
+    the journal; their tag rows are written by a later round, or by recovery (``pgjournal tags recover``)."""
 
 
 class CircuitOpen(DatabaseUnavailable):

@@ -36,6 +36,7 @@ from .settings import Settings
 from .snapshots import SelectedSnapshot, SnapshotStore
 from .steps import R, Step, run, run_pooled
 from .stored_format import StoredFormat
+from .tag_batcher import TagBatcher
 from .transaction import Transaction, transaction
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
@@ -60,6 +61,9 @@ class Journal(JournalCore):
                                     **pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
         self.connections = PoolFront(self._pool)
+        #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.tag_batcher`); None: tag rows
+        #: are written in the append's own statement.
+        self.tag_writer = TagBatcher(self) if settings.tag_batch_writer else None
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)
@@ -94,10 +98,16 @@ class Journal(JournalCore):
     # -- lifecycle -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self.signals is not None:
-            self.signals.close()
-        self.connections.close()
-        self._pool.close()
+        """Close the journal; the batched tag writer first writes what is pending (else raises
+        :class:`~pgjournal.errors.TagFlushFailed`, after closing the rest)."""
+        try:
+            if self.tag_writer is not None:
+                self.tag_writer.close()
+        finally:
+            if self.signals is not None:
+                self.signals.close()
+            self.connections.close()
+            self._pool.close()
 
     def __enter__(self) -> Journal:
         return self

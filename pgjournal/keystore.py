@@ -35,6 +35,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .connections import connection_kwargs
+from .contention import TRANSIENT_ERRORS
 from .dsn import mask_dsn, resolve_dsn
 from .errors import (
     ConfigurationError,
@@ -266,7 +267,7 @@ class PostgresKeyStore:
                 raise DatabaseUnavailable(f"key store: no connection to {mask_dsn(self.dsn)}") from None
             except psycopg.errors.UndefinedTable:
                 raise SchemaNotMigrated(f"the database has no {sql.TABLE} table; run `pgjournal migrate`") from None
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+            except TRANSIENT_ERRORS as exc:
                 if attempt > _RETRIES:
                     raise RetriesExhausted(f"the key store's statement failed {attempt} times with SQLSTATE "
                                            f"{exc.sqlstate}; nothing was changed") from exc

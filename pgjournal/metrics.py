@@ -25,6 +25,9 @@ class _Noop:
     def inc(self, *_args: Any) -> None:
         pass
 
+    def dec(self, *_args: Any) -> None:
+        pass
+
     def set(self, *_args: Any) -> None:
         pass
 
@@ -94,6 +97,12 @@ if prometheus_client is not None:
     prometheus_client.REGISTRY.register(APPEND_STATS)
 WRITE_RETRIES = _metric("Counter", "pgjournal_write_retries",
                         "Writes (appends, durable state) tried again after a transient failure", ("sqlstate",))
+TAG_PENDING = _metric("Gauge", "pgjournal_tag_pending_events",
+                     "Tagged events appended whose tag view rows the batched tag writer has not written yet")
+TAG_ROWS = _metric("Counter", "pgjournal_tag_rows_written", "Tag view rows written by the batched tag writer")
+TAG_FLUSH_FAILURES = _metric("Counter", "pgjournal_tag_flush_failures",
+                             "Writes of the batched tag writer that failed after their retries (what was pending "
+                             "stays pending)")
 LIVE_LAG = _metric("Gauge", "pgjournal_live_lag_seconds",
                    "Database clock minus the db_timestamp of the last delivered event (caught up: minus the "
                    "visibility horizon)", ("entity_type", "slices"))

@@ -270,3 +270,21 @@ payload_keys = Table(
 )
 
 KEY_TABLES = (payload_keys,)
+
+# -- Batched tag writers (revision 0008) -------------------------------------------------------------------
+# One row per running batched tag writer (pgjournal.tag_batcher): every tagged event it appended with a
+# db_timestamp before ``complete_before`` has its tag view rows; events_by_tag reads no further than the
+# oldest of these. ``writer`` is the ``event_journal.writer`` of its events and ``entity_types`` the entity
+# types it appended to, so a writer that stopped heartbeating can be recovered from the journal by others.
+tag_batch_writers = Table(
+    "tag_batch_writers",
+    metadata,
+    Column("id", String(255), nullable=False),
+    Column("writer", String(255), nullable=False),
+    Column("entity_types", ARRAY(Text), nullable=False),
+    Column("complete_before", TIMESTAMPTZ, nullable=False),
+    Column("heartbeat", TIMESTAMPTZ, nullable=False),
+    PrimaryKeyConstraint("id", name="tag_batch_writers_pkey"),
+)
+
+TAG_BATCH_TABLES = (tag_batch_writers,)

@@ -62,6 +62,9 @@ class Settings:
     #: (a random pause between half and all of it). Defaults: at most ~1 s of pauses over 10 retries.
     retry_backoff: float = 0.002
     retry_backoff_max: float = 0.25
+    #: AsyncJournal: appends that would wait for a pool connection are sent together in one pipeline, each
+    #: still its own transaction (pgjournal.aio.pipelining); off: each waits for a connection of its own.
+    async_pipeline: bool = True
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
@@ -81,12 +84,23 @@ class Settings:
     #: of the previous bucket).
     tag_back_track_long_interval: float = 120.0
     tag_back_track_long_period: float | str = "max"
+    #: Opt-in batched tag writer (pgjournal.tag_batcher): a tagged append writes only its event (the ``tags``
+    #: column); a thread of the journal writes the tag view rows and progress, many per statement, from the
+    #: journal. Off: the tag rows go in the append's own statement.
+    tag_batch_writer: bool = False
+    #: The batched tag writer writes what is pending at least this often (seconds).
+    tag_flush_interval: float = 0.1
+    #: At most this many events per tag view statement of the batched writer; this many pending start a write.
+    tag_batch_size: int = 500
+    #: A batched tag writer silent this long (no heartbeat) is presumed dead: other batched writers, and
+    #: ``pgjournal tags recover``, write its pending tag rows. Must exceed the longest pause of a writer process.
+    tag_writer_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         from .dialects import get_dialect
 
         get_dialect(self.dialect)
-        positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size")
+        positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size", "tag_batch_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -105,7 +119,7 @@ class Settings:
                      "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:
             _check_seconds(name, getattr(self, name))
-        for name in ("portable", "backtracking_enabled", "notify"):
+        for name in ("portable", "backtracking_enabled", "notify", "tag_batch_writer"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"setting {name} must be true or false, got {getattr(self, name)!r}")
         if self.refresh_interval <= 0:
@@ -120,14 +134,28 @@ class Settings:
 
         parse_first_time_bucket(self.tag_first_time_bucket, BucketSize.parse(self.tag_bucket_size))
         tag_durations = ("tag_eventual_consistency_delay", "tag_gap_timeout", "tag_new_persistence_id_scan_timeout",
-                         "tag_back_track_interval", "tag_back_track_period", "tag_back_track_long_interval")
+                         "tag_back_track_interval", "tag_back_track_period", "tag_back_track_long_interval",
+                         "tag_flush_interval", "tag_writer_timeout")
         for name in tag_durations:
             _check_seconds(name, getattr(self, name))
+        if self.tag_flush_interval <= 0:
+            raise ConfigurationError(f"setting tag_flush_interval must be > 0 seconds, got {self.tag_flush_interval!r}")
+        if self.tag_writer_timeout < 4 * self.tag_heartbeat_interval:
+            raise ConfigurationError(
+                f"setting tag_writer_timeout ({self.tag_writer_timeout!r} s) must be at least 4 heartbeats of the "
+                f"batched tag writer ({4 * self.tag_heartbeat_interval:g} s: tag_flush_interval, at most 1 s, at "
+                "least a quarter of tag_eventual_consistency_delay)")
         if self.tag_back_track_long_period_seconds is None and not (
                 isinstance(self.tag_back_track_long_period, str)
                 and self.tag_back_track_long_period.strip().lower() == "max"):
             raise ConfigurationError(f"setting tag_back_track_long_period must be a number of seconds >= 0 or "
                                      f"'max', got {self.tag_back_track_long_period!r}")
+
+    @property
+    def tag_heartbeat_interval(self) -> float:
+        """How often an idle batched tag writer advances its watermark: readers wait for it, so often enough
+        to stay within the eventual consistency delay, and at least every ``tag_flush_interval``."""
+        return max(self.tag_flush_interval, min(1.0, self.tag_eventual_consistency_delay / 4))
 
     @property
     def tag_back_track_long_period_seconds(self) -> float | None:

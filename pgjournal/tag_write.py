@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
+from .steps import run
 from .store.events import text_array
 from .store.tags import tagged_insert_sql
+from .tag_mode import ensure_mode_step
 from .timeuuid import GENERATOR
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
         with journal.connection() as conn:
             if record:
                 size = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+                run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
             else:
                 check_bucket_size(conn, journal.settings.tag_bucket_size)
                 return BucketSize.parse(journal.settings.tag_bucket_size)
@@ -53,6 +56,7 @@ def record_bucket_size(journal: Journal) -> Callable[[psycopg.Connection], None]
 
     def record(conn: psycopg.Connection) -> None:
         ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+        run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
 
     return record
 

@@ -33,7 +33,7 @@ import psycopg.errors
 from .appending import Rows, attempt_step, conflict_step, failed
 from .connections import user_statements
 from .envelope import EventEnvelope
-from .errors import TransactionAborted
+from .errors import ConfigurationError, TransactionAborted
 from .steps import Step, run
 from .write import AppendPlan, plan_append
 
@@ -56,7 +56,13 @@ class TransactionRules:
     def _plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
               metadata: Any) -> AppendPlan | None:
         self.check()
-        return plan_append(self.journal, persistence_id, events, expected_seq_nr, tags, metadata)
+        plan = plan_append(self.journal, persistence_id, events, expected_seq_nr, tags, metadata)
+        if plan is not None and plan.tags and self.journal.settings.tag_batch_writer:
+            raise ConfigurationError(
+                f"tagged append to {plan.pid!r} in journal.transaction() with tag_batch_writer=True: the batched "
+                "tag writer takes only Journal.append's tagged events; append them outside the transaction, or "
+                "open the journal without tag_batch_writer. Nothing was written")
+        return plan
 
     def _append_step(self, plan: AppendPlan) -> Step[list[EventEnvelope]]:
         try:

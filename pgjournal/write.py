@@ -24,7 +24,7 @@ import psycopg.errors
 from psycopg_pool import PoolTimeout
 
 from . import metrics
-from .contention import KeyedLocks, RetryPolicy
+from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
 from .dsn import mask_dsn
 from .envelope import EventEnvelope, Source, new_envelope
 from .errors import (
@@ -177,10 +177,10 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     else:
         after = "expected"
     stamp = None
-    if tag_list:  # tag view rows in the same statement: pgjournal.tag_write
+    if tag_list and not journal.settings.tag_batch_writer:  # tag view rows in the same statement: tag_write
         sql = prepare(journal, params, tag_list, len(encoded), after=after)  # type: ignore[arg-type]
         stamp = stamp_time
-    else:
+    else:  # untagged, or the batched tag writer's (pgjournal.tag_batcher): the events alone, tags column set
         key = (after, single, plain)
         sql = target.statements.get(key)  # type: ignore[assignment]
         if sql is None:
@@ -246,13 +246,23 @@ class EventWriter:
         plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
-        before = record_bucket_size(self._journal) if plan.tags else None
+        batcher = self._journal.tag_writer if plan.tags else None
+        if batcher is None:
+            before = record_bucket_size(self._journal) if plan.tags else None
+            ticket = 0
+        else:  # the batched tag writer writes the tag view rows later (pgjournal.tag_batcher)
+            before = None
+            ticket = batcher.begin(plan.entity_type)
         started = time.perf_counter()
         try:
             rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp)
-        except BaseException:
+        except BaseException as exc:
             self.failed(plan)
+            if batcher is not None:
+                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
             raise
+        if batcher is not None:
+            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
         return self.committed(plan, rows, time.perf_counter() - started)
 
     def plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
@@ -281,7 +291,7 @@ class EventWriter:
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
-        if plan.tags:
+        if plan.tags and not self._journal.settings.tag_batch_writer:
             bucket_size_recorded(self._journal)
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
 
@@ -316,7 +326,7 @@ class EventWriter:
                     if self._retry.should_retry(attempt, exc.sqlstate):
                         continue
                     raise self._exhausted(pid, attempt, started, exc) from None
-                except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected) as exc:
+                except TRANSIENT_ERRORS as exc:
                     if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
                         raise self._failed(pid, exc) from exc
                     if self._retry.should_retry(attempt, exc.sqlstate):
@@ -383,5 +393,8 @@ def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The server's message, and its hint when it gave one (e.g. which setting to raise)."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    hint = exc.diag.message_hint if isinstance(exc, psycopg.Error) else None
+    return f"{line}; hint: {hint}" if hint else line

@@ -4,9 +4,12 @@ server. Each test gets a fresh database cloned from a migrated template (``CREAT
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import psycopg.conninfo
@@ -139,3 +142,20 @@ def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
         with psycopg.connect(server_dsn, autocommit=True) as conn:
             for role in names.all:
                 conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+@pytest.fixture
+def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
+    """An embedded server of this test's own, to restart or reconfigure (never the shared one)."""
+    # Not under pytest's tmp_path: another pytest session resets /tmp/pytest-of-<user> to 0700, and then the
+    # server's own system user (when running as root) can no longer reach its data directory.
+    home = Path(tempfile.mkdtemp(prefix="pgjournal-private-"))
+    home.chmod(0o755)
+    monkeypatch.setenv("PGJOURNAL_HOME", str(home))
+    server = EmbeddedServer(home)
+    try:
+        server.ensure_running()
+        yield server
+    finally:
+        server.destroy()
+        shutil.rmtree(home, ignore_errors=True)

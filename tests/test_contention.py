@@ -90,6 +90,33 @@ def test_threads_appending_to_one_persistence_id_take_turns_and_never_collide(se
             assert numbers == list(range(1, total + 1))
 
 
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "own-connection"])
+async def test_tasks_appending_to_one_persistence_id_take_turns_and_never_collide(serializable: str,
+                                                                                 pipeline: bool) -> None:
+    """The asyncio face's rule is the threads': 40 tasks of one event loop, one persistence id, no expected
+    sequence number, SERIALIZABLE and no retries allowed; a pool of 4, so most appends wait for a connection
+    (and ride in a pipeline unless it is off). All succeed, numbered without gaps, each task's events in its
+    order, and not one attempt failed in the database."""
+    import asyncio
+
+    from pgjournal.aio import AsyncJournal
+
+    tasks, per_task, pid = 40, 10, "Cart|hot"
+    async with AsyncJournal.open(serializable, append_retries=0, pool_max_size=4, async_pipeline=pipeline,
+                                 **FAST) as journal:
+
+        async def work(t: int) -> None:
+            for i in range(per_task):
+                await journal.append(pid, [{"w": str(t), "i": i}])
+
+        await asyncio.gather(*(work(t) for t in range(tasks)))
+        total = tasks * per_task
+        assert seq_nrs(serializable, pid) == list(range(1, total + 1))
+        assert attempts(serializable) == total
+    with Journal.open(serializable, **FAST) as blocking:
+        check_order(blocking, pid, [str(t) for t in range(tasks)], per_task)
+
+
 def test_threads_with_expectations_on_one_persistence_id_conflict_cleanly(serializable: str) -> None:
     """With expected sequence numbers the losers get ConcurrencyConflict (a clean primary-key clash after the
     winner committed), never a serialization failure, even with no retries allowed."""

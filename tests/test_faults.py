@@ -11,12 +11,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -203,8 +200,11 @@ def _consume(query: Iterator, want: int, timeout: float) -> tuple[list[tuple[str
     return got, wait
 
 
-def _chaos(proxy: FaultProxy, stop: threading.Event, *, marker: bytes, seed: int) -> threading.Thread:
-    """Cut every connection now and then, and arm a trap that cuts in the middle of a query."""
+@contextlib.contextmanager
+def _chaos(proxy: FaultProxy, *, marker: bytes, seed: int) -> Iterator[None]:
+    """While the block runs: cut every connection now and then, and arm a trap that cuts in the middle of a
+    query. Stopped when the block ends, however it ends, before the proxy closes."""
+    stop = threading.Event()
 
     def run() -> None:
         rng = random.Random(seed)
@@ -216,7 +216,11 @@ def _chaos(proxy: FaultProxy, stop: threading.Event, *, marker: bytes, seed: int
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def polled(dsn: str) -> bool:
@@ -244,17 +248,14 @@ def test_live_events_by_slices_survive_cuts_mid_query(
     proxy, via = proxied
     pids = [f"Cart|{i}" for i in range(12)]
     per_pid = 25
-    stop = threading.Event()
     with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
             Journal.open(via, portable=portable, connect_timeout=2, **FAST) as consumer:
         query = consumer.query.events_by_slices("Cart", 0, 1023)
         got, wait = _consume(query, len(pids) * per_pid, timeout=60)
-        chaos = _chaos(proxy, stop, marker=b"FROM event_journal", seed=1)
-        writer = _write_in_background(dsn, pids, per_pid, pause=0.08)
-        writer.join(60)
-        time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
-        stop.set()
-        chaos.join()
+        with _chaos(proxy, marker=b"FROM event_journal", seed=1):
+            writer = _write_in_background(dsn, pids, per_pid, pause=0.08)
+            writer.join(60)
+            time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
         wait()
     retries = caplog.text.count("live query poll failed")
     _check_exactly_once(got, pids, per_pid)
@@ -268,17 +269,14 @@ def test_live_events_by_persistence_id_survives_cuts_mid_query(
         proxied: tuple[FaultProxy, str], dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     proxy, via = proxied
     pid, per_pid = "Cart|solo", 200
-    stop = threading.Event()
     with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
             Journal.open(via, connect_timeout=2, buffer_size=7, **FAST) as consumer:
         query = consumer.query.events_by_persistence_id(pid)
         got, wait = _consume(query, per_pid, timeout=60)
-        chaos = _chaos(proxy, stop, marker=b"seq_nr >= ", seed=2)
-        writer = _write_in_background(dsn, [pid], per_pid, pause=0.01)
-        writer.join(60)
-        time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
-        stop.set()
-        chaos.join()
+        with _chaos(proxy, marker=b"seq_nr >= ", seed=2):
+            writer = _write_in_background(dsn, [pid], per_pid, pause=0.01)
+            writer.join(60)
+            time.sleep(1.0)  # the scenario: the faults go on for a while after the last write
         wait()
     retries = caplog.text.count("live query poll failed")
     _check_exactly_once(got, [pid], per_pid)
@@ -312,22 +310,6 @@ def test_a_live_query_waits_out_an_unreachable_server_with_backoff(
 
 
 # -- 3. server restart mid-stream (a PRIVATE embedded server, never the shared one) ------------------
-
-
-@pytest.fixture
-def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
-    # Not under pytest's tmp_path: another pytest session resets /tmp/pytest-of-<user> to 0700, and then the
-    # server's own system user (when running as root) can no longer reach its data directory.
-    home = Path(tempfile.mkdtemp(prefix="pgjournal-faults-"))
-    home.chmod(0o755)
-    monkeypatch.setenv("PGJOURNAL_HOME", str(home))
-    server = EmbeddedServer(home)
-    try:
-        server.ensure_running()
-        yield server
-    finally:
-        server.destroy()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_live_queries_and_a_writer_survive_server_restarts(

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from ..connections import _WAIT_TIMEOUT, ServerSilent, round_trip_limit
 from ..settings import Settings
@@ -58,9 +58,13 @@ class AsyncPoolFront:
         self._held = 0
         self._returns = 0
         self._recycle_every = recycle_every
+        self._closed = False
 
     async def get(self) -> Any:
-        """An idle connection (raises the pool's ``PoolTimeout`` when none comes within ``timeout``)."""
+        """An idle connection (raises the pool's ``PoolTimeout`` when none comes within ``timeout``, ``PoolClosed``
+        once closed)."""
+        if self._closed:
+            raise PoolClosed("the journal was closed")
         if self._idle:
             return self._idle.pop()
         if self._held < self._size:
@@ -84,6 +88,10 @@ class AsyncPoolFront:
             if isinstance(exc, TimeoutError):
                 raise PoolTimeout(f"no connection within {self._timeout:g}s") from None
             raise
+
+    def ready(self) -> bool:
+        """Whether a borrow now would be served at once (an idle connection, or room to take one from the pool)."""
+        return bool(self._idle) or self._held < self._size
 
     async def put(self, conn: Any) -> None:
         self._returns += 1
@@ -118,7 +126,12 @@ class AsyncPoolFront:
         fetch.add_done_callback(done)
 
     async def close(self) -> None:
-        """Hand every idle connection back (before the pool closes)."""
+        """Hand every idle connection back (before the pool closes); borrowers still waiting get ``PoolClosed``."""
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(PoolClosed("the journal was closed"))
         while self._idle:
             self._held -= 1
             await self.pool.putconn(self._idle.pop())

@@ -13,15 +13,17 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .. import core
 from .. import migrate as migrations
 from ..appending import append_step
 from ..capabilities import Capabilities
 from ..connections import connection_kwargs
+from ..contention import KeyedLocks
 from ..core import JournalCore
 from ..envelope import EventEnvelope
+from ..errors import ConfigurationError, JournalError
 from ..polling import T
 from ..serialization import SerializerRegistry
 from ..settings import Settings
@@ -31,7 +33,9 @@ from ..stored_format import StoredFormat
 from ..validation import check_persistence_id, check_seq_nr
 from ..write import EventWriter
 from .connections import AsyncPoolFront, async_limited_connection_class
+from .durable_state import AsyncDurableStateStore
 from .live import AsyncLiveQuery, AsyncPoll
+from .pipelining import AppendPipeline
 from .query import AsyncQuery
 from .signals import AsyncSignals
 from .transaction import AsyncTransaction, transaction
@@ -43,6 +47,9 @@ class AsyncJournal(JournalCore):
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+        if settings.tag_batch_writer:
+            raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
+                                     "face writes tag view rows in the append's statement (leave it false)")
         super().__init__(dsn, settings, serializers, capabilities, stored)
         self.signals = AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
@@ -51,7 +58,13 @@ class AsyncJournal(JournalCore):
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
+        #: Appends of this journal's tasks to one persistence id take turns (pgjournal.contention), as threads do.
+        self._turns = KeyedLocks(lock=asyncio.Lock)
+        #: Appends that would wait for a connection are sent together (pgjournal.aio.pipelining).
+        self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.async_pipeline)
         self.query = AsyncQuery(self)
+        #: Durable state (pgjournal.durable_state's rules, awaited).
+        self.durable_state = AsyncDurableStateStore(self)
 
     @classmethod
     def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
@@ -80,6 +93,7 @@ class AsyncJournal(JournalCore):
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def close(self) -> None:
+        await self._pipeline.close()
         if self.signals is not None:
             await self.signals.close()
         await self.connections.close()
@@ -115,14 +129,20 @@ class AsyncJournal(JournalCore):
                      tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
         """:meth:`Journal.append <pgjournal.Journal.append>`: atomically, after ``expected_seq_nr``; a
         :class:`~pgjournal.errors.ConcurrencyConflict` writes nothing. Cancelling it leaves all of the events
-        written or none (one statement), and the connection back in the pool."""
+        written or none (one statement), and the connection back in the pool.
+
+        Tasks appending to one persistence id take turns (they never collide in the database); an append that
+        would wait for a connection rides in a pipeline with others (:mod:`pgjournal.aio.pipelining`)."""
         plan = self._writer.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
         started = time.perf_counter()
         try:
-            async with self.connection() as conn:
-                rows = await arun(append_step(self, plan), conn)
+            async with self._turns[plan.pid]:
+                rows = await self._pipeline.submit(plan) if self._pipeline.takes(plan) else None
+                if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
+                    async with self.connection() as conn:
+                        rows = await arun(append_step(self, plan), conn)
         except BaseException:
             self._writer.failed(plan)
             raise
@@ -177,6 +197,8 @@ class _Borrowed:
             self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
         except PoolTimeout:
             raise core.no_connection(self._journal.dsn, self._journal.settings) from None
+        except PoolClosed:
+            raise JournalError(f"{self._journal!r} is closed") from None
         return self._conn
 
     async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:

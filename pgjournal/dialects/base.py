@@ -23,8 +23,10 @@ class Dialect:
     supports_notify = True
     #: ``pg_locks`` shows the transactions that hold a write lock on the journal (the visibility horizon).
     supports_visibility_horizon = True
-    #: SQLSTATEs after which a whole transaction may simply be run again.
-    retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01"})
+    #: SQLSTATEs after which a whole transaction may simply be run again: a serialization failure, a deadlock,
+    #: and a full shared lock table (53200: under SERIALIZABLE, the predicate locks of finished transactions are
+    #: kept while an older serializable transaction is open, and freed when it ends).
+    retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01", "53200"})
     #: An adopted Akka R2DBC journal (:mod:`pgjournal.adopt`): 0 = pgjournal's own layout; n >= 1 = Akka's
     #: plain ``event_journal`` (1) or its data partitions ``event_journal_0..n-1``. Set when a journal opens.
     akka_partitions: int = 0

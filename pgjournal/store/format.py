@@ -1,6 +1,7 @@
 """SQL of the facts a database records about how its data is stored: ``pgjournal_format`` (markers written by
 migrations, see :mod:`pgjournal.stored_format`), the payload columns Akka's JSONB option made JSONB, and
-``tag_settings`` (the tag view's bucket size, fixed once tagged events exist; see :mod:`pgjournal.buckets`)."""
+``tag_settings`` (the tag view's bucket size, fixed once tagged events exist, see :mod:`pgjournal.buckets`; the
+tag writer, see :mod:`pgjournal.tag_mode`)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ def record_tag_setting(name: str, value: str) -> Query:
     """Record ``value`` unless the setting is recorded already."""
     return (f"INSERT INTO {TAG_SETTINGS_TABLE} (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING",
             (name, value))
+
+
+def set_tag_setting(name: str, value: str) -> Query:
+    """Record ``value`` whatever was recorded (an operator's change, every writer stopped)."""
+    return (f"INSERT INTO {TAG_SETTINGS_TABLE} (name, value) VALUES (%s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))

@@ -214,5 +214,18 @@ CREATE TABLE pgjournal_payload_keys (
 
 UPDATE pgjournal_version SET version_num='0007' WHERE pgjournal_version.version_num = '0006';
 
+-- Running upgrade 0007 -> 0008
+
+CREATE TABLE tag_batch_writers (
+    id VARCHAR(255) NOT NULL, 
+    writer VARCHAR(255) NOT NULL, 
+    entity_types TEXT[] NOT NULL, 
+    complete_before TIMESTAMP WITH TIME ZONE NOT NULL, 
+    heartbeat TIMESTAMP WITH TIME ZONE NOT NULL, 
+    CONSTRAINT tag_batch_writers_pkey PRIMARY KEY (id)
+);
+
+UPDATE pgjournal_version SET version_num='0008' WHERE pgjournal_version.version_num = '0007';
+
 COMMIT;
 

@@ -1,0 +1,182 @@
+"""Appends that would wait for a pool connection ride together: a *drain* borrows a connection and sends every
+queued append on it in one pipeline (psycopg's pipeline mode), each append its own statement followed by its own
+Sync, so each is its own transaction exactly as on a connection of its own: its all-or-nothing, its primary-key
+clash, its rows. What the asyncio face saves is the per-append cost of its event loop (a socket wait, a timer and
+a task switch per round trip), which made its client CPU per append well above the threads' (bench
+``async-append``).
+
+Only the first attempt of an untagged append rides in a pipeline: an append whose statement failed there wrote
+nothing (its transaction rolled back at its Sync) and is handed back to its task, which runs it on a connection
+of its own through :func:`pgjournal.appending.append_step` (the write path's conflict and retry rules, one
+implementation). A lost connection leaves the outcome of what was sent unknown
+(:class:`~pgjournal.errors.WriteOutcomeUnknown`), as on a connection of its own.
+
+Cancelling an append still queued removes it (nothing written); once sent, its statement runs to its end on the
+server (all of it or nothing) and only the task stops waiting. The drain's connection goes back to the pool idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import ExecStatus
+
+from ..appending import Rows, failed
+from ..write import AppendPlan
+
+if TYPE_CHECKING:
+    from .journal import AsyncJournal
+
+#: Appends sent in one pipeline at most (a drain takes what is queued, up to this).
+BATCH = 64
+
+Queued = tuple[AppendPlan, "asyncio.Future[Rows | None]"]
+
+
+def supported() -> bool:
+    """Pipeline mode (libpq 14+) and a Sync that can be queued after each statement (psycopg's pipeline)."""
+    return psycopg.AsyncPipeline.is_supported() and hasattr(psycopg.AsyncPipeline, "_enqueue_sync")
+
+
+class AppendPipeline:
+    """The queue of appends waiting for a connection and the drains (at most one per pool connection) that
+    send them."""
+
+    def __init__(self, journal: AsyncJournal, drains: int, *, enabled: bool = True) -> None:
+        self._journal = journal
+        self._queue: collections.deque[Queued] = collections.deque()
+        self._most = drains
+        self._drains: set[asyncio.Task[None]] = set()
+        self.enabled = enabled and supported()
+        #: Appends sent in a pipeline so far, and the pipelines that carried them.
+        self.sent = self.pipelines = 0
+
+    def takes(self, plan: AppendPlan) -> bool:
+        """Whether ``plan`` should ride in a pipeline: untagged (a tagged append may record the bucket size in a
+        transaction of its own) and no connection is free right now."""
+        return self.enabled and not plan.tags and not self._journal.connections.ready()
+
+    async def submit(self, plan: AppendPlan) -> Rows | None:
+        """The rows of ``plan`` appended in a pipeline; ``None``: not written, run it on a connection of its own
+        (its statement failed or found no predecessor, or no drain could get a connection)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Rows | None] = loop.create_future()
+        self._queue.append((plan, future))
+        if len(self._drains) < self._most:
+            drain = loop.create_task(self._drain())
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
+        return await future
+
+    async def close(self) -> None:
+        for drain in list(self._drains):
+            drain.cancel()
+        await asyncio.gather(*self._drains, return_exceptions=True)
+        self._hand_back(last=True)
+
+    async def _drain(self) -> None:
+        sent: list[Queued] = []
+        try:
+            while self._queue:
+                conn = await self._journal.connections.get()
+                try:
+                    sent = self._take()
+                    if sent:
+                        await self._send(conn, sent)
+                    sent = []
+                finally:
+                    await self._journal.connections.put(conn)
+        except BaseException as exc:  # cancelled, or no connection to be had (PoolTimeout, PoolClosed)
+            for plan, future in sent:  # on the wire: their outcome is not known
+                if not future.done():
+                    future.set_exception(_unknown(plan))
+            self._hand_back()
+            if not isinstance(exc, psycopg.Error):
+                raise
+        finally:
+            # Leave at once, not in a done callback: the tasks this drain just answered queue their next appends
+            # before such a callback would run, and must see that a new drain is needed.
+            self._drains.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    def _take(self) -> list[Queued]:
+        """This drain's share of the queue: every drain (connection) gets some, since each append waits for its
+        whole pipeline (a commit each on the server) and a drain taking all would leave the others idle."""
+        batch: list[Queued] = []
+        queue = self._queue
+        share = min(BATCH, -(-len(queue) // max(1, len(self._drains))))
+        while queue and len(batch) < share:
+            item = queue.popleft()
+            if not item[1].done():  # a cancelled task's append is not sent
+                batch.append(item)
+        return batch
+
+    def _hand_back(self, *, last: bool = False) -> None:
+        """When no other drain will send what is queued (``last``: none will): each task runs its append
+        itself."""
+        if not last and self._drains - {asyncio.current_task()}:
+            return
+        while self._queue:
+            _plan, future = self._queue.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[Queued]) -> None:
+        """Send ``batch`` in one pipeline, a Sync after each statement; a statement error stays with its append.
+        A lost connection leaves the outcome of what was sent unknown; what was not sent goes back to its task."""
+        cursors = _cursors(conn, len(batch))
+        self.sent += len(batch)
+        self.pipelines += 1
+        sent = 0
+        try:
+            async with conn.pipeline() as pipeline:
+                for (plan, _future), cur in zip(batch, cursors):  # noqa: B905 - there may be more cursors
+                    sent += 1
+                    try:
+                        await cur.execute(plan.sql, plan.params, prepare=True)
+                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with it
+                        if _lost(conn, exc):
+                            raise
+                    pipeline._enqueue_sync()
+                try:
+                    await pipeline.sync()
+                except psycopg.Error as exc:
+                    if _lost(conn, exc):
+                        raise
+        except psycopg.Error as exc:
+            if not _lost(conn, exc):
+                raise
+            for index, (plan, future) in enumerate(batch):
+                if not future.done():
+                    if index < sent:
+                        future.set_exception(failed(plan, exc))
+                    else:
+                        future.set_result(None)
+            return
+        for (_plan, future), cur in zip(batch, cursors):  # noqa: B905
+            result = cur.pgresult
+            rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
+            if not future.done():
+                future.set_result(rows or None)
+
+
+def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.AsyncCursor[Any]]:
+    """At least ``count`` cursors kept on the connection for its pipelines (a new cursor per append costs some
+    20 us of client CPU)."""
+    cursors: list[psycopg.AsyncCursor[Any]] = getattr(conn, "_pgjournal_pipeline_cursors", [])
+    if len(cursors) < count:
+        cursors = [cur for cur in cursors if not cur.closed]
+        cursors.extend(conn.cursor() for _ in range(count - len(cursors)))
+        conn._pgjournal_pipeline_cursors = cursors  # type: ignore[attr-defined]
+    return cursors
+
+
+def _lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> bool:
+    """The connection is gone (the server never answered), not a statement refused."""
+    return conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None)
+
+
+def _unknown(plan: AppendPlan) -> BaseException:
+    return failed(plan, psycopg.OperationalError("the pipeline carrying this append was stopped"))

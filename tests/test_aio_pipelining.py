@@ -1,0 +1,135 @@
+"""Appends that wait for a connection ride in a pipeline (pgjournal.aio.pipelining), each still its own
+transaction: its conflict is its own, the others in the same pipeline commit, a cancelled one is all or nothing,
+and the connections come back clean."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from aio_support import SETTINGS, eventually
+from test_aio_cancel import counts, pool_is_clean, slow_inserts
+
+from pgjournal import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
+from pgjournal.aio import AsyncJournal
+
+
+@pytest.fixture
+async def aj(dsn: str) -> AsyncIterator[AsyncJournal]:
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as opened:
+        yield opened
+
+
+async def test_each_append_in_a_pipeline_keeps_its_own_outcome(aj: AsyncJournal, dsn: str) -> None:
+    """80 tasks on 2 connections; every fourth states a stale expected_seq_nr for an entity that has events."""
+    for t in range(0, 80, 4):
+        await aj.append(f"Pipe|{t}", ["first"])
+    sent = aj._pipeline.sent
+
+    async def task(t: int) -> str:
+        try:
+            await aj.append(f"Pipe|{t}", [f"e{i}" for i in range(3)], expected_seq_nr=0)
+            return "written"
+        except ConcurrencyConflict as exc:
+            assert (exc.persistence_id, exc.expected_seq_nr, exc.actual_seq_nr) == (f"Pipe|{t}", 0, 1)
+            return "conflict"
+
+    outcomes = await asyncio.gather(*(task(t) for t in range(80)))
+    assert outcomes == ["conflict" if t % 4 == 0 else "written" for t in range(80)]
+    assert aj._pipeline.sent - sent > 20, "most appends waited for a connection and rode in a pipeline"
+    assert aj._pipeline.pipelines > 1
+    written = counts(dsn, "Pipe|")
+    assert written == {f"Pipe|{t}": 1 if t % 4 == 0 else 3 for t in range(80)}
+    await pool_is_clean(aj, dsn)
+
+
+async def test_the_envelopes_and_the_next_append_after_a_pipeline(aj: AsyncJournal) -> None:
+    """What a pipelined append returns is what a direct one returns, and the writer's knowledge of the last event
+    (the next append's fast path) is right."""
+    first = await asyncio.gather(*(aj.append(f"Env|{t}", [t, t + 1]) for t in range(30)))
+    assert [[e.seq_nr for e in envs] for envs in first] == [[1, 2]] * 30
+    assert all(envs[0].db_timestamp <= envs[1].db_timestamp for envs in first)
+    second = await asyncio.gather(*(aj.append(f"Env|{t}", [t], expected_seq_nr=2) for t in range(30)))
+    assert [envs[0].seq_nr for envs in second] == [3] * 30
+    assert all(s[0].db_timestamp > f[1].db_timestamp for f, s in zip(first, second, strict=True))
+    assert [e.event for envs in second for e in envs] == list(range(30))
+
+
+async def test_cancelled_appends_in_pipelines_are_all_or_nothing(aj: AsyncJournal, dsn: str) -> None:
+    rng = random.Random(5)
+    tasks = [asyncio.create_task(aj.append(f"Cut|{t}", [{"t": t}] * 5)) for t in range(120)]
+    await asyncio.sleep(0)
+    for _ in range(40):
+        await asyncio.sleep(rng.uniform(0, 0.005))
+        rng.choice(tasks).cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    cancelled = sum(isinstance(r, asyncio.CancelledError) for r in results)
+    assert cancelled > 0
+    written = counts(dsn, "Cut|")
+    assert set(written.values()) <= {5}, "an append was half written"
+    assert len(written) >= 120 - cancelled
+    await pool_is_clean(aj, dsn)
+    assert (await aj.append("Cut|after", [1]))[0].seq_nr == 1
+
+
+async def test_closing_hands_queued_appends_back(dsn: str) -> None:
+    """Appends still queued when the journal closes end with an error, not a wait forever."""
+    journal = await AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True))
+    tasks = [asyncio.create_task(journal.append(f"Close|{t}", [t])) for t in range(200)]
+    await asyncio.sleep(0)
+    await journal.close()
+    async with asyncio.timeout(5):  # well within connect_timeout: nobody waits for a connection
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r).__name__ for r in results if not isinstance(r, list | JournalError)] == []
+    assert any(isinstance(r, JournalError) for r in results), "some were still queued when it closed"
+
+
+async def test_a_connection_lost_under_a_pipeline_leaves_outcomes_unknown_never_half(dsn: str) -> None:
+    """The server ends the pool's sessions while pipelines are running: what was on the wire is
+    WriteOutcomeUnknown (written whole or not at all), what was not sent is appended on a new connection, and an
+    append reported written is there, whole."""
+    slow_inserts(dsn)
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as journal:
+        tasks = [asyncio.create_task(journal.append(f"Lost|{t}", [{"t": t}] * 5, expected_seq_nr=0))
+                 for t in range(60)]
+
+        def inserting() -> bool:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND state = 'active' AND query ILIKE '%INSERT%'").fetchone()[0])
+
+        async def in_flight() -> bool:
+            return journal._pipeline.pipelines > 0 and await asyncio.to_thread(inserting)
+
+        await eventually(in_flight, "a pipeline running on the server")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                         "AND pid <> pg_backend_pid() AND backend_type = 'client backend'")
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    written = counts(dsn, "Lost|")
+    assert set(written.values()) <= {5}, "an append was half written"
+    for t, result in enumerate(results):
+        if isinstance(result, list):
+            assert written.get(f"Lost|{t}") == 5
+        else:
+            assert isinstance(result, JournalError), repr(result)
+    assert any(isinstance(r, WriteOutcomeUnknown) for r in results), "appends in flight have an unknown outcome"
+    assert sum(isinstance(r, list) for r in results) > 0, "what was not sent was appended on a new connection"
+
+
+async def test_tasks_appending_in_a_row_on_one_connection_never_stall(dsn: str) -> None:
+    """Each task's next append is queued right after its previous one came back, while the drain that carried
+    it ends: some drain must always take what is queued."""
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as journal:
+
+        async def task(t: int) -> None:
+            for i in range(20):
+                await journal.append(f"Row|{t}", [i], expected_seq_nr=i)
+
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(task(t) for t in range(20)))
+        assert journal._pipeline.sent > 100
+    assert counts(dsn, "Row|") == {f"Row|{t}": 20 for t in range(20)}

@@ -1,0 +1,98 @@
+"""A SERIALIZABLE transaction left open (a `psql` session idle in a transaction on a database whose default
+isolation is SERIALIZABLE) makes PostgreSQL keep the predicate locks of every serializable transaction that
+finished since; once its lock table is full, every statement that reads fails with SQLSTATE 53200 until the old
+transaction ends. Appends wait that out under the journal's retry bound, and past it fail typed, naming the
+setting, with nothing written.
+
+A private server with the smallest lock table (``max_pred_locks_per_transaction = 10``), so it fills in seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import prometheus_client
+import psycopg
+import pytest
+from eventually import eventually
+
+from pgjournal import Journal, RetriesExhausted
+from pgjournal.embedded import EmbeddedServer
+from pgjournal.migrate import upgrade
+
+
+@pytest.fixture
+def serializable_dsn(private_server: EmbeddedServer) -> str:
+    with psycopg.connect(private_server.dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET max_pred_locks_per_transaction = 10")
+        conn.execute("ALTER SYSTEM SET default_transaction_isolation = 'serializable'")
+    private_server.stop()
+    private_server.ensure_running()
+    upgrade(private_server.dsn)
+    return private_server.dsn
+
+
+@pytest.fixture
+def idle_in_transaction(serializable_dsn: str) -> Iterator[psycopg.Connection]:
+    """A session that read something in a SERIALIZABLE transaction and went idle."""
+    with psycopg.connect(serializable_dsn) as conn:
+        conn.execute("SELECT count(*) FROM event_journal").fetchone()
+        yield conn
+
+
+def full_table_retries() -> float:
+    return prometheus_client.REGISTRY.get_sample_value("pgjournal_write_retries_total", {"sqlstate": "53200"}) or 0.0
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_appends_wait_out_a_full_predicate_lock_table(serializable_dsn: str, idle_in_transaction: psycopg.Connection,
+                                                      portable: bool) -> None:
+    retries_before = full_table_retries()
+    written: list[str] = []
+    failure: list[BaseException] = []
+    stop = threading.Event()
+
+    def append_until_stopped() -> None:
+        try:
+            while not stop.is_set():
+                pid = f"Cart|{len(written)}"
+                journal.append(pid, [{"n": 1}], expected_seq_nr=0, tags=["cart"])
+                written.append(pid)
+        except BaseException as exc:
+            failure.append(exc)
+
+    with Journal.open(serializable_dsn, portable=portable, tag_bucket_size="Hour") as journal:
+        writer = threading.Thread(target=append_until_stopped)
+        writer.start()
+        try:
+            eventually(lambda: full_table_retries() > retries_before or failure,
+                       "an append meets the full lock table and retries", timeout=120)
+            idle_in_transaction.rollback()  # the old transaction ends while the append waits
+            count = len(written)
+            eventually(lambda: len(written) > count + 100 or failure, "appends go on", timeout=60)
+        finally:
+            stop.set()
+            writer.join(30)
+    assert not failure, failure
+    with psycopg.connect(serializable_dsn) as conn:
+        stored = conn.execute("SELECT count(*), count(DISTINCT persistence_id) FROM event_journal").fetchone()
+        tagged = conn.execute("SELECT count(*) FROM tag_views WHERE tag_name = 'cart'").fetchone()
+    assert stored == (len(written), len(written)) and tagged == (len(written),), (stored, tagged, len(written))
+
+
+def test_a_serializable_transaction_held_open_fails_appends_typed_naming_the_setting(
+        serializable_dsn: str, idle_in_transaction: psycopg.Connection) -> None:
+    with Journal.open(serializable_dsn, tag_bucket_size="Hour") as journal:
+        n = 0
+        with pytest.raises(RetriesExhausted) as raised:
+            while n < 100_000:
+                journal.append(f"Cart|{n}", [{"n": 1}], expected_seq_nr=0, tags=["cart"])
+                n += 1
+    message = str(raised.value)
+    assert "53200" in message and "max_pred_locks_per_transaction" in message and "nothing was written" in message
+    idle_in_transaction.rollback()
+    with psycopg.connect(serializable_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM event_journal").fetchone() == (n,)
+        assert conn.execute("SELECT count(*) FROM event_journal WHERE persistence_id = %s",
+                            (f"Cart|{n}",)).fetchone() == (0,)
