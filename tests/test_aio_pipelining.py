@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 from aio_support import SETTINGS, eventually
+from psycopg import sql
 from test_aio_cancel import counts, pool_is_clean, slow_inserts
 
 from pgjournal import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
@@ -20,7 +21,27 @@ from pgjournal.aio import AsyncJournal
 @pytest.fixture
 async def aj(dsn: str) -> AsyncIterator[AsyncJournal]:
     async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as opened:
-        yield opened
+        yield pipelined(opened)
+
+
+def pipelined(journal: AsyncJournal) -> AsyncJournal:
+    if not journal._pipeline.enabled:
+        pytest.skip("no pipelines on a SERIALIZABLE database (PGJOURNAL_TEST_PORTABLE=1)")
+    return journal
+
+
+async def test_no_pipelines_where_a_commit_may_fail(dsn: str) -> None:
+    """Under SERIALIZABLE a commit may fail at its Sync (a serialization failure found at commit), which a
+    pipeline cannot hand back to its append: appends go one per connection, as without the setting."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        database = conn.info.dbname
+        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
+            sql.Identifier(database)))
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as opened:
+        assert not opened._pipeline.enabled
+        await asyncio.gather(*(opened.append(f"Ser|{t}", [t]) for t in range(40)))
+        assert opened._pipeline.sent == 0
+    assert len(counts(dsn, "Ser|")) == 40
 
 
 async def test_each_append_in_a_pipeline_keeps_its_own_outcome(aj: AsyncJournal, dsn: str) -> None:
@@ -93,6 +114,7 @@ async def test_a_connection_lost_under_a_pipeline_leaves_outcomes_unknown_never_
     append reported written is there, whole."""
     slow_inserts(dsn)
     async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as journal:
+        pipelined(journal)
         tasks = [asyncio.create_task(journal.append(f"Lost|{t}", [{"t": t}] * 5, expected_seq_nr=0))
                  for t in range(60)]
 
@@ -124,6 +146,7 @@ async def test_tasks_appending_in_a_row_on_one_connection_never_stall(dsn: str) 
     """Each task's next append is queued right after its previous one came back, while the drain that carried
     it ends: some drain must always take what is queued."""
     async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as journal:
+        pipelined(journal)
 
         async def task(t: int) -> None:
             for i in range(20):
