@@ -25,9 +25,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgjournal import metrics
+from pgjournal.contention import TRANSIENT_ERRORS, RetryPolicy
 from pgjournal.errors import InvalidArgument, LeaseLost
 from pgjournal.slices import NUMBER_OF_SLICES
 from pgjournal.steps import Step, first_of, run
+from pgjournal.store import Query
 from pgjournal.store import leases as sql
 from pgjournal.validation import check_name
 
@@ -124,8 +126,7 @@ class LeaseManager:
         with self._lock:
             for s in slices:
                 self.held.pop(s, None)
-        with self.journal.connection() as conn:
-            conn.execute(*sql.release(self.name, self.owner, slices))
+        self._run(sql.release(self.name, self.owner, slices))
 
     def leave(self) -> None:
         """Release every slice and drop the heartbeat (a clean stop: others take over at once)."""
@@ -133,6 +134,21 @@ class LeaseManager:
             self.held = {}
             self._deadline = 0.0
         metrics.LEASED_SLICES.labels(self.name, self.owner).set(0)
-        with self.journal.connection() as conn:
-            conn.execute(*sql.release(self.name, self.owner, range(NUMBER_OF_SLICES)))
-            conn.execute(*sql.leave(self.name, self.owner))
+        self._run(sql.release(self.name, self.owner, range(NUMBER_OF_SLICES)), sql.leave(self.name, self.owner))
+
+    def _run(self, *statements: Query) -> None:
+        """Statements that may simply run again (they only give up this worker's own rows), retried after a
+        transient failure: workers stopping together on a SERIALIZABLE database conflict with each other, and a
+        release that failed would keep its slices from the others until the lease expires."""
+        policy, attempt = RetryPolicy.of(self.journal.settings), 0
+        while True:
+            attempt += 1
+            try:
+                with self.journal.connection() as conn:
+                    for statement in statements:
+                        conn.execute(*statement)
+                return
+            except TRANSIENT_ERRORS as exc:
+                if exc.sqlstate not in self.journal.dialect.retryable_sqlstates or not policy.should_retry(
+                        attempt, exc.sqlstate):
+                    raise

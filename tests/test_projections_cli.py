@@ -83,5 +83,5 @@ def test_run_with_two_worker_processes(dsn: str) -> None:
         assert proc.returncode == 0, log
         with journal.connection() as conn:
             held = conn.execute("SELECT count(*) FROM projection_lease WHERE owner IS NOT NULL").fetchone()[0]
-        assert held == 0  # released on a clean stop
+        assert held == 0, log  # released on a clean stop
         assert management.status(journal, "two").workers == []
