@@ -9,28 +9,53 @@ A private server with the smallest lock table (``max_pred_locks_per_transaction 
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import prometheus_client
 import psycopg
+import psycopg.conninfo
 import pytest
 from eventually import eventually
+from psycopg import sql
 
 from pgjournal import Journal, RetriesExhausted
 from pgjournal.embedded import EmbeddedServer
 from pgjournal.migrate import upgrade
 
 
+@pytest.fixture(scope="module")
+def serializable_server() -> Iterator[EmbeddedServer]:
+    """One private server for this module (a start and a restart take seconds), SERIALIZABLE by default."""
+    home = Path(tempfile.mkdtemp(prefix="pgjournal-private-"))
+    home.chmod(0o755)  # the server's own system user (when running as root) must reach its data directory
+    server = EmbeddedServer(home)
+    try:
+        server.ensure_running()
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET max_pred_locks_per_transaction = 10")
+            conn.execute("ALTER SYSTEM SET default_transaction_isolation = 'serializable'")
+        server.stop()
+        server.ensure_running()
+        yield server
+    finally:
+        server.destroy()
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture
-def serializable_dsn(private_server: EmbeddedServer) -> str:
-    with psycopg.connect(private_server.dsn, autocommit=True) as conn:
-        conn.execute("ALTER SYSTEM SET max_pred_locks_per_transaction = 10")
-        conn.execute("ALTER SYSTEM SET default_transaction_isolation = 'serializable'")
-    private_server.stop()
-    private_server.ensure_running()
-    upgrade(private_server.dsn)
-    return private_server.dsn
+def serializable_dsn(serializable_server: EmbeddedServer) -> str:
+    """A fresh, migrated database of its own on the private server."""
+    name = f"locks_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(serializable_server.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(serializable_server.dsn, dbname=name)
+    upgrade(dsn)
+    return dsn
 
 
 @pytest.fixture
