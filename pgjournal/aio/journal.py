@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Generator, Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -87,11 +88,11 @@ class AsyncJournal(JournalCore):
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
             capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
             isolation = (await (await conn.execute("SHOW transaction_isolation")).fetchone() or ("",))[0]
-        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored)
         if isolation != "read committed" or loaded.portable:
             # A serializable commit may fail at its Sync, which a pipeline of statements cannot hand to its own
             # append: pipelines only where commits do not fail (READ COMMITTED PostgreSQL).
-            journal._pipeline.enabled = False
+            loaded = replace(loaded, async_pipeline=False)
+        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored)
         await journal._pool.open(wait=False)
         return journal
 
