@@ -35,6 +35,7 @@ from .slices import entity_type_of, slice_for_persistence_id
 from .steps import Sleep, Step, rows_of, run_pooled, statement
 from .store.durable_state import DELETED_SER_ID
 from .validation import check_name, check_persistence_id, check_seq_nr
+from .write import server_message
 
 if TYPE_CHECKING:
     from .core import JournalCore
@@ -170,8 +171,8 @@ class DurableStateRules:
                 pause = self._retry.next_pause(attempt, exc.sqlstate)
                 if pause is None:
                     raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
-                                           f"{attempt} times with SQLSTATE {exc.sqlstate}; nothing was written"
-                                           ) from exc
+                                           f"{attempt} times, the last with SQLSTATE {exc.sqlstate} "
+                                           f"({server_message(exc)}); nothing was written") from exc
                 yield Sleep(pause)  # one statement, one transaction: running it again is safe
             except psycopg.OperationalError as exc:
                 if exc.sqlstate is None:  # the server never answered
@@ -189,9 +190,8 @@ class DurableStateRules:
     @staticmethod
     def _refused(pid: str, exc: psycopg.Error) -> JournalError:
         kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
-                    f"{exc.sqlstate} ({first}); nothing was written")
+                    f"{exc.sqlstate} ({server_message(exc)}); nothing was written")
 
     def _current_revision_step(self, pid: str) -> Step[int | None]:
         try:

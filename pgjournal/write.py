@@ -193,7 +193,7 @@ def refused(pid: str, exc: psycopg.Error) -> JournalError:
     constraint): the statement rolled back, so nothing was written."""
     kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
     return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
-                f"({_first_line(exc)}); nothing was written")
+                f"({server_message(exc)}); nothing was written")
 
 
 def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyConflict:
@@ -206,7 +206,7 @@ def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyC
 def exhausted(pid: str, attempt: int, started: float, exc: psycopg.Error, retries: int) -> RetriesExhausted:
     return RetriesExhausted(
         f"appending to {pid!r} failed {attempt} attempt{'s' if attempt > 1 else ''} in a row over "
-        f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({_first_line(exc)}); "
+        f"{time.monotonic() - started:.2f} s, the last with SQLSTATE {exc.sqlstate} ({server_message(exc)}); "
         f"append_retries is {retries}; nothing was written, trying again later is safe")
 
 
@@ -392,7 +392,7 @@ def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
     return cur
 
 
-def _first_line(exc: BaseException) -> str:
+def server_message(exc: BaseException) -> str:
     """The server's message, and its hint when it gave one (e.g. which setting to raise)."""
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
