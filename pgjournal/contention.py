@@ -14,9 +14,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg.errors
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 #: Errors after which a write's whole transaction may be run again, if the dialect lists their SQLSTATE
 #: (:attr:`~pgjournal.dialects.base.Dialect.retryable_sqlstates`).
 TRANSIENT_ERRORS = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected, psycopg.errors.OutOfMemory)
+
+R = TypeVar("R")
 
 
 class KeyedLocks:
@@ -90,6 +92,19 @@ class RetryPolicy:
             return None
         metrics.WRITE_RETRIES.labels(sqlstate or "").inc()
         return self.pause(attempt)
+
+    def run(self, transaction: Callable[[], R], retryable: Collection[str]) -> R:
+        """``transaction()``, run again after a transient failure whose SQLSTATE is in ``retryable`` (the
+        dialect's), until the retries are spent. For work that may simply run again: each call opens its own
+        transaction (bookkeeping rows, settings), not an append, whose retries must know what was written."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return transaction()
+            except TRANSIENT_ERRORS as exc:
+                if exc.sqlstate not in retryable or not self.should_retry(attempt, exc.sqlstate):
+                    raise
 
     def longest(self) -> float:
         """The longest all retries can wait in total (what a caller may wait before the final error)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from .buckets import BucketSize, check_bucket_size, ensure_bucket_size
+from .contention import RetryPolicy
 from .steps import run
 from .store.events import text_array
 from .store.tags import tagged_insert_sql
@@ -36,15 +37,21 @@ def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
     """The journal's bucket size, checked against the one recorded in the database; a writer (``record``)
     records it when none is. A reader records nothing: reading an empty tag view fixes no size."""
     size = _bucket_sizes.get(journal)
-    if size is None:
+    if size is not None:
+        return size
+    if not record:
         with journal.connection() as conn:
-            if record:
-                size = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
-                run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
-            else:
-                check_bucket_size(conn, journal.settings.tag_bucket_size)
-                return BucketSize.parse(journal.settings.tag_bucket_size)
-        _bucket_sizes[journal] = size
+            check_bucket_size(conn, journal.settings.tag_bucket_size)
+        return BucketSize.parse(journal.settings.tag_bucket_size)
+
+    def ensure() -> BucketSize:
+        # Writers starting together insert the same settings rows: under SERIALIZABLE all but one fail 40001.
+        with journal.connection() as conn:
+            recorded = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
+            run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
+            return recorded
+
+    size = _bucket_sizes[journal] = RetryPolicy.of(journal.settings).run(ensure, journal.dialect.retryable_sqlstates)
     return size
 
 

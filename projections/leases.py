@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgjournal import metrics
-from pgjournal.contention import TRANSIENT_ERRORS, RetryPolicy
+from pgjournal.contention import RetryPolicy
 from pgjournal.errors import InvalidArgument, LeaseLost
 from pgjournal.slices import NUMBER_OF_SLICES
 from pgjournal.steps import Step, first_of, run
@@ -140,15 +140,9 @@ class LeaseManager:
         """Statements that may simply run again (they only give up this worker's own rows), retried after a
         transient failure: workers stopping together on a SERIALIZABLE database conflict with each other, and a
         release that failed would keep its slices from the others until the lease expires."""
-        policy, attempt = RetryPolicy.of(self.journal.settings), 0
-        while True:
-            attempt += 1
-            try:
-                with self.journal.connection() as conn:
-                    for statement in statements:
-                        conn.execute(*statement)
-                return
-            except TRANSIENT_ERRORS as exc:
-                if exc.sqlstate not in self.journal.dialect.retryable_sqlstates or not policy.should_retry(
-                        attempt, exc.sqlstate):
-                    raise
+        def release() -> None:
+            with self.journal.connection() as conn:
+                for statement in statements:
+                    conn.execute(*statement)
+
+        RetryPolicy.of(self.journal.settings).run(release, self.journal.dialect.retryable_sqlstates)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 from eventually import eventually
 from test_tags import TAGS, collect, progress, tag_rows
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 
 from pgjournal import ConfigurationError, Journal, Source
 from pgjournal.aio import AsyncJournal
+from pgjournal.buckets import BucketSize
 from pgjournal.cli import app
 from pgjournal.timeuuid import compare
 
@@ -197,6 +199,42 @@ def test_a_live_reader_beside_four_batched_writers_misses_nothing(dsn: str, port
         assert all(compare(a.offset.value, b.offset.value) == -1 for a, b in itertools.pairwise(got))
         assert writer_rows(reader) == []
         assert_timeuuid_order_is_tag_order(reader)
+
+
+def test_writers_starting_together_on_a_serializable_database_record_the_tag_settings_once(dsn: str) -> None:
+    """A writer's first tagged append records the bucket size and the tag writer in ``tag_settings``; writers
+    starting together insert the same rows, and under SERIALIZABLE all but the first fail 40001 (CI's
+    PostgreSQL 15 once ended two of four writers so). Here the first is the test's own transaction, committed
+    while the journal's insert waits on it: the journal retries and appends."""
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'")
+    with Journal.open(dsn, **BATCHED) as journal, psycopg.connect(dsn) as first:
+        first.execute("INSERT INTO tag_settings (name, value) VALUES ('bucket_size', %s), ('tag_writer', 'batched')",
+                      (BucketSize.parse(journal.settings.tag_bucket_size).label,))
+        errors: list[BaseException] = []
+        appending = threading.Thread(target=_append_or_record, args=(journal, errors))
+        appending.start()
+
+        def waiting() -> bool:
+            with journal.connection() as conn:
+                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                         "AND datname = current_database()").fetchone()[0])
+        eventually(waiting, "the journal's insert waits on the test's transaction")
+        first.commit()
+        appending.join()
+        assert not errors, errors
+        journal.tag_writer.flush()  # type: ignore[union-attr]
+        assert len(tag_rows(journal, "x")) == 1
+        with journal.connection() as conn:
+            assert conn.execute("SELECT count(*) FROM tag_settings").fetchone()[0] == 2
+
+
+def _append_or_record(journal: Journal, errors: list[BaseException]) -> None:
+    try:
+        journal.append("Cart|1", [1], tags=["x"])
+    except BaseException as exc:
+        errors.append(exc)
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["horizon", "portable"])
