@@ -140,11 +140,7 @@ class AppendPipeline:
                         if _lost(conn, exc):
                             raise
                     pipeline._enqueue_sync()
-                try:
-                    await pipeline.sync()
-                except psycopg.Error as exc:
-                    if _lost(conn, exc):
-                        raise
+                await _collect(conn, pipeline, len(batch))
         except psycopg.Error as exc:
             if not _lost(conn, exc):
                 raise
@@ -160,6 +156,21 @@ class AppendPipeline:
             rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
             if not future.done():
                 future.set_result(rows or None)
+
+
+async def _collect(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline, statements: int) -> None:
+    """Fetch every result of the pipeline. ``sync()`` raises the first statement error among the results it
+    fetched and leaves the rest unfetched (a second conflict in the batch would then escape the pipeline's exit
+    and end every append of it unknown): sync again until one comes back clean, at most once per statement.
+    Each error stays with its cursor (no result: its append runs again on a connection of its own)."""
+    for _ in range(statements):
+        try:
+            await pipeline.sync()
+            return
+        except psycopg.Error as exc:
+            if _lost(conn, exc):
+                raise
+    await pipeline.sync()
 
 
 def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.AsyncCursor[Any]]:
