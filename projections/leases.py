@@ -99,17 +99,24 @@ class LeaseManager:
 
     def cycle(self) -> tuple[dict[int, int], range]:
         """Heartbeat, compute this worker's share, renew and acquire. Returns (held slices -> epoch, share)."""
-        sent = time.monotonic()
-        with self.journal.connection() as conn:
-            if not self._rows_ensured:
-                conn.execute(*sql.ensure_rows(self.name))
-                self._rows_ensured = True
-            conn.execute(*sql.heartbeat(self.name, self.owner, self.duration))
-            live = sql.live_workers(self.name).all(conn)
-            target = share(live.index(self.owner), len(live)) if self.owner in live else range(0)
-            leases = sql.acquire(self.name, self.owner, target, self.duration).all(conn)
-            if len(live) > 1 and sent % 10 < self.renew_interval:
-                conn.execute(*sql.forget_dead(self.name))
+        def attempt() -> tuple[float, range, list[sql.HeldLease]]:
+            sent = time.monotonic()  # before the statements: the local deadline errs early
+            with self.journal.connection() as conn:
+                if not self._rows_ensured:
+                    conn.execute(*sql.ensure_rows(self.name))
+                conn.execute(*sql.heartbeat(self.name, self.owner, self.duration))
+                live = sql.live_workers(self.name).all(conn)
+                target = share(live.index(self.owner), len(live)) if self.owner in live else range(0)
+                leases = sql.acquire(self.name, self.owner, target, self.duration).all(conn)
+                if len(live) > 1 and sent % 10 < self.renew_interval:
+                    conn.execute(*sql.forget_dead(self.name))
+            return sent, target, leases
+
+        # Workers starting or rebalancing together on a SERIALIZABLE database conflict here (40001): the cycle
+        # only renews and takes what this worker may hold, so it simply runs again.
+        sent, target, leases = RetryPolicy.of(self.journal.settings).run(
+            attempt, self.journal.dialect.retryable_sqlstates)
+        self._rows_ensured = True  # only once committed: a rolled-back insert ensured nothing
         held = {lease.slice: lease.epoch for lease in leases}
         metrics.LEASED_SLICES.labels(self.name, self.owner).set(len(held))
         with self._lock:

@@ -30,6 +30,7 @@ from test_projections_support import AUDIT_DDL
 from pgjournal import Journal
 from pgjournal.store.leases import live_leases
 from projections.examples import counter_mismatches, ensure_table
+from projections.leases import LeaseManager
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {**FAST, "backtracking_window": 3.0}
@@ -235,3 +236,37 @@ def test_overlap_check_detects_interleaved_owners(dsn: str) -> None:
         conn.execute("INSERT INTO projection_audit VALUES (7, 'c', 2, now() + interval '3 s', 'p', 3)")
     with pytest.raises(AssertionError, match="two owners"):
         check_no_overlap(dsn)
+
+
+def test_a_lease_cycle_meeting_another_workers_insert_on_a_serializable_database_runs_again(dsn: str) -> None:
+    """Workers starting together insert the projection's lease rows at once; under SERIALIZABLE all but the
+    first fail 40001 (the cycle used to give up until its next interval, logging a warning). Here the first is
+    the test's own transaction, committed while the worker's insert waits on it: the cycle runs again and takes
+    every slice."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE \"{admin.info.dbname}\" SET default_transaction_isolation = 'serializable'")
+    with Journal.open(dsn) as journal, psycopg.connect(dsn) as first:
+        first.execute("INSERT INTO projection_lease (projection_name, slice, owner, epoch, expires_at) "
+                      "SELECT 'p', s, NULL, 0, now() FROM generate_series(0, 1023) AS s")
+        leases = LeaseManager(journal, "p", duration=10.0)
+        outcome: list[object] = []
+
+        def cycle() -> None:
+            try:
+                outcome.append(leases.cycle())
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=cycle)
+        worker.start()
+
+        def waiting() -> bool:
+            with journal.connection() as conn:
+                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                         "AND datname = current_database()").fetchone()[0])
+        eventually(waiting, "the worker's insert waits on the test's transaction")
+        first.commit()
+        worker.join()
+    assert not isinstance(outcome[0], BaseException), outcome[0]
+    held, target = outcome[0]  # type: ignore[misc]
+    assert (len(held), target) == (1024, range(1024))
