@@ -1,8 +1,8 @@
 """A SERIALIZABLE transaction left open (a `psql` session idle in a transaction on a database whose default
 isolation is SERIALIZABLE) makes PostgreSQL keep the predicate locks of every serializable transaction that
 finished since; once its lock table is full, every statement that reads fails with SQLSTATE 53200 until the old
-transaction ends. Appends wait that out under the journal's retry bound, and past it fail typed, naming the
-setting, with nothing written.
+transaction ends. Appends and durable state writes wait that out under the journal's retry bound, and past it
+appends fail typed, naming the setting, with nothing written.
 
 A private server with the smallest lock table (``max_pred_locks_per_transaction = 10``), so it fills in seconds.
 """
@@ -121,3 +121,41 @@ def test_a_serializable_transaction_held_open_fails_appends_typed_naming_the_set
         assert conn.execute("SELECT count(*) FROM event_journal").fetchone() == (n,)
         assert conn.execute("SELECT count(*) FROM event_journal WHERE persistence_id = %s",
                             (f"Cart|{n}",)).fetchone() == (0,)
+
+
+def test_durable_state_upserts_wait_out_a_full_predicate_lock_table(
+        serializable_dsn: str, idle_in_transaction: psycopg.Connection) -> None:
+    """Durable state's writes (an update reads the row it replaces) wait the full table out too."""
+    retries_before = full_table_retries()
+    written: list[str] = []
+    failure: list[BaseException] = []
+    stop = threading.Event()
+
+    def upsert_until_stopped() -> None:
+        try:
+            while not stop.is_set():
+                pid = f"Account|{len(written)}"
+                store.upsert(pid, 1, {"balance": 1})
+                store.upsert(pid, 2, {"balance": 2})
+                written.append(pid)
+        except BaseException as exc:
+            failure.append(exc)
+
+    with Journal.open(serializable_dsn) as journal:
+        store = journal.durable_state
+        writer = threading.Thread(target=upsert_until_stopped)
+        writer.start()
+        try:
+            eventually(lambda: full_table_retries() > retries_before or failure,
+                       "an upsert meets the full lock table and retries", timeout=120)
+            idle_in_transaction.rollback()
+            count = len(written)
+            eventually(lambda: len(written) > count + 100 or failure, "upserts go on", timeout=60)
+        finally:
+            stop.set()
+            writer.join(30)
+    assert not failure, failure
+    with psycopg.connect(serializable_dsn) as conn:
+        revisions = dict(conn.execute("SELECT persistence_id, revision FROM durable_state").fetchall())
+    # The pid being written when the writer stopped may be at revision 1 or 2; every finished one is at 2.
+    assert all(revisions[pid] == 2 for pid in written) and len(revisions) - len(written) <= 1, len(written)
