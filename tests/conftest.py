@@ -52,6 +52,15 @@ def _no_fsync(dsn: str) -> None:
             conn.execute("SELECT pg_reload_conf()")
 
 
+def waits_on_a_lock(journal: Journal) -> bool:
+    """Whether a session on the journal's database waits on a lock (a statement the test's own open transaction
+    holds back)."""
+    with journal.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()").fetchone()
+    return bool(row and row[0])
+
+
 @pytest.fixture(scope="session")
 def server_dsn() -> str:
     """A DSN to a database on the test server whose user may create databases."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import psycopg.errors
 import pytest
-from conftest import FAST
+from conftest import FAST, waits_on_a_lock
 from eventually import eventually
 from test_projections_support import AUDIT_DDL
 
@@ -260,11 +260,7 @@ def test_a_lease_cycle_meeting_another_workers_insert_on_a_serializable_database
         worker = threading.Thread(target=cycle)
         worker.start()
 
-        def waiting() -> bool:
-            with journal.connection() as conn:
-                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                         "AND datname = current_database()").fetchone()[0])
-        eventually(waiting, "the worker's insert waits on the test's transaction")
+        eventually(lambda: waits_on_a_lock(journal), "the worker's insert waits on the test's transaction")
         first.commit()
         worker.join()
     assert not isinstance(outcome[0], BaseException), outcome[0]

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import prometheus_client
@@ -70,36 +70,45 @@ def full_table_retries() -> float:
     return prometheus_client.REGISTRY.get_sample_value("pgjournal_write_retries_total", {"sqlstate": "53200"}) or 0.0
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
-def test_appends_wait_out_a_full_predicate_lock_table(serializable_dsn: str, idle_in_transaction: psycopg.Connection,
-                                                      portable: bool) -> None:
+def wait_out_a_full_table(write: Callable[[str], None], idle: psycopg.Connection, what: str) -> list[str]:
+    """``write(pid)`` on a thread, a new persistence id each time, until a write met the full table and retried,
+    the idle transaction rolled back meanwhile, and 100 more went through; the persistence ids written."""
     retries_before = full_table_retries()
     written: list[str] = []
     failure: list[BaseException] = []
     stop = threading.Event()
 
-    def append_until_stopped() -> None:
+    def write_until_stopped() -> None:
         try:
             while not stop.is_set():
-                pid = f"Cart|{len(written)}"
-                journal.append(pid, [{"n": 1}], expected_seq_nr=0, tags=["cart"])
+                pid = f"{what}|{len(written)}"
+                write(pid)
                 written.append(pid)
         except BaseException as exc:
             failure.append(exc)
 
-    with Journal.open(serializable_dsn, portable=portable, tag_bucket_size="Hour") as journal:
-        writer = threading.Thread(target=append_until_stopped)
-        writer.start()
-        try:
-            eventually(lambda: full_table_retries() > retries_before or failure,
-                       "an append meets the full lock table and retries", timeout=120)
-            idle_in_transaction.rollback()  # the old transaction ends while the append waits
-            count = len(written)
-            eventually(lambda: len(written) > count + 100 or failure, "appends go on", timeout=60)
-        finally:
-            stop.set()
-            writer.join(30)
+    writer = threading.Thread(target=write_until_stopped)
+    writer.start()
+    try:
+        eventually(lambda: full_table_retries() > retries_before or failure,
+                   "a write meets the full lock table and retries", timeout=120)
+        idle.rollback()  # the old transaction ends while the write waits
+        count = len(written)
+        eventually(lambda: len(written) > count + 100 or failure, "writes go on", timeout=60)
+    finally:
+        stop.set()
+        writer.join(30)
     assert not failure, failure
+    return written
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_appends_wait_out_a_full_predicate_lock_table(serializable_dsn: str, idle_in_transaction: psycopg.Connection,
+                                                      portable: bool) -> None:
+    with Journal.open(serializable_dsn, portable=portable, tag_bucket_size="Hour") as journal:
+        written = wait_out_a_full_table(
+            lambda pid: journal.append(pid, [{"n": 1}], expected_seq_nr=0, tags=["cart"]), idle_in_transaction,
+            "Cart")
     with psycopg.connect(serializable_dsn) as conn:
         stored = conn.execute("SELECT count(*), count(DISTINCT persistence_id) FROM event_journal").fetchone()
         tagged = conn.execute("SELECT count(*) FROM tag_views WHERE tag_name = 'cart'").fetchone()
@@ -126,35 +135,14 @@ def test_a_serializable_transaction_held_open_fails_appends_typed_naming_the_set
 def test_durable_state_upserts_wait_out_a_full_predicate_lock_table(
         serializable_dsn: str, idle_in_transaction: psycopg.Connection) -> None:
     """Durable state's writes (an update reads the row it replaces) wait the full table out too."""
-    retries_before = full_table_retries()
-    written: list[str] = []
-    failure: list[BaseException] = []
-    stop = threading.Event()
-
-    def upsert_until_stopped() -> None:
-        try:
-            while not stop.is_set():
-                pid = f"Account|{len(written)}"
-                store.upsert(pid, 1, {"balance": 1})
-                store.upsert(pid, 2, {"balance": 2})
-                written.append(pid)
-        except BaseException as exc:
-            failure.append(exc)
-
     with Journal.open(serializable_dsn) as journal:
         store = journal.durable_state
-        writer = threading.Thread(target=upsert_until_stopped)
-        writer.start()
-        try:
-            eventually(lambda: full_table_retries() > retries_before or failure,
-                       "an upsert meets the full lock table and retries", timeout=120)
-            idle_in_transaction.rollback()
-            count = len(written)
-            eventually(lambda: len(written) > count + 100 or failure, "upserts go on", timeout=60)
-        finally:
-            stop.set()
-            writer.join(30)
-    assert not failure, failure
+
+        def upsert_twice(pid: str) -> None:
+            store.upsert(pid, 1, {"balance": 1})
+            store.upsert(pid, 2, {"balance": 2})
+
+        written = wait_out_a_full_table(upsert_twice, idle_in_transaction, "Account")
     with psycopg.connect(serializable_dsn) as conn:
         revisions = dict(conn.execute("SELECT persistence_id, revision FROM durable_state").fetchall())
     # The pid being written when the writer stopped may be at revision 1 or 2; every finished one is at 2.

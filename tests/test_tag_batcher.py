@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
+from conftest import waits_on_a_lock
 from eventually import eventually
 from test_tags import TAGS, collect, progress, tag_rows
 from typer.testing import CliRunner
@@ -216,11 +217,7 @@ def test_writers_starting_together_on_a_serializable_database_record_the_tag_set
         appending = threading.Thread(target=_append_or_record, args=(journal, errors))
         appending.start()
 
-        def waiting() -> bool:
-            with journal.connection() as conn:
-                return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                         "AND datname = current_database()").fetchone()[0])
-        eventually(waiting, "the journal's insert waits on the test's transaction")
+        eventually(lambda: waits_on_a_lock(journal), "the journal's insert waits on the test's transaction")
         first.commit()
         appending.join()
         assert not errors, errors
@@ -255,11 +252,7 @@ def test_a_held_append_keeps_readers_before_it(dsn: str, portable: bool) -> None
                                     kwargs={"tags": ["x"], "expected_seq_nr": 1})
             held.start()
 
-            def waiting() -> bool:
-                with reader.connection() as conn:
-                    return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                             "AND datname = current_database()").fetchone()[0])
-            eventually(waiting, "the held append waits on the test's lock")
+            eventually(lambda: waits_on_a_lock(reader), "the held append waits on the test's lock")
             for i in range(5):
                 journal.append(f"Cart|fast{i}", [1, 2], tags=["x"])
             eventually(lambda: len(tag_rows(journal, "x")) == 11, "the later appends' rows written")
