@@ -135,7 +135,7 @@ class AppendPipeline:
                 for (plan, _future), cur in zip(batch, cursors):  # noqa: B905 - there may be more cursors
                     sent += 1
                     try:
-                        await cur.execute(plan.sql, plan.params, prepare=True)
+                        await cur.execute(plan.sql, plan.params, prepare=True, binary=True)
                     except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with it
                         if _lost(conn, exc):
                             raise
