@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -167,7 +167,7 @@ def test_close_writes_what_is_pending_and_drops_the_writer_row(dsn: str) -> None
 # -- readers never pass what is owed -----------------------------------------------------------------------
 
 
-def _writer(dsn: str, index: int, count: int, errors: list[BaseException]) -> None:
+def _writer(dsn: str, index: int, count: int, errors: list[BaseException], give_up: Callable[[], None]) -> None:
     try:
         with Journal.open(dsn, **BATCHED) as journal:
             for i in range(count):
@@ -175,6 +175,7 @@ def _writer(dsn: str, index: int, count: int, errors: list[BaseException]) -> No
                 journal.append("Cart|shared", [i], tags=["x", f"w{index}"])  # one all 4 writers share
     except BaseException as exc:
         errors.append(exc)
+        give_up()  # the reader stops waiting for events that will not come
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["horizon", "portable"])
@@ -185,7 +186,8 @@ def test_a_live_reader_beside_four_batched_writers_misses_nothing(dsn: str, port
     count = 60
     with Journal.open(dsn, portable=portable, **READER) as reader, reader.query.events_by_tag("x") as stream:
         errors: list[BaseException] = []
-        threads = [threading.Thread(target=_writer, args=(dsn, i, count, errors)) for i in range(4)]
+        threads = [threading.Thread(target=_writer, args=(dsn, i, count, errors, stream.close))
+                   for i in range(4)]
         for t in threads:
             t.start()
         got = collect(stream, 4 * count * 2, timeout=120)
