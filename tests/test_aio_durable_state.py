@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import psycopg
 import pytest
 from aio_support import SETTINGS, eventually, take
+from conftest import make_serializable
 
 from pgjournal import DurableStateChange, InvalidArgument, Journal, RevisionConflict
 from pgjournal.aio import AsyncJournal
@@ -71,9 +71,7 @@ async def _all_of(query, count: int) -> list[DurableStateChange] | None:  # type
 async def test_tasks_writing_one_durable_state_take_turns(dsn: str) -> None:
     """Read-then-upsert from 20 tasks under SERIALIZABLE with no retries allowed: conflicts are RevisionConflict
     (another task wrote that revision), never an exhausted serialization failure."""
-    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'")
+    make_serializable(dsn)
     target, pid = 60, "Account|hot"
     async with AsyncJournal.open(dsn, **dict(SETTINGS, append_retries=0, pool_max_size=4)) as journal:
         store = journal.durable_state

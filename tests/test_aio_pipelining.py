@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 from aio_support import SETTINGS, eventually
-from psycopg import sql
+from conftest import make_serializable
 from test_aio_cancel import counts, pool_is_clean, slow_inserts
 
 from pgjournal import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
@@ -33,10 +33,7 @@ def pipelined(journal: AsyncJournal) -> AsyncJournal:
 async def test_no_pipelines_where_a_commit_may_fail(dsn: str) -> None:
     """Under SERIALIZABLE a commit may fail at its Sync (a serialization failure found at commit), which a
     pipeline cannot hand back to its append: appends go one per connection, as without the setting."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        database = conn.info.dbname
-        conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
-            sql.Identifier(database)))
+    make_serializable(dsn)
     async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=2, async_pipeline=True)) as opened:
         assert not opened._pipeline.enabled
         await asyncio.gather(*(opened.append(f"Ser|{t}", [t]) for t in range(40)))

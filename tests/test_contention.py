@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import FAST
+from conftest import FAST, make_serializable
 from processes import collect
 
 from pgjournal import Journal, RevisionConflict
@@ -37,9 +37,8 @@ CREATE TRIGGER count_attempt BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE
 @pytest.fixture
 def serializable(dsn: str) -> str:
     """This test's database with SERIALIZABLE as every session's default, and attempts counted."""
-    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    make_serializable(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'")
         conn.execute(COUNT_ATTEMPTS)
     return dsn
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from conftest import FAST
+from conftest import FAST, waits_on_a_lock
 from eventually import eventually
 
 from pgjournal import (
@@ -180,7 +180,7 @@ def test_two_first_writes_race_one_wins(journal: Journal, dsn: str) -> None:
         outcome: list[object] = []
         second = threading.Thread(target=lambda: outcome.append(_try(journal, "Account|9", "second")))
         second.start()
-        eventually(lambda: _waiting_on_lock(dsn), timeout=10)
+        eventually(lambda: waits_on_a_lock(dsn), timeout=10)
         first.commit()
         second.join(10)
     assert isinstance(outcome[0], RevisionConflict) and outcome[0].actual_revision == 1
@@ -193,13 +193,6 @@ def _try(journal: Journal, pid: str, value: str) -> object:
         return journal.durable_state.upsert(pid, 1, value)
     except RevisionConflict as exc:
         return exc
-
-
-def _waiting_on_lock(dsn: str) -> bool:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()").fetchone()
-    return bool(row and row[0])
 
 
 def test_current_changes_deliver_each_persistence_ids_latest_revision(journal: Journal) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import psycopg.errors
 import pytest
-from conftest import FAST, waits_on_a_lock
+from conftest import FAST, make_serializable, waits_on_a_lock
 from eventually import eventually
 from test_projections_support import AUDIT_DDL
 
@@ -243,8 +243,7 @@ def test_a_lease_cycle_meeting_another_workers_insert_on_a_serializable_database
     first fail 40001 (the cycle used to give up until its next interval, logging a warning). Here the first is
     the test's own transaction, committed while the worker's insert waits on it: the cycle runs again and takes
     every slice."""
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"ALTER DATABASE \"{admin.info.dbname}\" SET default_transaction_isolation = 'serializable'")
+    make_serializable(dsn)
     with Journal.open(dsn) as journal, psycopg.connect(dsn) as first:
         first.execute("INSERT INTO projection_lease (projection_name, slice, owner, epoch, expires_at) "
                       "SELECT 'p', s, NULL, 0, now() FROM generate_series(0, 1023) AS s")
@@ -260,7 +259,7 @@ def test_a_lease_cycle_meeting_another_workers_insert_on_a_serializable_database
         worker = threading.Thread(target=cycle)
         worker.start()
 
-        eventually(lambda: waits_on_a_lock(journal), "the worker's insert waits on the test's transaction")
+        eventually(lambda: waits_on_a_lock(dsn), "the worker's insert waits on the test's transaction")
         first.commit()
         worker.join()
     assert not isinstance(outcome[0], BaseException), outcome[0]

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import waits_on_a_lock
+from conftest import make_serializable, waits_on_a_lock
 from eventually import eventually
 from test_tags import TAGS, collect, progress, tag_rows
 from typer.testing import CliRunner
@@ -209,9 +209,7 @@ def test_writers_starting_together_on_a_serializable_database_record_the_tag_set
     starting together insert the same rows, and under SERIALIZABLE all but the first fail 40001 (CI's
     PostgreSQL 15 once ended two of four writers so). Here the first is the test's own transaction, committed
     while the journal's insert waits on it: the journal retries and appends."""
-    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'")
+    make_serializable(dsn)
     with Journal.open(dsn, **BATCHED) as journal, psycopg.connect(dsn) as first:
         first.execute("INSERT INTO tag_settings (name, value) VALUES ('bucket_size', %s), ('tag_writer', 'batched')",
                       (BucketSize.parse(journal.settings.tag_bucket_size).label,))
@@ -219,7 +217,7 @@ def test_writers_starting_together_on_a_serializable_database_record_the_tag_set
         appending = threading.Thread(target=_append_or_record, args=(journal, errors))
         appending.start()
 
-        eventually(lambda: waits_on_a_lock(journal), "the journal's insert waits on the test's transaction")
+        eventually(lambda: waits_on_a_lock(dsn), "the journal's insert waits on the test's transaction")
         first.commit()
         appending.join()
         assert not errors, errors
@@ -254,7 +252,7 @@ def test_a_held_append_keeps_readers_before_it(dsn: str, portable: bool) -> None
                                     kwargs={"tags": ["x"], "expected_seq_nr": 1})
             held.start()
 
-            eventually(lambda: waits_on_a_lock(reader), "the held append waits on the test's lock")
+            eventually(lambda: waits_on_a_lock(dsn), "the held append waits on the test's lock")
             for i in range(5):
                 journal.append(f"Cart|fast{i}", [1, 2], tags=["x"])
             eventually(lambda: len(tag_rows(journal, "x")) == 11, "the later appends' rows written")
