@@ -104,6 +104,7 @@ class DurableStateRules:
         #: The SQL over durable_state (store layer).
         self.sql = journal.dialect.durable_state_store()
         self._retry = RetryPolicy.of(journal.settings)
+        self._retryable = journal.dialect.retryable_sqlstates
 
     def get_step(self, pid: str) -> Step[DurableState | None]:
         """:meth:`get` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
@@ -168,6 +169,8 @@ class DurableStateRules:
                 row = None
                 break
             except TRANSIENT_ERRORS as exc:
+                if exc.sqlstate not in self._retryable:  # as appends: the dialect says what may run again
+                    raise self._refused(pid, exc) from exc
                 pause = self._retry.next_pause(attempt, exc.sqlstate)
                 if pause is None:
                     raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
