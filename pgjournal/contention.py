@@ -95,8 +95,8 @@ class RetryPolicy:
 
     def run(self, transaction: Callable[[], R], retryable: Collection[str]) -> R:
         """``transaction()``, run again after a transient failure whose SQLSTATE is in ``retryable`` (the
-        dialect's), until the retries are spent. For work that may simply run again: each call opens its own
-        transaction (bookkeeping rows, settings), not an append, whose retries must know what was written."""
+        dialect's), until the retries are spent. For idempotent bookkeeping (settings rows, leases) whose
+        statements may simply run again; not for appends, whose retries must tell a conflict from a retry."""
         attempt = 0
         while True:
             attempt += 1

@@ -116,7 +116,7 @@ class LeaseManager:
         # only renews and takes what this worker may hold, so it simply runs again.
         sent, target, leases = RetryPolicy.of(self.journal.settings).run(
             attempt, self.journal.dialect.retryable_sqlstates)
-        self._rows_ensured = True  # only once committed: a rolled-back insert ensured nothing
+        self._rows_ensured = True
         held = {lease.slice: lease.epoch for lease in leases}
         metrics.LEASED_SLICES.labels(self.name, self.owner).set(len(held))
         with self._lock:
