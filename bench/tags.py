@@ -3,7 +3,10 @@
 ``tags-append`` (8 writers) and ``tags-append-1`` (1 writer): 1 event per transaction, one entity per
 writer, with 1 tag ("ours": the tag rows and progress in the append's own statement) beside the same append
 untagged, with 3 tags, and with 1 tag through the batched tag writer (``batched``: ``tag_batch_writer=True``;
-the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside the measured time). The
+the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside the measured time), and the
+physical floor of a tag view (``tag_rows_floor``): the untagged appends, and a thread that copies their rows into
+``tag_views`` every 0.1 s with one bare ``INSERT ... SELECT`` (no progress, watermark, TimeUUIDs or numbering:
+the least a second copy of each event costs; its last rows are inside the measured time too). The
 ``*-cpu`` variants report client + server CPU µs per append of the same contenders but the 3 tags.
 ``tags-catchup``: ``current_events_by_tag`` over a tag view loaded beforehand (1,000,000 events; quick:
 50,000), events decoded, beside a bare keyset SELECT of the same rows (no decoding, no stream logic).
@@ -12,6 +15,7 @@ the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -66,6 +70,122 @@ def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_0
         return n / _threads(writers, n // writers, flushed)
 
     return measure
+
+
+# The floor's rows: the journal's events copied as they are (ts_time and tag sequence number: the seq_nr).
+_FLOOR_INSERT = """
+INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id, tag_pid_sequence_nr,
+    sequence_nr, writer_uuid, ser_id, ser_manifest, event_manifest, event)
+SELECT 'bench-floor', 0, e.seq_nr, 0, '00000000-0000-1000-8000-000000000000'::uuid, e.persistence_id, e.seq_nr,
+    e.seq_nr, e.writer, e.event_ser_id, e.event_ser_manifest, '', e.event_payload
+FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS w(pid, slice, after, upto)
+CROSS JOIN LATERAL (SELECT * FROM event_journal AS e WHERE e.persistence_id = w.pid AND e.slice = w.slice
+    AND e.seq_nr > w.after AND e.seq_nr <= w.upto) AS e"""
+
+
+class _FloorTagWriter:
+    """The floor's background writer: the events appended since its last statement, per persistence id."""
+
+    def __init__(self, dsn: str) -> None:
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        self._lock = threading.Lock()
+        self._appended: dict[str, tuple[int, int]] = {}  # pid -> (slice, highest seq_nr)
+        self._written: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-floor-tags")
+        self._thread.start()
+
+    def appended(self, pid: str, slice_: int, seq_nr: int) -> None:
+        with self._lock:
+            self._appended[pid] = (slice_, seq_nr)
+
+    def _write(self) -> None:
+        with self._lock:
+            work = [(pid, s, self._written.get(pid, 0), upto) for pid, (s, upto) in self._appended.items()
+                    if upto > self._written.get(pid, 0)]
+        if work:
+            self._conn.execute(_FLOOR_INSERT, [list(column) for column in zip(*work, strict=True)], prepare=True)
+            with self._lock:
+                self._written.update((pid, upto) for pid, _, _, upto in work)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._write()
+
+    def finish(self) -> None:
+        """Stop, then write what is left."""
+        self._stop.set()
+        self._thread.join()
+        self._write()
+
+    def close(self) -> None:
+        self.finish()
+        self._conn.close()
+
+
+def tag_rows_floor(writers: int = WRITERS, total: int = 20_000) -> Any:
+    def measure(ctx: Context, state: dict[str, Any]) -> float:
+        journal: Journal = state["journal"]
+        n = total // 10 if ctx.quick else total
+        floor = _FloorTagWriter(ctx.dsn)
+
+        def work(_w: int, count: int) -> None:
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for i in range(count):
+                envelope = journal.append(pid, [EVENT], expected_seq_nr=i)[0]
+                floor.appended(pid, envelope.slice, envelope.seq_nr)
+
+        try:
+            elapsed = _threads(writers, n // writers, work)
+        except BaseException:
+            floor.close()
+            raise
+        return n / (elapsed + _timed(floor.close))  # the round ends when its tag rows are written
+
+    return measure
+
+
+def cpu_floor(writers: int, total: int) -> Any:
+    """Client + server CPU µs per event of the floor (untagged appends, their rows copied by the floor's thread)."""
+    per_writer = total // writers
+    warm = 20
+
+    def measure(ctx: Context, state: dict[str, Any]) -> float:
+        journal: Journal = state["journal"]
+        floor = _FloorTagWriter(ctx.dsn)
+
+        def prepare(_w: int) -> str:
+            pid = f"Bench|{uuid.uuid4().hex}"
+            for i in range(warm):
+                journal.append(pid, [EVENT], expected_seq_nr=i)
+            return pid
+
+        def work(_w: int, pid: str) -> None:
+            for i in range(warm, warm + per_writer):
+                envelope = journal.append(pid, [EVENT], expected_seq_nr=i)[0]
+                floor.appended(pid, envelope.slice, envelope.seq_nr)
+
+        threads = _cpu_threads(writers, prepare, work, lambda _s: None)
+
+        def run(start: Callable[[], None], stop: Callable[[], None]) -> None:
+            def stopped() -> None:
+                floor.finish()  # its last rows are this round's (the connection stays open for the reading)
+                stop()
+
+            threads(start, stopped)
+
+        try:
+            return _record_cpu(ctx, "tag_rows_floor", measure_cpu(ctx.dsn, per_writer * writers, run))
+        finally:
+            floor.close()
+
+    return measure
+
+
+def _timed(action: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
 
 
 def cpu_batched(writers: int, total: int) -> Any:
@@ -177,6 +297,7 @@ SCENARIOS = [
             "untagged": append_with(()),
             "3_tags": append_with(("bench", "bench-b", "bench-c")),
             "batched": append_with(("bench",), batched=True),
+            "tag_rows_floor": tag_rows_floor(),
         },
     ),
     Scenario(
@@ -189,6 +310,7 @@ SCENARIOS = [
             "untagged": append_with((), 1, 3_000),
             "3_tags": append_with(("bench", "bench-b", "bench-c"), 1, 3_000),
             "batched": append_with(("bench",), 1, 3_000, batched=True),
+            "tag_rows_floor": tag_rows_floor(1, 3_000),
         },
     ),
     *[Scenario(
@@ -202,6 +324,8 @@ SCENARIOS = [
             "untagged": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t,
                                                                          label="untagged")(ctx, state),
             "batched": lambda ctx, state, w=writers, t=total: cpu_batched(w, t // 10 if ctx.quick else t)(ctx, state),
+            "tag_rows_floor": lambda ctx, state, w=writers, t=total: cpu_floor(w, t // 10 if ctx.quick else t)(
+                ctx, state),
         },
     ) for name, writers, total in (("tags-append-cpu", WRITERS, 8_000), ("tags-append-cpu-1", 1, 3_000))],
     Scenario(
