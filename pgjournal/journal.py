@@ -132,6 +132,15 @@ class Journal(JournalCore):
         finally:
             self.connections.put(conn)
 
+    def open_connection(self) -> psycopg.Connection:
+        """A connection of its own, made as the pool's are (autocommit, pgjournal's limits), for a background
+        writer that runs one heavy statement over and over (:mod:`pgjournal.tag_batcher`). The caller closes it."""
+        options = pool_options(self.settings)
+        try:
+            return limited_connection_class(self.settings).connect(self.dsn, **options["kwargs"])
+        except psycopg.OperationalError as exc:
+            raise unreachable(self.dsn, exc) from None
+
     def run(self, step: Step[R]) -> R:
         """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""
         return run_pooled(step, self.connection)

@@ -164,6 +164,32 @@ def test_close_writes_what_is_pending_and_drops_the_writer_row(dsn: str) -> None
         assert_timeuuid_order_is_tag_order(reader)
 
 
+def _writer_backend(journal: Journal) -> int | None:
+    """The backend of the batched writer's own connection: the one whose last statement was the writer's."""
+    with journal.connection() as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND (query LIKE "
+                           "'INSERT INTO tag_batch_writers%' OR query LIKE 'DELETE FROM tag_batch_writers%')").fetchone()
+    return row[0] if row else None
+
+
+def test_the_writer_connection_lost_is_opened_again_and_closed_with_the_journal(dsn: str) -> None:
+    journal = Journal.open(dsn, **HOLDING)
+    journal.append("Cart|a", [1], tags=["x"])
+    journal.tag_writer.flush()  # type: ignore[union-attr]
+    backend = _writer_backend(journal)
+    assert backend is not None
+    with journal.connection() as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    journal.append("Cart|a", [2], tags=["x"])
+    journal.tag_writer.flush()  # type: ignore[union-attr]  # a new connection: nothing pending is lost
+    assert [r[2] for r in tag_rows(journal, "x")] == [1, 2]
+    again = _writer_backend(journal)
+    assert again not in (None, backend)
+    journal.close()
+    with Journal.open(dsn, **READER) as reader:
+        eventually(lambda: _writer_backend(reader) is None, "close() closes the writer's connection")
+
+
 # -- readers never pass what is owed -----------------------------------------------------------------------
 
 
