@@ -161,12 +161,22 @@ class TagBatch:
             upto, since = rows[0]
         else:
             upto, since = max(r[0] for r in rows), min(r[1] for r in rows)
-        entry = _Pending(pid, slice_, set(tags), upto, since, len(rows))
+        count = len(rows)
         with self._lock:
             self._running.pop(ticket, None)
+            known = self._pending.get(pid)
+            if known is None:
+                self._pending[pid] = _Pending(pid, slice_, set(tags), upto, since, count)
+            else:  # the common case while a writer appends to a persistence id: no new entry
+                known.tags.update(tags)
+                known.upto = max(known.upto, upto)
+                known.since = min(known.since, since)  # appends to one pid may report out of order
+                known.count += count
+            self.events += count
             before = self._queued
-            self._add(entry)
-            return before < self.limit <= self._queued
+            self._queued += count
+        metrics.TAG_PENDING.inc(count)
+        return before < self.limit <= before + count
 
     def failed(self, ticket: int, pid: str, slice_: int, tags: Iterable[str], *, unknown: bool) -> None:
         """The append of ``ticket`` raised: nothing was written, or (``unknown``) it may have been: then the

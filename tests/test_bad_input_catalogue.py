@@ -107,6 +107,7 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
     ("NUL in tag", lambda j: j.append(PID, ["e"], tags=["a\x00"]), InvalidArgument, "without NUL"),
     ("tag not a string", lambda j: j.append(PID, ["e"], tags=[7]), InvalidArgument, "got 7"),
     ("tags None", lambda j: j.append(PID, ["e"], tags=None), InvalidArgument, "collection of strings"),
+    ("tag a list", lambda j: j.append(PID, ["e"], tags=["a", ["b"]]), InvalidArgument, "got ['b']"),
     ("manifest longer than the column", lambda j: long_manifest_journal(j.dsn).append(PID, [LongManifest(1)]),
      JournalError, "refused by the database: SQLSTATE 22001"),
     ("min_slice above max_slice", lambda j: list(j.query.current_events_by_slices("Cart", 9, 3)), InvalidArgument,

@@ -20,8 +20,8 @@ from ..slices import slice_for_persistence_id
 if TYPE_CHECKING:
     from ..dialects import Dialect
 
-# ``{tags_meta}`` / ``{tags_meta_values}``: the tags and metadata columns (:data:`TAGS_META`), left out of the
-# statement for an append without either (their columns default to NULL): four parameters fewer to send.
+# ``{tags_meta}`` / ``{tags_meta_values}``: the tags and metadata columns (:data:`TAGS_META`), each left out of
+# the statement for an append without it (the columns default to NULL): parameters fewer to send.
 INSERT = """
 INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
     event_ser_id, event_ser_manifest, event_payload{tags_meta})
@@ -31,9 +31,9 @@ FROM ({prev}) AS prev
 CROSS JOIN {events}
 RETURNING seq_nr, db_timestamp
 """
-TAGS_META = {"tags_meta": ", tags, meta_ser_id, meta_ser_manifest, meta_payload",
-             "tags_meta_values": ", %(tags)s::text[], %(meta_ser_id)s, %(meta_manifest)s, {meta_payload}"}
-PLAIN = {"tags_meta": "", "tags_meta_values": ""}
+_TAGS = (", tags", ", %(tags)s::text[]")
+_META = (", meta_ser_id, meta_ser_manifest, meta_payload", ", %(meta_ser_id)s, %(meta_manifest)s, {meta_payload}")
+TAGS_META = {"tags_meta": _TAGS[0] + _META[0], "tags_meta_values": _TAGS[1] + _META[1]}
 # GREATEST ignores the NULL of a persistence id without events; evaluated once (an aggregate's one row).
 NEXT_TIMESTAMP = "GREATEST(clock_timestamp(), MAX(db_timestamp) + INTERVAL '1 microsecond')"
 # After a given sequence number: no row at all (nothing inserted) when that event does not exist.
@@ -81,12 +81,14 @@ JSONB_META = "convert_from(%(meta_payload)s::bytea, 'UTF8')::jsonb"
 @functools.cache
 def insert_sql(table: str, *, after_latest: bool = False, single: bool, payload: str = BYTEA_PAYLOADS["payload"],
                meta_payload: str = BYTEA_PAYLOADS["meta_payload"], after: str | None = None,
-               plain: bool = False) -> str:
+               tags: bool = True, meta: bool = True) -> str:
     """The append statement for ``table`` (the dialect's table for the slice). ``after``: ``expected``,
-    ``latest`` or ``known`` (see :data:`PREVIOUS`; default from ``after_latest``); ``plain``: without the
-    tags and metadata columns (parameters ``tags``, ``meta_*`` not used)."""
+    ``latest`` or ``known`` (see :data:`PREVIOUS`; default from ``after_latest``); without ``tags`` or
+    ``meta``: without that column (parameter ``tags``) or those columns (``meta_*``)."""
     after = after or ("latest" if after_latest else "expected")
-    extra = PLAIN if plain else {k: v.format(meta_payload=meta_payload) for k, v in TAGS_META.items()}
+    parts = [part for part, wanted in ((_TAGS, tags), (_META, meta)) if wanted]
+    extra = {"tags_meta": "".join(p[0] for p in parts),
+             "tags_meta_values": "".join(p[1] for p in parts).format(meta_payload=meta_payload)}
     if after == "known" and single:
         return ONE_AFTER_KNOWN.format(table=table, payload=payload.replace("e.payload", "%(payload)s::bytea"),
                                       **extra)
@@ -149,11 +151,11 @@ class EventStore:
     # -- writes ----------------------------------------------------------------------------------------
 
     def append(self, slice_: int, *, after_latest: bool = False, single: bool, after: str | None = None,
-               plain: bool = False) -> str:
-        """The append statement (parameters: see :mod:`pgjournal.write`; ``after``, ``plain``: see
+               tags: bool = True, meta: bool = True) -> str:
+        """The append statement (parameters: see :mod:`pgjournal.write`; ``after``, ``tags``, ``meta``: see
         :func:`insert_sql`)."""
-        return insert_sql(self.table(slice_), after_latest=after_latest, single=single, after=after, plain=plain,
-                          **self.payload_sql)
+        return insert_sql(self.table(slice_), after_latest=after_latest, single=single, after=after, tags=tags,
+                          meta=meta, **self.payload_sql)
 
     def mark_deleted(self, pid: str, to_seq_nr: int) -> Query:
         """Logical delete of the events up to ``to_seq_nr`` (rowcount: how many)."""
