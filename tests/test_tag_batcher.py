@@ -168,7 +168,8 @@ def _writer_backend(journal: Journal) -> int | None:
     """The backend of the batched writer's own connection: the one whose last statement was the writer's."""
     with journal.connection() as conn:
         row = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND (query LIKE "
-                           "'INSERT INTO tag_batch_writers%' OR query LIKE 'DELETE FROM tag_batch_writers%')").fetchone()
+                           "'INSERT INTO tag_batch_writers%' OR query LIKE 'DELETE FROM tag_batch_writers%')"
+                           ).fetchone()
     return row[0] if row else None
 
 
