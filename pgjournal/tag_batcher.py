@@ -38,8 +38,8 @@ raises :class:`~pgjournal.errors.TagFlushFailed` if it cannot (the writer's row 
 **A connection of its own.** The writer's statements run on one connection it opens when it starts (and again
 after a loss), not on the pool's: its statement is prepared once, and after five runs the server plans it once
 for all (a generic plan). On the pool's connections, taking turns, every backend planned it five times anew,
-and planning this statement costs more than running it for a batch (bench ``tags-append``, 8 writers: 4,900-5,600
-events/s on the pool against 6,700-8,000 on its own connection, medians of four and five runs).
+and planning this statement costs more than running it for a batch (bench ``tags-append``, 8 writers: 4,900-6,500
+events/s on the pool against 6,700-8,000 on its own connection, medians of five and six runs).
 
 The logic is :class:`TagBatch` (no I/O) and statement steps (:mod:`pgjournal.steps`); :class:`TagBatcher` is
 the blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and
