@@ -302,8 +302,11 @@ def test_an_append_after_its_own_last_event_reads_nothing_and_still_conflicts(ds
     append with that expected_seq_nr inserts a plain row (no read of the predecessor). Another journal's
     append in between still makes it a ConcurrencyConflict (the primary key), with nothing written, and time
     stays monotonic across writers."""
-    known = insert_sql("event_journal_s0000_0127", single=True, after="known", plain=True)
+    known = insert_sql("event_journal_s0000_0127", single=True, after="known", tags=False, meta=False)
     assert "FROM" not in known.upper() and "GREATEST(clock_timestamp(), %(prev_ts)s" in known
+    assert "tags" not in known and "meta_" not in known  # no parameters for columns left NULL
+    tagged = insert_sql("event_journal_s0000_0127", single=True, after="known", tags=True, meta=False)
+    assert "%(tags)s::text[]" in tagged and "meta_" not in tagged  # the batched tag writer's append
     with Journal.open(dsn) as first, Journal.open(dsn) as second:
         a = first.append(PID, ["a"], expected_seq_nr=0)[0]
         b = second.append(PID, ["b"], expected_seq_nr=1)[0]
