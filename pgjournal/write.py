@@ -134,7 +134,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     pid = target.pid
     if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
         check_seq_nr(expected_seq_nr, "expected_seq_nr")
-    tag_list, tag_literal = ((), None) if tags.__class__ is tuple and not tags else checked_tags(tags)
+    tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
     if events.__class__ is not list:
         if isinstance(events, str | bytes | dict):
             raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
@@ -159,8 +159,8 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
         "expected": expected_seq_nr}
     # The tags and metadata parameters only when there are any (the statement leaves their columns out).
     in_statement = bool(tag_list) and not journal.settings.tag_batch_writer  # tag view rows in the same statement
-    if tag_literal is not None:
-        params["tags"] = tag_literal
+    if tag_list:
+        params["tags"] = text_array(tag_list)
     if meta is not None or in_statement:
         params.update(meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
                       meta_payload=meta.payload if meta else None)
@@ -189,28 +189,6 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
             sql = target.statements[key] = store.append(target.slice, after=after, single=single, tags=key[2],
                                                         meta=key[3])
     return AppendPlan(target, event_list, tag_list, metadata, sql, params, stamp)
-
-
-#: Tags seen, as the caller passed them (a tuple or list of strings), checked and with their array literal: a
-#: writer passes the same few tags again and again.
-_TAGS_SEEN: dict[tuple[Any, ...], tuple[tuple[str, ...], str | None]] = {}
-
-
-def checked_tags(tags: Iterable[str]) -> tuple[tuple[str, ...], str | None]:
-    """``tags`` checked (:func:`check_tags`) and as a ``text[]`` literal (None: no tags)."""
-    key = tuple(tags) if tags.__class__ is tuple or tags.__class__ is list else None
-    try:
-        known = _TAGS_SEEN.get(key) if key is not None else None  # type: ignore[arg-type]
-    except TypeError:  # an unhashable item: check_tags names it
-        known = key = None
-    if known is None:
-        tag_list = check_tags(tags)
-        known = (tag_list, text_array(tag_list) if tag_list else None)
-        if key is not None:
-            if len(_TAGS_SEEN) >= 1024:
-                _TAGS_SEEN.clear()
-            _TAGS_SEEN[key] = known
-    return known
 
 
 def refused(pid: str, exc: psycopg.Error) -> JournalError:
