@@ -36,10 +36,11 @@ pending stays pending for the next round: nothing is dropped. ``Journal.close()`
 raises :class:`~pgjournal.errors.TagFlushFailed` if it cannot (the writer's row stays, so it is recovered).
 
 **A connection of its own.** The writer's statements run on one connection it opens when it starts (and again
-after a loss), not on the pool's: its statement is prepared once, and after five runs the server plans it once
-for all (a generic plan). On the pool's connections, taking turns, every backend planned it five times anew,
-and planning this statement costs more than running it for a batch (bench ``tags-append``, 8 writers: 4,900-6,500
-events/s on the pool against 6,700-8,000 on its own connection, medians of five and six runs).
+after a loss), not on the pool's. Measured (bench ``tags-append``, 8 writers, within each run against the
+``tag_rows_floor`` contender): batched 0.61-0.73x the floor on the pool's connections (four runs), 0.89-1.05x on
+its own connection (six runs). Why is not established: the statement is prepared once and after five runs
+kept as one generic plan (on the pool, every backend planned it five times), but planning takes about 0.7 ms
+against 1.3-11 ms of execution per batch, too little to explain the difference.
 
 The logic is :class:`TagBatch` (no I/O) and statement steps (:mod:`pgjournal.steps`); :class:`TagBatcher` is
 the blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and
@@ -100,11 +101,15 @@ class _Pending:
     since: datetime
     count: int
 
+    def add(self, tags: Iterable[str], upto: int, since: datetime, count: int) -> None:
+        """More events of this persistence id (appends to one persistence id may report out of order)."""
+        self.tags.update(tags)
+        self.upto = max(self.upto, upto)
+        self.since = min(self.since, since)
+        self.count += count
+
     def merge(self, other: _Pending) -> None:
-        self.tags |= other.tags
-        self.upto = max(self.upto, other.upto)
-        self.since = min(self.since, other.since)
-        self.count += other.count
+        self.add(other.tags, other.upto, other.since, other.count)
 
 
 class TagBatch:
@@ -161,22 +166,11 @@ class TagBatch:
             upto, since = rows[0]
         else:
             upto, since = max(r[0] for r in rows), min(r[1] for r in rows)
-        count = len(rows)
         with self._lock:
             self._running.pop(ticket, None)
-            known = self._pending.get(pid)
-            if known is None:
-                self._pending[pid] = _Pending(pid, slice_, set(tags), upto, since, count)
-            else:  # the common case while a writer appends to a persistence id: no new entry
-                known.tags.update(tags)
-                known.upto = max(known.upto, upto)
-                known.since = min(known.since, since)  # appends to one pid may report out of order
-                known.count += count
-            self.events += count
             before = self._queued
-            self._queued += count
-        metrics.TAG_PENDING.inc(count)
-        return before < self.limit <= before + count
+            self._add(pid, slice_, tags, upto, since, len(rows))
+            return before < self.limit <= self._queued
 
     def failed(self, ticket: int, pid: str, slice_: int, tags: Iterable[str], *, unknown: bool) -> None:
         """The append of ``ticket`` raised: nothing was written, or (``unknown``) it may have been: then the
@@ -184,17 +178,18 @@ class TagBatch:
         with self._lock:
             clock = self._running.pop(ticket, None)
             if unknown and clock is not None:
-                self._add(_Pending(pid, slice_, set(tags), NO_UPTO, clock, 1))
+                self._add(pid, slice_, tags, NO_UPTO, clock, 1)
 
-    def _add(self, entry: _Pending) -> None:
-        known = self._pending.get(entry.pid)
+    def _add(self, pid: str, slice_: int, tags: Iterable[str], upto: int, since: datetime, count: int) -> None:
+        """Events of ``pid`` pending (the caller holds the lock): its entry updated in place, or a new one."""
+        known = self._pending.get(pid)
         if known is None:
-            self._pending[entry.pid] = entry
+            self._pending[pid] = _Pending(pid, slice_, set(tags), upto, since, count)
         else:
-            known.merge(entry)
-        self.events += entry.count
-        self._queued += entry.count
-        metrics.TAG_PENDING.inc(entry.count)
+            known.add(tags, upto, since, count)
+        self.events += count
+        self._queued += count
+        metrics.TAG_PENDING.inc(count)
 
     # -- what the writer does ----------------------------------------------------------------------------
 
@@ -290,8 +285,7 @@ class TagBatch:
         bounded by ``bound``; returns the rows (heartbeat, pid, tag, rows written), the clock noted."""
         sql = store.batch_sql("event_journal", bucket_ms=self.bucket_ms, jsonb=journal.events.jsonb, pairs=bool(pairs))
         params = store.batch_params(self.key, self.writer, self.entity_types, bound, pairs, self.limit)
-        # Prepared at once: planning this statement costs more than running it for a batch of ~150 rows; after
-        # five runs on this writer's own connection the server keeps one generic plan (see the module's doc).
+        # Prepared at once, on this writer's own connection (see the module's doc).
         rows: list[tuple[Any, ...]] = yield statement((sql, params), prepare=True)
         if not pairs:
             rows = [(rows[0][0], None, None, 0)]

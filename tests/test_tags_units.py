@@ -1,4 +1,5 @@
-"""TimeUUID order (Cassandra's), start_of/end_of, buckets, first_time_bucket parsing, TimeBasedUUID offsets."""
+"""TimeUUID order (Cassandra's), start_of/end_of, buckets, first_time_bucket parsing, TimeBasedUUID offsets, the
+batched tag writer's bookkeeping."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import itertools
 import random
 import threading
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pgjournal import ConfigurationError, InvalidArgument, Settings
 from pgjournal.buckets import BucketSize, format_bucket, parse_first_time_bucket
 from pgjournal.offsets import NoOffset, TimeBasedUUID, parse_offset
+from pgjournal.tag_batcher import TagBatch
 from pgjournal.timeuuid import (
     TimeUUIDGenerator,
     compare,
@@ -156,3 +158,16 @@ def test_time_based_uuid_offset_string_form() -> None:
         TimeBasedUUID(uuid.uuid4())
     with pytest.raises(InvalidArgument, match="time-based UUID offset"):
         TimeBasedUUID.parse("not-a-uuid")
+
+
+def test_the_batch_bound_stays_at_the_oldest_pending_event_when_appends_report_out_of_order() -> None:
+    """Two appends to one persistence id take turns, but report after their turn: the later may report first.
+    The pending entry keeps the older time, so the watermark never passes the older event before its row."""
+    batch = TagBatch("key", "writer", limit=500)
+    older = datetime(2026, 1, 1, tzinfo=UTC)
+    first, second = batch.begin(), batch.begin()
+    batch.written(second, "Cart|a", 3, ["x"], [(2, older + timedelta(seconds=1))])
+    batch.written(first, "Cart|a", 3, ["y"], [(1, older)])
+    assert batch.bound() == older
+    [entry] = batch.take()
+    assert (entry.upto, entry.count, entry.tags, entry.since) == (2, 2, {"x", "y"}, older)
