@@ -122,6 +122,12 @@ class _FloorTagWriter:
         self.finish()
         self._conn.close()
 
+    def append(self, journal: Journal, pid: str, seq_nrs: range) -> None:
+        """Untagged appends to ``pid`` after each of ``seq_nrs``, their rows copied by this writer."""
+        for i in seq_nrs:
+            envelope = journal.append(pid, [EVENT], expected_seq_nr=i)[0]
+            self.appended(pid, envelope.slice, envelope.seq_nr)
+
 
 def tag_rows_floor(writers: int = WRITERS, total: int = 20_000) -> Any:
     def measure(ctx: Context, state: dict[str, Any]) -> float:
@@ -129,14 +135,9 @@ def tag_rows_floor(writers: int = WRITERS, total: int = 20_000) -> Any:
         n = total // 10 if ctx.quick else total
         floor = _FloorTagWriter(ctx.dsn)
 
-        def work(_w: int, count: int) -> None:
-            pid = f"Bench|{uuid.uuid4().hex}"
-            for i in range(count):
-                envelope = journal.append(pid, [EVENT], expected_seq_nr=i)[0]
-                floor.appended(pid, envelope.slice, envelope.seq_nr)
-
         try:
-            elapsed = _threads(writers, n // writers, work)
+            elapsed = _threads(writers, n // writers,
+                               lambda _w, count: floor.append(journal, f"Bench|{uuid.uuid4().hex}", range(count)))
         except BaseException:
             floor.close()
             raise
@@ -160,12 +161,8 @@ def cpu_floor(writers: int, total: int) -> Any:
                 journal.append(pid, [EVENT], expected_seq_nr=i)
             return pid
 
-        def work(_w: int, pid: str) -> None:
-            for i in range(warm, warm + per_writer):
-                envelope = journal.append(pid, [EVENT], expected_seq_nr=i)[0]
-                floor.appended(pid, envelope.slice, envelope.seq_nr)
-
-        threads = _cpu_threads(writers, prepare, work, lambda _s: None)
+        seq_nrs = range(warm, warm + per_writer)
+        threads = _cpu_threads(writers, prepare, lambda _w, pid: floor.append(journal, pid, seq_nrs), lambda _s: None)
 
         def run(start: Callable[[], None], stop: Callable[[], None]) -> None:
             def stopped() -> None:
