@@ -58,6 +58,12 @@ def _teardown(ctx: Context, state: dict[str, Any]) -> None:
     state["thread"].join(10)
     cpu = {name: round(statistics.median(values), 1) for name, values in state["cpu"].items() if values}
     ctx.extra["client_cpu_us_per_append"] = cpu
+    pipeline = state["ajournal"]._pipeline
+    if pipeline.pipelines:
+        per_group = round(pipeline.sent / pipeline.pipelines, 1)
+        ctx.extra["appends_per_pipeline"] = per_group
+        ctx.note(f"asyncio: {pipeline.sent:,} appends in {pipeline.pipelines:,} pipelines (one transaction each): "
+                 f"{per_group} per commit")
     if len(cpu) == 2:
         ctx.note(f"client CPU per append (median of rounds): asyncio {cpu['ours']} us, threads {cpu['threads']} us")
 

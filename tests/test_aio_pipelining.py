@@ -1,6 +1,6 @@
-"""Appends that wait for a connection ride in a pipeline (pgjournal.aio.pipelining), each still its own
-transaction: its conflict is its own, the others in the same pipeline commit, a cancelled one is all or nothing,
-and the connections come back clean."""
+"""Appends that wait for a connection ride in a pipeline (pgjournal.aio.pipelining), one transaction for the
+group: it commits once, yet each append keeps its own outcome (its conflict is its own, the others commit), a
+cancelled one is all or nothing, groups never deadlock each other, and the connections come back clean."""
 
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ async def test_each_append_in_a_pipeline_keeps_its_own_outcome(aj: AsyncJournal,
     assert outcomes == ["conflict" if t % 4 == 0 else "written" for t in range(80)]
     assert aj._pipeline.sent - sent > 20, "most appends waited for a connection and rode in a pipeline"
     assert aj._pipeline.pipelines > 1
+    assert aj._pipeline.rolled_back > 0, "a conflict rolled its group back and the others went again"
     written = counts(dsn, "Pipe|")
     assert written == {f"Pipe|{t}": 1 if t % 4 == 0 else 3 for t in range(80)}
     await pool_is_clean(aj, dsn)
@@ -84,6 +85,54 @@ async def test_many_conflicts_in_one_pipeline_leave_the_others_their_outcome(aj:
     assert aj._pipeline.pipelines > 10
     assert set(counts(dsn, "Many").values()) == {1}
     await pool_is_clean(aj, dsn)
+
+
+async def test_a_pipeline_commits_its_appends_in_one_transaction(dsn: str) -> None:
+    """60 tasks on one connection: the appends of a pipeline share a transaction (one xmin, one commit), each
+    append's events keep one timestamp of their own (stamped while its statement holds the write lock)."""
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as journal:
+        pipelined(journal)
+        await asyncio.gather(*(journal.append(f"Group|{t}", [t, t]) for t in range(60)))
+        assert journal._pipeline.sent > 40
+        pipelines = journal._pipeline.pipelines
+    with psycopg.connect(dsn) as conn:
+        groups = conn.execute("SELECT xmin::text, count(*), count(DISTINCT persistence_id) FROM event_journal "
+                              "WHERE persistence_id LIKE 'Group|%%' GROUP BY 1").fetchall()
+        stamps = conn.execute("SELECT count(DISTINCT db_timestamp) FROM event_journal "
+                              "WHERE persistence_id LIKE 'Group|%%' GROUP BY persistence_id").fetchall()
+    assert sum(rows for _xmin, rows, _pids in groups) == 120
+    assert len(groups) <= 60 - journal._pipeline.sent + pipelines, "a transaction per pipeline, not per append"
+    assert max(pids for *_rest, pids in groups) > 1
+    assert stamps == [(1,)] * 60
+
+
+async def test_groups_inserting_the_same_ids_never_deadlock(dsn: str) -> None:
+    """Two journals (two processes' worth) append to the same 40 new persistence ids, one in the opposite order
+    of the other. Groups are sorted by persistence id, so they lock in one order: one writes each id, the other
+    gets a conflict, with no deadlock to wait out (the database's deadlock_timeout is 60 s here)."""
+    slow_inserts(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET deadlock_timeout = '60s'")
+    pids = [f"Dead|{t}" for t in range(40)]
+
+    async def append(journal: AsyncJournal, pid: str) -> bool:
+        try:
+            await journal.append(pid, ["mine"], expected_seq_nr=0)
+            return True
+        except ConcurrencyConflict:
+            return False
+
+    async with AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as one, \
+            AsyncJournal.open(dsn, **dict(SETTINGS, pool_max_size=1, async_pipeline=True)) as other:
+        pipelined(one)
+        async with asyncio.timeout(30):
+            won = await asyncio.gather(*(append(one, pid) for pid in pids),
+                                       *(append(other, pid) for pid in reversed(pids)))
+        assert one._pipeline.sent > 20 and other._pipeline.sent > 20
+    by_pid = dict(zip(pids, won[:40], strict=True))
+    for pid, second in zip(reversed(pids), won[40:], strict=True):
+        assert by_pid[pid] != second, f"{pid}: exactly one journal writes it"
+    assert counts(dsn, "Dead|") == dict.fromkeys(pids, 1)
 
 
 async def test_the_envelopes_and_the_next_append_after_a_pipeline(aj: AsyncJournal) -> None:

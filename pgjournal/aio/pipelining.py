@@ -1,17 +1,24 @@
-"""Appends that would wait for a pool connection ride together: a *drain* borrows a connection and sends every
-queued append on it in one pipeline (psycopg's pipeline mode), each append its own statement followed by its own
-Sync, so each is its own transaction exactly as on a connection of its own: its all-or-nothing, its primary-key
-clash, its rows. What the asyncio face saves is the per-append cost of its event loop (a socket wait, a timer and
-a task switch per round trip), which made its client CPU per append well above the threads' (bench
-``async-append``).
+"""Appends that would wait for a pool connection ride together: a *drain* borrows a connection and sends what is
+queued on it in one pipeline (psycopg's pipeline mode) and **one transaction**: the statements run one after the
+other and one Sync ends them, so the group commits once (one commit record, one WAL flush on the server) instead
+of once per append. Each statement is still the append's own (its rows, its timestamp rule, its predecessor
+check, its events stamped while it holds the write lock, as on a connection of its own). This group
+commit is what makes one asyncio process cheaper per append than a connection per append (bench
+``async-append``); it also saves the per-append cost of the event loop (a socket wait, a timer and a task switch
+per round trip).
 
-Only the first attempt of an untagged append rides in a pipeline: an append whose statement failed there wrote
-nothing (its transaction rolled back at its Sync) and is handed back to its task, which runs it on a connection
-of its own through :func:`pgjournal.appending.append_step` (the write path's conflict and retry rules, one
-implementation). A lost connection leaves the outcome of what was sent unknown
-(:class:`~pgjournal.errors.WriteOutcomeUnknown`), as on a connection of its own.
+A statement that fails (a primary-key clash, a deadlock, a timeout) rolls the whole group back, so nothing of it
+was written: its own append goes back to its task, which runs it on a connection of its own through
+:func:`pgjournal.appending.append_step` (the write path's conflict and retry rules, one implementation), and the
+others are queued again for the next pipeline. Each failure takes one append out, so a group is tried at most
+as many times as it has appends. An append whose statement found no predecessor inserts nothing and goes back to
+its task the same way while the others commit. Groups are sorted by persistence id, so two groups that insert
+the same keys lock them in one order and never deadlock each other. Only the first attempt of an untagged
+append rides in a pipeline, and only on READ COMMITTED PostgreSQL (a serializable commit may fail at the Sync,
+for the whole group). A lost connection leaves the outcome of what was sent unknown
+(:class:`~pgjournal.errors.WriteOutcomeUnknown`: the whole group committed or none of it).
 
-Cancelling an append still queued removes it (nothing written); once sent, its statement runs to its end on the
+Cancelling an append still queued removes it (nothing written); once sent, its group runs to its end on the
 server (all of it or nothing) and only the task stops waiting. The drain's connection goes back to the pool idle.
 """
 
@@ -37,8 +44,8 @@ Queued = tuple[AppendPlan, "asyncio.Future[Rows | None]"]
 
 
 def supported() -> bool:
-    """Pipeline mode (libpq 14+) and a Sync that can be queued after each statement (psycopg's pipeline)."""
-    return psycopg.AsyncPipeline.is_supported() and hasattr(psycopg.AsyncPipeline, "_enqueue_sync")
+    """Pipeline mode: libpq 14 or later."""
+    return psycopg.AsyncPipeline.is_supported()
 
 
 class AppendPipeline:
@@ -51,8 +58,8 @@ class AppendPipeline:
         self._most = drains
         self._drains: set[asyncio.Task[None]] = set()
         self.enabled = enabled and supported()
-        #: Appends sent in a pipeline so far, and the pipelines that carried them.
-        self.sent = self.pipelines = 0
+        #: Appends sent in a pipeline so far, the pipelines that carried them, and those rolled back.
+        self.sent = self.pipelines = self.rolled_back = 0
 
     def takes(self, plan: AppendPlan) -> bool:
         """Whether ``plan`` should ride in a pipeline: untagged (a tagged append may record the bucket size in a
@@ -124,8 +131,9 @@ class AppendPipeline:
                 future.set_result(None)
 
     async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[Queued]) -> None:
-        """Send ``batch`` in one pipeline, a Sync after each statement; a statement error stays with its append.
-        A lost connection leaves the outcome of what was sent unknown; what was not sent goes back to its task."""
+        """Send ``batch`` as one transaction in one pipeline (the module's docstring has the rules). A lost
+        connection leaves the outcome of what was sent unknown; what was not sent goes back to its task."""
+        batch.sort(key=lambda item: item[0].pid)
         cursors = _cursors(conn, len(batch))
         self.sent += len(batch)
         self.pipelines += 1
@@ -136,11 +144,10 @@ class AppendPipeline:
                     sent += 1
                     try:
                         await cur.execute(plan.sql, plan.params, prepare=True, binary=True)
-                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: it stays with it
+                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
                         if _lost(conn, exc):
                             raise
-                    pipeline._enqueue_sync()
-                await _collect(conn, pipeline, len(batch))
+                committed = await _collect(conn, pipeline)
         except psycopg.Error as exc:
             if not _lost(conn, exc):
                 raise
@@ -151,26 +158,39 @@ class AppendPipeline:
                     else:
                         future.set_result(None)
             return
-        for (_plan, future), cur in zip(batch, cursors):  # noqa: B905
-            result = cur.pgresult
-            rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
-            if not future.done():
-                future.set_result(rows or None)
-
-
-async def _collect(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline, statements: int) -> None:
-    """Fetch every result of the pipeline. ``sync()`` raises the first statement error among the results it
-    fetched and leaves the rest unfetched (a second conflict in the batch would then escape the pipeline's exit
-    and end every append of it unknown): sync again until one comes back clean, at most once per statement.
-    Each error stays with its cursor (no result: its append runs again on a connection of its own)."""
-    for _ in range(statements):
-        try:
-            await pipeline.sync()
+        results = [cur.pgresult for cur in cursors[: len(batch)]]
+        if committed:
+            for (_plan, future), cur, result in zip(batch, cursors, results):  # noqa: B905
+                rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
+                if not future.done():
+                    future.set_result(rows or None)
             return
-        except psycopg.Error as exc:
-            if _lost(conn, exc):
-                raise
+        self.rolled_back += 1
+        failing = next((i for i, result in enumerate(results) if result is None
+                        or result.status not in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)), None)
+        if failing is None:  # the commit itself failed: nothing to single out, each runs on its own
+            for _plan, future in batch:
+                if not future.done():
+                    future.set_result(None)
+            return
+        _plan, future = batch.pop(failing)
+        if not future.done():
+            future.set_result(None)
+        self._queue.extendleft(reversed(batch))
+
+
+async def _collect(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline) -> bool:
+    """Fetch every result of the pipeline; whether its transaction committed. ``sync()`` raises the first
+    error among the results it fetched (the statements after it were skipped, and the Sync rolled the transaction
+    back): sync once more to leave the pipeline clean."""
+    try:
+        await pipeline.sync()
+        return True
+    except psycopg.Error as exc:
+        if _lost(conn, exc):
+            raise
     await pipeline.sync()
+    return False
 
 
 def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.AsyncCursor[Any]]:
@@ -185,7 +205,9 @@ def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.Asy
 
 
 def _lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> bool:
-    """The connection is gone (the server never answered), not a statement refused."""
+    """The connection is gone (the server never answered), not a statement refused or skipped after one was."""
+    if isinstance(exc, psycopg.errors.PipelineAborted):
+        return False
     return conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None)
 
 
