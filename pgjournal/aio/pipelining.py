@@ -147,7 +147,7 @@ class AppendPipeline:
                     except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
                         if _lost(conn, exc):
                             raise
-                committed = await _collect(conn, pipeline)
+                synced = await _collect(conn, pipeline)
         except psycopg.Error as exc:
             if not _lost(conn, exc):
                 raise
@@ -158,16 +158,18 @@ class AppendPipeline:
                     else:
                         future.set_result(None)
             return
+        # Committed only if the Sync came back clean *and* every statement has its result: the error of one (and
+        # the skipped ones after it) may have been fetched during a later execute, leaving the Sync clean.
         results = [cur.pgresult for cur in cursors[: len(batch)]]
-        if committed:
+        failing = next((i for i, result in enumerate(results) if result is None
+                        or result.status not in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)), None)
+        if synced and failing is None:
             for (_plan, future), cur, result in zip(batch, cursors, results):  # noqa: B905
                 rows = await cur.fetchall() if result is not None and result.status == ExecStatus.TUPLES_OK else None
                 if not future.done():
                     future.set_result(rows or None)
             return
         self.rolled_back += 1
-        failing = next((i for i, result in enumerate(results) if result is None
-                        or result.status not in (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)), None)
         if failing is None:  # the commit itself failed: nothing to single out, each runs on its own
             for _plan, future in batch:
                 if not future.done():
@@ -180,7 +182,7 @@ class AppendPipeline:
 
 
 async def _collect(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline) -> bool:
-    """Fetch every result of the pipeline; whether its transaction committed. ``sync()`` raises the first
+    """Fetch every result of the pipeline; whether the Sync came back clean. ``sync()`` raises the first
     error among the results it fetched (the statements after it were skipped, and the Sync rolled the transaction
     back): sync once more to leave the pipeline clean."""
     try:
