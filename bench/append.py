@@ -20,6 +20,7 @@ import psycopg
 import psycopg.conninfo
 
 from pgjournal import Journal
+from pgjournal.dsn import dsn_password
 
 from .cpu import CpuPerOp
 from .cpu import measure as measure_cpu
@@ -251,7 +252,7 @@ def eventsourcing_app(writers: int, total: int) -> Callable[[Context, Any], floa
                 "PERSISTENCE_MODULE": "eventsourcing.postgres",
                 "POSTGRES_DBNAME": str(info.get("dbname")), "POSTGRES_HOST": str(info.get("host", "127.0.0.1")),
                 "POSTGRES_PORT": str(info.get("port", 5432)), "POSTGRES_USER": str(info.get("user", "postgres")),
-                "POSTGRES_PASSWORD": str(info.get("password", "")), "POSTGRES_POOL_SIZE": str(writers + 2),
+                "POSTGRES_PASSWORD": dsn_password(ctx.dsn) or "", "POSTGRES_POOL_SIZE": str(writers + 2),
                 "CREATE_TABLE": "y",
             })
         app = state["app"]

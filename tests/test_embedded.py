@@ -33,7 +33,6 @@ print(json.dumps({"pid": status.pid, "port": status.port, "dsn": server.dsn}))
 @pytest.fixture
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("pgjournal-home")
-    path.chmod(0o755)
     try:
         yield path
     finally:
@@ -64,8 +63,9 @@ def test_two_processes_share_one_server(home: Path, monkeypatch: pytest.MonkeyPa
     status = server.status()
     assert status.running and (status.pid, status.port) == (first["pid"], first["port"])
     assert status.version == "18"
-    assert status.dsn == first["dsn"] == f"postgresql://postgres@127.0.0.1:{first['port']}/{DATABASE}"
-    assert status.data_dir == home / "pgdata"
+    assert status.dsn == first["dsn"] == (f"postgresql://postgres@127.0.0.1:{first['port']}/{DATABASE}"
+                                          f"?passfile={home}/pgpass")
+    assert status.data_dir == server.server_dir / "pgdata"
 
     # a later call (here, in this process) reuses it
     monkeypatch.setenv(HOME_ENV, str(home))
@@ -103,6 +103,7 @@ def test_a_server_being_started_is_not_handed_out_before_its_database_exists(hom
     env.pop("PGJOURNAL_DSN", None)
     with server._lock():
         server._init_if_needed()
+        server._secure()
         server._start()
         assert server.status().running
         second = subprocess.Popen([sys.executable, "-c", STARTER], env=env, stdout=subprocess.PIPE,
@@ -117,7 +118,7 @@ def test_a_server_being_started_is_not_handed_out_before_its_database_exists(hom
 
 def test_destroy_deletes_the_data_directory(home: Path) -> None:
     server = EmbeddedServer(home).ensure_running()
-    assert (home / "pgdata" / "PG_VERSION").exists()
+    assert (server.data_dir / "PG_VERSION").exists()
     server.destroy()
     assert not server.status().running
-    assert not (home / "pgdata").exists()
+    assert not server.data_dir.exists()

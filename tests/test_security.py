@@ -9,11 +9,12 @@ import pathlib
 import re
 import threading
 import uuid
+from collections.abc import Iterator
 
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import FAST, Roles
+from conftest import FAST, Roles, create_login_role
 from eventually import eventually
 from faultproxy import fault_proxy
 from typer.testing import CliRunner
@@ -117,14 +118,28 @@ def test_injection_strings_through_the_cli_are_stored_verbatim(dsn: str) -> None
 SECRET = "Zq9-s3cr3t/p@ss?#"  # URL-hostile characters on purpose
 
 
-def with_password(dsn: str) -> list[str]:
-    """``dsn`` with a password, in key=value form and as a URL (the embedded server trusts, so it works)."""
+@pytest.fixture
+def secret_role(dsn: str, server_dsn: str) -> Iterator[str]:
+    """A superuser whose password is :data:`SECRET`, for DSNs that carry it."""
+    name = f"pgj_secret_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE \"{name}\" LOGIN SUPERUSER PASSWORD '{SECRET}'")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'REASSIGN OWNED BY "{name}" TO CURRENT_USER')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{name}"')
+
+
+def with_password(dsn: str, role: str) -> list[str]:
+    """``dsn`` as ``role`` with its password, in key=value form and as a URL."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     from urllib.parse import quote
 
-    url = (f"postgresql://{params.get('user', 'postgres')}:{quote(SECRET, safe='')}@{params['host']}:{params['port']}"
-           f"/{params['dbname']}")
-    return [psycopg.conninfo.make_conninfo(dsn, password=SECRET), url]
+    url = f"postgresql://{role}:{quote(SECRET, safe='')}@{params['host']}:{params['port']}/{params['dbname']}"
+    return [psycopg.conninfo.make_conninfo(dsn, user=role, password=SECRET, passfile=None), url]
 
 
 def _assert_no_secret(text: str) -> None:
@@ -135,9 +150,9 @@ def _assert_no_secret(text: str) -> None:
 
 
 @pytest.mark.parametrize("form", [0, 1], ids=["key-value", "url"])
-def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int,
+def test_passwords_never_reach_logs_errors_or_cli_output(dsn: str, form: int, secret_role: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    secret_dsn = with_password(dsn)[form]
+    secret_dsn = with_password(dsn, secret_role)[form]
     runner = CliRunner()
     seen: list[str] = []
     with caplog.at_level(logging.DEBUG):
@@ -325,8 +340,7 @@ def test_the_owner_migrates_and_others_cannot_connect(dsn: str, server_dsn: str,
     assert _denied(reader_dsn, ["INSERT INTO owner_made VALUES (1)"]) == []
     # A login role that was not granted anything cannot even connect.
     stranger = f"pgj_stranger_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE ROLE "{stranger}" LOGIN')
+    create_login_role(server_dsn, stranger)
     try:
         with pytest.raises(DatabaseUnavailable, match="permission denied for database"):
             Journal.open(roles.dsn(dsn, stranger))

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import FAST
+from conftest import FAST, create_login_role
 
 from pgjournal import Journal
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
@@ -562,8 +562,7 @@ def test_load_as_a_role_without_the_rights_fails_before_reading_and_leaves_nothi
                                                     r"pgjournal_loader"):
         spark_jobs.load_events(spark, out, "reader", dsn=roles.dsn(dsn, roles.reader))
     stranger = f"pgj_stranger_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE ROLE "{stranger}" LOGIN')
+    create_login_role(server_dsn, stranger)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f'GRANT CONNECT ON DATABASE "{conn.info.dbname}" TO "{stranger}"')

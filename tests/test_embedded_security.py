@@ -1,0 +1,160 @@
+"""The embedded default admits only its owner (SECURITY.md): a password for TCP, files no one else can plant
+or read, no folder outside pgjournal's own chmodded, the server without root's groups, and homes of earlier
+versions (trust, root's data inside the home) secured on their next start. Each test runs a private server."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import psycopg.conninfo
+import pytest
+
+from pgjournal.embedded import HBA_CONF, EmbeddedServer, _bin_dir
+from pgjournal.errors import ConfigurationError
+
+AS_ROOT = os.geteuid() == 0
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="pgjournal-sec-"))
+    try:
+        yield path
+    finally:
+        EmbeddedServer(path).destroy()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def without_password(dsn: str, **extra: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    params.pop("passfile", None)
+    return psycopg.conninfo.make_conninfo("", **{**params, **extra})  # type: ignore[arg-type]
+
+
+def refused(dsn: str) -> str:
+    with pytest.raises(psycopg.OperationalError) as caught:
+        psycopg.connect(dsn, connect_timeout=5, passfile="/dev/null").close()
+    return str(caught.value)
+
+
+def test_only_the_owner_gets_in(home: Path) -> None:
+    server = EmbeddedServer(home).ensure_running()
+    with psycopg.connect(server.dsn) as conn:  # the owner: nothing to configure
+        assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+    assert "password" not in server.dsn.split("?")[0]  # the DSN names the password file, not the secret
+    # Anyone else on the machine: the port is the same, the secret is not theirs.
+    assert "no password supplied" in refused(without_password(server.dsn))
+    for guess in ("", "postgres", "pgjournal", "trust"):
+        assert "password authentication failed" in refused(without_password(server.dsn, password=guess or " "))
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        rules = conn.execute("SELECT type, auth_method FROM pg_hba_file_rules").fetchall()
+        encrypted = conn.execute("SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid "
+                                 "WHERE rolname = 'postgres'").fetchone()
+    assert set(rules) == {("host", "scram-sha-256")}
+    assert encrypted == (True,)
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("psql") or not shutil.which("runuser"),
+                    reason="needs root (to act as another user) and psql")
+def test_another_local_user_gets_an_authentication_error(home: Path) -> None:
+    server = EmbeddedServer(home).ensure_running()
+    for password in (None, "postgres"):
+        env = {"PATH": os.environ["PATH"], **({"PGPASSWORD": password} if password else {})}
+        other = subprocess.run(["runuser", "-u", "nobody", "--", "psql", server.dsn, "-Atc", "SELECT 1"],
+                               capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=30)
+        assert other.returncode != 0 and other.stdout == ""
+        assert "no password supplied" in other.stderr or "password authentication failed" in other.stderr
+
+
+def test_files_are_private_and_no_folder_outside_pgjournal_is_chmodded(home: Path) -> None:
+    watched = [*home.parents, *_bin_dir().parents, _bin_dir()]
+    before = {p: stat.S_IMODE(p.stat().st_mode) for p in watched}
+    server = EmbeddedServer(home).ensure_running()
+    assert {p: stat.S_IMODE(p.stat().st_mode) for p in watched} == before
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    for path in (server.passfile, server.port_file, server.lock_file, server.log_file):
+        info = path.lstat()
+        assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600, path
+    assert stat.S_IMODE(server.data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(server.server_dir.stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the server runs as a system user only when started by root")
+def test_as_root_the_server_has_its_own_folder_and_none_of_roots_groups(home: Path) -> None:
+    server = EmbeddedServer(home).ensure_running()
+    system_user = pwd.getpwnam("embedded_postgres")
+    assert server.server_dir != home and server.server_dir.stat().st_uid == system_user.pw_uid
+    status = Path(f"/proc/{server.status().pid}/status").read_text()
+    fields = {line.split(":")[0]: line.split(":")[1].split() for line in status.splitlines() if ":" in line}
+    assert fields["Uid"][0] == str(system_user.pw_uid)
+    assert fields["Gid"][0] == str(system_user.pw_gid) and "0" not in fields["Groups"]
+
+
+@pytest.mark.parametrize("planted", ["pgpass", "port", "server.lock", "server.log"])
+def test_links_planted_in_the_home_are_never_followed(home: Path, tmp_path: Path, planted: str) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o644)
+    (home / planted).symlink_to(victim)
+    try:
+        EmbeddedServer(home).ensure_running()
+    except ConfigurationError as exc:  # refusing is as good as replacing the link
+        assert "symbolic link" in str(exc)
+    assert victim.read_text() == "precious\n"
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o644 and victim.stat().st_uid == os.geteuid()
+    if (home / planted).is_symlink():  # refused: the fixture's clean-up would be refused too
+        (home / planted).unlink()
+
+
+def test_a_home_that_is_a_link_or_not_ours_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "home-link"
+    link.symlink_to(target)
+    with pytest.raises(ConfigurationError, match="not a folder"):
+        EmbeddedServer(link).ensure_running()
+    if AS_ROOT:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, pwd.getpwnam("nobody").pw_uid, -1)
+        with pytest.raises(ConfigurationError, match="belongs to uid"):
+            EmbeddedServer(theirs).ensure_running()
+        assert list(theirs.iterdir()) == []
+
+
+def test_a_home_of_an_earlier_version_is_secured_on_its_next_start(home: Path) -> None:
+    """What an earlier pgjournal left: ``trust`` for every TCP connection, no password file, and as root the
+    data directory inside the home. The next start secures it and keeps the data."""
+    server = EmbeddedServer(home).ensure_running()
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+        conn.execute("INSERT INTO kept VALUES (42)")
+    server.stop()
+    (server.data_dir / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+    server.passfile.unlink()
+    if AS_ROOT:
+        shutil.move(str(server.data_dir), str(home / "pgdata"))
+    # The earlier version's server is running when the new one arrives: it must not be left open.
+    legacy = EmbeddedServer(home)
+    if AS_ROOT:
+        legacy.data_dir = home / "pgdata"
+        home.chmod(0o755)
+    legacy._start()
+    assert "kept" in "".join(map(str, psycopg.connect(without_password(legacy.dsn)).execute(
+        "SELECT relname FROM pg_class WHERE relname = 'kept'").fetchone() or ()))  # open: trust
+
+    again = EmbeddedServer(home).ensure_running()
+    assert (again.data_dir / "pg_hba.conf").read_text() == HBA_CONF
+    assert "no password supplied" in refused(without_password(again.dsn))
+    with psycopg.connect(again.dsn) as conn:
+        assert conn.execute("SELECT n FROM kept").fetchone() == (42,)
+    if AS_ROOT:
+        assert not (home / "pgdata").exists() and again.data_dir.is_dir()
