@@ -147,9 +147,9 @@ def adoption_steps(schema: AkkaSchema, dialect: Dialect, version_table: str) -> 
         columns = [name.split(".", 1)[1] for name in schema.jsonb if name.startswith(f"{table}.")]
         return f"; JSONB: {', '.join(columns)}" if columns else ""
 
-    for table in schema.event_tables:
-        steps.append((Step("keep", table, "Akka's journal table, not partitioned, key (persistence_id, seq_nr), "
-                                          f"not altered{jsonb(table)}"), []))
+    for name in schema.event_tables:
+        steps.append((Step("keep", name, "Akka's journal table, not partitioned, key (persistence_id, seq_nr), "
+                                         f"not altered{jsonb(name)}"), []))
     if schema.partitions > 1:
         steps.append((Step("create view", "event_journal",
                            f"read-only UNION ALL of the {schema.partitions} data partitions (writes go to "
@@ -167,8 +167,8 @@ def adoption_steps(schema: AkkaSchema, dialect: Dialect, version_table: str) -> 
         steps.append((Step("create table", table.name, f"pgjournal's (revisions up to {ADOPTED_REVISION})"),
                       dialect.create_table(table)))
     akka_only = sorted(t for t in schema.tables if t.startswith("akka_projection") or t.startswith("durable_state"))
-    for table in akka_only:
-        steps.append((Step("keep", table, "Akka's, untouched"), []))
+    for name in akka_only:
+        steps.append((Step("keep", name, "Akka's, untouched"), []))
     rows = [(EVENT_LAYOUT, AKKA_LAYOUT)] + ([(DATA_PARTITIONS, str(schema.partitions))] if schema.partitions > 1
                                            else [])
     steps.append((Step("record", FORMAT_TABLE, ", ".join(f"{n} = {v}" for n, v in rows)),

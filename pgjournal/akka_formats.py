@@ -70,7 +70,8 @@ def encode_long(value: int) -> bytes:
 def decode_long(payload: bytes) -> int:
     if len(payload) != 8:
         raise ValueError(f"primitive-long needs exactly 8 bytes, got {len(payload)}")
-    return _LONG.unpack(payload)[0]
+    value: int = _LONG.unpack(payload)[0]
+    return value
 
 
 def encode_int(value: int) -> bytes:
@@ -81,7 +82,8 @@ def encode_int(value: int) -> bytes:
 def decode_int(payload: bytes) -> int:
     if len(payload) != 4:
         raise ValueError(f"primitive-int needs exactly 4 bytes, got {len(payload)}")
-    return _INT.unpack(payload)[0]
+    value: int = _INT.unpack(payload)[0]
+    return value
 
 
 def encode_string(value: str) -> bytes:
@@ -107,7 +109,7 @@ def decode_boolean(payload: bytes) -> bool:
 
 # -- Jackson --------------------------------------------------------------------------------------------
 
-_scan_once = json.JSONDecoder().scan_once
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner: not in the stubs
 #: ``scan_json(text, 0)``: ``(the JSON value at the start of text, where it ends)``; raises StopIteration or
 #: ValueError when there is none (the C scanner of ``json.loads``, without its wrappers).
 scan_json = _scan_once

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -155,8 +155,8 @@ class ByPersistenceId:
         return drive(self.persistence_ids_steps(after, limit, entity_type=entity_type), self._journal.connection)
 
     def persistence_ids_steps(self, after: str | None = None, limit: int | None = None, *,
-                              entity_type: str | None = None) -> Iterator[Step[list[str]]]:
-        """:meth:`persistence_ids` as steps, a page each."""
+                              entity_type: str | None = None) -> Generator[Step[list[str]], list[str], None]:
+        """:meth:`persistence_ids` as steps, a page each (the driver sends each page back)."""
         if after is not None:
             check_persistence_id(after)
         if limit is not None:

@@ -67,11 +67,14 @@ class SliceRows(Protocol):
     """What a by-slice query reads: rows whose first five columns are (slice, entity_type, persistence_id,
     number, db_timestamp), paged by the store's SQL, and how a row becomes what the reader receives."""
 
-    #: Per persistence id every number is a row to deliver (events): the gate loads a missing predecessor.
-    #: ``False`` (durable state, whose row is overwritten): only what was delivered is dropped.
-    contiguous: bool
-    #: The tables whose writers bound the visibility horizon (``None``: the journal's).
-    horizon_relations: tuple[int, ...] | None
+    @property
+    def contiguous(self) -> bool:
+        """Per persistence id every number is a row to deliver (events): the gate loads a missing predecessor.
+        ``False`` (durable state, whose row is overwritten): only what was delivered is dropped."""
+
+    @property
+    def horizon_relations(self) -> tuple[int, ...] | None:
+        """The tables whose writers bound the visibility horizon (``None``: the journal's)."""
 
     def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]: ...
 
@@ -294,7 +297,8 @@ class SliceQuery:
         gate = self.gate
         delivered, judge, deliver = gate.delivered, gate.judge, gate.deliver
         read_timestamp = self.read_timestamp
-        ts_at, seen = cursor.ts, cursor.seen
+        ts_at = cursor.ts
+        seen: dict[str, int] | None = cursor.seen
         lone_pid, lone_seq = "", 0
         # A backtracking delivery's offset is the main cursor's position (unchanged by a backtracking page).
         main_ts, main_seen = self.main.ts, self.main.seen

@@ -108,4 +108,4 @@ class RetryPolicy:
 
     def longest(self) -> float:
         """The longest all retries can wait in total (what a caller may wait before the final error)."""
-        return sum(min(self.backoff_max, self.backoff * 2 ** min(n - 1, 60)) for n in range(1, self.retries + 1))
+        return float(sum(min(self.backoff_max, self.backoff * 2 ** min(n - 1, 60)) for n in range(1, self.retries + 1)))

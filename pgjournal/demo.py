@@ -54,7 +54,7 @@ def main() -> None:
         def consume(i: int) -> None:
             for env in lives[i]:
                 seen[i][(env.persistence_id, env.seq_nr)] += 1
-                lags.append((env.offset.read_timestamp - env.db_timestamp).total_seconds())
+                lags.append(((env.offset.read_timestamp or env.offset.timestamp) - env.db_timestamp).total_seconds())
 
         consumers = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(4)]
         for thread in consumers:
@@ -79,7 +79,7 @@ def main() -> None:
         for live in lives:
             live.close()
 
-        delivered = Counter()
+        delivered: Counter[tuple[str, int]] = Counter()
         for counter in seen:
             delivered.update(counter)
         exactly_once = set(delivered) == written and all(n == 1 for n in delivered.values())

@@ -71,7 +71,9 @@ def resolve_dsn(dsn: str | None = None) -> str:
 
 def _pgpass_fields(line: str) -> list[str]:
     """The five fields of a password-file line (``host:port:db:user:password``; ``\\:`` and ``\\\\`` escaped)."""
-    fields, current, chars = [], [], iter(line)
+    fields: list[str] = []
+    current: list[str] = []
+    chars = iter(line)
     for char in chars:
         if char == "\\":
             current.append(next(chars, ""))

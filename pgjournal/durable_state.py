@@ -226,13 +226,13 @@ class DurableStateStore(DurableStateRules):
         """The states of ``entity_type`` in slices ``min_slice..max_slice`` changed after ``offset``, up to the
         bound seen when the query starts, in (db_timestamp, revision) order: each persistence id's latest
         revision, each revision at most once."""
-        return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
+        return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset,
                                               rows=self.rows())
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
                           ) -> LiveQuery[DurableStateChange]:
         """Like :meth:`current_changes_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
-        return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset,  # type: ignore[return-value]
+        return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset,
                                            rows=self.rows())
 
     # -- writes --------------------------------------------------------------------------------------

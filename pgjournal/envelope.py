@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, make_dataclass
 from datetime import datetime
 from typing import Any
@@ -90,7 +90,8 @@ def _recast(pid: str, seq_nr: int, slice_: int, entity_type: str, ts: datetime, 
             event: Any, tags: tuple[str, ...], metadata: Any, source: Source) -> EventEnvelope:
     envelope: Any = _Unfrozen(pid, seq_nr, slice_, entity_type, ts, offset, event, tags, metadata, source)
     envelope.__class__ = EventEnvelope
-    return envelope  # type: ignore[no-any-return]
+    recast: EventEnvelope = envelope
+    return recast
 
 
 # A reader makes one envelope per event: filling its slots directly costs ~0.6 us less than the frozen
@@ -102,18 +103,18 @@ _SETTERS = tuple(getattr(EventEnvelope, name).__set__ for name in (
 
 
 def _filled(*fields: Any) -> EventEnvelope:
-    envelope = _new(EventEnvelope)
+    envelope: EventEnvelope = _new(EventEnvelope)
     for set_, value in zip(_SETTERS, fields, strict=True):
         set_(envelope, value)
-    return envelope  # type: ignore[no-any-return]
+    return envelope
 
 
-def _pick() -> Any:
+def _pick() -> Callable[..., EventEnvelope]:
     """The recast twin (~0.5 us less per envelope than filling the slots one by one), where the interpreter
     allows a class change between the two layouts (CPython does); else the slots filled one by one."""
-    probe = ("probe", 1, 0, "", datetime(1970, 1, 1), None, None, (), None, Source.QUERY)
+    probe: tuple[Any, ...] = ("probe", 1, 0, "", datetime(1970, 1, 1), None, None, (), None, Source.QUERY)
     try:
-        made = _recast(*probe)  # type: ignore[arg-type]
+        made = _recast(*probe)
     except TypeError:
         return _filled
     return _recast if made == _filled(*probe) and type(made) is EventEnvelope else _filled

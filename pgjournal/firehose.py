@@ -412,6 +412,7 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
                 hose.start(reached)  # the first consumer to catch up starts the shared query where it is
             if not failed:
                 index, before = hose.head, hose.last
+                assert before is not None, "a started hose has an offset"
                 while True:
                     if _reaches(reached, before):
                         join_at = index
@@ -424,7 +425,7 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
                 hose.cursors[self.id] = join_at
                 self._attached = True
                 self._catchup = None
-                floor = before.timestamp - hose.margin
+                floor = before.timestamp - hose.margin  # type: ignore[union-attr]  # set where join_at was
             elif not failed and self._run_count == 0:
                 # Nothing new here and the hose has delivered nothing past us yet: wait for it (or poll again).
                 hose.cond.wait(self._owner.journal.settings.refresh_interval)

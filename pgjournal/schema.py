@@ -7,6 +7,8 @@ points) is the dialect's business: see :mod:`pgjournal.dialects`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -26,7 +28,7 @@ metadata = MetaData()
 TIMESTAMPTZ = TIMESTAMP(timezone=True)
 
 
-def _meta_columns() -> list[Column]:
+def _meta_columns() -> list[Column[Any]]:
     return [
         Column("meta_ser_id", Integer),
         Column("meta_ser_manifest", String(255)),

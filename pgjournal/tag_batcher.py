@@ -50,6 +50,7 @@ the retries.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -402,12 +403,16 @@ class TagBatcher:
             while entries:
                 chosen, pairs = self.batch.next_statement(entries)
                 bound = self.batch.bound(excluding=chosen)
-                rows = self._run(lambda p=pairs, b=bound: self.batch.write_step(self._journal, p, b))
+                rows = self._run(functools.partial(self.batch.write_step, self._journal, pairs, bound))
                 entries = self.batch.finished(chosen, rows) + entries[len(chosen):]
                 self._last_write = time.monotonic()
         except BaseException:
             self.batch.give_back(entries)
             raise
+
+    def _write_adopted(self, pairs: list[BatchPair]) -> Step[list[tuple[Any, ...]]]:
+        """A statement of another writer's leftovers, bounded by this writer's watermark as it is at each try."""
+        return self.batch.write_step(self._journal, pairs, self.batch.bound())
 
     def _run(self, step: Callable[[], Step[R]]) -> R:
         """Run a fresh ``step()`` on this writer's connection, retrying transient failures under the retry policy."""
@@ -523,22 +528,23 @@ class TagBatcher:
         for writer in self._run(lambda: _rows(store.batch_writers(silent_for))):
             if writer.id == self.batch.key:
                 continue
-            claimed = self._run(lambda w=writer: _rows(store.claim_batch_writer(w.id, w.heartbeat)))
+            claimed = self._run(functools.partial(_rows, store.claim_batch_writer(writer.id, writer.heartbeat)))
             if not claimed:
                 continue  # another process took it, or it came back
-            found = self._run(lambda w=writer: _rows(store.tagged_since(w.writer, w.entity_types, w.complete_before)))
+            found = self._run(functools.partial(
+                _rows, store.tagged_since(writer.writer, writer.entity_types, writer.complete_before)))
             entries = [_Pending(t.persistence_id, t.slice, set(t.tags), NO_UPTO, writer.complete_before, 1)
                        for t in found]
             rows = 0
             while entries:
                 chosen, pairs = self.batch.next_statement(entries, own=False)
-                result = self._run(lambda p=pairs: self.batch.write_step(self._journal, p, self.batch.bound()))
+                result = self._run(functools.partial(self._write_adopted, pairs))
                 written = {(pid, tag): n for _, pid, tag, n in result if pid is not None}
                 rows += sum(written.values())
                 for entry in chosen:
                     entry.tags = {t for t in entry.tags if written.get((entry.pid, t), 0) >= self.batch.limit}
                 entries = [e for e in chosen if e.tags] + entries[len(chosen):]
-            self._run(lambda w=writer, c=claimed[0]: _execute(store.drop_batch_writer(w.id, c)))
+            self._run(functools.partial(_execute, store.drop_batch_writer(writer.id, claimed[0])))
             self._registered = True
             log.warning("batched tag writer %s (writer %s) was silent for more than %g s: wrote %d tag view row(s) "
                         "of %d persistence id(s) it had appended to, and dropped its row", writer.id, writer.writer,

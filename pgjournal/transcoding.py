@@ -154,7 +154,8 @@ def new_key() -> bytes:
 def seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
     """``nonce + ciphertext + tag`` of ``plaintext`` under ``key`` (AES-256-GCM, random 96-bit nonce)."""
     nonce = os.urandom(NONCE_BYTES)
-    return nonce + _cipher(key)[0].encrypt(nonce, plaintext, associated)
+    sealed: bytes = _cipher(key)[0].encrypt(nonce, plaintext, associated)
+    return nonce + sealed
 
 
 def open_sealed(key: bytes, sealed: bytes, associated: bytes) -> bytes:
@@ -162,7 +163,8 @@ def open_sealed(key: bytes, sealed: bytes, associated: bytes) -> bytes:
     if len(sealed) < NONCE_BYTES + TAG_BYTES:
         raise ValueError(f"sealed data of {len(sealed)} bytes is shorter than nonce and tag")
     try:
-        return _cipher(key)[0].decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
+        plaintext: bytes = _cipher(key)[0].decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], associated)
+        return plaintext
     except Exception as exc:  # cryptography's InvalidTag
         if type(exc).__name__ != "InvalidTag":
             raise
@@ -229,7 +231,8 @@ class Transcoder:
                 compressor = getattr(local, "compressor", None)
                 if compressor is None:  # not thread-safe: one per thread
                     compressor = local.compressor = zstandard.ZstdCompressor(level=level)
-                return compressor.compress(data)
+                compressed: bytes = compressor.compress(data)
+                return compressed
 
             return compress
         return None

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -27,7 +28,8 @@ NAME = "demo-accounts"
 ENTITY_TYPE = "DemoAcct"
 ROOT = Path(__file__).resolve().parent.parent
 #: Quick polling so the demo is lively; production defaults are slower.
-SETTINGS = {"refresh_interval": 0.2, "backtracking_window": 5.0, "backtracking_behind_current_time": 1.0}
+SETTINGS: dict[str, Any] = {"refresh_interval": 0.2, "backtracking_window": 5.0,
+                             "backtracking_behind_current_time": 1.0}
 
 
 def _spawn(dsn: str) -> subprocess.Popen[bytes]:
@@ -102,13 +104,13 @@ def run_demo(dsn: str | None, console: Console) -> None:
             console.print(_status_table(journal, "caught up"))
             mismatches = counter_mismatches(journal, NAME, ENTITY_TYPE)
             with journal.connection() as conn:
-                counts = stats.totals(ENTITY_TYPE).one(conn)
-            total, accounts = (counts.events, counts.persistence_ids) if counts else (0, 0)
+                totals = stats.totals(ENTITY_TYPE).one(conn)
+            total, account_count = (totals.events, totals.persistence_ids) if totals else (0, 0)
             if mismatches:
                 console.print(f"[bold red]read model differs from the journal for {len(mismatches)} account(s):[/] "
                               f"{mismatches[:5]}")
                 raise SystemExit(1)
-            console.print(f"[bold green]read model == journal[/]: {total:,} events of {accounts} accounts, each "
+            console.print(f"[bold green]read model == journal[/]: {total:,} events of {account_count} accounts, each "
                           "counted exactly once across the rescale.")
         finally:
             stop.set()

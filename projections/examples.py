@@ -79,7 +79,7 @@ def counter_writer(name: str, *, grouped: bool = True, max_count: int = 500, max
     """The per-entity counter read model, exactly once (grouped: one upsert per group); ``asynchronous``:
     coroutine handlers, for the asyncio runner."""
     check_name(name, "projection name")
-    count = acount_events if asynchronous else count_events
+    count: Callable[[Any, str, Sequence[EventEnvelope]], Any] = acount_events if asynchronous else count_events
     if grouped:
         return Grouped(lambda conn, envs: count(conn, name, envs), max_count=max_count, max_wait=max_wait)
     return ExactlyOnce(lambda conn, env: count(conn, name, [env]))

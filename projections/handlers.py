@@ -108,7 +108,7 @@ class ProjectionSettings:
             raise InvalidArgument(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}")
 
     def backoff_for(self, attempt: int) -> float:
-        return min(self.backoff_max, self.backoff * 2 ** (attempt - 1))
+        return float(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class LeaseManager:
 
     def cycle(self) -> tuple[dict[int, int], range]:
         """Heartbeat, compute this worker's share, renew and acquire. Returns (held slices -> epoch, share)."""
-        def attempt() -> tuple[float, range, list[sql.HeldLease]]:
+        def attempt() -> tuple[float, range, list[sql.Lease]]:
             sent = time.monotonic()  # before the statements: the local deadline errs early
             with self.journal.connection() as conn:
                 if not self._rows_ensured:

@@ -33,6 +33,7 @@ from pgjournal import metrics
 from pgjournal.by_pid import ByPersistenceId
 from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError, LeaseLost, ProjectionFailed
+from pgjournal.gate import Verdict
 from pgjournal.offsets import NoOffset, Offset, TimestampOffset
 from pgjournal.slices import check_slice_range
 from pgjournal.steps import Call, Statement, Step, statement
@@ -40,7 +41,7 @@ from pgjournal.steps import Call, Statement, Step, statement
 from .dead_letters import dead_letter_statement, decoded, lenient, serializer_of_step
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused_step
-from .offset_store import OffsetStore, Record, Verdict, range_key
+from .offset_store import OffsetStore, Record, range_key
 
 if TYPE_CHECKING:
     from pgjournal.core import JournalCore
@@ -364,8 +365,8 @@ class RangeLogic:
         if dead_letter:
             failed = {(env.persistence_id, env.seq_nr) for env, _ in dead}
             self._handled([e for e in todo if (e.persistence_id, e.seq_nr) not in failed])
-            for env, exc in dead:
-                self._log_dead_letter(env, exc)
+            for env, error in dead:
+                self._log_dead_letter(env, error)
         else:
             self._log_skipped(todo, last)
 

@@ -148,11 +148,11 @@ class OffsetStore:
     def validate_step(self, env: EventEnvelope, pending: Mapping[str, Record]) -> Step[Validation]:
         """The gate's verdict for ``env``; ``pending``: what the open unit of work accepted (it counts)."""
         record = pending.get(env.persistence_id)
-        after = record.seq_nr if record is not None else self.gate.last(env.persistence_id)
-        if after is None:
-            after = yield from self._unknown_step(env)
+        known = record.seq_nr if record is not None else self.gate.last(env.persistence_id)
+        after = known if known is not None else (yield from self._unknown_step(env))
         verdict = judge(after, env.seq_nr)
-        return Validation(verdict, after if verdict is Verdict.REJECTED else 0)  # type: ignore[arg-type]
+        # A rejection's ``after`` is a number: only a verdict of its own (a duplicate) comes back as a Verdict.
+        return Validation(verdict, after if verdict is Verdict.REJECTED and isinstance(after, int) else 0)
 
     def _unknown_step(self, env: EventEnvelope) -> Step[int | Verdict]:
         """The gate's policy for a persistence id without a record: older than its slice's window, it was

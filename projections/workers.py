@@ -45,7 +45,8 @@ def load_factory(spec: str) -> Factory:
         raise ConfigurationError(f"cannot load handler factory {spec!r}: {exc}") from None
     if not callable(factory):
         raise ConfigurationError(f"handler factory {spec!r} is not callable")
-    return factory
+    loaded: Callable[[Journal, str, str], Projection] = factory
+    return loaded
 
 
 def contiguous_runs(slices: Iterable[int]) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgjournal.cli_support import DsnOption, console, reported
@@ -55,7 +55,7 @@ def _spark(master: str, memory: str) -> Iterator[SparkSession]:
 def _progress() -> Iterator[object]:
     bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("tasks"), TimeElapsedColumn(), console=console, transient=False)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
 
     def update(p: SparkProgress) -> None:
         if p.step not in tasks:

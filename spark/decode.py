@@ -91,8 +91,8 @@ class PayloadDecoder:
         if mask is True:
             return fast, unflagged
         rest = pc.invert(mask)
-        slow, flags = self._one_by_one(*(a.filter(rest).to_pylist() for a in (ser_ids, manifests, payloads, pids)),
-                                       struct)
+        ids, names, bodies, owners = (a.filter(rest).to_pylist() for a in (ser_ids, manifests, payloads, pids))
+        slow, flags = self._one_by_one(ids, names, bodies, owners, struct)
         return merge(mask, fast, slow), merge(mask, unflagged, flags)
 
     def arrow_rows(self, ser_ids: pa.Array, manifests: pa.Array, payloads: pa.Array) -> pa.Array | bool | None:
@@ -244,7 +244,7 @@ def merge(mask: pa.Array, chosen: pa.Array, rest: pa.Array) -> pa.Array:
     return pa.concat_arrays([chosen, rest]).take(pc.sort_indices(order))
 
 
-def fitting(value: dict | None, struct: pa.DataType) -> dict | None:
+def fitting(value: dict[str, Any] | None, struct: pa.DataType) -> dict[str, Any] | None:
     """``value`` when it fits ``struct``, else ``None``."""
     import pyarrow as pa
 
@@ -259,7 +259,7 @@ def decoding_function(decoder: PayloadDecoder, struct: pa.DataType, name: str) -
     """The function of an Arrow UDF over ``(ser_id, manifest, payload, persistence_id)`` giving
     ``struct<name: struct, redacted: boolean>`` (the JDBC reader's decoding, :mod:`spark.read`)."""
 
-    def decode(ser_ids, manifests, payloads, pids):  # no type hints: Spark reads them as the UDF's kind
+    def decode(ser_ids, manifests, payloads, pids):  # type: ignore[no-untyped-def]  # Spark reads hints as the UDF's kind
         import pyarrow as pa
 
         events, flags = decoder.decode(ser_ids, manifests, payloads, pids, struct)
@@ -272,7 +272,7 @@ def texts_function(decoder: PayloadDecoder) -> Callable[..., pa.Array]:
     """The function of an Arrow UDF over ``(ser_id, manifest, payload, persistence_id)`` giving each payload's
     JSON text (:meth:`PayloadDecoder.json_texts`)."""
 
-    def texts(ser_ids, manifests, payloads, pids):  # no type hints: Spark reads them as the UDF's kind
+    def texts(ser_ids, manifests, payloads, pids):  # type: ignore[no-untyped-def]  # Spark reads hints as the UDF's kind
         return decoder.json_texts(ser_ids, manifests, payloads, pids)
 
     return texts

@@ -25,7 +25,7 @@ from .system import SKIP_ENV, spark_skipped
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from pgjournal import Journal
 

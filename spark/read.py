@@ -202,7 +202,7 @@ def infer_payload_schema(frame: DataFrame, decoder: PayloadDecoder, *, sampling_
                          serializers: SerializerRegistry | None = None) -> StructType:
     """The schema Spark's JSON reader infers over the payloads of ``frame`` that ``decoder`` decodes to JSON
     objects (one pass over the rows; ``serializers``: the registry inside ``decoder``, sent to the workers)."""
-    from pyspark.sql.functions import arrow_udf
+    from pyspark.sql.functions import arrow_udf  # type: ignore[attr-defined]  # exported by name only
 
     if not isinstance(sampling_ratio, int | float) or not 0 < sampling_ratio <= 1:
         raise InvalidArgument(f"sampling_ratio must be in (0, 1], got {sampling_ratio!r}")
@@ -225,7 +225,7 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
     object to infer from, nothing is added (Parquet cannot store an empty struct).
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.functions import arrow_udf
+    from pyspark.sql.functions import arrow_udf  # type: ignore[attr-defined]  # exported by name only
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import BooleanType, StructField, StructType
 
@@ -240,6 +240,9 @@ def decode_payloads(frame: DataFrame, payload_schema: StructType | str | None = 
         except Exception as exc:  # pyspark raises its own parse errors
             raise InvalidArgument(f"payload_schema {payload_schema!r} is not a Spark DDL schema like "
                                   f"'item STRING, qty INT': {str(exc).splitlines()[0]}") from None
+        if not isinstance(parsed, StructType):
+            raise InvalidArgument(f"payload_schema {payload_schema!r} is a {parsed.simpleString()}, not a struct "
+                                  "of fields like 'item STRING, qty INT'")
         schema = parsed
     else:
         raise InvalidArgument(f"payload_schema must be a StructType, DDL text or None, got {payload_schema!r}")

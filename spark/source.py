@@ -429,11 +429,11 @@ class PushedFilters:
     def push(self, flt: Filter) -> bool:
         """Take ``flt`` when it is a comparison or IN on a pushable column with plain values."""
         kind = type(flt).__name__
-        attribute = getattr(flt, "attribute", ())  # Not, And, Or have none: not pushed
+        attribute: tuple[str, ...] = getattr(flt, "attribute", ())  # Not, And, Or have none: not pushed
         column = attribute[0] if len(attribute) == 1 else None
         if column not in self.store.pushable:
             return False
-        values = list(flt.value) if kind == "In" else [getattr(flt, "value", None)]
+        values: list[Any] = list(getattr(flt, "value", ())) if kind == "In" else [getattr(flt, "value", None)]
         try:
             values = [_sql_value(column, v) for v in values]
         except (TypeError, ValueError):

@@ -153,13 +153,15 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _newest(self, conn: psycopg.Connection, key: str, lo: int, hi: int, start: TimestampOffset,
                 cap: TimestampOffset | None, bound: datetime) -> TimestampOffset:
         """Everything committed after ``start``: the newest timestamp and every pid at it."""
-        scope = {"entity_type": self.options.entity_type, "cap": cap}
-        row = conn.execute(*self.store.newest_after(lo, hi, start, bound, **scope), prepare=False).fetchone()
+        entity_type = self.options.entity_type
+        row = conn.execute(*self.store.newest_after(lo, hi, start, bound, entity_type=entity_type, cap=cap),
+                           prepare=False).fetchone()
         newest = row[0] if row else None
         if newest is None:
             return start
         seen = dict(start.seen) if newest == start.timestamp else {}
-        rows = conn.execute(*self.store.numbers_at(lo, hi, start, bound, newest, **scope), prepare=False).fetchall()
+        rows = conn.execute(*self.store.numbers_at(lo, hi, start, bound, newest, entity_type=entity_type, cap=cap),
+                            prepare=False).fetchall()
         for pid, number in rows:
             seen[pid] = max(number, seen.get(pid, 0))
         return TimestampOffset(newest, seen=seen)

@@ -12,7 +12,7 @@ from ..store.durable_state import DurableStateSQL
 from ..store.events import EventStore
 from ..store.export import ExportSQL
 
-_PG = postgresql.dialect()
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect class is not annotated
 
 
 class Dialect:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import WriteOutcomeUnknown
 from .mailbox import Mailboxes, Pending
@@ -42,7 +42,7 @@ class AsyncMailboxes(Mailboxes):
         box, lead = self._enqueue(key, item)
         try:
             while not lead:
-                await item.wake.wait()
+                await cast(asyncio.Event, item.wake).wait()  # made by handle() below
                 item.wake.clear()
                 if item.completed:
                     return

@@ -70,7 +70,8 @@ class Entity(Generic[S]):
         raise NotImplementedError(f"{type(self).__qualname__} must implement apply(state, event)")
 
     def new_state(self) -> S:
-        return copy.deepcopy(self.initial_state)
+        state: S = copy.deepcopy(self.initial_state)
+        return state
 
     def to_snapshot(self, state: S) -> Any:
         """What is stored as the snapshot of ``state`` (default: the state itself, via the serializers)."""

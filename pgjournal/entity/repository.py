@@ -191,7 +191,9 @@ class RepositoryRules(Generic[S]):
             cached = current is not None
             if current is None:
                 current = yield from recover_step(self.journal, self.entity, pid)
-            state, events, outcomes = current.state, [], []
+            state = current.state
+            events: list[Any] = []
+            outcomes: list[CommandResult[S] | Exception] = []
             for item in batch:
                 try:
                     effect = effect_of(self.entity, item.command, self.entity.handle(state, item.command))

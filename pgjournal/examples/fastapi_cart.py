@@ -53,7 +53,9 @@ def sse(event: Any) -> str:
     """One server-sent event of an envelope: its offset as the id, the event's class as the type."""
     payload = {"persistence_id": event.persistence_id, "seq_nr": event.seq_nr,
                "db_timestamp": event.db_timestamp.isoformat(),
-               "event": dataclasses.asdict(event.event) if dataclasses.is_dataclass(event.event) else event.event}
+               "event": (dataclasses.asdict(event.event)
+                         if dataclasses.is_dataclass(event.event) and not isinstance(event.event, type)
+                         else event.event)}
     return f"id: {event.offset}\nevent: {type(event.event).__name__}\ndata: {json.dumps(payload)}\n\n"
 
 
