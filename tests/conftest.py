@@ -164,9 +164,28 @@ def create_login_role(server_dsn: str, name: str) -> None:
         conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{ROLE_PASSWORD}'")
 
 
-def role_dsn(base: str, role: str) -> str:
+def role_dsn(base: str, role: str, password: str = ROLE_PASSWORD) -> str:
     """``base`` as ``role``, with its password (which wins over the password file a DSN may name)."""
-    return psycopg.conninfo.make_conninfo(base, user=role, password=ROLE_PASSWORD)
+    return psycopg.conninfo.make_conninfo(base, user=role, password=password)
+
+
+#: A password with URL-hostile characters, of :func:`secret_role`: tests check that it never shows.
+SECRET = "Zq9-s3cr3t/p@ss?#"
+
+
+@pytest.fixture
+def secret_role(dsn: str, server_dsn: str) -> Iterator[str]:
+    """A superuser whose password is :data:`SECRET`, for DSNs that carry it."""
+    name = f"pgj_secret_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE \"{name}\" LOGIN SUPERUSER PASSWORD '{SECRET}'")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'REASSIGN OWNED BY "{name}" TO CURRENT_USER')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE "{name}"')
 
 
 @dataclass

@@ -9,12 +9,11 @@ import pathlib
 import re
 import threading
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import FAST, Roles, create_login_role
+from conftest import FAST, SECRET, Roles, create_login_role, role_dsn
 from eventually import eventually
 from faultproxy import fault_proxy
 from typer.testing import CliRunner
@@ -115,22 +114,6 @@ def test_injection_strings_through_the_cli_are_stored_verbatim(dsn: str) -> None
 
 # -- passwords never shown -------------------------------------------------------------------------
 
-SECRET = "Zq9-s3cr3t/p@ss?#"  # URL-hostile characters on purpose
-
-
-@pytest.fixture
-def secret_role(dsn: str, server_dsn: str) -> Iterator[str]:
-    """A superuser whose password is :data:`SECRET`, for DSNs that carry it."""
-    name = f"pgj_secret_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE \"{name}\" LOGIN SUPERUSER PASSWORD '{SECRET}'")
-    try:
-        yield name
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'REASSIGN OWNED BY "{name}" TO CURRENT_USER')
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP ROLE "{name}"')
 
 
 def with_password(dsn: str, role: str) -> list[str]:
@@ -139,7 +122,7 @@ def with_password(dsn: str, role: str) -> list[str]:
     from urllib.parse import quote
 
     url = f"postgresql://{role}:{quote(SECRET, safe='')}@{params['host']}:{params['port']}/{params['dbname']}"
-    return [psycopg.conninfo.make_conninfo(dsn, user=role, password=SECRET, passfile=None), url]
+    return [role_dsn(dsn, role, SECRET), url]
 
 
 def _assert_no_secret(text: str) -> None:

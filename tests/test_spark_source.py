@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import SECRET, role_dsn
 from eventually import eventually
 
 from pgjournal import Journal
@@ -138,11 +139,11 @@ def test_batch_stops_at_the_settled_horizon_an_open_writer_is_not_read(spark: An
                                                                                           ("Cart|held", 2)}
 
 
-def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal, dsn: str) -> None:
+def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal, dsn: str, secret_role: str) -> None:
     from pyspark.sql import functions as F
 
     fill(journal, pids=30, per_pid=4)
-    frame = source(spark, f"{dsn} password=Sup3rSecret", sliceRanges=8)  # the server trusts: ignored
+    frame = source(spark, role_dsn(dsn, secret_role, SECRET), sliceRanges=8)
     pid = "Cart|4"
     target = slice_for_persistence_id(pid)
     one = frame.where((F.col("persistence_id") == pid) & (F.col("seq_nr") >= 2))
@@ -150,7 +151,7 @@ def test_filters_are_pushed_to_sql_and_prune_ranges(spark: Any, journal: Journal
     # pushed: Spark keeps only its own not-null checks above the scan
     plan = one._jdf.queryExecution().executedPlan().toString()
     assert "Cart|4" not in plan and "Filter (isnotnull(persistence_id" in plan, plan
-    assert "Sup3rSecret" not in plan and "Sup3rSecret" not in one._jdf.queryExecution().toString()
+    assert SECRET not in plan and SECRET not in one._jdf.queryExecution().toString()
     # not pushable (a prefix match): Spark filters after the scan, same answer
     prefixed = frame.where(F.col("persistence_id").startswith("Cart|1") & (F.col("seq_nr") == 1))
     assert set(keys(prefixed)) == {(p, 1) for p, _ in journal_keys(dsn) if p.startswith("Cart|1")}
