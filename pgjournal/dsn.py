@@ -152,7 +152,8 @@ def _secrets(dsn: str) -> set[str]:
     found = set()
     for start, end in _secret_spans(dsn, whole=True):
         raw = dsn[start:end]
-        found |= {raw, raw.strip("'"), re.sub(r"\\(.)", r"\1", raw.strip("'")), urllib.parse.unquote(raw)}
+        unquoted = raw.strip("'")
+        found |= {raw, unquoted, re.sub(r"\\(.)", r"\1", unquoted, flags=re.DOTALL), urllib.parse.unquote(raw)}
         # libpq splits an unencoded password at '@', ':', '/' or '?' and may quote a piece as a host, port or
         # database name ("failed to resolve host 'horse'")
         found |= set(_PIECES.split(raw))
