@@ -14,12 +14,13 @@ from rich.table import Table
 
 from .cli_cleanup import cleanup_app
 from .cli_state import state_app
-from .cli_support import DsnOption, console, fail, open_journal, reported
+from .cli_support import DsnOption, console, fail, open_journal, reported, shown
 from .cli_tags import tags_app
 from .dsn import mask_dsn
 from .horizon import Horizon
 from .journal import Journal
 from .offsets import format_timestamp
+from .printable import json_printable, printable
 from .slices import slice_ranges
 from .store import stats
 
@@ -53,9 +54,9 @@ def migrate(
         resolved = resolve_dsn(dsn)
         if check:
             steps = migrations.plan(resolved, dialect)
-            table = Table("action", "object", "detail", title=f"pgjournal migrate on {mask_dsn(resolved)} would")
+            table = Table("action", "object", "detail", title=f"pgjournal migrate on {shown(mask_dsn(resolved))} would")
             for step in steps:
-                table.add_row(step.action, step.target, step.detail)
+                table.add_row(shown(step.action), shown(step.target), shown(step.detail))
             console.print(table)
             if any(step.action == "refuse" for step in steps):
                 raise typer.Exit(1)
@@ -64,7 +65,7 @@ def migrate(
     if adopted:
         console.print(f"adopted the Akka R2DBC schema: {sum(s.action != 'keep' for s in adopted)} steps, "
                       f"Akka's tables kept as they are")
-    console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {mask_dsn(resolved)}")
+    console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {shown(mask_dsn(resolved))}")
 
 
 @app.command()
@@ -84,7 +85,7 @@ def append(
         written = journal.append(persistence_id, decoded, expected_seq_nr=expected_seq_nr, tags=tag or ())
     table = Table("persistence id", "seq nr", "slice", "db timestamp")
     for env in written:
-        table.add_row(env.persistence_id, str(env.seq_nr), str(env.slice), format_timestamp(env.db_timestamp))
+        table.add_row(shown(env.persistence_id), str(env.seq_nr), str(env.slice), format_timestamp(env.db_timestamp))
     console.print(table)
 
 
@@ -119,7 +120,7 @@ def print_envelope(env: Any, *, with_offset: bool = False) -> None:
         record["source"] = str(env.source)
     if with_offset:
         record["offset"] = str(env.offset)
-    sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+    sys.stdout.write(json_printable(json.dumps(record, default=str, ensure_ascii=False)) + "\n")
     sys.stdout.flush()
 
 
@@ -132,7 +133,7 @@ def persistence_ids(
     """List persistence ids in order (keyset paged)."""
     with open_journal(dsn) as journal:
         for pid in journal.query.current_persistence_ids(after=after, limit=limit):
-            sys.stdout.write(pid + "\n")
+            sys.stdout.write(printable(pid) + "\n")
 
 
 @app.command()
@@ -175,14 +176,14 @@ def info_view(journal: Journal) -> Group:
         snapshots = stats.snapshots().one(conn) or 0
     table = Table("entity type", "events", "persistence ids", "first", "last", title="Events per entity type")
     for row in per_type:
-        table.add_row(row.entity_type or "(none)", f"{row.events:,}", f"{row.persistence_ids:,}",
-                      format_timestamp(row.first), format_timestamp(row.last))
+        table.add_row(shown(row.entity_type) if row.entity_type else "(none)", f"{row.events:,}",
+                      f"{row.persistence_ids:,}", format_timestamp(row.first), format_timestamp(row.last))
     total = sum(per_range.values()) or 1
     histogram = Table("slices", "events", "", title="Events per slice range")
     for i, (lo, hi) in enumerate(slice_ranges(INFO_RANGES)):
         count = per_range.get(i, 0)
         histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
-    return Group(f"journal on {mask_dsn(journal.dsn)}", table, histogram,
+    return Group(f"journal on {shown(mask_dsn(journal.dsn))}", table, histogram,
                  f"snapshots: {snapshots:,}", *horizon_view(journal, horizon))
 
 
@@ -247,7 +248,7 @@ def server_status() -> None:
     status = EmbeddedServer.default().status()
     table = Table("running", "pid", "port", "version", "data directory", "dsn")
     table.add_row("yes" if status.running else "no", str(status.pid or "-"), str(status.port or "-"),
-                  status.version or "-", str(status.data_dir), status.dsn if status.running else "-")
+                  shown(status.version or "-"), shown(status.data_dir), shown(status.dsn) if status.running else "-")
     console.print(table)
 
 
@@ -258,7 +259,7 @@ def server_start() -> None:
 
     with reported():
         server = EmbeddedServer.default().ensure_running()
-    console.print(f"running: {server.dsn}")
+    console.print(f"running: {shown(server.dsn)}")
 
 
 @server_app.command("stop")
@@ -319,7 +320,8 @@ def roles_command(
 
         resolved = resolve_dsn(dsn)
         apply_roles(resolved, script)
-    console.print(f"roles {owner}, {writer}, {reader}, {loader} set up on {mask_dsn(resolved)}")
+    console.print(f"roles {shown(owner)}, {shown(writer)}, {shown(reader)}, {shown(loader)} set up on "
+                  f"{shown(mask_dsn(resolved))}")
 
 
 #: Add-ons (``projections``, ``spark``, a third party's) contribute subcommands under this entry-point group:

@@ -12,7 +12,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .cleanup import CleanupCounts, CleanupReport, JournalCleanup
-from .cli_support import DsnOption, console, errors, fail, open_journal, reported
+from .cli_support import DsnOption, console, errors, fail, open_journal, reported, shown
 from .offsets import parse_timestamp
 from .reconciliation import Cleanup, CleanupResult
 
@@ -35,7 +35,7 @@ ResetOption = Annotated[bool, typer.Option(help="Also drop the last event: the p
 
 def _report(results: list[CleanupResult]) -> None:
     for result in results:
-        console.print(str(result))
+        console.print(shown(result))
     if results and results[0].dry_run:
         console.print("[dim]dry run: nothing deleted; add --execute to delete[/]")
 
@@ -104,7 +104,7 @@ def _bulk(dsn: str | None, execute: bool, dry_run: bool, batch_size: int, run: o
 
 def _print(report: CleanupReport) -> None:
     counts = report.counts
-    title = f"cleanup: {report.operation}" + (" (dry run: nothing deleted)" if report.dry_run else "")
+    title = f"cleanup: {shown(report.operation)}" + (" (dry run: nothing deleted)" if report.dry_run else "")
     table = Table("what", "would be" if report.dry_run else "done", title=title)
     for label, value in (("persistence ids visited", counts.persistence_ids), ("events deleted", counts.events_deleted),
                          ("highest events kept as deleted markers", counts.events_marked),
@@ -114,7 +114,7 @@ def _print(report: CleanupReport) -> None:
         table.add_row(label, f"{value:,}")
     console.print(table)
     for warning in report.warnings:
-        console.print(f"[bold red]warning:[/] {warning}", highlight=False)
+        console.print(f"[bold red]warning:[/] {shown(warning)}", highlight=False)
     if report.dry_run:
         console.print("[dim]dry run: nothing deleted; add --execute to delete[/]")
 

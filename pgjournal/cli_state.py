@@ -9,9 +9,10 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli_support import DsnOption, console, fail, open_journal, reported
+from .cli_support import DsnOption, console, fail, open_journal, reported, shown
 from .durable_state import DurableState
 from .offsets import format_timestamp, parse_offset
+from .printable import json_printable
 from .slices import parse_slice_range
 from .transcoding import Redacted
 
@@ -40,8 +41,8 @@ def _record(state: DurableState) -> dict[str, Any]:
 
 def _show(state: DurableState, verb: str) -> None:
     table = Table("persistence id", "revision", "db timestamp", "tags", title=f"durable state {verb}")
-    table.add_row(state.persistence_id, str(state.revision), format_timestamp(state.db_timestamp),
-                  ", ".join(state.tags) or "-")
+    table.add_row(shown(state.persistence_id), str(state.revision), format_timestamp(state.db_timestamp),
+                  shown(", ".join(state.tags)) or "-")
     console.print(table)
 
 
@@ -57,7 +58,7 @@ def state_get(
     if state is None:
         fail(f"persistence id {persistence_id!r} has no durable state")
         return
-    sys.stdout.write(json.dumps(_record(state), default=str, ensure_ascii=False) + "\n")
+    sys.stdout.write(json_printable(json.dumps(_record(state), default=str, ensure_ascii=False)) + "\n")
 
 
 def _next_revision(journal: Any, persistence_id: str, revision: int | None) -> int:
@@ -121,7 +122,7 @@ def state_changes(
                 record = {"pid": change.persistence_id, "revision": change.revision, "slice": change.slice,
                           "deleted": change.deleted, "timestamp": format_timestamp(change.db_timestamp),
                           "value": _value(change.value), "offset": str(change.offset)}
-                sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+                sys.stdout.write(json_printable(json.dumps(record, default=str, ensure_ascii=False)) + "\n")
                 sys.stdout.flush()
         except KeyboardInterrupt:
             pass

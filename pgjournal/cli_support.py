@@ -10,15 +10,18 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .dsn import mask_dsn
 from .errors import JournalError
 from .journal import Journal
+from .printable import printable
 from .settings import ENV_PREFIX
 from .tag_mode import BATCHED, recorded_mode
 
-console = Console()
-errors = Console(stderr=True)
+# No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
+console = Console(emoji=False)
+errors = Console(stderr=True, emoji=False)
 
 DsnOption = Annotated[
     str | None,
@@ -27,8 +30,16 @@ DsnOption = Annotated[
 ]
 
 
+def shown(text: object) -> str:
+    """``text`` (a name from the database or the user, or a message quoting one) as Rich prints it verbatim: its
+    control characters written as visible escapes (:func:`~pgjournal.printable.printable`: one line, no terminal
+    escape sequences) and its ``[...]`` kept from being read as markup. Every table cell and line the commands
+    print through Rich passes through here; plain lines on stdout use ``printable`` itself."""
+    return escape(printable(text))
+
+
 def fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/] {mask_dsn(message)}", highlight=False)
+    errors.print(f"[bold red]error:[/] {shown(mask_dsn(message))}", highlight=False)
     raise typer.Exit(code)
 
 

@@ -10,10 +10,11 @@ import psycopg
 import typer
 from rich.table import Table
 
-from .cli_support import DsnOption, console, fail, open_journal, reported
+from .cli_support import DsnOption, console, fail, open_journal, reported, shown
 from .dsn import resolve_dsn
 from .errors import InvalidArgument
 from .offsets import NoOffset, TimeBasedUUID, parse_offset
+from .printable import json_printable, printable
 from .reconciliation import Reconciliation
 from .steps import run
 from .tag_mode import recorded_mode, set_mode_step
@@ -42,7 +43,7 @@ def tag_events(
                 record = {"pid": env.persistence_id, "seq_nr": env.seq_nr,
                           "tag_pid_sequence_nr": env.tag_pid_sequence_nr, "timestamp": str(env.timestamp),
                           "time": env.db_timestamp.isoformat(), "offset": str(env.offset), "event": event}
-                sys.stdout.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+                sys.stdout.write(json_printable(json.dumps(record, default=str, ensure_ascii=False)) + "\n")
                 sys.stdout.flush()
         except KeyboardInterrupt:
             pass
@@ -53,7 +54,7 @@ def tags_of(persistence_id: str, dsn: DsnOption = None) -> None:
     """The tags a persistence id's events carry."""
     with open_journal(dsn) as journal:
         for tag in Reconciliation(journal).tags_of(persistence_id):
-            sys.stdout.write(tag + "\n")
+            sys.stdout.write(printable(tag) + "\n")
 
 
 @tags_app.command("all")
@@ -63,7 +64,7 @@ def all_tags(dsn: DsnOption = None) -> None:
         counts = Reconciliation(journal).all_tags()
     table = Table("tag", "events written", "persistence ids")
     for count in counts:
-        table.add_row(count.tag, f"{count.events:,}", f"{count.persistence_ids:,}")
+        table.add_row(shown(count.tag), f"{count.events:,}", f"{count.persistence_ids:,}")
     console.print(table)
 
 
@@ -72,7 +73,7 @@ def delete_tag_view(persistence_id: str, tag: str, dsn: DsnOption = None) -> Non
     """Delete a persistence id's rows from the tag view of TAG (rebuild them with `tags rebuild`)."""
     with open_journal(dsn) as journal:
         rows = Reconciliation(journal).delete_tag_view(persistence_id, tag)
-    console.print(f"deleted {rows} row(s) of {persistence_id} from tag {tag}")
+    console.print(f"deleted {rows} row(s) of {shown(persistence_id)} from tag {shown(tag)}")
 
 
 @tags_app.command("rebuild")
@@ -84,7 +85,7 @@ def rebuild(
     """Rebuild a persistence id's tag view from the journal (stop writing to it meanwhile)."""
     with open_journal(dsn) as journal:
         rows = Reconciliation(journal).rebuild(persistence_id, tag or None)
-    console.print(f"rebuilt {rows} tag view row(s) of {persistence_id}")
+    console.print(f"rebuilt {rows} tag view row(s) of {shown(persistence_id)}")
 
 
 @tags_app.command("truncate")
@@ -119,7 +120,7 @@ def recover(
         return
     table = Table("writer row", "journal writer", "persistence ids", "tag rows written", title="recovered")
     for done in recovered:
-        table.add_row(done.id, done.writer, f"{done.persistence_ids:,}", f"{done.rows:,}")
+        table.add_row(shown(done.id), shown(done.writer), f"{done.persistence_ids:,}", f"{done.rows:,}")
     console.print(table)
 
 
@@ -136,8 +137,9 @@ def writer(
     with reported():
         if set_to is None:
             mode = recorded_mode(dsn)
-            console.print(mode or "none recorded yet (the first tagged write records its journal's setting)")
+            console.print(shown(mode) if mode else
+                          "none recorded yet (the first tagged write records its journal's setting)")
             return
         with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
             previous = run(set_mode_step(set_to), conn)
-    console.print(f"tag writer: {previous or 'none'} -> {set_to}")
+    console.print(f"tag writer: {shown(previous or 'none')} -> {shown(set_to)}")

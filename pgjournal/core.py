@@ -17,7 +17,7 @@ from .buckets import check_bucket_size_step
 from .capabilities import Capabilities
 from .connections import ServerSilent, connection_kwargs
 from .dialects import Dialect, get_dialect
-from .dsn import mask_dsn, resolve_dsn
+from .dsn import mask_dsn, redact, resolve_dsn
 from .errors import ConfigurationError, ConnectionTimedOut, DatabaseUnavailable, InsufficientPrivilege, JournalError
 from .horizon import HorizonTracker
 from .polling import Schedule
@@ -117,7 +117,7 @@ def registry(serializers: SerializerRegistry | None, stored: StoredFormat) -> Se
 def unreachable(dsn: str, exc: psycopg.OperationalError) -> DatabaseUnavailable:
     """A server that could not be connected to."""
     reason = " ".join(str(exc).split()) or exc.__class__.__name__
-    return DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {mask_dsn(reason)}")
+    return DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {redact(reason, dsn)}")
 
 
 def no_connection(dsn: str, settings: Settings) -> DatabaseUnavailable:
@@ -132,4 +132,4 @@ def lost_connection(dsn: str, conn: Any, exc: psycopg.OperationalError) -> Journ
         return None
     reason = " ".join(str(exc).split()) or exc.__class__.__name__
     kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
-    return kind(f"lost the connection to {mask_dsn(dsn)}: {mask_dsn(reason)}")
+    return kind(f"lost the connection to {mask_dsn(dsn)}: {redact(reason, dsn)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 
 import psycopg.conninfo
 
@@ -11,31 +12,165 @@ from .errors import ConfigurationError
 
 DSN_ENV = "PGJOURNAL_DSN"
 
-# libpq reads the password of a URL up to the '@' ('?' and '#' included); an unencoded '/' is masked too.
-_URL_PASSWORD = re.compile(r"(?P<head>postgres(?:ql)?://[^:/@?#\s]*:)(?P<pw>[^@\s]*)(?=@)")
-# The whole password-ish part of a (possibly malformed) URL DSN: up to its last '@'.
-_URL_SECRET = re.compile(r"^\s*postgres(?:ql)?://[^:/@?#\s]*:(?P<pw>.+)@", re.DOTALL)
-_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&#\s]*)", re.IGNORECASE)
+MASK = "***"
+#: The libpq parameters that hold a secret: the password, and the pass phrase of the client's SSL key.
+SECRET_KEYS = ("password", "sslpassword")
+
+# Where a secret starts, in the three forms libpq reads (leftmost first; a query parameter before the bare
+# keyword it contains): ``?password=`` / ``&password=`` in a URL, ``password =`` in key=value form, and a URL's
+# ``user:`` (a user name holds no ':', '/', '@' or '[', so ``postgresql://host:5432`` and ``[::1]:5432`` are
+# told from it by what follows).
+_SECRET_START = re.compile(
+    r"(?P<query>[?&](?:ssl)?password=)"
+    r"|(?P<keyword>\b(?:ssl)?password\s*=\s*)"
+    r"|(?P<url>postgres(?:ql)?://[^:/@?#\[\]\s]*:)",
+    re.IGNORECASE)
+_PORT = re.compile(r"\d*(?:[,/?]|$)")
+_NEXT_KEYWORD = re.compile(r"\s+\w+\s*=")
+_PUNCTUATION = re.compile(r"['\"]?:?$")  # what closes a DSN quoted in a message: 'postgresql://...': reason
 
 
 def mask_dsn(text: str) -> str:
-    """Replace every password in ``text`` (URL, key=value or query-parameter form) with ``***``."""
-    for pattern in (_URL_PASSWORD, _KV_PASSWORD, _QUERY_PASSWORD):
-        text = pattern.sub(lambda m: m.group("head") + ("***" if m.group("pw") else ""), text)
-    return text
+    """``text`` with every password in it (URL, key=value or query-parameter form) replaced by ``***``.
+
+    ``text`` that is a connection string on its own is masked as libpq reads it, and as its writer meant it:
+    a URL's password runs from ``user:`` to the last '@' (an unencoded '@', ':', '/', '?' or space in it is
+    masked too), a key=value password to the end of its quoted (escaped quotes included) or unquoted value, a
+    query parameter to the next '&'. A message that quotes a connection string is masked word by word: a URL's
+    password runs to the last '@' before a space; a quoted key=value or encoded query value as above.
+    """
+    if not text:
+        return text
+    params = _parsed(text.strip())
+    whole = params is not None or text.strip().lower().startswith(("postgres://", "postgresql://"))
+    masked = _mask(text, whole=whole)
+    if params is not None and any(params.get(key) for key in SECRET_KEYS):
+        after = _parsed(masked.strip())
+        if after is None or any(after.get(key) not in (None, "", MASK) for key in SECRET_KEYS):
+            # A form the masking above did not foresee: show what libpq parsed instead, secrets masked.
+            return psycopg.conninfo.make_conninfo(
+                "", **{k: (MASK if k in SECRET_KEYS else v) for k, v in params.items()})
+    return masked
+
+
+def _parsed(dsn: str) -> dict[str, str] | None:
+    """What libpq reads in ``dsn``, or ``None`` when it is not a connection string libpq accepts."""
+    if not dsn or ("=" not in dsn and "://" not in dsn):  # libpq would take a bare word for a database name
+        return None
+    try:
+        return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items()}
+    except (psycopg.Error, ValueError, TypeError):
+        return None
+
+
+def _secret_spans(text: str, *, whole: bool) -> list[tuple[int, int]]:
+    """Where the secrets of ``text`` are: (start, end) of each, left to right, none overlapping."""
+    spans = []
+    pos = 0
+    while (match := _SECRET_START.search(text, pos)) is not None:
+        start = match.end()
+        if match.group("query"):
+            end = _query_value_end(text, start, whole=whole)
+        elif match.group("keyword"):
+            end = _keyword_value_end(text, start, whole=whole)
+        else:
+            end = _url_password_end(text, start, whole=whole)
+        if end > start:
+            spans.append((start, end))
+        pos = max(end, start)
+    return spans
+
+
+def _query_value_end(text: str, start: int, *, whole: bool) -> int:
+    if whole:  # libpq: a parameter's value runs to the next '&'
+        amp = text.find("&", start)
+        return len(text) if amp < 0 else amp
+    end = start
+    while end < len(text) and text[end] not in "&# \t\r\n":
+        end += 1
+    return end - len(_PUNCTUATION.search(text[start:end]).group())  # type: ignore[union-attr]
+
+
+def _keyword_value_end(text: str, start: int, *, whole: bool) -> int:
+    """libpq's reading of a key=value value: quoted (ends at an unescaped quote, or the end of the text when
+    unterminated) or unquoted (ends at white space); a backslash escapes the next character in both."""
+    end = start
+    quoted = end < len(text) and text[end] == "'"
+    if quoted:
+        end += 1
+    while end < len(text):
+        char = text[end]
+        if char == "\\":
+            end += 2
+            continue
+        if quoted and char == "'":
+            return end + 1
+        if not quoted and char.isspace():
+            break
+        end += 1
+    end = min(end, len(text))
+    if not whole and not quoted and text[start:end].endswith(":") and not _NEXT_KEYWORD.match(text, end):
+        end -= 1  # 'password=***: reason' in a message; 'password=x: dbname=db' is another value
+    return end
+
+
+def _url_password_end(text: str, start: int, *, whole: bool) -> int:
+    """A URL's password: to the last '@' (of the text when it is a DSN on its own, of the word in a message);
+    without one, a port (``host:5432/db``) is no password and anything else is masked (to the end of the text,
+    or of the word)."""
+    if whole:
+        at = text.rfind("@", start)
+        if at >= 0:
+            return at
+        return start if _PORT.match(text, start) else len(text.rstrip())
+    word_end = start
+    while word_end < len(text) and not text[word_end].isspace():
+        word_end += 1
+    at = text.rfind("@", start, word_end)
+    if at >= 0:
+        return at
+    if _PORT.match(text[start:word_end]):
+        return start
+    return word_end - len(_PUNCTUATION.search(text[start:word_end]).group())  # type: ignore[union-attr]
+
+
+def _mask(text: str, *, whole: bool) -> str:
+    pieces = []
+    pos = 0
+    for start, end in _secret_spans(text, whole=whole):
+        pieces += [text[pos:start], MASK]
+        pos = end
+    return "".join(pieces) + text[pos:]
+
+
+_PIECES = re.compile(r"[@:/?#&=,\s'\\]+")
+
+
+def _secrets(dsn: str) -> set[str]:
+    """Every way ``dsn``'s secrets could be quoted in a message: as written (quoted or percent-encoded), and as
+    libpq reads them."""
+    found = set()
+    for start, end in _secret_spans(dsn, whole=True):
+        raw = dsn[start:end]
+        unquoted = raw.strip("'")
+        found |= {raw, unquoted, re.sub(r"\\(.)", r"\1", unquoted, flags=re.DOTALL), urllib.parse.unquote(raw)}
+        # libpq splits an unencoded password at '@', ':', '/' or '?' and may quote a piece as a host, port or
+        # database name ("failed to resolve host 'horse'")
+        found |= set(_PIECES.split(raw))
+    params = _parsed(dsn.strip()) or {}
+    found |= {params[key] for key in SECRET_KEYS if params.get(key)}
+    return found
 
 
 def redact(text: str, dsn: str) -> str:
-    """:func:`mask_dsn` of ``text``, also removing ``dsn``'s password where ``text`` quotes it on its own
-    (libpq's parse errors do: ``unexpected spaces found in "<password>"``)."""
-    secrets = [m.group("pw") for m in (_URL_SECRET.match(dsn),) if m]
-    secrets += [m.group("pw").strip("'") for pattern in (_KV_PASSWORD, _QUERY_PASSWORD)
-                for m in pattern.finditer(dsn)]
-    for secret in sorted(secrets, key=len, reverse=True):
+    """``text`` (a message about ``dsn``) with ``dsn``'s secrets gone wherever it quotes them: the DSN itself
+    masked, its password quoted on its own (libpq's parse errors do: ``unexpected spaces found in
+    "<password>"``) replaced, and :func:`mask_dsn` of the rest."""
+    parts = text.split(dsn) if dsn else [text]
+    for secret in sorted(_secrets(dsn), key=len, reverse=True):
         if len(secret) >= 3:  # shorter ones would garble the message and protect nothing
-            text = text.replace(secret, "***")
-    return mask_dsn(text)
+            parts = [part.replace(secret, MASK) for part in parts]
+    return mask_dsn(mask_dsn(dsn).join(parts))
 
 
 def check_dsn(dsn: str) -> str:

@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .connections import connection_kwargs
 from .contention import TRANSIENT_ERRORS
-from .dsn import mask_dsn, resolve_dsn
+from .dsn import mask_dsn, redact, resolve_dsn
 from .errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -273,7 +273,7 @@ class PostgresKeyStore:
                                            f"{exc.sqlstate}; nothing was changed") from exc
             except psycopg.OperationalError as exc:
                 raise DatabaseUnavailable(f"key store: lost the connection to {mask_dsn(self.dsn)}: "
-                                          f"{mask_dsn(' '.join(str(exc).split()))}") from None
+                                          f"{redact(' '.join(str(exc).split()), self.dsn)}") from None
         raise AssertionError("unreachable")
 
 

@@ -34,7 +34,7 @@ import re
 import psycopg
 
 from .connections import connection_kwargs
-from .dsn import mask_dsn
+from .dsn import mask_dsn, redact
 from .errors import ConfigurationError, DatabaseUnavailable, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
@@ -140,7 +140,7 @@ def apply_roles(dsn: str, script: str) -> None:
         with psycopg.connect(dsn, autocommit=True, **connection_kwargs(Settings.load())) as conn:
             conn.execute(script.encode())  # bytes: no client-side placeholder parsing of the script
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot set up roles on {mask_dsn(dsn)}: {mask_dsn(str(exc).strip())}") from None
+        raise DatabaseUnavailable(f"cannot set up roles on {mask_dsn(dsn)}: {redact(str(exc).strip(), dsn)}") from None
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JournalError(f"setting up roles on {mask_dsn(dsn)} failed (SQLSTATE {exc.sqlstate}): {first}; "

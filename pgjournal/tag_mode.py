@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import psycopg
 
-from .dsn import mask_dsn, resolve_dsn
+from .dsn import mask_dsn, redact, resolve_dsn
 from .errors import ConfigurationError, DatabaseUnavailable
 from .steps import Step, first_of, rows_of, run, statement
 from .store import format as sql
@@ -37,7 +37,8 @@ def recorded_mode(dsn: str | None) -> str | None:
         return None
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split()) or exc.__class__.__name__
-        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(resolve_dsn(dsn))}: {mask_dsn(reason)}") from None
+        resolved = resolve_dsn(dsn)
+        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(resolved)}: {redact(reason, resolved)}") from None
 
 
 def mode_of(batched: bool) -> str:

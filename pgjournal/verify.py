@@ -140,7 +140,10 @@ def verify(journal: Journal, *, examples: int = 10) -> Report:
 
 def render(report: Report) -> Any:
     """The report as a Rich table (one row per check)."""
+    from rich.markup import escape
     from rich.table import Table
+
+    from .printable import printable
 
     table = Table("check", "result", "examples", title=f"pgjournal verify: {report.events:,} events, "
                   f"{report.persistence_ids:,} persistence ids", show_lines=True)
@@ -152,6 +155,7 @@ def render(report: Report) -> Any:
         else:
             result = "[green]ok[/]"
         more = check.problems - len(check.examples)
-        shown = "\n".join(check.examples) + (f"\n... and {more:,} more" if more > 0 else "")
+        shown = "\n".join(escape(printable(example)) for example in check.examples)
+        shown += f"\n... and {more:,} more" if more > 0 else ""
         table.add_row(f"{check.name}\n[dim]{check.description}[/]", result, shown)
     return table

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pgjournal.cli_support import DsnOption, console, fail, open_journal, reported
+from pgjournal.cli_support import DsnOption, console, fail, open_journal, reported, shown
 from pgjournal.offsets import format_timestamp, parse_timestamp
 from pgjournal.slices import parse_slice_range
 
@@ -25,7 +25,7 @@ def list_cmd(dsn: DsnOption = None) -> None:
     """Names of the projections with offsets, workers or management rows."""
     with open_journal(dsn) as journal:
         for name in management.list_projections(journal):
-            console.print(name, highlight=False)
+            console.print(shown(name), highlight=False)
 
 
 @projection_app.command("status")
@@ -33,11 +33,11 @@ def status_cmd(name: str, dsn: DsnOption = None) -> None:
     """Paused or not, live workers, and per slice range: owner, offsets and lag (consumed - event time)."""
     with open_journal(dsn) as journal, reported():
         state = management.status(journal, name)
-    console.print(f"[bold]{name}[/]: {'[yellow]paused[/]' if state.paused else 'running'}, "
+    console.print(f"[bold]{shown(name)}[/]: {'[yellow]paused[/]' if state.paused else 'running'}, "
                   f"{len(state.workers)} live worker(s)", highlight=False)
     table = Table("slices", "owner / key", "oldest offset", "newest offset", "lag (s)")
     for r in state.ranges:
-        table.add_row(r.slices, r.owner or r.key or "-",
+        table.add_row(shown(r.slices), shown(r.owner or r.key or "-"),
                       format_timestamp(r.oldest_offset) if r.oldest_offset else "-",
                       format_timestamp(r.newest_offset) if r.newest_offset else "-",
                       f"{r.lag:.3f}" if r.lag is not None else "-")
@@ -74,7 +74,7 @@ def pause_cmd(name: str, dsn: DsnOption = None) -> None:
     """Running workers store what they handled and stop consuming until resumed."""
     with open_journal(dsn) as journal, reported():
         management.pause(journal, name)
-    console.print(f"{name}: paused")
+    console.print(f"{shown(name)}: paused")
 
 
 @projection_app.command("resume")
@@ -82,7 +82,7 @@ def resume_cmd(name: str, dsn: DsnOption = None) -> None:
     """Workers continue from the stored offsets."""
     with open_journal(dsn) as journal, reported():
         management.resume(journal, name)
-    console.print(f"{name}: resumed")
+    console.print(f"{shown(name)}: resumed")
 
 
 @projection_app.command("reset")
@@ -103,10 +103,10 @@ def reset_cmd(
                  f"{name}` first")
         if when is None:
             deleted = management.clear_offset(journal, name, lo, hi)
-            console.print(f"{name}: cleared {deleted} offset row(s) of slices {lo}-{hi}")
+            console.print(f"{shown(name)}: cleared {deleted} offset row(s) of slices {lo}-{hi}")
         else:
             management.set_offset(journal, name, when, lo, hi)
-            console.print(f"{name}: slices {lo}-{hi} start after {format_timestamp(when)}")
+            console.print(f"{shown(name)}: slices {lo}-{hi} start after {format_timestamp(when)}")
 
 
 @projection_app.command("dead-letters")
@@ -131,15 +131,15 @@ def dead_letters_cmd(
             factory = load_factory(handler)
             projection = factory(journal, name, entity_type or entity_type_of(letters[0].persistence_id))
             outcome = dead_letters.retry_dead_letters(journal, projection)
-            console.print(f"{name}: {len(outcome.succeeded)} dead letter(s) handled and removed, "
+            console.print(f"{shown(name)}: {len(outcome.succeeded)} dead letter(s) handled and removed, "
                           f"{len(outcome.failed)} failed again", highlight=False)
             for pid, seq_nr, error in outcome.failed:
-                console.print(f"  {pid} {seq_nr}: {error}", highlight=False, markup=False)
+                console.print(f"  {shown(pid)} {seq_nr}: {shown(error)}", highlight=False)
             letters = dead_letters.list_dead_letters(journal, name)
     table = Table("persistence id", "seq_nr", "slice", "event time", "ser_id", "manifest", "bytes", "failed at",
-                  "error", title=f"{name}: {len(letters)} dead letter(s)")
+                  "error", title=f"{shown(name)}: {len(letters)} dead letter(s)")
     for d in letters:
-        table.add_row(d.persistence_id, str(d.seq_nr), str(d.slice), format_timestamp(d.db_timestamp),
-                      str(d.ser_id), d.manifest, str(len(d.payload)), format_timestamp(d.failed_at),
-                      d.error if len(d.error) <= 200 else d.error[:197] + "...")
+        table.add_row(shown(d.persistence_id), str(d.seq_nr), str(d.slice), format_timestamp(d.db_timestamp),
+                      str(d.ser_id), shown(d.manifest), str(len(d.payload)), format_timestamp(d.failed_at),
+                      shown(d.error if len(d.error) <= 200 else d.error[:197] + "..."))
     console.print(table)

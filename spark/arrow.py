@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.dsn import mask_dsn
+from pgjournal.dsn import mask_dsn, redact
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable
 from pgjournal.serialization import SerializerRegistry
 
@@ -154,7 +154,7 @@ def _connect(conninfo: str, dsn: str) -> Any:
     try:
         conn = adbc.connect(conninfo, autocommit=True)  # no transaction left open between tasks
     except adbc.Error as exc:
-        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {_reason(exc)}") from None
+        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {_reason(exc, conninfo, dsn)}") from None
     with conn.cursor() as cur:
         cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
     return conn
@@ -195,7 +195,7 @@ def stream_rows(dsn: str, query: str, params: Mapping[str, Any], converter: Arro
         cur.close()
         done = True
     except adbc.OperationalError as exc:
-        raise DatabaseUnavailable(f"lost the connection to {mask_dsn(dsn)}: {_reason(exc)}") from None
+        raise DatabaseUnavailable(f"lost the connection to {mask_dsn(dsn)}: {_reason(exc, conninfo, dsn)}") from None
     finally:
         if done and conninfo not in _IDLE:
             _IDLE[conninfo] = conn
@@ -203,5 +203,6 @@ def stream_rows(dsn: str, query: str, params: Mapping[str, Any], converter: Arro
             conn.close()
 
 
-def _reason(exc: BaseException) -> str:
-    return mask_dsn(" ".join(str(exc).split()) or type(exc).__name__)
+def _reason(exc: BaseException, conninfo: str, dsn: str) -> str:
+    """The driver's message, without the password of either connection string (it may quote them)."""
+    return redact(redact(" ".join(str(exc).split()) or type(exc).__name__, conninfo), dsn)

@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pgjournal.cli_support import DsnOption, console, reported
+from pgjournal.cli_support import DsnOption, console, reported, shown
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,7 +59,7 @@ def _progress() -> Iterator[object]:
 
     def update(p: SparkProgress) -> None:
         if p.step not in tasks:
-            tasks[p.step] = bars.add_task(p.step, total=None)
+            tasks[p.step] = bars.add_task(shown(p.step), total=None)
         bars.update(tasks[p.step], completed=p.done, total=p.total or None)
 
     with bars:
@@ -87,7 +87,7 @@ def export(
         result = export_events(session, out, dsn=dsn, entity_type=entity_type, slice_ranges=slice_ranges,
                                since=since, until=until, decode=decode, payload_schema=schema, table=table,
                                progress=update)  # type: ignore[arg-type]
-    console.print(f"exported [bold]{result.rows:,}[/] events to {result.path} in {result.seconds:.1f} s "
+    console.print(f"exported [bold]{result.rows:,}[/] events to {shown(result.path)} in {result.seconds:.1f} s "
                   f"({result.rows_per_second:,.0f} rows/s, {len(result.slice_ranges)} slice ranges)")
 
 
@@ -124,7 +124,7 @@ def states(
         reader.load().write.mode("overwrite").partitionBy("entity_type").parquet(out)
         seconds = time.perf_counter() - started
         rows = session.read.parquet(out).count()
-    console.print(f"exported [bold]{rows:,}[/] durable states to {out} (entity_type=*/part-*.parquet) in "
+    console.print(f"exported [bold]{rows:,}[/] durable states to {shown(out)} (entity_type=*/part-*.parquet) in "
                   f"{seconds:.1f} s ({slice_ranges} slice ranges)")
 
 
@@ -154,9 +154,10 @@ def load(
                              behind=behind, portable=portable, decode=decode, payload_schema=schema, table=table,
                              progress=update)  # type: ignore[arg-type]
     for line in result.recovered:
-        console.print(f"[yellow]recovered:[/] {line}")
-    console.print(f"load {result.load_number} of job {result.job!r}: [bold]{result.rows:,}[/] new events to "
-                  f"{result.path} in {result.seconds:.1f} s; complete up to {format_timestamp(result.horizon)}")
+        console.print(f"[yellow]recovered:[/] {shown(line)}")
+    console.print(f"load {result.load_number} of job {shown(repr(result.job))}: [bold]{result.rows:,}[/] new "
+                  f"events to {shown(result.path)} in {result.seconds:.1f} s; "
+                  f"complete up to {format_timestamp(result.horizon)}")
 
 
 @spark_app.command()
@@ -186,9 +187,10 @@ def watermarks(
             ledger = offsets().ledger(ledger_name(job), limit=5).all(conn)
         ranges = split(slice_ranges)
     if not ledger:
-        console.print(f"load job {job!r} has not committed a load yet")
+        console.print(f"load job {shown(repr(job))} has not committed a load yet")
         return
-    table = Table("slices", "oldest watermark", "newest watermark", "pids seen", title=f"job {job!r} ({state.key})")
+    table = Table("slices", "oldest watermark", "newest watermark", "pids seen",
+                  title=f"job {shown(repr(job))} ({shown(state.key)})")
     for lo, hi in ranges:
         marks = [state.watermarks[s] for s in range(lo, hi + 1) if s in state.watermarks]
         if not marks:
@@ -199,5 +201,6 @@ def watermarks(
     console.print(table)
     loads = Table("load", "id", "complete up to", "committed", title="last loads")
     for row in ledger:
-        loads.add_row(str(row.load_number), row.load_id, format_timestamp(row.horizon), format_timestamp(row.committed))
+        loads.add_row(str(row.load_number), shown(row.load_id), format_timestamp(row.horizon),
+                      format_timestamp(row.committed))
     console.print(loads)

@@ -12,11 +12,16 @@ from typing import Any
 
 import httpx
 import psycopg
+import psycopg.conninfo
 import pytest
 import uvicorn
 from conftest import FAST
 from eventually import eventually
+from faultproxy import fault_proxy
 
+from pgjournal import errors
+from pgjournal.dsn import mask_dsn
+from pgjournal.examples import fastapi_cart
 from pgjournal.examples.fastapi_cart import create_app
 
 
@@ -143,3 +148,66 @@ def test_the_sse_feed_receives_what_was_appended_and_resumes(service: str) -> No
         return [(data["persistence_id"], data["seq_nr"]) for _, _, data in events]
 
     assert keys(resumed.events) == keys(feed.events[2:])
+
+
+SECRET = "Sup3r$ecret@horse"
+
+
+def test_a_cart_id_too_long_is_a_400_naming_the_problem(service: str) -> None:
+    with httpx.Client(base_url=service, timeout=30) as http:
+        for answer in (http.get(f"/carts/{'x' * 300}"),
+                       http.post(f"/carts/{'x' * 300}/items", json={"item_id": "socks", "quantity": 1})):
+            assert answer.status_code == 400, answer.text
+            assert "at most 255 characters" in answer.json()["error"]
+            assert answer.json()["kind"] == "InvalidPersistenceId"
+
+
+def every_journal_error() -> list[type[errors.JournalError]]:
+    found, todo = [], [errors.JournalError]
+    while todo:
+        kind = todo.pop()
+        found.append(kind)
+        todo += kind.__subclasses__()
+    return found
+
+
+@pytest.mark.parametrize("kind", every_journal_error(), ids=lambda kind: kind.__name__)
+def test_every_typed_error_is_a_4xx_or_503_without_the_dsn(kind: type[errors.JournalError]) -> None:
+    """Whatever message a typed error carries (the core's quote the DSN, masked or, from a driver, not), the
+    answer is a client error naming the client's value, or a 503 that names no server and no password."""
+    dsn = f"postgresql://app:{SECRET}@db.internal:6543/carts"
+    exc = kind.__new__(kind)
+    Exception.__init__(exc, f"cannot connect to {mask_dsn(dsn)}: {dsn} refused; cart id 'cart|c1'")
+    exc.retry_after = 2.0  # type: ignore[attr-defined]  # what CircuitOpen carries
+    answer = fastapi_cart.answer(exc)
+    assert answer.status_code in (400, 404, 409, 503), (kind, answer.status_code)
+    body = answer.body.decode()
+    assert "Sup3r" not in body and "horse" not in body
+    if answer.status_code == 503:
+        assert "db.internal" not in body and "6543" not in body and answer.headers["Retry-After"]
+
+
+def test_an_unreachable_database_is_a_503_without_the_dsn(dsn: str) -> None:
+    with fault_proxy(dsn) as (proxy, proxied):
+        secret_dsn = f"{proxied} password='{SECRET}'"  # the test server trusts: the password is ignored
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(secret_dsn, **FAST), host="127.0.0.1", port=port,
+                                               log_level="critical", lifespan="on", timeout_graceful_shutdown=5))
+        thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+        thread.start()
+        try:
+            eventually(lambda: server.started or not thread.is_alive(), "uvicorn started")
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+                assert http.get("/carts/c1").status_code == 200
+                proxy.refuse(True)
+                proxy.cut()
+                answer = http.get("/carts/c2")
+            assert answer.status_code == 503, answer.text
+            assert answer.headers["Retry-After"]
+            params = psycopg.conninfo.conninfo_to_dict(proxied)
+            for leak in ("Sup3r", "horse", "password", f"{params['port']}", str(params["dbname"])):
+                assert leak not in answer.text, answer.text
+            assert answer.json()["kind"] in ("DatabaseUnavailable", "CircuitOpen", "ConnectionTimedOut")
+        finally:
+            server.should_exit = True
+            thread.join(timeout=15)

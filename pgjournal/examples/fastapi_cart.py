@@ -8,10 +8,13 @@ live server-sent-events feed of a slice range. Needs the ``web`` extra (``pip in
 
 Routes: ``GET /carts/{id}``; ``POST /carts/{id}/items`` (add), ``PUT /carts/{id}/items/{item}`` (adjust),
 ``DELETE /carts/{id}/items/{item}`` (remove), ``POST /carts/{id}/checkout``; each answers the cart and its
-``seq_nr``. A command the cart's rules refuse is ``409 Conflict`` (nothing was written), a database that
-cannot be reached ``503``, bad input ``400`` / ``422``. ``GET /events`` streams
-``events_by_slices("cart", min_slice, max_slice)``: each event's SSE ``id`` is its offset, so a client that
-reconnects with ``Last-Event-ID`` (or ``?offset=``) goes on exactly after the last event it received.
+``seq_nr``. A command the cart's rules refuse, or another writer's that got there first, is ``409 Conflict``
+(nothing was written); bad input (a cart id over 255 characters, a bad offset) ``400`` naming it, a bad body
+``422``; a database that cannot be reached, or any other failure of the journal, ``503`` with ``Retry-After`` and a
+body that says only what kind of failure it was (the connection string and the driver's message go to the log).
+``GET /events`` streams ``events_by_slices("cart", min_slice, max_slice)``: each event's SSE ``id`` is its offset,
+so a client that reconnects with ``Last-Event-ID`` (or ``?offset=``) goes on exactly after the last event it
+received.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,11 +32,49 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from ..aio import AsyncJournal
+from ..dsn import mask_dsn
 from ..entity import AsyncEntityRepository, CircuitOpen, CommandResult, DomainError
-from ..errors import DatabaseUnavailable, InvalidArgument
+from ..errors import (
+    ConcurrencyConflict,
+    DatabaseUnavailable,
+    EventNotFound,
+    InvalidArgument,
+    InvalidPersistenceId,
+    JournalError,
+    RetriesExhausted,
+    WriteOutcomeUnknown,
+)
 from ..offsets import NoOffset, parse_offset
 from ..slices import NUMBER_OF_SLICES
 from .shopping_cart import MAX_QUANTITY, AddItem, AdjustQuantity, Cart, CheckOut, GetCart, RemoveItem, ShoppingCart
+
+log = logging.getLogger(__name__)
+
+#: Each typed error's answer, most specific first: the client's mistakes and conflicts are 4xx with the message
+#: (it names the value and what was expected); everything else is the service's trouble, 503 with a fixed text,
+#: since its message may quote the connection string (masked, but still the server's address and user).
+ANSWERS: tuple[tuple[type[JournalError], int, str | None], ...] = (
+    (InvalidPersistenceId, 400, None),
+    (InvalidArgument, 400, None),
+    (EventNotFound, 404, None),
+    (ConcurrencyConflict, 409, None),
+    (WriteOutcomeUnknown, 503, "the database connection was lost during the write: it may or may not have been "
+                               "written; read the cart before retrying"),
+    (RetriesExhausted, 503, "the database is busy; nothing was written, retry later"),
+    (DatabaseUnavailable, 503, "the database is unavailable; retry later"),
+    (JournalError, 503, "the journal failed; retry later"),
+)
+
+
+def answer(exc: JournalError) -> JSONResponse:
+    """The HTTP answer to a typed error: 4xx naming the problem, or 503 that names no server."""
+    status, text = next((status, text) for kind, status, text in ANSWERS if isinstance(exc, kind))
+    if text is not None:
+        log.warning("%s: %s", type(exc).__name__, mask_dsn(str(exc)))
+        retry = str(max(1, round(exc.retry_after))) if isinstance(exc, CircuitOpen) else "1"
+        return JSONResponse({"error": text, "kind": type(exc).__name__}, status_code=status,
+                            headers={"Retry-After": retry})
+    return JSONResponse({"error": mask_dsn(str(exc)), "kind": type(exc).__name__}, status_code=status)
 
 
 class NewItem(BaseModel):
@@ -75,14 +117,9 @@ def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
     async def refused(_request: Request, exc: DomainError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=409)
 
-    @app.exception_handler(InvalidArgument)
-    async def bad_input(_request: Request, exc: InvalidArgument) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=400)
-
-    @app.exception_handler(DatabaseUnavailable)
-    async def unavailable(_request: Request, exc: DatabaseUnavailable) -> JSONResponse:
-        retry = str(max(1, round(exc.retry_after))) if isinstance(exc, CircuitOpen) else "1"
-        return JSONResponse({"error": str(exc)}, status_code=503, headers={"Retry-After": retry})
+    @app.exception_handler(JournalError)
+    async def journal_error(_request: Request, exc: JournalError) -> JSONResponse:
+        return answer(exc)
 
     async def command(request: Request, cart_id: str, cmd: Any) -> dict[str, Any]:
         carts: AsyncEntityRepository[Cart] = request.app.state.carts

@@ -1,0 +1,108 @@
+"""Output a terminal can trust: the real ``pgjournal`` command (a subprocess, as a user runs it) printing stored
+names that hold terminal escapes, newlines, C1 and bidi controls and Rich markup. Nothing it prints holds a raw
+control character, and every name is on one line, as its visible escape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgjournal import Journal
+from pgjournal.printable import json_printable, printable
+from projections import management
+
+# What an attacker stores: clear the screen, set the window title, a second line, an 8-bit CSI, a right-to-left
+# override, Rich markup (one closing tag that matches nothing), an emoji code and a trailing backslash.
+HOSTILE = ["a\x1b[2Jb", "t\x1b]0;pwned\x07t", "two\nlines", "c1\x9b31m", "ab\u202edc", "[bold red]x[/]", "[/]",
+           "tag:smile:", "end\\", "del\x7f\r\tx"]
+PIDS = [f"Cart|{name}" for name in HOSTILE]
+SOME = [0, 2, 5]  # the names each command runs on (every name is listed): escape, newline, markup
+ENTITY_TYPE = "Ev\x1b[31mil\n"  # an entity type of its own: the text before '|'
+
+
+def pgjournal(dsn: str, *args: str, code: int = 0) -> str:
+    """Run the installed console script; its stdout and stderr together."""
+    script = Path(sys.executable).with_name("pgjournal")
+    assert script.exists(), f"{script} is missing: pip install -e ."
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TERM")}
+    env.update({"PGJOURNAL_DSN": dsn, "COLUMNS": "2000", "NO_COLOR": "1",
+                "PGJOURNAL_TAG_EVENTUAL_CONSISTENCY_DELAY": "0"})
+    proc = subprocess.run([str(script), *args], env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    output = proc.stdout + proc.stderr
+    assert_no_raw_controls(output)
+    return output
+
+
+def assert_no_raw_controls(output: str) -> None:
+    raw = sorted({c for c in output if c != "\n" and printable(c) != c})
+    assert raw == [], f"raw control characters {raw!r} in {output!r}"
+
+
+def assert_on_one_line(output: str, *names: str) -> None:
+    lines = output.splitlines()
+    for name in names:
+        assert any(printable(name) in line for line in lines), f"{printable(name)!r} is on no line of:\n{output}"
+
+
+@pytest.fixture
+def stored(dsn: str) -> str:
+    with Journal.open(dsn) as journal:
+        for pid in PIDS:
+            journal.append(pid, [{"n": 1}], tags=[HOSTILE[PIDS.index(pid)], "plain"])
+            journal.durable_state.upsert(pid, 1, {"v": pid}, HOSTILE[PIDS.index(pid)])
+        journal.append(f"{ENTITY_TYPE}|1", [{"n": 1}])
+        for name in HOSTILE:
+            management.pause(journal, f"proj {name}")
+    return dsn
+
+
+def test_listing_and_tables_show_each_name_escaped_on_one_line(stored: str) -> None:
+    assert_on_one_line(pgjournal(stored, "persistence-ids"), *PIDS, f"{ENTITY_TYPE}|1")
+    assert_on_one_line(pgjournal(stored, "info"), ENTITY_TYPE)
+    assert_on_one_line(pgjournal(stored, "tags", "all"), *HOSTILE)
+    for i in SOME:
+        assert_on_one_line(pgjournal(stored, "tags", "of", PIDS[i]), HOSTILE[i])
+    assert_on_one_line(pgjournal(stored, "projection", "list"), *(f"proj {name}" for name in HOSTILE))
+    for name in (HOSTILE[i] for i in SOME):
+        assert_on_one_line(pgjournal(stored, "projection", "status", f"proj {name}"), f"proj {name}")
+        assert_on_one_line(pgjournal(stored, "projection", "resume", f"proj {name}"), f"proj {name}")
+
+
+def test_commands_on_a_hostile_name_print_it_escaped(stored: str) -> None:
+    for pid, tag in ((PIDS[i], HOSTILE[i]) for i in SOME):
+        assert_on_one_line(pgjournal(stored, "append", pid, '{"n": 2}', "--tag", tag), pid)
+        assert_on_one_line(pgjournal(stored, "state", "put", pid, '{"v": 2}', "--tag", tag), pid, tag)
+        assert_on_one_line(pgjournal(stored, "cleanup", "events", pid), pid)
+        assert_on_one_line(pgjournal(stored, "tags", "rebuild", pid), pid)
+        # an error quoting the name (Rich markup in it is text, not a style nor a crash)
+        missing = pid.replace("Cart|", "Gone|")
+        assert_on_one_line(pgjournal(stored, "state", "get", missing, code=1), repr(missing))
+
+
+def test_json_lines_stay_json_and_safe(stored: str) -> None:
+    """JSON output (events, tags events, state): one JSON object a line, the names exact after decoding. (JSON
+    escapes C0 itself, not DEL, C1 nor bidi controls.)"""
+    for pid, tag in ((PIDS[i], HOSTILE[i]) for i in (2, 3, 4, 9)):
+        [event] = [json.loads(line) for line in pgjournal(stored, "events", pid).splitlines()]
+        assert event["pid"] == pid and tag in event["tags"]
+        [state] = [json.loads(line) for line in pgjournal(stored, "state", "get", pid).splitlines()]
+        assert state["pid"] == pid and state["tags"] == [tag]
+        tagged = [json.loads(line) for line in pgjournal(stored, "tags", "events", tag).splitlines()]
+        assert [t["pid"] for t in tagged] == [pid]
+    lines = pgjournal(stored, "tail", ENTITY_TYPE, "--current").splitlines()
+    assert [json.loads(line)["pid"] for line in lines] == [f"{ENTITY_TYPE}|1"]
+
+
+def test_printable_escapes_what_a_terminal_acts_on() -> None:
+    assert printable("a\x1b[2J\nb\x7f\x9b\u202e\u2028\U000e0001\u00a0c") == \
+        "a\\x1b[2J\\nb\\x7f\\x9b\\u202e\\u2028\\U000e0001\\xa0c"
+    assert printable("Cart|naïve 日本 \\x1b [red]") == "Cart|naïve 日本 \\x1b [red]"  # untouched
+    encoded = json_printable(json.dumps({"k": "\x7f\x9b\u202e\U000e0001"}, ensure_ascii=False))
+    assert printable(encoded) == encoded and json.loads(encoded) == {"k": "\x7f\x9b\u202e\U000e0001"}
