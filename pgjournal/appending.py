@@ -1,9 +1,10 @@
 """An append as steps (:mod:`pgjournal.steps`): the asyncio face's appends and appends inside a caller's
 transaction (:mod:`pgjournal.transaction`) run the statement of :func:`pgjournal.write.plan_append` through
-these, with the write path's rules: a primary-key clash is a :class:`~pgjournal.errors.ConcurrencyConflict`
-when an ``expected_seq_nr`` was stated (else the append numbers after the new highest and tries again),
-serialization failures and deadlocks are retried where the dialect says so, anything else the server refused
-rolled back and is reported as such, and a lost connection leaves the outcome unknown.
+these, with the write path's rules (:func:`pgjournal.failed_writes.classify`): a primary-key clash is a
+:class:`~pgjournal.errors.ConcurrencyConflict` when an ``expected_seq_nr`` was stated (else the append numbers
+after the new highest and tries again), serialization failures and deadlocks are retried where the dialect says
+so, anything else the server refused rolled back and is reported as such, and a lost connection leaves the
+outcome unknown.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import psycopg
-import psycopg.errors
 
 from .buckets import ensure_bucket_size_step
-from .contention import TRANSIENT_ERRORS, RetryPolicy
-from .errors import ConcurrencyConflict, JournalError, WriteOutcomeUnknown
+from .contention import RetryPolicy
+from .errors import ConcurrencyConflict, JournalError
+from .failed_writes import Failure, classify
 from .steps import Sleep, Statement, Step, first_of
 from .tag_mode import ensure_mode_step
 from .tag_write import record_bucket_size
-from .write import AppendPlan, conflict, exhausted, refused
+from .write import AppendPlan, conflict, exhausted, failed
 
 if TYPE_CHECKING:
     from .core import JournalCore
@@ -73,22 +74,18 @@ def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
         attempt += 1
         try:
             rows = yield from attempt_step(journal, plan, own_transaction=True)
-        except psycopg.errors.UniqueViolation as exc:
-            if plan.expected is not None:
-                raise (yield from conflict_step(journal, plan)) from None
-            # No expectation was stated: another writer appended first; number after it.
-            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))
-            continue
-        except TRANSIENT_ERRORS as exc:
-            if exc.sqlstate not in journal.dialect.retryable_sqlstates:
-                raise refused(plan.pid, exc) from exc
-            yield Sleep(_pause_or_raise(policy, plan, attempt, started, exc))  # one transaction: safe again
-            continue
         except psycopg.Error as exc:
-            raise failed(plan, exc) from exc
-        if not rows:
-            raise (yield from conflict_step(journal, plan))
-        return rows
+            failure, error = classify(exc, retryable=journal.dialect.retryable_sqlstates,
+                                      clash_retries=plan.expected is None), exc
+        else:
+            if rows:
+                return rows
+            failure, error = classify(None), None
+        if failure is Failure.RETRY:  # one transaction: running it again is safe
+            assert error is not None
+            yield Sleep(_pause_or_raise(policy, plan, attempt, started, error))
+            continue
+        raise (yield from failure_step(journal, plan, failure, error))
 
 
 def _pause_or_raise(policy: RetryPolicy, plan: AppendPlan, attempt: int, started: float, exc: psycopg.Error
@@ -99,14 +96,17 @@ def _pause_or_raise(policy: RetryPolicy, plan: AppendPlan, attempt: int, started
     return pause
 
 
-def failed(plan: AppendPlan, exc: psycopg.Error) -> JournalError:
-    """What an attempt that raised ``exc`` means: the outcome is unknown when the server never answered (a lost
-    connection), else the statement was refused and rolled back."""
-    if isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None:
-        return WriteOutcomeUnknown(
-            f"the connection was lost while appending to {plan.pid!r}; the events may or may not be written. "
-            f"Retrying with the same expected_seq_nr is safe. ({exc.__class__.__name__})")
-    return refused(plan.pid, exc)
+def failure_step(journal: JournalCore, plan: AppendPlan, failure: Failure, error: psycopg.Error | None
+                 ) -> Step[JournalError]:
+    """The error to raise for an attempt of ``plan`` that failed as ``failure`` (not a retry) with ``error``
+    (``None``: it wrote no row): a conflict naming the highest sequence number where it can be read, or
+    :func:`pgjournal.write.failed`'s error, caused by ``error``."""
+    if failure is Failure.CONFLICT:
+        return (yield from conflict_step(journal, plan))
+    assert error is not None
+    reported = failed(plan.pid, failure, error)
+    reported.__cause__ = error
+    return reported
 
 
 def conflict_step(journal: JournalCore, plan: AppendPlan) -> Step[ConcurrencyConflict]:

@@ -17,25 +17,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-import psycopg.errors
 
-from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
+from .contention import KeyedLocks, RetryPolicy
 from .envelope import Source
-from .errors import (
-    ConfigurationError,
-    JournalError,
-    RetriesExhausted,
-    RevisionConflict,
-    SchemaNotMigrated,
-    WriteOutcomeUnknown,
-)
+from .errors import RetriesExhausted, RevisionConflict, SchemaNotMigrated
+from .failed_writes import Failure, classify, refused, server_message, unknown
 from .offsets import NoOffset, Offset, TimestampOffset
 from .polling import LiveQuery
 from .slices import entity_type_of, slice_for_persistence_id
 from .steps import Sleep, Step, rows_of, run_pooled, statement
 from .store.durable_state import DELETED_SER_ID
 from .validation import check_name, check_persistence_id, check_seq_nr
-from .write import server_message
 
 if TYPE_CHECKING:
     from .core import JournalCore
@@ -158,43 +150,32 @@ class DurableStateRules:
         """One statement, transient failures retried under the journal's
         :class:`~pgjournal.contention.RetryPolicy` (its pause yielded as a :class:`~pgjournal.steps.Sleep`)."""
         query = self.sql.write(pid, revision, ser_id, manifest, payload, list(tags) or None)
+        what = f"writing the durable state of {pid!r}"
         attempt = 0
         while True:
             attempt += 1
             try:
                 rows = yield statement(query)
-                row = rows[0] if rows else None
-                break
-            except psycopg.errors.UniqueViolation:  # revision 1 raced another first write
-                row = None
-                break
-            except TRANSIENT_ERRORS as exc:
-                if exc.sqlstate not in self._retryable:  # as appends: the dialect says what may run again
-                    raise self._refused(pid, exc) from exc
-                pause = self._retry.next_pause(attempt, exc.sqlstate)
-                if pause is None:
-                    raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
-                                           f"{attempt} times, the last with SQLSTATE {exc.sqlstate} "
-                                           f"({server_message(exc)}); nothing was written") from exc
-                yield Sleep(pause)  # one statement, one transaction: running it again is safe
-            except psycopg.OperationalError as exc:
-                if exc.sqlstate is None:  # the server never answered
-                    raise WriteOutcomeUnknown(
-                        f"the connection was lost while writing the durable state of {pid!r}; it may or may not "
-                        "be written. Retrying with the same revision is safe (it writes, or raises "
-                        "RevisionConflict)") from exc
-                raise self._refused(pid, exc) from exc
-            except psycopg.Error as exc:  # the server refused it: the statement rolled back
-                raise self._refused(pid, exc) from exc
-        if row is None:
-            raise RevisionConflict(pid, revision, (yield from self._current_revision_step(pid)))
-        return row[0]  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _refused(pid: str, exc: psycopg.Error) -> JournalError:
-        kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-        return kind(f"writing the durable state of {pid!r} was refused by the database: SQLSTATE "
-                    f"{exc.sqlstate} ({server_message(exc)}); nothing was written")
+            except psycopg.Error as exc:  # a clash is a conflict: revision 1 raced another first write
+                failure, error = classify(exc, retryable=self._retryable), exc
+            else:
+                if rows:
+                    return rows[0][0]  # type: ignore[no-any-return]
+                failure, error = classify(None), None  # not the current revision + 1
+            if failure is Failure.CONFLICT:
+                raise RevisionConflict(pid, revision, (yield from self._current_revision_step(pid)))
+            assert error is not None
+            if failure is Failure.UNKNOWN:
+                raise unknown(what, "it", "Retrying with the same revision is safe: it writes, or raises "
+                              "RevisionConflict.", error) from error
+            if failure is Failure.REFUSED:
+                raise refused(what, error) from error
+            pause = self._retry.next_pause(attempt, error.sqlstate)
+            if pause is None:
+                raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "
+                                       f"{attempt} times, the last with SQLSTATE {error.sqlstate} "
+                                       f"({server_message(error)}); nothing was written") from error
+            yield Sleep(pause)  # one statement, one transaction: running it again is safe
 
     def _current_revision_step(self, pid: str) -> Step[int | None]:
         try:

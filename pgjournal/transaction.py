@@ -7,10 +7,11 @@ Rules (the same on both faces, written once in :class:`TransactionRules`):
 * each ``tx.append`` runs the write path's statement (:func:`pgjournal.write.plan_append`) at once, so a
   conflict raises :class:`~pgjournal.errors.ConcurrencyConflict` at that call, before anything commits;
 * without savepoints (the default) a failed append aborts the transaction, as any failed statement does in
-  PostgreSQL: later appends and the end of the block raise :class:`~pgjournal.errors.TransactionAborted` and
-  nothing commits. ``savepoints=True`` runs each append in a savepoint, so the caller may catch the conflict
-  and go on; it costs two more round trips per append (measured: about 1.5-2x the time of an append in a
-  transaction, +75 us of client CPU);
+  PostgreSQL, whatever made it fail (:func:`pgjournal.failed_writes.classify`: also a conflict where no
+  statement failed, an ``expected_seq_nr`` above the highest): later appends and the end of the block raise
+  :class:`~pgjournal.errors.TransactionAborted` and nothing commits. ``savepoints=True`` runs each append in a
+  savepoint, so the caller may catch the failure and go on; it costs two more round trips per append
+  (measured: about 1.5-2x the time of an append in a transaction, +75 us of client CPU);
 * inside a transaction a clash is always a conflict, also with ``expected_seq_nr=None`` (the write path
   outside transactions numbers after the new highest and tries again);
 * writers' signals (NOTIFY) go out only after the commit; metrics count only committed appends;
@@ -28,12 +29,12 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-import psycopg.errors
 
-from .appending import Rows, attempt_step, conflict_step, failed
+from .appending import Rows, attempt_step, failure_step
 from .connections import user_statements
 from .envelope import EventEnvelope
 from .errors import ConfigurationError, TransactionAborted
+from .failed_writes import Failure, classify
 from .steps import Step, run
 from .write import AppendPlan, plan_append
 
@@ -67,17 +68,17 @@ class TransactionRules:
     def _append_step(self, plan: AppendPlan) -> Step[list[EventEnvelope]]:
         try:
             rows = yield from attempt_step(self.journal, plan, own_transaction=False, savepoint=self.savepoints)
-        except psycopg.errors.UniqueViolation:
-            raise self._abort((yield from conflict_step(self.journal, plan))) from None
-        except psycopg.errors.TransactionRollback as exc:  # a serialization failure: the caller retries it all
-            self._abort(exc)
-            raise
-        except psycopg.Error as exc:
-            raise self._abort(failed(plan, exc)) from exc
-        if not rows:  # expected_seq_nr is above the highest stored one; nothing was written
-            raise (yield from conflict_step(self.journal, plan))
-        self._appended.append((plan, rows))
-        return plan.envelopes(rows)
+        except psycopg.Error as exc:  # inside a transaction a clash is a conflict, whatever was expected
+            failure, error = classify(exc, retryable=self.journal.dialect.retryable_sqlstates), exc
+        else:
+            if rows:
+                self._appended.append((plan, rows))
+                return plan.envelopes(rows)
+            failure, error = classify(None), None  # expected_seq_nr is above the highest: nothing was written
+        # Every failure aborts the transaction, also one where no statement failed (no row written).
+        if failure is Failure.RETRY:  # a serialization failure: the caller retries the whole transaction
+            raise self._abort(error)  # type: ignore[arg-type]
+        raise self._abort((yield from failure_step(self.journal, plan, failure, error)))
 
     def _abort(self, error: BaseException) -> BaseException:
         """Note that ``error`` aborted the transaction (unless the append had its own savepoint)."""

@@ -24,18 +24,17 @@ import psycopg.errors
 from psycopg_pool import PoolTimeout
 
 from . import metrics
-from .contention import TRANSIENT_ERRORS, KeyedLocks, RetryPolicy
+from .contention import KeyedLocks, RetryPolicy
 from .dsn import mask_dsn
 from .envelope import EventEnvelope, Source, new_envelope
 from .errors import (
     ConcurrencyConflict,
-    ConfigurationError,
     DatabaseUnavailable,
     InvalidArgument,
     JournalError,
     RetriesExhausted,
-    WriteOutcomeUnknown,
 )
+from .failed_writes import Failure, classify, refused, server_message, unknown
 from .offsets import TimestampOffset
 from .slices import entity_type_of, slice_for_persistence_id
 from .store.events import text_array
@@ -191,12 +190,12 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     return AppendPlan(target, event_list, tag_list, metadata, sql, params, stamp)
 
 
-def refused(pid: str, exc: psycopg.Error) -> JournalError:
-    """A statement the server refused for a reason that retrying will not change (privileges, a trigger, a
-    constraint): the statement rolled back, so nothing was written."""
-    kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
-    return kind(f"appending to {pid!r} was refused by the database: SQLSTATE {exc.sqlstate} "
-                f"({server_message(exc)}); nothing was written")
+def failed(pid: str, failure: Failure, exc: psycopg.Error) -> JournalError:
+    """The error of an append to ``pid`` that failed with ``exc``, classified REFUSED or UNKNOWN
+    (:mod:`pgjournal.failed_writes`)."""
+    if failure is Failure.UNKNOWN:
+        return unknown(f"appending to {pid!r}", "the events", "Retrying with the same expected_seq_nr is safe.", exc)
+    return refused(f"appending to {pid!r}", exc)
 
 
 def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyConflict:
@@ -320,28 +319,29 @@ class EventWriter:
                 except PoolTimeout:
                     raise DatabaseUnavailable(f"no connection to {mask_dsn(self._journal.dsn)} within "
                                               f"{self._journal.settings.connect_timeout}s") from None
+                error: psycopg.Error | None = None
                 try:
                     rows = self._run(conn, sql, params, before, stamp)
-                except psycopg.errors.UniqueViolation as exc:
-                    if expected is not None:
-                        raise self._conflict(pid, expected) from None
-                    # No expectation was stated: another writer appended first; number after it.
-                    if self._retry.should_retry(attempt, exc.sqlstate):
-                        continue
-                    raise self._exhausted(pid, attempt, started, exc) from None
-                except TRANSIENT_ERRORS as exc:
-                    if exc.sqlstate not in self._journal.dialect.retryable_sqlstates:
-                        raise self._failed(pid, exc) from exc
-                    if self._retry.should_retry(attempt, exc.sqlstate):
-                        continue  # the statement is one transaction: running it again is safe
-                    raise self._exhausted(pid, attempt, started, exc) from exc
-                except psycopg.Error as exc:  # the server answered with an error: the statement rolled back
-                    raise self._failed(pid, exc) from exc
+                except psycopg.Error as exc:
+                    rows, error = [], exc
+                    failure = classify(exc, retryable=self._journal.dialect.retryable_sqlstates,
+                                       clash_retries=expected is None, conn=conn)
                 finally:
                     connections.put(conn)
-                if not rows:  # expected_seq_nr is above the highest stored sequence number
-                    raise self._conflict(pid, expected)
-                return rows
+                if rows:
+                    return rows
+                if error is None:  # no row: expected_seq_nr is above the highest stored sequence number
+                    failure = classify(None)
+                if failure is Failure.CONFLICT:
+                    raise self._conflict(pid, expected) from None
+                assert error is not None
+                if failure is Failure.RETRY:
+                    # Another writer appended first (number after it), or a transient error: the statement
+                    # is one transaction, running it again is safe.
+                    if self._retry.should_retry(attempt, error.sqlstate):
+                        continue
+                    raise self._exhausted(pid, attempt, started, error) from error
+                raise failed(pid, failure, error) from error
 
     def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
         return exhausted(pid, attempt, started, exc, self._retry.retries)
@@ -350,31 +350,19 @@ class EventWriter:
     def _run(conn: psycopg.Connection, sql: str, params: dict[str, Any],
              before: Callable[[psycopg.Connection], None] | None = None,
              stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
-        try:
-            cur = _append_cursor(conn)
-            if stamp is not None:
-                stamp(params)
-            # Binary results: the returned (seq_nr, db_timestamp) parse for less than their text.
-            if before is None:
-                return cur.execute(sql, params, prepare=True, binary=True).fetchall()
-            with conn.transaction():
-                before(conn)
-                rows = cur.execute(sql, params, prepare=True, binary=True).fetchall()
-                if not rows:  # a stale expected_seq_nr: a conflict, so nothing of this call stays
-                    raise psycopg.Rollback()
-                return rows
-            return []
-        except psycopg.OperationalError as exc:
-            # No SQLSTATE: the server never answered (psycopg may say "connection socket closed" before it
-            # marks the connection broken), so the statement may or may not have run.
-            if conn.closed or conn.broken or exc.sqlstate is None:
-                raise WriteOutcomeUnknown(
-                    f"the connection was lost while appending to {params['pid']!r}; the events may or may not "
-                    f"be written. Retrying with the same expected_seq_nr is safe. ({exc.__class__.__name__})"
-                ) from exc
-            raise
-
-    _failed = staticmethod(refused)
+        cur = _append_cursor(conn)
+        if stamp is not None:
+            stamp(params)
+        # Binary results: the returned (seq_nr, db_timestamp) parse for less than their text.
+        if before is None:
+            return cur.execute(sql, params, prepare=True, binary=True).fetchall()
+        with conn.transaction():
+            before(conn)
+            rows = cur.execute(sql, params, prepare=True, binary=True).fetchall()
+            if not rows:  # expected_seq_nr above the highest: a conflict, so nothing of this call stays
+                raise psycopg.Rollback()
+            return rows
+        return []
 
     def _conflict(self, pid: str, expected: int | None) -> ConcurrencyConflict:
         try:
@@ -393,11 +381,3 @@ def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
         with contextlib.suppress(AttributeError):  # a connection class with __slots__: a cursor per append
             conn._pgjournal_append_cursor = cur  # type: ignore[attr-defined]
     return cur
-
-
-def server_message(exc: BaseException) -> str:
-    """The server's message, and its hint when it gave one (e.g. which setting to raise)."""
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else type(exc).__name__
-    hint = exc.diag.message_hint if isinstance(exc, psycopg.Error) else None
-    return f"{line}; hint: {hint}" if hint else line

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from pgjournal import NoOffset
+from pgjournal import NoOffset, TimestampOffset, slice_for_persistence_id
 from pgjournal.offsets import Offset
 from pgjournal.polling import LiveQuery
 
@@ -47,3 +48,11 @@ def consume(
             consumer.restart_count += 1
     except BaseException as exc:  # reported by the test
         consumer.error = exc
+
+
+def passed(consumers: Iterable[Any], pid: str, ts: datetime) -> bool:
+    """Every consumer (with ``min_slice``, ``max_slice`` and ``offset``) whose range holds ``pid`` delivered an event
+    newer than ``ts``: its main cursor is past it (torture tests' gap writers wait for this)."""
+    slice_ = slice_for_persistence_id(pid)
+    return all(isinstance(c.offset, TimestampOffset) and c.offset.timestamp > ts
+               for c in consumers if c.min_slice <= slice_ <= c.max_slice)

@@ -1,7 +1,9 @@
 """Torture for the asyncio live queries (as tests/test_torture_slices.py for the blocking face): writer tasks,
 some holding their transaction open up to 2 s around the insert (events commit 'in the past', out of order),
 live consumers on slice_ranges(4) and on the full range restarted from their last offset at random. Every
-consumer sees every event of its range exactly once, in sequence order per persistence id."""
+consumer sees every event of its range exactly once, in sequence order per persistence id. In portable mode
+with a short behind_current_time (no restarts) a gap writer also makes, on purpose, the gap the by-slices fill
+exists for (:func:`gap_writer`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import psycopg
 import pytest
 from aio_support import check_once_in_order, eventually
 from conftest import FAST
+from restarting import passed
 
 from pgjournal import ConcurrencyConflict, NoOffset, slice_for_persistence_id, slice_ranges
 from pgjournal.aio import AsyncJournal
@@ -50,17 +53,19 @@ async def slow_writer(dsn: str, stop: asyncio.Event, rng: random.Random, pids: l
 
 
 class Consumer:
-    def __init__(self, min_slice: int = 0, max_slice: int = 1023) -> None:
-        self.min_slice, self.max_slice = min_slice, max_slice
+    def __init__(self, min_slice: int = 0, max_slice: int = 1023, restart: bool = True) -> None:
+        self.min_slice, self.max_slice, self.restart = min_slice, max_slice, restart
         self.delivered: list[tuple[str, int]] = []
         self.offset: Offset = NoOffset
         self.restarts = 0
 
     async def run(self, journal: AsyncJournal, stop: asyncio.Event, rng: random.Random) -> None:
-        """Read the live query; close it after 0.5-2.5 s and open it again from the last offset."""
+        """Read the live query; close it after 0.5-2.5 s and open it again from the last offset (unless
+        ``restart`` is off)."""
         while not stop.is_set():
             live = journal.query.events_by_slices(ENTITY, self.min_slice, self.max_slice, self.offset)
-            closer = asyncio.get_running_loop().call_later(rng.uniform(0.5, 2.5), live.close)
+            closer = asyncio.get_running_loop().call_later(rng.uniform(0.5, 2.5) if self.restart else 10**6,
+                                                           live.close)
             async for envelope in live:
                 self.delivered.append((envelope.persistence_id, envelope.seq_nr))
                 self.offset = envelope.offset
@@ -70,9 +75,27 @@ class Consumer:
             self.restarts += 1
 
 
-async def torture(dsn: str, seconds: float, **settings: Any) -> None:
+async def gap_writer(journal: AsyncJournal, stop: asyncio.Event, consumers: list[Consumer], pid: str,
+                     made: list[int]) -> None:
+    """As tests/test_torture_slices.py's: an event of ``pid`` held open in a transaction until the consumers' main
+    cursors passed it, then committed and followed at once by the next event, read before backtracking comes
+    back for the first. ``made``: how many such gaps, the consumers' cursors seen past the event."""
+    seq_nr = 0
+    while not stop.is_set():
+        async with journal.transaction() as tx:
+            (held,) = await tx.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr)
+            deadline = asyncio.get_running_loop().time() + 2
+            while not passed(consumers, pid, held.db_timestamp) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            made[0] += passed(consumers, pid, held.db_timestamp)
+        await journal.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr + 1)
+        seq_nr += 2
+
+
+async def torture(dsn: str, seconds: float, *, restarts: bool = True, gaps: bool = False, **settings: Any) -> None:
+    made = [0]
     async with AsyncJournal.open(dsn, **{**FAST, "buffer_size": 50, **settings}) as journal:
-        consumers = [Consumer(lo, hi) for lo, hi in slice_ranges(4)] + [Consumer()]
+        consumers = [Consumer(lo, hi, restarts) for lo, hi in slice_ranges(4)] + [Consumer(restart=restarts)]
         stop_writers, stop_consumers = asyncio.Event(), asyncio.Event()
         reading = [asyncio.create_task(c.run(journal, stop_consumers, random.Random(i)))
                    for i, c in enumerate(consumers)]
@@ -81,6 +104,8 @@ async def torture(dsn: str, seconds: float, **settings: Any) -> None:
                    for i in range(6)]
         writing += [asyncio.create_task(slow_writer(dsn, stop_writers, random.Random(200 + i),
                                                     [f"{ENTITY}|slow-{i}-{k}" for k in range(5)])) for i in range(2)]
+        if gaps:
+            writing.append(asyncio.create_task(gap_writer(journal, stop_writers, consumers, f"{ENTITY}|gap-0", made)))
         await asyncio.sleep(seconds)
         stop_writers.set()
         await asyncio.gather(*writing)
@@ -93,15 +118,17 @@ async def torture(dsn: str, seconds: float, **settings: Any) -> None:
         async def caught_up() -> bool:
             return all(set(c.delivered) >= e for c, e in zip(consumers, expected, strict=True))
 
-        await eventually(caught_up, "every consumer delivered its range", timeout=30)
+        with contextlib.suppress(AssertionError):  # the checks below say what is missing
+            await eventually(caught_up, "every consumer delivered its range", timeout=30)
         stop_consumers.set()
         for task in reading:
             task.cancel()
         await asyncio.gather(*reading, return_exceptions=True)
     assert len(written) > 200, "the writers wrote too little to prove anything"
+    assert not gaps or made[0] >= 3, f"the gap writer made {made[0]} gaps"
     for consumer, wanted in zip(consumers, expected, strict=True):
         check_once_in_order(consumer.delivered, wanted, f"consumer {consumer.min_slice}-{consumer.max_slice}")
-        assert consumer.restarts >= 2
+        assert consumer.restarts >= 2 or not restarts
 
 
 async def test_torture_default_mode(dsn: str) -> None:
@@ -110,6 +137,14 @@ async def test_torture_default_mode(dsn: str) -> None:
 
 async def test_torture_portable_mode(dsn: str) -> None:
     await torture(dsn, 8, portable=True, behind_current_time=2.5, backtracking_behind_current_time=3.0)
+
+
+async def test_torture_portable_backtracking(dsn: str) -> None:
+    """Portable with a short behind_current_time: the main cursor passes open transactions, backtracking finds
+    their events and the gate fills the gaps the gap writer makes. (No restarts: a restart treats what lies
+    before its offset as consumed.)"""
+    await torture(dsn, 3, restarts=False, gaps=True, portable=True, behind_current_time=0.05,
+                  backtracking_behind_current_time=2.5)
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """Torture: 8 writers (some holding their transaction open up to 2 s, so their events commit 'in the past'),
 live consumers on slice_ranges(4) and on the full range, restarted from their last offset at random. Every
-consumer must see every event of its range exactly once, in sequence order per persistence id."""
+consumer must see every event of its range exactly once, in sequence order per persistence id. In portable mode
+with a short behind_current_time a gap writer also makes, on purpose, the gap the by-slices fill exists for
+(:func:`gap_writer`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 from conftest import FAST
-from restarting import Consumer, consume
+from restarting import Consumer, consume, passed
 
 from pgjournal import ConcurrencyConflict, EventEnvelope, Journal, slice_for_persistence_id, slice_ranges
 from pgjournal.offsets import Offset
@@ -55,8 +57,28 @@ def slow_writer(dsn: str, stop: threading.Event, rng: random.Random, pids: list[
             highest[pid] += count
 
 
+def gap_writer(journal: Journal, stop: threading.Event, consumers: list[Consumer], pid: str, made: list[int]
+               ) -> None:
+    """The gap the by-slices fill exists for, made on purpose (portable mode, behind_current_time shorter than the
+    transaction): an event of ``pid`` held open in a transaction until the consumers' main cursors passed it,
+    then committed and followed at once by the next event, which they read before backtracking (far behind the
+    clock) comes back for the first. ``made``: how many such gaps, the consumers' cursors seen past the event."""
+    seq_nr = 0
+    while not stop.is_set():
+        with journal.transaction() as tx:
+            (held,) = tx.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr)
+            deadline = time.monotonic() + 2
+            while not passed(consumers, pid, held.db_timestamp) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            made[0] += passed(consumers, pid, held.db_timestamp)
+        journal.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr + 1)
+        seq_nr += 2
+
+
 def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
     restarts = settings.pop("restarts", True)
+    gaps = settings.pop("gaps", False)
+    made = [0]
     config = {**FAST, "buffer_size": 50, **settings}
     with Journal.open(dsn, **config) as journal:
         consumers = [Consumer(bool(restarts), lo, hi) for lo, hi in slice_ranges(4)]
@@ -73,6 +95,9 @@ def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
         threads += [threading.Thread(target=slow_writer, args=(dsn, stop_writers, random.Random(200 + i),
                                                                 [f"{ENTITY}|slow-{i}-{k}" for k in range(5)]))
                     for i in range(2)]
+        if gaps:
+            threads.append(threading.Thread(target=gap_writer, args=(journal, stop_writers, consumers,
+                                                                     f"{ENTITY}|gap-0", made)))
         for t in threads:
             t.start()
         time.sleep(seconds)
@@ -91,6 +116,7 @@ def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
         for t in threads[: len(consumers)]:
             t.join(10)
     assert len(written) > 200, "the writers wrote too little to prove anything"
+    assert not gaps or made[0] >= 3, f"the gap writer made {made[0]} gaps"
     for consumer, wanted in zip(consumers, expected, strict=True):
         assert consumer.error is None, consumer.error
         label = f"consumer {consumer.min_slice}-{consumer.max_slice}"
@@ -120,10 +146,10 @@ def test_torture_portable_mode(dsn: str) -> None:
 
 def test_torture_portable_backtracking(dsn: str) -> None:
     """Portable with a short behind_current_time: the main cursor passes open transactions and
-    backtracking must find their events; the gate keeps per-pid order. (No restarts: a restart treats
-    what lies before its offset as consumed.)"""
+    backtracking must find their events; the gate keeps per-pid order, and fills the gaps the gap writer
+    makes. (No restarts: a restart treats what lies before its offset as consumed.)"""
     run_torture(dsn, 8, portable=True, behind_current_time=0.05, backtracking_behind_current_time=2.5,
-                restarts=False)
+                restarts=False, gaps=True)
 
 
 @pytest.mark.slow

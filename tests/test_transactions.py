@@ -60,13 +60,7 @@ def test_a_conflict_raises_at_its_append_and_aborts_the_transaction(journal: Jou
             tx.append("C|1", ["c"])
     assert isinstance(aborted.value.cause, ConcurrencyConflict)
     assert (journal.highest_seq_nr("A|1"), journal.highest_seq_nr("B|1"), journal.highest_seq_nr("C|1")) == (1, 0, 0)
-    journal.append("A|2", ["x"])
-    with journal.transaction() as tx:
-        tx.append("A|2", ["y"], expected_seq_nr=None)  # after the latest (1)
-        with pytest.raises(ConcurrencyConflict):
-            tx.append("A|2", ["z"], expected_seq_nr=5)  # above the highest: no statement failed, nothing written
-        tx.connection.execute("INSERT INTO outbox VALUES (3)")
-    assert (journal.highest_seq_nr("A|2"), outbox(dsn)) == (2, [3])
+    # Every kind of failed append, on both faces, with and without savepoints: tests/test_transaction_aborts.py
 
 
 def test_with_savepoints_the_caller_goes_on_after_a_conflict(journal: Journal, dsn: str) -> None:

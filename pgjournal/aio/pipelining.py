@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.pq import ExecStatus
 
-from ..appending import Rows, failed
-from ..write import AppendPlan
+from ..appending import Rows
+from ..failed_writes import Failure, classify
+from ..write import AppendPlan, failed
 
 if TYPE_CHECKING:
     from .journal import AsyncJournal
@@ -154,7 +155,7 @@ class AppendPipeline:
             for index, (plan, future) in enumerate(batch):
                 if not future.done():
                     if index < sent:
-                        future.set_exception(failed(plan, exc))
+                        future.set_exception(failed(plan.pid, Failure.UNKNOWN, exc))
                     else:
                         future.set_result(None)
             return
@@ -207,11 +208,11 @@ def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.Asy
 
 
 def _lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> bool:
-    """The connection is gone (the server never answered), not a statement refused or skipped after one was."""
-    if isinstance(exc, psycopg.errors.PipelineAborted):
-        return False
-    return conn.broken or conn.closed or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None)
+    """The connection is gone (the server never answered), not a statement refused or skipped after one was:
+    any other failure rolled the group back and its append runs on its own (:func:`pgjournal.appending.append_step`
+    classifies it)."""
+    return classify(exc, conn=conn) is Failure.UNKNOWN
 
 
 def _unknown(plan: AppendPlan) -> BaseException:
-    return failed(plan, psycopg.OperationalError("the pipeline carrying this append was stopped"))
+    return failed(plan.pid, Failure.UNKNOWN, psycopg.OperationalError("the pipeline carrying this append was stopped"))
