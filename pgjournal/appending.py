@@ -72,6 +72,7 @@ def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
     attempt = 0
     while True:
         attempt += 1
+        error: psycopg.Error | None
         try:
             rows = yield from attempt_step(journal, plan, own_transaction=True)
         except psycopg.Error as exc:

@@ -7,7 +7,7 @@ connections."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import psycopg.errors
@@ -29,10 +29,20 @@ from .stored_format import StoredFormat, read_stored_format_step
 from .tag_mode import check_mode_step
 
 
+class WriteSignals(Protocol):
+    """What a face's signals (``notify.Signals``, ``aio.signals.AsyncSignals``) offer code shared by both: a
+    write committed, so the live queries of its entity type may poll at once."""
+
+    def written(self, _slice: int, entity_type: str) -> None: ...
+
+
 class JournalCore:
     """One database as both faces see it: settings, serializers, the dialect and its stores, the writer id and
     the capabilities resolved at open. Every query's logic (steps, the gate, the live loop's schedule) reads
     these and nothing else of the face that runs it."""
+
+    #: The face's signals after commit (``None`` where notifications are off); set by each face.
+    signals: WriteSignals | None
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:

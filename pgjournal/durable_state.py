@@ -154,6 +154,7 @@ class DurableStateRules:
         attempt = 0
         while True:
             attempt += 1
+            error: psycopg.Error | None
             try:
                 rows = yield statement(query)
             except psycopg.Error as exc:  # a clash is a conflict: revision 1 raced another first write

@@ -56,7 +56,7 @@ class Journal(JournalCore):
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
         super().__init__(dsn, settings, serializers, capabilities, stored)
-        self.signals = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
+        self.signals: Signals | None = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
                                     **pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).

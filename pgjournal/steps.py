@@ -162,13 +162,15 @@ class _SyncFetch:
                 raise TypeError(f"{request.fn!r} returned an awaitable: run this step with the asyncio driver")
             return result
         assert isinstance(request, Statement), request
+        conn = self.conn
+        assert conn is not None, "a statement borrows a connection above"
         if request.stream > 1:
-            cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
+            cur = conn.cursor(binary=request.binary, row_factory=request.row)
             stream = cur.stream(request.sql, request.params, size=request.stream)
             self._stream = stream
             self.chunks = iter(lambda: list(itertools.islice(stream, request.stream)), [])
             return next(self.chunks, [])
-        with self.conn.cursor(binary=request.binary, row_factory=request.row) as cur:
+        with conn.cursor(binary=request.binary, row_factory=request.row) as cur:
             cur.execute(request.sql, request.params, prepare=request.prepare)
             return cur.fetchall() if cur.description is not None else cur.rowcount
 
@@ -252,8 +254,8 @@ class _AsyncFetch:
             return await self._chunk() if self._stream is not None else []
         if self._stream is not None:
             await self.close_stream()
-        if request.__class__ is Statement and self.conn is not None and request.stream <= 1:  # type: ignore[union-attr]
-            return await _execute(self.conn, request)  # type: ignore[arg-type]  # the common case, first
+        if request.__class__ is Statement and self.conn is not None and request.stream <= 1:
+            return await _execute(self.conn, request)  # the common case, first
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None
@@ -264,11 +266,13 @@ class _AsyncFetch:
             result = request.fn(*_arguments(request, self.conn), **request.kwargs)
             return await result if inspect.isawaitable(result) else result
         assert isinstance(request, Statement), request
+        conn = self.conn
+        assert conn is not None, "a statement borrows a connection above"
         if request.stream > 1:
-            cur = self.conn.cursor(binary=request.binary, row_factory=request.row)
+            cur = conn.cursor(binary=request.binary, row_factory=request.row)
             self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
             return await self._chunk()
-        return await _execute(self.conn, request)
+        return await _execute(conn, request)
 
     async def _chunk(self) -> list[Any]:
         chunk: list[Any] = []

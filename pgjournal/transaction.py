@@ -66,6 +66,7 @@ class TransactionRules:
         return plan
 
     def _append_step(self, plan: AppendPlan) -> Step[list[EventEnvelope]]:
+        error: psycopg.Error | None
         try:
             rows = yield from attempt_step(self.journal, plan, own_transaction=False, savepoint=self.savepoints)
         except psycopg.Error as exc:  # inside a transaction a clash is a conflict, whatever was expected
@@ -77,7 +78,8 @@ class TransactionRules:
             failure, error = classify(None), None  # expected_seq_nr is above the highest: nothing was written
         # Every failure aborts the transaction, also one where no statement failed (no row written).
         if failure is Failure.RETRY:  # a serialization failure: the caller retries the whole transaction
-            raise self._abort(error)  # type: ignore[arg-type]
+            assert error is not None
+            raise self._abort(error)
         raise self._abort((yield from failure_step(self.journal, plan, failure, error)))
 
     def _abort(self, error: BaseException) -> BaseException:

@@ -52,7 +52,8 @@ class AsyncJournal(JournalCore):
             raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
                                      "face writes tag view rows in the append's statement (leave it false)")
         super().__init__(dsn, settings, serializers, capabilities, stored)
-        self.signals = AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify else None
+        self.signals: AsyncSignals | None = (AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify
+                                             else None)
         self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
                                          name="pgjournal-async", **core.pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).

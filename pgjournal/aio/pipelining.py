@@ -107,7 +107,7 @@ class AppendPipeline:
         finally:
             # Leave at once, not in a done callback: the tasks this drain just answered queue their next appends
             # before such a callback would run, and must see that a new drain is needed.
-            self._drains.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._drains.discard(asyncio.current_task())
 
     def _take(self) -> list[Queued]:
         """This drain's share of the queue: every drain (connection) gets some, since each append waits for its
