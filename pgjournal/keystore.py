@@ -41,6 +41,7 @@ from .errors import (
     ConfigurationError,
     DatabaseUnavailable,
     DecryptionError,
+    InsufficientPrivilege,
     RetriesExhausted,
     SchemaNotMigrated,
 )
@@ -118,6 +119,8 @@ class AesGcmKeyWrapper:
 
 _ABSENT = b""
 _RETRIES = 5
+#: Seconds :meth:`PostgresKeyStore.reclaim` waits for transactions that may still see a deleted key to end.
+RECLAIM_WAIT = 10.0
 
 
 class PostgresKeyStore:
@@ -219,13 +222,47 @@ class PostgresKeyStore:
         return key
 
     def delete_key(self, persistence_id: str) -> bool:
+        """Delete the key and rewrite the key table, so its bytes leave the table's file too (a wrapped key kept
+        there would open the payloads again to whoever later gets the master key). Raises
+        :class:`InsufficientPrivilege` or :class:`RetriesExhausted` when the key is deleted but its bytes could not be
+        taken out of the file (see :meth:`reclaim`)."""
         pid = check_persistence_id(persistence_id)
         deleted = self._run(sql.delete(pid), rowcount=True)
         with self._lock:
             self._cache.pop(pid, None)
+        if deleted:
+            self.reclaim(pid)
         return bool(deleted)
 
     # -- helpers -------------------------------------------------------------------------------------
+
+    def reclaim(self, persistence_id: str | None = None) -> None:
+        """Rewrite the key table so the bytes of deleted keys leave its file (:meth:`delete_key` does this; see
+        :mod:`pgjournal.store.keys` for how).
+
+        A transaction that began before a key was deleted may still see its row, and a rewrite keeps what it may
+        see: the key store waits for such transactions for up to :data:`RECLAIM_WAIT` seconds, then raises
+        :class:`RetriesExhausted` (the bytes stay until they end and this runs again). Raises
+        :class:`InsufficientPrivilege` when the role may not vacuum the table."""
+        what = f"the key of persistence id {persistence_id!r} is deleted, but " if persistence_id else ""
+        if not self._run(sql.may_vacuum(), one=True)[0]:
+            raise InsufficientPrivilege(
+                f"{what}this role may not vacuum {sql.TABLE} (grant it MAINTAIN on the table, PostgreSQL 17+, as "
+                f"`pgjournal roles` does): the wrapped bytes of deleted keys stay in the table's file until its "
+                f"owner runs VACUUM {sql.TABLE}; VACUUM (FULL) {sql.TABLE}")
+        deadline, pause = time.monotonic() + RECLAIM_WAIT, 0.05
+        while True:
+            self._run(sql.VACUUM, rowcount=True)
+            if not self._run(sql.dead_rows(), one=True)[0]:
+                self._run(sql.REWRITE, rowcount=True)
+                return
+            if time.monotonic() + pause > deadline:
+                raise RetriesExhausted(
+                    f"{what}a transaction older than the deletion may still see a deleted key, so its bytes stay in "
+                    f"{sql.TABLE}'s file (waited {RECLAIM_WAIT:.0f} s); run the key store's reclaim() once such "
+                    "transactions ended")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _unwrap(self, wrapped: bytes, pid: str) -> bytes:
         try:

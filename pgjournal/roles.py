@@ -10,12 +10,19 @@ migrations then run as the *owner* role the script creates. The script:
   tables of later migrations to the other two roles.
 * **writer** (``pgjournal_writer``): applications and projection workers. Reads everything; appends to
   ``event_journal`` and may change only its ``deleted`` column (logical delete), so history cannot be
-  rewritten or removed; reads and writes the other tables (snapshots, tag views, projection offsets,
-  management, leases) except the migrations' own records (schema version, stored format), which it only
-  reads. It cannot create, alter, drop or truncate anything.
-* **reader** (``pgjournal_reader``): Spark exports, queries, ``pgjournal verify``: SELECT only.
+  rewritten or removed; reads and writes the other tables (snapshots, tag views, every projection's offsets,
+  management, leases, payload keys) except the migrations' own records (schema version, stored format), which
+  it only reads. It cannot create, alter, drop or truncate anything. On PostgreSQL 17+ it may VACUUM the key
+  table (``MAINTAIN``): shredding a key rewrites that table so the key's bytes leave its file.
+* **reader** (``pgjournal_reader``): Spark exports, queries, ``pgjournal verify``: SELECT only, and not on the
+  wrapped data keys (``pgjournal_payload_keys``).
 * **loader** (``pgjournal_loader``): the Spark incremental load. Reads everything; keeps its watermarks in
-  ``projection_timestamp_offset_store`` (SELECT, INSERT, DELETE there and nowhere else).
+  ``projection_timestamp_offset_store`` (INSERT, DELETE there and nowhere else), and row-level security on
+  that table confines it to the load's rows (projection names ``spark-load:...``): it can neither see nor
+  write a projection's offsets. Every other role sees every row, as without row-level security (the owner
+  and superusers bypass it).
+
+The refusals, role by role, are in SECURITY.md and tested in ``tests/test_role_boundaries.py``.
 
 No password is in the script (set them with ``\\password`` or ``ALTER ROLE ... PASSWORD``). PUBLIC loses
 every privilege on the database and CREATE on the schema, so only these roles (and superusers) get in.
@@ -39,7 +46,8 @@ from .errors import ConfigurationError, DatabaseUnavailable, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
 from .settings import Settings
-from .store.offsets import OFFSET_TABLE
+from .store.keys import TABLE as KEY_TABLE
+from .store.offsets import LOAD_PREFIX, OFFSET_TABLE
 from .stored_format import FORMAT_TABLE
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -115,9 +123,20 @@ BEGIN
   LOOP
     EXECUTE format('ALTER TABLE {s}.%I OWNER TO {o}', t.relname);
     EXECUTE format('REVOKE ALL ON {s}.%I FROM PUBLIC, {w}, {r}, {ld}', t.relname);
-    EXECUTE format('GRANT SELECT ON {s}.%I TO {w}, {r}, {ld}', t.relname);
-    IF t.relname = '{OFFSET_TABLE}' THEN  -- the load's watermarks
+    EXECUTE format('GRANT SELECT ON {s}.%I TO {w}, {ld}', t.relname);
+    IF t.relname <> '{KEY_TABLE}' THEN  -- wrapped data keys: not for the reader
+      EXECUTE format('GRANT SELECT ON {s}.%I TO {r}', t.relname);
+    ELSIF current_setting('server_version_num')::int >= 170000 THEN  -- the key store's VACUUM FULL on shredding
+      EXECUTE format('GRANT MAINTAIN ON {s}.%I TO {w}', t.relname);
+    END IF;
+    IF t.relname = '{OFFSET_TABLE}' THEN  -- the load's watermarks, and no other rows (row-level security)
       EXECUTE format('GRANT INSERT, DELETE ON {s}.%I TO {ld}', t.relname);
+      EXECUTE format('ALTER TABLE {s}.%I ENABLE ROW LEVEL SECURITY', t.relname);
+      EXECUTE format('DROP POLICY IF EXISTS "pgjournal: every row" ON {s}.%I', t.relname);
+      EXECUTE format('CREATE POLICY "pgjournal: every row" ON {s}.%I USING (true) WITH CHECK (true)', t.relname);
+      EXECUTE format('DROP POLICY IF EXISTS {ld} ON {s}.%I', t.relname);
+      EXECUTE format('CREATE POLICY {ld} ON {s}.%I AS RESTRICTIVE TO {ld} USING (starts_with(projection_name, %L)) '
+                     'WITH CHECK (starts_with(projection_name, %L))', t.relname, '{LOAD_PREFIX}', '{LOAD_PREFIX}');
     END IF;
     IF t.journal THEN
       EXECUTE format('GRANT INSERT, UPDATE (deleted) ON {s}.%I TO {w}', t.relname);

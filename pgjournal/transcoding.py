@@ -44,6 +44,7 @@ What readers get
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import struct
@@ -264,6 +265,41 @@ class Transcoder:
 def encrypted(payload: bytes) -> bool:
     """Whether a transcoded payload's header says it is encrypted (reading it needs a key store)."""
     return len(payload) >= _HEAD.size and payload[0] == FORMAT_VERSION and bool(payload[1] & _ENCRYPTED)
+
+
+#: How text sealed by :func:`seal_text` starts (a character no exception's type name has, so no plain error text).
+SEALED_TEXT = "~pgjournal-sealed:"
+_TEXT_SER_ID = 20  # Akka's primitive-string: the body is UTF-8 text
+
+
+def seal_text(key_store: KeyStore, persistence_id: str, text: str) -> str | None:
+    """``text`` encrypted with the persistence id's key, as text (:data:`SEALED_TEXT`, then base64 of a
+    transcoded payload): for text written beside a payload that may quote it, such as a projection's error in its
+    dead letters. Readable with the key (:func:`open_text`), unreadable once the key is shredded, like the
+    payload. ``None`` when the persistence id has no key (shredded, or its events are not encrypted)."""
+    key = key_store.key(persistence_id)
+    if key is None:
+        return None
+    header = _HEAD.pack(FORMAT_VERSION, _ENCRYPTED, _TEXT_SER_ID) + _cipher(key)[1]
+    sealed = header + seal(key, text.encode("utf-8", "replace"), _associated(header, persistence_id))
+    return SEALED_TEXT + base64.b64encode(sealed).decode("ascii")
+
+
+def open_text(key_store: KeyStore | None, persistence_id: str, stored: str) -> str:
+    """The text :func:`seal_text` sealed (text it did not seal as it is); ``"<redacted: ...>"`` when the key is
+    gone. Raises :class:`DecryptionError` when the key does not open it."""
+    if not stored.startswith(SEALED_TEXT):
+        return stored
+    if key_store is None:
+        return "<sealed with the persistence id's key: give the SerializerRegistry its key store to read it>"
+    try:
+        payload = base64.b64decode(stored[len(SEALED_TEXT):], validate=True)
+    except ValueError:
+        raise DecryptionError(f"sealed text of persistence id {persistence_id!r} is not base64",
+                              persistence_id=persistence_id) from None
+    inner = decode(payload, "", key_store, persistence_id=persistence_id, seq_nr=None,
+                   where=f" (sealed text of {persistence_id!r})")
+    return str(inner) if isinstance(inner, Redacted) else inner[1].decode("utf-8", "replace")
 
 
 def decode(payload: bytes, manifest: str, key_store: KeyStore | None, *, persistence_id: str | None,

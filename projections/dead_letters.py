@@ -6,7 +6,9 @@ the range restart without end). The runner treats it like a handler failure: ret
 ``ProjectionSettings.on_failure`` applies — ``stop`` raises :class:`~projections.runner.ProjectionFailed`
 naming projection, persistence id, sequence number, serializer id and manifest; ``dead-letter`` stores the
 envelope in ``projection_dead_letter`` (payload kept) and goes on, in exactly-once and grouped modes in the
-same transaction as the offset past it.
+same transaction as the offset past it. With an encrypting journal the stored error is sealed with the
+persistence id's key (:func:`stored_error`): a handler's message may quote the event, and crypto-shredding must
+leave nothing of it readable.
 
 :func:`retry_dead_letters` replays stored dead letters through a (fixed) handler and removes each that
 succeeds. A replay runs after later events of the same persistence id were handled: handlers that depend on
@@ -26,6 +28,7 @@ from pgjournal.slices import entity_type_of
 from pgjournal.steps import Step, first_of, run
 from pgjournal.store import dead_letters as sql
 from pgjournal.store.dead_letters import DeadLetter as DeadLetter  # the row shape, part of this module's API
+from pgjournal.transcoding import open_text, seal_text
 from pgjournal.validation import check_name
 
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 
     from pgjournal.core import JournalCore
     from pgjournal.journal import Journal
+    from pgjournal.keystore import KeyStore
     from pgjournal.serialization import SerializerRegistry
     from pgjournal.store import Query as Statement
 
@@ -113,14 +117,36 @@ def store_dead_letter(conn: psycopg.Connection, journal: Journal, name: str, key
 def dead_letter_statement(journal: JournalCore, name: str, key: str, env: EventEnvelope, error: BaseException
                           ) -> tuple[str, Any]:
     """The statement of :func:`store_dead_letter`."""
-    return sql.store(journal.events, name, key, env.persistence_id, env.seq_nr, f"{type(error).__name__}: {error}")
+    return sql.store(journal.events, name, key, env.persistence_id, env.seq_nr,
+                     stored_error(journal, env.persistence_id, error))
+
+
+def stored_error(journal: JournalCore, pid: str, error: BaseException) -> str:
+    """``error`` as a dead letter keeps it. A handler's message may quote the event: when the journal encrypts,
+    it is sealed with the persistence id's key (:func:`~pgjournal.transcoding.seal_text`), so it is as unreadable
+    as the payload to a role without the keys and gone when the key is shredded; with no key for the persistence
+    id (shredded already, or an event written unencrypted) only the error's type is kept."""
+    text = f"{type(error).__name__}: {error}"
+    key_store = _key_store(journal)
+    if key_store is None:
+        return text
+    sealed = seal_text(key_store, pid, text)
+    return sealed if sealed is not None else f"{type(error).__name__} (message not kept: {pid!r} has no payload key)"
+
+
+def _key_store(journal: JournalCore) -> KeyStore | None:
+    transcoder = journal.serializers.transcoder
+    return transcoder.key_store if transcoder is not None else None
 
 
 def list_dead_letters(journal: Journal, name: str) -> list[DeadLetter]:
-    """The dead letters of projection ``name``, by persistence id and sequence number."""
+    """The dead letters of projection ``name``, by persistence id and sequence number; errors sealed with a
+    persistence id's key are opened with the journal's key store (``<redacted: ...>`` once it is shredded)."""
     check_name(name, "projection name")
     with journal.connection() as conn:
-        return sql.dead_letters(name).all(conn)
+        letters = sql.dead_letters(name).all(conn)
+    key_store = _key_store(journal)
+    return [replace(letter, error=open_text(key_store, letter.persistence_id, letter.error)) for letter in letters]
 
 
 @dataclass(frozen=True)
@@ -143,7 +169,8 @@ def retry_dead_letters(journal: Journal, projection: Projection) -> RetryOutcome
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with journal.connection() as conn:
-                conn.execute(*sql.set_error(projection.name, letter.persistence_id, letter.seq_nr, error))
+                conn.execute(*sql.set_error(projection.name, letter.persistence_id, letter.seq_nr,
+                                            stored_error(journal, letter.persistence_id, exc)))
             failed.append((letter.persistence_id, letter.seq_nr, error))
         else:
             succeeded.append((letter.persistence_id, letter.seq_nr))

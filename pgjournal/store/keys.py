@@ -26,3 +26,25 @@ def delete(pid: str) -> Query:
     """Delete (shred) a persistence id's key; rowcount 1 when there was one."""
     return f"DELETE FROM {TABLE} WHERE persistence_id = %s", (pid,)
 
+
+# A deleted row's bytes stay in the table's file until its page is rewritten: a plain VACUUM frees the row but
+# leaves its bytes in the page's free space, and a rewrite (VACUUM FULL) still copies a deleted row that a
+# transaction older than the delete may see. So: VACUUM until it reports no dead row it had to keep
+# (:func:`dead_rows`), then rewrite; what the plain VACUUM freed is then not copied. (Outside a transaction
+# block; the table is one small row per persistence id.)
+VACUUM: Query = (f"VACUUM {TABLE}", ())
+REWRITE: Query = (f"VACUUM (FULL) {TABLE}", ())
+
+
+def may_vacuum() -> Query:
+    """Whether this role may vacuum the table (a role that may not only gets a warning): its owner, a superuser,
+    or (PostgreSQL 17+) a role with MAINTAIN on it."""
+    return ("SELECT pg_has_role(c.relowner, 'USAGE') OR CASE WHEN current_setting('server_version_num')::int "
+            ">= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END "
+            "FROM pg_class AS c WHERE c.oid = %s::regclass", (TABLE,))
+
+
+def dead_rows() -> Query:
+    """The dead rows the table's statistics count: after a VACUUM, those it had to keep because a transaction
+    may still see them (and deletes counted since)."""
+    return "SELECT pg_stat_get_dead_tuples(%s::regclass)", (TABLE,)
