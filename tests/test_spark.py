@@ -139,7 +139,6 @@ def test_configured_jar_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 # -- reader ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.floor
 def test_read_events_equals_the_journal_one_partition_per_range(spark: Any, journal: Journal, dsn: str) -> None:
     from spark.read import read_events
 
