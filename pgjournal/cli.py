@@ -14,7 +14,7 @@ from rich.table import Table
 
 from .cli_cleanup import cleanup_app
 from .cli_state import state_app
-from .cli_support import DsnOption, console, fail, open_journal, reported, shown
+from .cli_support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from .cli_tags import tags_app
 from .dsn import mask_dsn
 from .horizon import Horizon
@@ -77,10 +77,7 @@ def append(
     dsn: DsnOption = None,
 ) -> None:
     """Append events (JSON) to a persistence id, atomically."""
-    try:
-        decoded = [json.loads(text) for text in events]
-    except json.JSONDecodeError as exc:
-        fail(f"events must be JSON: {exc}")
+    decoded = [parse_json(text, "events") for text in events]
     with open_journal(dsn) as journal:
         written = journal.append(persistence_id, decoded, expected_seq_nr=expected_seq_nr, tags=tag or ())
     table = Table("persistence id", "seq nr", "slice", "db timestamp")

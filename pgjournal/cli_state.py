@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli_support import DsnOption, console, fail, open_journal, reported, shown
+from .cli_support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from .durable_state import DurableState
 from .offsets import format_timestamp, parse_offset
 from .printable import json_printable
@@ -77,11 +77,7 @@ def state_put(
     dsn: DsnOption = None,
 ) -> None:
     """Write a new state (JSON) at the next revision."""
-    try:
-        decoded = json.loads(value)
-    except json.JSONDecodeError as exc:
-        fail(f"the state must be JSON: {exc}")
-        return
+    decoded = parse_json(value, "the state")
     with open_journal(dsn) as journal:
         state = journal.durable_state.upsert(persistence_id, _next_revision(journal, persistence_id, revision),
                                              decoded, tag)

@@ -18,6 +18,7 @@ from .journal import Journal
 from .printable import printable
 from .settings import ENV_PREFIX
 from .tag_mode import BATCHED, recorded_mode
+from .validation import load_json
 
 # No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
 console = Console(emoji=False)
@@ -39,8 +40,24 @@ def shown(text: object) -> str:
 
 
 def fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/] {shown(mask_dsn(message))}", highlight=False)
+    errors.print(f"[bold red]error:[/] {shown(_shortened(mask_dsn(message)))}", highlight=False)
     raise typer.Exit(code)
+
+
+def _shortened(message: str, longest: int = 120) -> str:
+    """``message`` with each word longer than ``longest`` characters (a huge argument quoted back) cut to its
+    start and its length: an error stays a line or two whatever the user passed."""
+    return " ".join(word if len(word) <= longest else f"{word[:60]}...({len(word):,} characters)"
+                    for word in message.split(" "))
+
+
+def parse_json(text: str, what: str) -> Any:
+    """``text`` as JSON, or a one-line error naming ``what`` (malformed, nested too deeply, too long a number)."""
+    try:
+        return load_json(text)
+    except ValueError as exc:
+        shown = text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+        fail(f"{what} must be JSON: {exc}; got {shown!r}")
 
 
 @contextmanager

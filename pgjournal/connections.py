@@ -8,6 +8,14 @@
   closes the connection and raises :class:`ServerSilent`, which the journal turns into
   :class:`~pgjournal.errors.ConnectionTimedOut` (or :class:`~pgjournal.errors.WriteOutcomeUnknown` mid-append).
 
+The client-side limit uses nothing private of psycopg: each round trip goes through ``Connection.wait`` (every
+psycopg 3 release routes statements, pipeline syncs and streamed rows through it; a test checks it), which a
+pool connection wraps, arguments passed through as they come, in a deadline kept by one :class:`Watchdog` thread.
+A round trip past its deadline has its socket shut down (``shutdown(2)`` on a duplicate of ``Connection.fileno()``):
+psycopg's own wait then returns, libpq reports the connection lost, and the wrapper raises :class:`ServerSilent`.
+(psycopg 3.3.6 added a ``timeout`` to ``wait`` with a private exception; relying on it broke every statement on
+3.2, whose ``wait`` takes no such argument.)
+
 User code that runs on a pool connection (projection handlers) uses :func:`user_statements`: no limits.
 """
 
@@ -15,22 +23,25 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-import psycopg.errors
 from psycopg.pq import TransactionStatus
+from psycopg_pool import PoolClosed
+
+from .dsn import mask_dsn
+from .errors import JournalClosed
 
 if TYPE_CHECKING:
     from .settings import Settings
 
 RV = TypeVar("RV")
 _IDLE = TransactionStatus.IDLE
-# psycopg's own signal that Connection.wait(timeout=...) ran out (private, hence looked up defensively).
-_WAIT_TIMEOUT: type[BaseException] | None = getattr(psycopg.errors, "_WaitTimeout", None)
-
 
 _psycopg_wait = psycopg.Connection.wait
 
@@ -42,6 +53,74 @@ class ServerSilent(psycopg.OperationalError):
         super().__init__(f"no answer from the server within {limit:g} s (client-side limit: statement_timeout + "
                          "tcp_user_timeout); the connection was closed")
         self.limit = limit
+
+
+class Watchdog:
+    """Deadlines of the round trips under way on limited connections, both faces', and one daemon thread that
+    cuts the connection of a round trip past its deadline: its socket is shut down, so the thread (or event
+    loop) waiting on it wakes up to a lost connection. Arming and disarming are a dict operation under a lock;
+    the thread sleeps until the earliest deadline (woken when an earlier one is armed)."""
+
+    def __init__(self) -> None:
+        self._armed: dict[int, float] = {}  # id(connection) -> deadline (monotonic)
+        self._sockets: dict[int, int] = {}  # id(connection) -> its socket's file descriptor
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._next = math.inf  # when the thread wakes up next
+        self._thread: threading.Thread | None = None
+        self.cuts = 0
+
+    def arm(self, conn: Any, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        fd = conn.pgconn.socket
+        with self._lock:
+            self._armed[id(conn)] = deadline
+            self._sockets[id(conn)] = fd
+            if deadline < self._next:
+                self._next = deadline
+                self._wake.set()
+        if self._thread is None:
+            self._start()
+
+    def disarm(self, conn: Any) -> bool:
+        """``False`` when the round trip was cut (its deadline passed)."""
+        key = id(conn)
+        with self._lock:
+            self._sockets.pop(key, None)
+            return self._armed.pop(key, None) is not None
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pgjournal-watchdog", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(None if self._next == math.inf else max(0.0, self._next - time.monotonic()))
+            self._wake.clear()
+            with self._lock:
+                now = time.monotonic()
+                for key in [key for key, deadline in self._armed.items() if deadline <= now]:
+                    del self._armed[key]
+                    # Under the lock: the waiter closes the connection only after disarming, so the descriptor
+                    # is still this connection's socket (not one reused by another connection).
+                    _cut(self._sockets.pop(key))
+                    self.cuts += 1
+                self._next = min(self._armed.values(), default=math.inf)
+
+
+def _cut(fd: int) -> None:
+    """Shut the socket ``fd`` down both ways (through a duplicate: the connection still owns ``fd``)."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
+WATCHDOG = Watchdog()
 
 
 def _whole_seconds(value: float) -> int:
@@ -75,23 +154,36 @@ def round_trip_limit(settings: Settings) -> float | None:
     return settings.statement_timeout + (settings.tcp_user_timeout or settings.connect_timeout)
 
 
+def round_trip_ended(conn: Any, limit: float, *, failed: bool) -> None:
+    """Disarm ``conn``'s deadline after a round trip. One the :data:`WATCHDOG` cut is closed (its protocol state
+    is unknown mid-exchange): a failed one raises :class:`ServerSilent`; one answered just as it was cut keeps
+    its answer."""
+    if WATCHDOG.disarm(conn):
+        return
+    conn.pgconn.finish()
+    if failed:
+        raise ServerSilent(limit) from None
+
+
 class LimitedConnection(psycopg.Connection[Any]):
     """A connection that gives up on an answer after :attr:`limit` seconds (see the module docstring)."""
 
     #: Set per pool by :func:`limited_connection_class`; ``None``: wait as long as it takes.
     limit: float | None = None
 
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
         # psycopg's own wait called directly, not through super(): this runs for every statement.
         limit = self.limit
-        if limit is None or timeout is not None or _WAIT_TIMEOUT is None:
-            return _psycopg_wait(self, gen, interval, timeout)
+        if limit is None:
+            return _psycopg_wait(self, gen, *args, **kwargs)
+        WATCHDOG.arm(self, limit)
         try:
-            return _psycopg_wait(self, gen, interval, limit)
-        except _WAIT_TIMEOUT:
-            # The protocol state is unknown mid-exchange: the connection cannot be used again.
-            self.pgconn.finish()
-            raise ServerSilent(limit) from None
+            result = _psycopg_wait(self, gen, *args, **kwargs)
+        except BaseException:
+            round_trip_ended(self, limit, failed=True)
+            raise
+        round_trip_ended(self, limit, failed=False)
+        return result
 
 
 def limited_connection_class(settings: Settings) -> type[LimitedConnection]:
@@ -113,6 +205,11 @@ def user_statements(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connectio
         yield conn
     finally:
         del conn.limit  # type: ignore[attr-defined]  # back to the class's limit
+
+
+def closed_journal(pool: Any) -> JournalClosed:
+    """The error of a borrow from the closed pool of a journal (both faces)."""
+    return JournalClosed(f"the journal on {mask_dsn(pool.conninfo)} is closed")
 
 
 class PoolFront:
@@ -141,7 +238,8 @@ class PoolFront:
         self._recycle_every = recycle_every
 
     def get(self) -> psycopg.Connection[Any]:
-        """An idle connection (raises ``PoolTimeout`` as the pool does when none comes in time)."""
+        """An idle connection (raises ``PoolTimeout`` as the pool does when none comes in time, and
+        :class:`~pgjournal.errors.JournalClosed` once closed)."""
         try:
             return self._idle.pop()
         except IndexError:
@@ -153,6 +251,8 @@ class PoolFront:
                 return self._idle.pop()  # kept by a returner that did not see this borrower yet
             except IndexError:
                 return self.pool.getconn()
+        except PoolClosed:
+            raise closed_journal(self.pool) from None
         finally:
             with self._lock:
                 self._waiting -= 1

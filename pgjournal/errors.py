@@ -132,6 +132,11 @@ class DatabaseUnavailable(JournalError):
     """The database server could not be reached or dropped the connection."""
 
 
+class JournalClosed(JournalError):
+    """The journal was closed (by :meth:`~pgjournal.Journal.close` or leaving its ``with`` block): nothing was
+    read or written. Not a :class:`DatabaseUnavailable`: waiting does not help, so no retry loop waits it out."""
+
+
 class ConnectionTimedOut(DatabaseUnavailable):
     """The server did not answer within the client-side limit (``statement_timeout + tcp_user_timeout``): a dead
     or hung network. The connection was closed; a statement sent on it may or may not have run."""

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import InvalidArgument
+from .validation import load_json
 
 _new, _set_attribute = object.__new__, object.__setattr__
 _UUID_FORM = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -126,7 +127,7 @@ class TimestampOffset:
         if not text.lstrip().startswith("{"):
             return cls(parse_timestamp(text, "offset timestamp"))
         try:
-            body = json.loads(text)
+            body = load_json(text)
             ts = parse_timestamp(body["ts"], "offset timestamp")
             read = parse_timestamp(body["read"], "offset read timestamp") if "read" in body else None
             seen = body.get("seen", {})

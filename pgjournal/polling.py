@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 from psycopg_pool import PoolClosed
 
-from .errors import DatabaseUnavailable
+from .errors import DatabaseUnavailable, JournalClosed
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -164,7 +164,7 @@ class LoopState(Generic[T]):
         """A poll raised ``exc``: ``True`` when the query ends quietly (its journal was closed), ``False`` to
         poll again after the schedule's backoff; ``exc`` itself, or past ``max_failures`` a
         :class:`DatabaseUnavailable`, is raised (a fatal one closes the query)."""
-        if isinstance(exc, PoolClosed):
+        if isinstance(exc, PoolClosed | JournalClosed):
             _log.info("live query ends: its journal was closed")
             self.close()
             return True

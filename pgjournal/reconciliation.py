@@ -21,7 +21,7 @@ from .store import tags as sql
 from .store.tags import TagCount as TagCount  # the row shape, part of this module's API
 from .tag_write import bucket_size
 from .timeuuid import lsb_key, make_uuid, ms_of_ticks
-from .validation import check_name, check_persistence_id
+from .validation import check_name, check_persistence_id, check_tags
 
 if TYPE_CHECKING:
     from .journal import Journal
@@ -66,7 +66,7 @@ class Reconciliation:
         in event order (logically deleted events included, as they were written), TimeUUIDs are made from
         ``db_timestamp`` (strictly increasing per persistence id), and the progress is set. Idempotent."""
         pid = check_persistence_id(persistence_id)
-        wanted = [check_name(t, "tag") for t in tags] if tags is not None else self.tags_of(pid)
+        wanted = list(check_tags(tags)) if tags is not None else self.tags_of(pid)
         if not wanted:
             return 0
         size = bucket_size(self._journal)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import akka_formats as akka
 from . import transcoding
 from .errors import ConfigurationError, SerializationError
+from .validation import MAX_NAME_LENGTH, check_name
 
 if TYPE_CHECKING:
     from .stored_format import StoredFormat
@@ -159,6 +160,11 @@ class SerializerRegistry:
             raise SerializationError(f"version must be a positive int or None, got {version!r}")
         if upcast is not None and version is None:
             raise SerializationError(f"upcast for {manifest!r} needs the current version (version=)")
+        # Written as `manifest` or `manifest#version`: it must fit the manifest columns, checked here rather
+        # than by the database at the first append.
+        suffix = 0 if version is None else len(f"#{version}")
+        check_name(manifest, "manifest" + (f" (with '#{version}' appended)" if suffix else ""),
+                   error=SerializationError, max_length=MAX_NAME_LENGTH - suffix)
         steps = self._known.upcasters.get(manifest)
         if steps:
             if upcast is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigurationError
+from .validation import check_name
 
 ENV_PREFIX = "PGJOURNAL_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -125,9 +126,8 @@ class Settings:
         if self.refresh_interval <= 0:
             raise ConfigurationError(f"setting refresh_interval must be > 0 seconds, got {self.refresh_interval!r}")
         self._check_tag_settings()
-        if not isinstance(self.writer_id, str) or len(self.writer_id) > 255:
-            raise ConfigurationError(f"setting writer_id must be a string of at most 255 characters, got "
-                                     f"{self.writer_id!r}")
+        if self.writer_id != "":  # "": a new random one per journal
+            check_name(self.writer_id, "setting writer_id", error=ConfigurationError)
 
     def _check_tag_settings(self) -> None:
         from .buckets import BucketSize, parse_first_time_bucket

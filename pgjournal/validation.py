@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import InvalidArgument, InvalidPersistenceId
+from .errors import InvalidArgument, InvalidPersistenceId, JournalError
 
 MAX_NAME_LENGTH = 255
 
@@ -31,16 +32,36 @@ def check_persistence_id(persistence_id: Any) -> str:
     return persistence_id
 
 
-def check_name(value: Any, what: str) -> str:
-    """A tag, entity type or projection name: a non-empty string of at most 255 characters without NUL."""
-    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH or "\x00" in value:
-        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_NAME_LENGTH} characters "
-                              f"without NUL, got {value!r}")
+def check_name(value: Any, what: str, *, error: type[JournalError] = InvalidArgument,
+               max_length: int = MAX_NAME_LENGTH) -> str:
+    """A tag, entity type, projection name, manifest or writer id: a non-empty string that fits its column
+    (``max_length`` characters) without NUL and encodable as UTF-8; else ``error`` naming the value."""
+    if not isinstance(value, str) or not value or len(value) > max_length or "\x00" in value:
+        shown = f"{value[:40]!r}... ({len(value)} characters)" if isinstance(value, str) and len(value) > 60 \
+            else repr(value)
+        raise error(f"{what} must be a non-empty string of at most {max_length} characters without NUL, "
+                    f"got {shown}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidArgument(f"{what} must be valid Unicode (no lone surrogates), got {value!r}") from None
+        raise error(f"{what} must be valid Unicode (no lone surrogates), got {value!r}") from None
     return value
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` whose every failure is a ``ValueError``: nesting too deep for the parser (a
+    ``RecursionError``) is refused like malformed JSON (an integer of too many digits already is a ValueError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested too deeply ({len(text):,} characters)") from None
+
+
+def check_seconds(value: Any, what: str, *, error: type[JournalError] = InvalidArgument) -> float:
+    """A duration in seconds: a finite number > 0 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise error(f"{what} must be a number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def check_tags(tags: Iterable[str] | str) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from pgjournal.slices import NUMBER_OF_SLICES
 from pgjournal.steps import Step, first_of, run
 from pgjournal.store import Query
 from pgjournal.store import leases as sql
-from pgjournal.validation import check_name
+from pgjournal.validation import check_name, check_seconds
 
 if TYPE_CHECKING:
     import psycopg
@@ -58,11 +58,10 @@ class LeaseManager:
         self.journal = journal
         self.name = check_name(name, "projection name")
         self.owner = owner or default_owner()
-        if not isinstance(duration, int | float) or isinstance(duration, bool) or duration <= 0:
-            raise InvalidArgument(f"lease duration must be a number of seconds > 0, got {duration!r}")
-        self.duration = float(duration)
-        self.renew_interval = renew_interval if renew_interval is not None else self.duration / 4
-        if not 0 < self.renew_interval < self.duration / 2:
+        self.duration = check_seconds(duration, "lease duration")
+        self.renew_interval = (check_seconds(renew_interval, "lease renew_interval") if renew_interval is not None
+                               else self.duration / 4)
+        if not self.renew_interval < self.duration / 2:
             raise InvalidArgument(f"lease renew_interval must be > 0 and below half the duration "
                                   f"({self.duration / 2}s), got {self.renew_interval!r}")
         #: Stop consuming this long before the lease could expire.

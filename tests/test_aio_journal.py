@@ -71,6 +71,7 @@ async def test_the_capabilities_are_those_of_the_blocking_face(dsn: str) -> None
 # -- appends ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 async def test_sequence_numbers_and_conflicts(aj: AsyncJournal, dsn: str) -> None:
     first = await aj.append(PID, [{"n": 1}, {"n": 2}, {"n": 3}])
     second = await aj.append(PID, [{"n": 4}], expected_seq_nr=3)
@@ -195,6 +196,7 @@ async def test_current_by_slices_matches_the_blocking_face_and_resumes(aj: Async
     assert sorted(keys(halves[0] + halves[1]), key=str) == sorted(keys(got), key=str)
 
 
+@pytest.mark.floor
 async def test_live_by_slices_delivers_later_appends_once_in_order(aj: AsyncJournal) -> None:
     await aj.append(PID, [1, 2])
     async with aj.query.events_by_slices("Cart", 0, 1023) as live:

@@ -8,6 +8,7 @@ what the argument parser refuses), no traceback; and nothing is written, checked
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -40,12 +41,14 @@ from pgjournal.cli import app
 from pgjournal.firehose import Firehose
 from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore
 from pgjournal.offsets import TimeBasedUUID, parse_offset
+from pgjournal.reconciliation import Reconciliation
 from pgjournal.roles import role_script
 from pgjournal.serialization import SerializerRegistry
 from pgjournal.transcoding import Transcoder
 from projections.examples import counter_writer
 from projections.handlers import Projection
 from projections.runner import run_range
+from projections.workers import Worker
 
 PID = "Cart|1"
 
@@ -108,8 +111,22 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
     ("tag not a string", lambda j: j.append(PID, ["e"], tags=[7]), InvalidArgument, "got 7"),
     ("tags None", lambda j: j.append(PID, ["e"], tags=None), InvalidArgument, "collection of strings"),
     ("tag a list", lambda j: j.append(PID, ["e"], tags=["a", ["b"]]), InvalidArgument, "got ['b']"),
-    ("manifest longer than the column", lambda j: long_manifest_journal(j.dsn).append(PID, [LongManifest(1)]),
-     JournalError, "refused by the database: SQLSTATE 22001"),
+    ("manifest longer than the column", lambda j: long_manifest_journal(j.dsn), SerializationError,
+     "manifest must be a non-empty string of at most 255 characters without NUL, got 'MMMM"),
+    ("manifest that overflows with its version", lambda j: SerializerRegistry().register(
+        LongManifest, "M" * 253, version=10), SerializationError, "at most 252 characters"),
+    ("tag rebuild of tags given as one string", lambda j: Reconciliation(j).rebuild("Cart|seeded", tags="cart"),
+     InvalidArgument, "not a single string 'cart'"),
+    ("writer id with a lone surrogate", lambda j: Journal.open(j.dsn, writer_id="w\udcff"), ConfigurationError,
+     "setting writer_id must be valid Unicode (no lone surrogates), got 'w\\udcff'"),
+    ("writer id of 256 characters", lambda j: Journal.open(j.dsn, writer_id="w" * 256), ConfigurationError,
+     "setting writer_id must be a non-empty string of at most 255"),
+    ("worker renew interval a string", lambda j: Worker(j, Projection("p", "Cart", counter_writer("p")),
+                                                        renew_interval="fast"), InvalidArgument,
+     "lease renew_interval must be a number of seconds > 0, got 'fast'"),
+    ("worker lease duration NaN", lambda j: Worker(j, Projection("p", "Cart", counter_writer("p")),
+                                                   lease_duration=float("nan")), InvalidArgument,
+     "lease duration must be a number of seconds > 0, got nan"),
     ("min_slice above max_slice", lambda j: list(j.query.current_events_by_slices("Cart", 9, 3)), InvalidArgument,
      "min_slice 9 is greater than max_slice 3"),
     ("slice 1024", lambda j: list(j.query.current_events_by_slices("Cart", 0, 1024)), InvalidArgument,
@@ -302,6 +319,11 @@ CLI: list[tuple[str, list[str], str]] = [
     ("cli: cleanup execute and dry run", ["cleanup", "entity-type", "Cart", "--execute", "--dry-run"],
      "contradict each other"),
     ("cli: cleanup of an entity type with NUL", ["cleanup", "entity-type", "Ca\x00rt", "--execute"], "entity type"),
+    ("cli: event nested 50,000 deep", ["append", PID, "[" * 50_000], "events must be JSON: JSON nested too deeply"),
+    ("cli: state nested 50,000 deep", ["state", "put", PID, "[" * 50_000 + "]" * 50_000],
+     "the state must be JSON: JSON nested too deeply"),
+    ("cli: offset nested 50,000 deep", ["tail", "Cart", "--current", "--from", '{"ts": ' + "[" * 50_000],
+     "nested too deeply"),
 ]
 
 
@@ -325,3 +347,83 @@ def test_bad_dsns_through_the_cli(dsn_text: str) -> None:
     result = CliRunner().invoke(app, ["info", "--dsn", dsn_text])
     assert result.exit_code == 1 and "Traceback" not in result.output and result.output.startswith("error:")
     assert "pw" not in result.output.replace("pw@", "")  # (the masked form keeps no password)
+
+
+def test_a_closed_journal_raises_journal_closed_on_both_faces_and_nothing_waits_it_out(dsn: str) -> None:
+    """Not a DatabaseUnavailable (the outage that retry logic and the entity breaker wait out): closing is final."""
+    import asyncio
+
+    from pgjournal import JournalClosed
+    from pgjournal.aio import AsyncJournal
+    from pgjournal.entity.breaker import is_unavailability
+
+    journal = Journal.open(dsn, **FAST)
+    journal.close()
+    for call in (lambda: journal.append(PID, ["e"]), lambda: journal.highest_seq_nr(PID),
+                 lambda: list(journal.query.current_events_by_persistence_id(PID))):
+        with pytest.raises(JournalClosed, match="is closed") as caught:
+            call()
+        assert not isinstance(caught.value, DatabaseUnavailable) and not is_unavailability(caught.value)
+
+    async def async_face() -> None:
+        aj = await AsyncJournal.open(dsn, **FAST)
+        await aj.close()
+        with pytest.raises(JournalClosed, match="is closed") as caught:
+            await aj.append(PID, ["e"])
+        assert not isinstance(caught.value, DatabaseUnavailable)
+
+    asyncio.run(async_face())
+    assert snapshot_of(dsn)["event_journal"] == 0
+
+
+def _cli_commands() -> list[tuple[list[str], list[str]]]:
+    """Every command of the CLI with its positional arguments' names (``server`` left out: it starts and stops
+    the user's embedded server; Spark's export and load start Spark on a path, whatever its value)."""
+    import typer
+
+    root = typer.main.get_command(app)
+    found: list[tuple[list[str], list[str]]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(None):
+                walk(command.get_command(None, name), [*path, name])
+        else:
+            found.append((path, [p.name for p in command.params if p.param_type_name == "argument"]))
+
+    walk(root, [])
+    return [(path, names) for path, names in found
+            if names and path[0] != "server" and path[:2] not in (["spark", "export"], ["spark", "states"],
+                                                                  ["spark", "load"])]
+
+
+#: A well-formed value for each argument name, so that one bad argument at a time is what fails.
+GOOD_ARGUMENT = {"persistence_id": PID, "events": '"e"', "value": '{"n": 1}', "entity_type": "Cart", "tag": "t",
+                 "n": "4", "timestamp": "2026-01-01T00:00:00Z", "name": "p", "job": "j"}
+#: Deep (nested brackets), huge (100,000 characters, below Linux's limit on one argument) and not UTF-8 (the
+#: bytes Python decodes from argv with surrogate escapes).
+BAD_ARGUMENTS = {"deep": "[" * 50_000, "huge": "Cart|" + "x" * 100_000, "not UTF-8": os.fsdecode(b"Cart|\xff\xfe")}
+CLI_CASES = [(path, names, name, kind) for path, names in _cli_commands() for name in names
+             for kind in BAD_ARGUMENTS]
+
+
+def test_every_command_and_argument_is_covered() -> None:
+    covered = {name for _path, _names, name, _kind in CLI_CASES}
+    assert covered <= set(GOOD_ARGUMENT) and len({tuple(path) for path, *_ in CLI_CASES}) >= 25
+
+
+@pytest.mark.parametrize(("path", "names", "argument", "kind"), CLI_CASES,
+                         ids=[f"{' '.join(p)} {a} {k}" for p, _n, a, k in CLI_CASES])
+def test_every_cli_argument_deep_huge_or_not_utf8_fails_in_one_line(seeded: Journal, dsn: str, path: list[str],
+                                                                     names: list[str], argument: str,
+                                                                     kind: str) -> None:
+    argv = [*path, *(BAD_ARGUMENTS[kind] if name == argument else GOOD_ARGUMENT[name] for name in names)]
+    if path == ["tail"]:
+        argv.insert(1, "--current")
+    before = snapshot_of(dsn)
+    result = CliRunner().invoke(app, [*argv, "--dsn", dsn], env={"PGJOURNAL_DSN": dsn})
+    assert isinstance(result.exception, SystemExit | None), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert len(result.output) < 2_000, result.output[:300]  # a message, not the value echoed whole
+    if result.exit_code != 0:
+        assert snapshot_of(dsn) == before

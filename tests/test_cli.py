@@ -68,6 +68,7 @@ def test_commands_on_an_unmigrated_database_say_what_to_run(empty_dsn: str) -> N
     assert_clean_failure(result, "pgjournal migrate")
 
 
+@pytest.mark.floor
 def test_append_and_events(cli) -> None:
     result = cli("append", "Cart|7", '{"item": "apple"}', '"text"', "42", "--tag", "fruit")
     assert result.exit_code == 0, result.output

@@ -56,6 +56,7 @@ def counters(journal: Journal, name: str) -> dict[str, tuple[int, int]]:
     return {pid: (n, seq) for pid, n, seq in rows}
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("grouped", [False, True], ids=["exactly-once", "grouped"])
 def test_read_model_equals_journal_across_restarts(journal: Journal, grouped: bool) -> None:
     ensure_counter_table(journal)

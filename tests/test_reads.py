@@ -70,6 +70,7 @@ def collect_in_thread(stream, into: list, done: threading.Event) -> threading.Th
     return thread
 
 
+@pytest.mark.floor
 def test_live_events_deliver_later_appends_and_stop_at_to_seq_nr(mode_journal: Journal) -> None:
     mode_journal.append(PID, ["a", "b", "c"])
     got: list = []
@@ -108,6 +109,7 @@ def test_live_events_as_context_manager(journal: Journal) -> None:
     assert list(stream) == []
 
 
+@pytest.mark.floor
 def test_live_events_are_woken_by_the_writer_signal(dsn: str) -> None:
     """With notifications on, a live query sees a new event long before its (here 30 s) refresh interval."""
     with Journal.open(dsn, refresh_interval=30) as journal:

@@ -72,6 +72,7 @@ def source(spark: Any, dsn: str, **options: Any) -> Any:
 # -- batch ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_batch_read_equals_the_journal_one_partition_per_range(spark: Any, journal: Journal, dsn: str) -> None:
     fill(journal)
     frame = source(spark, dsn, entityType=ENTITY, sliceRanges=8)

@@ -97,6 +97,7 @@ def test_the_pool_runs_with_the_statement_timeout_and_the_server_enforces_it(dsn
             sock.close()
 
 
+@pytest.mark.floor
 def test_an_append_on_a_blackholed_network_is_unknown_within_the_limit(
         blackholed: tuple[FaultProxy, Journal]) -> None:
     proxy, journal = blackholed
@@ -115,6 +116,7 @@ def test_an_append_on_a_blackholed_network_is_unknown_within_the_limit(
     assert journal.highest_seq_nr("Cart|a") == 1
 
 
+@pytest.mark.floor
 def test_a_by_slices_query_on_a_blackholed_network_times_out_and_a_live_one_gives_up_after_its_retries(
         blackholed: tuple[FaultProxy, Journal], caplog: pytest.LogCaptureFixture) -> None:
     proxy, journal = blackholed
@@ -194,3 +196,49 @@ def test_a_projection_handler_is_not_cut_by_pgjournals_statement_limits(dsn: str
         finally:
             runner.stop()
             runner.join(timeout=30)
+
+
+@pytest.mark.floor
+def test_both_faces_cut_a_round_trip_past_the_limit_and_keep_every_other_answer(dsn: str) -> None:
+    """The client-side limit on its own (no proxy): a server that takes longer than the limit to answer, with
+    its statement timeout off, is cut by the watchdog within the limit on both faces; the connection is closed;
+    the answers before it, a pipeline's included, and the answers of connections without a limit are kept.
+    This also checks that the installed psycopg routes statements, pipelines and streamed rows through
+    ``Connection.wait``, the hook the limit rests on."""
+    import asyncio
+
+    from pgjournal.aio.connections import AsyncLimitedConnection
+    from pgjournal.connections import WATCHDOG, LimitedConnection, ServerSilent
+
+    limit = 0.5
+    sync_class = type("Limited", (LimitedConnection,), {"limit": limit})
+    async_class = type("AsyncLimited", (AsyncLimitedConnection,), {"limit": limit})
+    cuts = WATCHDOG.cuts
+
+    with sync_class.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_sleep(0.1), 1").fetchone() == ("", 1)  # within the limit
+        with conn.pipeline():
+            first, second = conn.execute("SELECT 1"), conn.execute("SELECT 2")
+        assert (first.fetchone(), second.fetchone()) == ((1,), (2,))
+        with conn.cursor() as cursor:
+            assert [row for (row,) in cursor.stream("SELECT generate_series(1, 3)")] == [1, 2, 3]
+        started = time.monotonic()
+        with pytest.raises(ServerSilent, match=r"within 0\.5 s"):
+            conn.execute("SELECT pg_sleep(5)")
+        assert time.monotonic() - started < limit + SLACK
+        assert conn.closed
+    assert WATCHDOG.cuts == cuts + 1
+
+    async def async_face() -> None:
+        async with await async_class.connect(dsn, autocommit=True) as conn:
+            assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+            started = time.monotonic()
+            with pytest.raises(ServerSilent):
+                await conn.execute("SELECT pg_sleep(5)")
+            assert time.monotonic() - started < limit + SLACK
+            assert conn.closed
+
+    asyncio.run(async_face())
+    assert WATCHDOG.cuts == cuts + 2
+    with psycopg.connect(dsn, autocommit=True) as plain:  # no limit: waits as long as it takes
+        assert plain.execute("SELECT pg_sleep(0.8), 2").fetchone() == ("", 2)

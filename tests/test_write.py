@@ -38,6 +38,7 @@ def insert_row(dsn: str, pid: str, seq_nr: int, ts_sql: str = "now()", ser_id: i
         )
 
 
+@pytest.mark.floor
 def test_sequence_numbers_are_contiguous_across_appends(journal: Journal, dsn: str) -> None:
     first = journal.append(PID, [{"n": 1}, {"n": 2}, {"n": 3}])
     second = journal.append(PID, [{"n": 4}], expected_seq_nr=3)
@@ -190,6 +191,7 @@ def test_writer_column_is_the_journal_writer_id(journal: Journal, dsn: str) -> N
     assert journal.writer_id and journal.writer_id != "node-7"
 
 
+@pytest.mark.floor
 def test_tags_and_metadata_round_trip(journal: Journal, dsn: str) -> None:
     written = journal.append(PID, [{"a": 1}, {"b": 2}], tags=["red", "blue", "red"],
                              metadata={"trace": "abc", "n": [1, 2]})

@@ -1,6 +1,6 @@
 """The asyncio twin of :class:`pgjournal.connections.LimitedConnection`: a pool connection that gives up on an
 answer after the round-trip limit (``statement_timeout + tcp_user_timeout``) and is closed, raising
-:class:`~pgjournal.connections.ServerSilent`."""
+:class:`~pgjournal.connections.ServerSilent` (the same :data:`~pgjournal.connections.WATCHDOG` cuts it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from ..connections import _WAIT_TIMEOUT, ServerSilent, round_trip_limit
+from ..connections import WATCHDOG, closed_journal, round_trip_ended, round_trip_limit
 from ..settings import Settings
 
 _IDLE = TransactionStatus.IDLE
@@ -22,15 +22,18 @@ _IDLE = TransactionStatus.IDLE
 class AsyncLimitedConnection(psycopg.AsyncConnection[Any]):
     limit: float | None = None
 
-    async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
         limit = self.limit
-        if limit is None or timeout is not None or _WAIT_TIMEOUT is None:
-            return await super().wait(gen, interval, timeout)
+        if limit is None:
+            return await super().wait(gen, *args, **kwargs)
+        WATCHDOG.arm(self, limit)
         try:
-            return await super().wait(gen, interval, limit)
-        except _WAIT_TIMEOUT:
-            self.pgconn.finish()  # the protocol state is unknown mid-exchange
-            raise ServerSilent(limit) from None
+            result = await super().wait(gen, *args, **kwargs)
+        except BaseException:
+            round_trip_ended(self, limit, failed=True)
+            raise
+        round_trip_ended(self, limit, failed=False)
+        return result
 
 
 def async_limited_connection_class(settings: Settings) -> type[AsyncLimitedConnection]:
@@ -61,18 +64,20 @@ class AsyncPoolFront:
         self._closed = False
 
     async def get(self) -> Any:
-        """An idle connection (raises the pool's ``PoolTimeout`` when none comes within ``timeout``, ``PoolClosed``
-        once closed)."""
+        """An idle connection (raises the pool's ``PoolTimeout`` when none comes within ``timeout``,
+        :class:`~pgjournal.errors.JournalClosed` once closed)."""
         if self._closed:
-            raise PoolClosed("the journal was closed")
+            raise closed_journal(self.pool)
         if self._idle:
             return self._idle.pop()
         if self._held < self._size:
             self._held += 1
             try:
                 return await self.pool.getconn()
-            except BaseException:
+            except BaseException as exc:
                 self._held -= 1
+                if isinstance(exc, PoolClosed):
+                    raise closed_journal(self.pool) from None
                 raise
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -126,12 +131,13 @@ class AsyncPoolFront:
         fetch.add_done_callback(done)
 
     async def close(self) -> None:
-        """Hand every idle connection back (before the pool closes); borrowers still waiting get ``PoolClosed``."""
+        """Hand every idle connection back (before the pool closes); borrowers still waiting get
+        :class:`~pgjournal.errors.JournalClosed`."""
         self._closed = True
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_exception(PoolClosed("the journal was closed"))
+                waiter.set_exception(closed_journal(self.pool))
         while self._idle:
             self._held -= 1
             await self.pool.putconn(self._idle.pop())

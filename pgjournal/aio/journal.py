@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .. import core
 from .. import migrate as migrations
@@ -24,7 +24,7 @@ from ..connections import connection_kwargs
 from ..contention import KeyedLocks
 from ..core import JournalCore
 from ..envelope import EventEnvelope
-from ..errors import ConfigurationError, JournalError
+from ..errors import ConfigurationError
 from ..polling import T
 from ..serialization import SerializerRegistry
 from ..settings import Settings
@@ -204,8 +204,6 @@ class _Borrowed:
             self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
         except PoolTimeout:
             raise core.no_connection(self._journal.dsn, self._journal.settings) from None
-        except PoolClosed:
-            raise JournalError(f"{self._journal!r} is closed") from None
         return self._conn
 
     async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:

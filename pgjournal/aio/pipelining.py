@@ -32,6 +32,7 @@ import psycopg
 from psycopg.pq import ExecStatus
 
 from ..appending import Rows
+from ..errors import JournalClosed
 from ..failed_writes import Failure, classify
 from ..write import AppendPlan, failed
 
@@ -97,12 +98,12 @@ class AppendPipeline:
                     sent = []
                 finally:
                     await self._journal.connections.put(conn)
-        except BaseException as exc:  # cancelled, or no connection to be had (PoolTimeout, PoolClosed)
+        except BaseException as exc:  # cancelled, or no connection to be had (PoolTimeout, JournalClosed)
             for plan, future in sent:  # on the wire: their outcome is not known
                 if not future.done():
                     future.set_exception(_unknown(plan))
             self._hand_back()
-            if not isinstance(exc, psycopg.Error):
+            if not isinstance(exc, psycopg.Error | JournalClosed):
                 raise
         finally:
             # Leave at once, not in a done callback: the tasks this drain just answered queue their next appends
