@@ -31,5 +31,7 @@ bench: setup
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
 	$(PY) -m bench all --report bench/results/report $(BENCH_ARGS)
 
+# ruff, and mypy --strict over pgjournal/, projections/ and spark/ (settings in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy

@@ -250,7 +250,8 @@ class PoolFront:
             try:
                 return self._idle.pop()  # kept by a returner that did not see this borrower yet
             except IndexError:
-                return self.pool.getconn()
+                conn: psycopg.Connection[Any] = self.pool.getconn()
+                return conn
         except PoolClosed:
             raise closed_journal(self.pool) from None
         finally:

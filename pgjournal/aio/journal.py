@@ -164,7 +164,7 @@ class AsyncJournal(JournalCore):
         """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""
         pid = check_persistence_id(persistence_id)
         check_seq_nr(to_seq_nr, "to_seq_nr")
-        return await self.run(_statement_step(self.events.mark_deleted(pid, to_seq_nr)))  # type: ignore[no-any-return]
+        return await self.run(_statement_step(self.events.mark_deleted(pid, to_seq_nr)))
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
         row = await self.run(first_of(self.events.highest_seq_nr(check_persistence_id(persistence_id))))
@@ -201,7 +201,8 @@ class _Borrowed:
 
     async def __aenter__(self) -> psycopg.AsyncConnection:
         try:
-            self._conn: psycopg.AsyncConnection = await self._journal.connections.get()
+            conn: psycopg.AsyncConnection = await self._journal.connections.get()
+            self._conn = conn
         except PoolTimeout:
             raise core.no_connection(self._journal.dsn, self._journal.settings) from None
         return self._conn
