@@ -6,11 +6,11 @@ import json
 import sys
 from typing import Annotated
 
-import psycopg
 import typer
 from rich.table import Table
 
 from .cli_support import DsnOption, console, fail, open_journal, reported, shown
+from .connections import connect
 from .dsn import resolve_dsn
 from .errors import InvalidArgument
 from .offsets import NoOffset, TimeBasedUUID, parse_offset
@@ -140,6 +140,6 @@ def writer(
             console.print(shown(mode) if mode else
                           "none recorded yet (the first tagged write records its journal's setting)")
             return
-        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
+        with connect(resolve_dsn(dsn)) as conn:
             previous = run(set_mode_step(set_to), conn)
     console.print(f"tag writer: {shown(previous or 'none')} -> {shown(set_to)}")

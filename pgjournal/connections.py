@@ -28,17 +28,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed
 
-from .dsn import mask_dsn
-from .errors import JournalClosed
-
-if TYPE_CHECKING:
-    from .settings import Settings
+from .dsn import mask_dsn, redact
+from .errors import DatabaseUnavailable, JournalClosed
+from .settings import Settings
 
 RV = TypeVar("RV")
 _IDLE = TransactionStatus.IDLE
@@ -145,6 +143,23 @@ def connection_kwargs(settings: Settings, *, statement_timeout: bool = False) ->
     if statement_timeout and settings.statement_timeout > 0:
         kwargs["options"] = f"-c statement_timeout={max(1, round(settings.statement_timeout * 1000))}"
     return kwargs
+
+
+def unreachable(dsn: str, exc: psycopg.OperationalError, doing: str = "connect to") -> DatabaseUnavailable:
+    """A server that could not be connected to, password masked wherever the message quotes it."""
+    reason = " ".join(str(exc).split()) or exc.__class__.__name__
+    return DatabaseUnavailable(f"cannot {doing} {mask_dsn(dsn)}: {redact(reason, dsn)}")
+
+
+def connect(dsn: str, settings: Settings | None = None, *, statement_timeout: bool = False,
+            doing: str = "connect to") -> psycopg.Connection[Any]:
+    """One autocommit connection outside the pools, with the project's limits (:func:`connection_kwargs`); an
+    unreachable server is :class:`DatabaseUnavailable` saying what could not be done (``doing``)."""
+    try:
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings.load(),
+                                                                        statement_timeout=statement_timeout))
+    except psycopg.OperationalError as exc:
+        raise unreachable(dsn, exc, doing) from None
 
 
 def round_trip_limit(settings: Settings) -> float | None:

@@ -124,12 +124,6 @@ def registry(serializers: SerializerRegistry | None, stored: StoredFormat) -> Se
     return (serializers or SerializerRegistry()).for_stored_format(stored)
 
 
-def unreachable(dsn: str, exc: psycopg.OperationalError) -> DatabaseUnavailable:
-    """A server that could not be connected to."""
-    reason = " ".join(str(exc).split()) or exc.__class__.__name__
-    return DatabaseUnavailable(f"cannot connect to {mask_dsn(dsn)}: {redact(reason, dsn)}")
-
-
 def no_connection(dsn: str, settings: Settings) -> DatabaseUnavailable:
     """A pool that handed out no connection in time."""
     return DatabaseUnavailable(f"no connection to {mask_dsn(dsn)} within {settings.connect_timeout}s")

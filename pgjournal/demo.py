@@ -18,10 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .connections import connection_kwargs
+from .connections import connect
 from .dsn import configured_dsn, mask_dsn, resolve_dsn
 from .journal import Journal
-from .settings import Settings
 from .slices import slice_ranges
 from .verify import render, verify
 
@@ -31,7 +30,7 @@ COMMANDS = 4000
 
 def demo_database(console: Console) -> str:
     server = resolve_dsn(configured_dsn())
-    with psycopg.connect(server, autocommit=True, **connection_kwargs(Settings.load())) as conn:
+    with connect(server) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{DEMO_DB}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{DEMO_DB}"')
     dsn = psycopg.conninfo.make_conninfo(server, dbname=DEMO_DB)

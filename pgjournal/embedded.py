@@ -455,8 +455,9 @@ class EmbeddedServer:
         import psycopg
         import psycopg.conninfo
 
+        # Not connections.connect: that module resolves DSNs through this one. The server is local and just up.
         admin = psycopg.conninfo.make_conninfo(self.status().dsn, dbname="postgres")
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')

@@ -15,7 +15,7 @@ from . import migrate as migrations
 from .by_pid import ByPersistenceId
 from .by_slices import BySlices
 from .capabilities import Capabilities
-from .connections import PoolFront, connection_kwargs, limited_connection_class
+from .connections import PoolFront, connect, connection_kwargs, limited_connection_class, unreachable
 from .core import (
     JournalCore,
     lost_connection,
@@ -24,7 +24,6 @@ from .core import (
     opening,
     pool_options,
     registry,
-    unreachable,
 )
 from .durable_state import DurableStateStore
 from .envelope import EventEnvelope
@@ -40,14 +39,6 @@ from .tag_batcher import TagBatcher
 from .transaction import Transaction, transaction
 from .validation import check_persistence_id, check_seq_nr
 from .write import EventWriter
-
-
-def connect(dsn: str, settings: Settings) -> psycopg.Connection:
-    """One autocommit connection, with an unreachable server reported as :class:`DatabaseUnavailable`."""
-    try:
-        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings))
-    except psycopg.OperationalError as exc:
-        raise unreachable(dsn, exc) from None
 
 
 class Journal(JournalCore):

@@ -81,14 +81,9 @@ def upgrade(dsn: str, dialect: str = "postgres") -> list[adoption.Step]:
 
 
 def _connect(dsn: str) -> psycopg.Connection:
-    from .connections import connection_kwargs
-    from .settings import Settings
+    from .connections import connect
 
-    try:  # no statement timeout: DDL may wait for locks
-        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(Settings.load()))
-    except psycopg.OperationalError as exc:
-        reason = mask_dsn(" ".join(str(exc).split()) or exc.__class__.__name__)
-        raise DatabaseUnavailable(f"cannot migrate {mask_dsn(dsn)}: {reason}") from None
+    return connect(dsn, doing="migrate")  # no statement timeout: DDL may wait for locks
 
 
 def _adopt_akka(dsn: str, dialect: Dialect) -> list[adoption.Step]:

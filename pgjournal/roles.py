@@ -40,12 +40,11 @@ import re
 
 import psycopg
 
-from .connections import connection_kwargs
-from .dsn import mask_dsn, redact
-from .errors import ConfigurationError, DatabaseUnavailable, JournalError
+from .connections import connect
+from .dsn import mask_dsn
+from .errors import ConfigurationError, JournalError
 from .migrate import VERSION_TABLE
 from .schema import metadata
-from .settings import Settings
 from .store.keys import TABLE as KEY_TABLE
 from .store.offsets import LOAD_PREFIX, OFFSET_TABLE
 from .stored_format import FORMAT_TABLE
@@ -156,10 +155,8 @@ ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT INSERT, UPDATE, DELETE
 def apply_roles(dsn: str, script: str) -> None:
     """Run ``script`` (from :func:`role_script`) on ``dsn`` in one transaction."""
     try:
-        with psycopg.connect(dsn, autocommit=True, **connection_kwargs(Settings.load())) as conn:
+        with connect(dsn, doing="set up roles on") as conn:
             conn.execute(script.encode())  # bytes: no client-side placeholder parsing of the script
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot set up roles on {mask_dsn(dsn)}: {redact(str(exc).strip(), dsn)}") from None
     except psycopg.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise JournalError(f"setting up roles on {mask_dsn(dsn)} failed (SQLSTATE {exc.sqlstate}): {first}; "

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import psycopg
 
-from .dsn import mask_dsn, redact, resolve_dsn
-from .errors import ConfigurationError, DatabaseUnavailable
+from .connections import connect, unreachable
+from .dsn import resolve_dsn
+from .errors import ConfigurationError
 from .steps import Step, first_of, rows_of, run, statement
 from .store import format as sql
 from .store import tags
@@ -30,15 +31,14 @@ MODES = (BATCHED, IN_STATEMENT)
 
 def recorded_mode(dsn: str | None) -> str | None:
     """The tag writer recorded in the database at ``dsn`` (None: none yet, or no tag settings table)."""
+    resolved = resolve_dsn(dsn)
     try:
-        with psycopg.connect(resolve_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
+        with connect(resolved) as conn:
             return run(first_of(sql.tag_setting(SETTING)), conn)  # type: ignore[no-any-return]
     except psycopg.errors.UndefinedTable:
         return None
-    except psycopg.OperationalError as exc:
-        reason = " ".join(str(exc).split()) or exc.__class__.__name__
-        resolved = resolve_dsn(dsn)
-        raise DatabaseUnavailable(f"cannot connect to {mask_dsn(resolved)}: {redact(reason, resolved)}") from None
+    except psycopg.OperationalError as exc:  # lost after connecting
+        raise unreachable(resolved, exc) from None
 
 
 def mode_of(batched: bool) -> str:

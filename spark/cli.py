@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from pgjournal.cli_support import DsnOption, console, reported, shown
+from pgjournal.connections import connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -167,12 +168,9 @@ def watermarks(
     slice_ranges: Annotated[int, typer.Option("--slice-ranges", "-n", help="Group slices into this many.")] = 8,
 ) -> None:
     """Show a load job's watermarks per slice range and its last loads (no Spark needed)."""
-    import psycopg
 
-    from pgjournal.connections import connection_kwargs
     from pgjournal.dsn import resolve_dsn
     from pgjournal.offsets import format_timestamp
-    from pgjournal.settings import Settings
     from pgjournal.slices import slice_ranges as split
     from pgjournal.store.offsets import offsets
 
@@ -180,8 +178,7 @@ def watermarks(
 
     with reported():
         check_job_name(job)
-        with psycopg.connect(resolve_dsn(dsn), autocommit=True,
-                             **connection_kwargs(Settings.load(), statement_timeout=True)) as conn:
+        with connect(resolve_dsn(dsn), statement_timeout=True) as conn:
             keys = sorted(offsets().keys([ledger_name(job)]).all(conn))
             state = read_state(conn, job, None if not keys or keys[0] == "*" else keys[0])
             ledger = offsets().ledger(ledger_name(job), limit=5).all(conn)

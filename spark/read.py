@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-import psycopg
 from psycopg import sql
 
+from pgjournal.connections import connect
 from pgjournal.dsn import mask_dsn, resolve_dsn
-from pgjournal.errors import ConfigurationError, DatabaseUnavailable, InvalidArgument
+from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.offsets import parse_timestamp
 from pgjournal.serialization import SerializerRegistry
 from pgjournal.slices import check_slice_range
@@ -177,11 +177,8 @@ def jdbc_error(exc: BaseException) -> str:
 
 def stored_format(dsn: str | None) -> StoredFormat:
     """The database's payload markers (:mod:`pgjournal.stored_format`), read once through psycopg."""
-    try:
-        with psycopg.connect(resolve_dsn(dsn), autocommit=True) as conn:
-            return read_stored_format(conn)
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot read the stored format: {mask_dsn(' '.join(str(exc).split()))}") from None
+    with connect(resolve_dsn(dsn), doing="read the stored format of") as conn:
+        return read_stored_format(conn)
 
 
 def payload_decoder(serializers: SerializerRegistry | None, stored: StoredFormat | None) -> PayloadDecoder:

@@ -20,7 +20,7 @@ from .. import core
 from .. import migrate as migrations
 from ..appending import append_step
 from ..capabilities import Capabilities
-from ..connections import connection_kwargs
+from ..connections import connection_kwargs, unreachable
 from ..contention import KeyedLocks
 from ..core import JournalCore
 from ..envelope import EventEnvelope
@@ -83,7 +83,7 @@ class AsyncJournal(JournalCore):
         try:
             conn = await psycopg.AsyncConnection.connect(resolved, autocommit=True, **connection_kwargs(loaded))
         except psycopg.OperationalError as exc:
-            raise core.unreachable(resolved, exc) from None
+            raise unreachable(resolved, exc) from None
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
