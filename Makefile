@@ -19,7 +19,7 @@ setup: $(STAMP)
 	$(PY) -m spark.system --install
 
 demo: setup
-	$(PY) -m pgjournal.demo
+	$(PY) -m pgjournal.cli.demo
 
 test: setup
 	$(PY) -m pytest -q

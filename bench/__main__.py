@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pgjournal.dsn import mask_dsn, resolve_dsn
+from pgjournal.server.dsn import mask_dsn, resolve_dsn
 
 from .calibration import measure as measure_calibration
 from .harness import Outcome, Scenario, run_scenario

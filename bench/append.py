@@ -20,7 +20,7 @@ import psycopg
 import psycopg.conninfo
 
 from pgjournal import Journal
-from pgjournal.dsn import dsn_password
+from pgjournal.server.dsn import dsn_password
 
 from .cpu import CpuPerOp
 from .cpu import measure as measure_cpu

@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 
 from pgjournal import Journal, slice_for_persistence_id, slice_ranges
-from pgjournal.by_slices import EPOCH
-from pgjournal.envelope import EVENT_COLUMNS
+from pgjournal.model.envelope import EVENT_COLUMNS
+from pgjournal.query.by_slices import EPOCH
 from pgjournal.store.events import PAGE
 
 from .harness import Context, Scenario

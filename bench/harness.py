@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from pgjournal.migrate import upgrade
+from pgjournal.admin.migrate import upgrade
 
 RESULTS_DIR = Path(__file__).parent / "results"
 

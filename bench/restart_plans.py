@@ -16,10 +16,10 @@ from typing import Any
 import psycopg
 
 from pgjournal.dialects import get_dialect
-from pgjournal.dsn import resolve_dsn
-from pgjournal.envelope import EVENT_COLUMNS
+from pgjournal.model.envelope import EVENT_COLUMNS
+from pgjournal.server.dsn import resolve_dsn
 from pgjournal.store.events import PAGE, PREDECESSORS
-from pgjournal.store.offsets import offsets
+from pgjournal.store.timestamp_offsets import offsets
 
 from .harness import scratch_database
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from pgjournal.slices import slice_for_persistence_id, slice_ranges
+from pgjournal.model.slices import slice_for_persistence_id, slice_ranges
 
 from .harness import Context, Scenario
 

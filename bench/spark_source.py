@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from pgjournal import Journal
-from pgjournal.slices import slice_for_persistence_id
+from pgjournal.model.slices import slice_for_persistence_id
 
 from .harness import Context, Scenario
 from .latency import lag_p99, measure, wait_delivered, write_steadily

@@ -25,7 +25,7 @@ import psycopg
 
 from pgjournal import Journal
 from pgjournal.buckets import BucketSize
-from pgjournal.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_of_ms
+from pgjournal.model.timeuuid import TimeUUIDGenerator, make_uuid, ms_of_ticks, ticks_of_ms
 
 from .append import EVENT, PAYLOAD, _cpu_threads, _record_cpu, _threads, cpu_ours
 from .cpu import measure as measure_cpu
@@ -38,7 +38,7 @@ CATCHUP_PIDS = 1000
 
 def _append_setup(ctx: Context) -> dict[str, Any]:
     """The in-statement journal on the scenario's database, the batched one on a database of its own (a database
-    records one tag writer, see pgjournal.tag_mode)."""
+    records one tag writer, see pgjournal.tags.writer_mode)."""
     stack = contextlib.ExitStack()
     batched_dsn = stack.enter_context(scratch_database(ctx.server_dsn))
     return {"journal": Journal.open(ctx.dsn, pool_max_size=12), "stack": stack, "batched_dsn": batched_dsn,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pgjournal import Journal
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import Transcoder
 from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.transcoding import Transcoder
 
 from .harness import Context, Scenario
 

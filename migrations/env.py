@@ -6,14 +6,14 @@ import psycopg
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from pgjournal.migrate import VERSION_TABLE, migration_dialect
-from pgjournal.schema import metadata
+from pgjournal.admin.migrate import VERSION_TABLE, migration_dialect
+from pgjournal.store.schema import metadata
 
 config = context.config
 
 
 def _dsn() -> str:
-    from pgjournal.dsn import resolve_dsn
+    from pgjournal.server.dsn import resolve_dsn
 
     return config.attributes.get("dsn") or context.get_x_argument(as_dictionary=True).get("dsn") or resolve_dsn()
 
@@ -31,7 +31,7 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
-    from pgjournal.connections import connection_kwargs
+    from pgjournal.server.connections import connection_kwargs
     from pgjournal.settings import Settings
 
     dsn = _dsn()

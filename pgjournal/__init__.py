@@ -1,9 +1,8 @@
 """pgjournal: an event journal for PostgreSQL and Postgres-compatible distributed SQL."""
 
-from .buckets import BucketSize
-from .by_tag import TagEnvelope
-from .durable_state import DurableState, DurableStateChange, DurableStateStore
-from .entity import (
+from pgjournal.buckets import BucketSize
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.entity import (
     CircuitBreaker,
     CommandResult,
     DomainError,
@@ -11,8 +10,7 @@ from .entity import (
     EntityRepository,
     persist,
 )
-from .envelope import EventEnvelope, Source
-from .errors import (
+from pgjournal.errors import (
     CircuitOpen,
     ConcurrencyConflict,
     ConfigurationError,
@@ -41,13 +39,15 @@ from .errors import (
     TransactionAborted,
     WriteOutcomeUnknown,
 )
-from .journal import Journal
-from .offsets import NoOffset, TimeBasedUUID, TimestampOffset
-from .reconciliation import Cleanup, Reconciliation
-from .serialization import SerializerRegistry
-from .settings import Settings
-from .slices import entity_type_of, slice_for_persistence_id, slice_ranges
-from .snapshots import SelectedSnapshot
+from pgjournal.journal import Journal
+from pgjournal.model.envelope import EventEnvelope, Source
+from pgjournal.model.offsets import NoOffset, TimeBasedUUID, TimestampOffset
+from pgjournal.model.slices import entity_type_of, slice_for_persistence_id, slice_ranges
+from pgjournal.query.by_tag import TagEnvelope
+from pgjournal.settings import Settings
+from pgjournal.state.durable_state import DurableState, DurableStateChange, DurableStateStore
+from pgjournal.state.snapshots import SelectedSnapshot
+from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
 __all__ = [
     "BucketSize",

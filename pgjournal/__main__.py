@@ -1,5 +1,5 @@
 """``python -m pgjournal`` is the ``pgjournal`` command."""
 
-from .cli import main
+from pgjournal.cli.commands import main
 
 main()

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from .errors import ConfigurationError
-from .steps import Step, first_of, run, statement
-from .store import format as sql
+from pgjournal.errors import ConfigurationError
+from pgjournal.runtime.steps import Step, first_of, run, statement
+from pgjournal.store import format as sql
 
 
 class BucketSize(enum.Enum):

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .errors import ConfigurationError, InvalidArgument
-from .slices import slice_for_persistence_id
-from .store import cleanup as sql
-from .validation import check_name, check_persistence_id
+from pgjournal.errors import ConfigurationError, InvalidArgument
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.store import cleanup as sql
+from pgjournal.validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
-    from .journal import Journal
+    from pgjournal.journal import Journal
 
 _log = logging.getLogger(__name__)
 

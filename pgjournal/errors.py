@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .envelope import EventEnvelope
+    from pgjournal.model.envelope import EventEnvelope
 
 
 class JournalError(Exception):

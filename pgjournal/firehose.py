@@ -47,16 +47,16 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .envelope import EventEnvelope
-from .errors import ConfigurationError, InvalidArgument, SlowConsumer
-from .offsets import NoOffset, Offset, TimestampOffset
-from .slices import check_slice_range
-from .timeuuid import EPOCH
-from .validation import check_name
+from pgjournal.errors import ConfigurationError, InvalidArgument, SlowConsumer
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
+from pgjournal.model.slices import check_slice_range
+from pgjournal.model.timeuuid import EPOCH
+from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
-    from .journal import Journal
-    from .polling import LiveQuery
+    from pgjournal.journal import Journal
+    from pgjournal.runtime.live import LiveQuery
 
 _log = logging.getLogger(__name__)
 Key = tuple[str, int, int]

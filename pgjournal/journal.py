@@ -11,12 +11,11 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import migrate as migrations
-from .by_pid import ByPersistenceId
-from .by_slices import BySlices
-from .capabilities import Capabilities
-from .connections import PoolFront, connect, connection_kwargs, limited_connection_class, unreachable
-from .core import (
+from pgjournal.admin import migrate as migrations
+from pgjournal.admin.stored_format import StoredFormat
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.core.capabilities import Capabilities
+from pgjournal.core.journal_core import (
     JournalCore,
     lost_connection,
     no_connection,
@@ -25,20 +24,21 @@ from .core import (
     pool_options,
     registry,
 )
-from .durable_state import DurableStateStore
-from .envelope import EventEnvelope
-from .notify import Signals
-from .polling import LiveQuery, Poll, T
-from .query import Query
-from .serialization import SerializerRegistry
-from .settings import Settings
-from .snapshots import SelectedSnapshot, SnapshotStore
-from .steps import R, Step, run, run_pooled
-from .stored_format import StoredFormat
-from .tag_batcher import TagBatcher
-from .transaction import Transaction, transaction
-from .validation import check_persistence_id, check_seq_nr
-from .write import EventWriter
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.query import Query
+from pgjournal.query.by_pid import ByPersistenceId
+from pgjournal.query.by_slices import BySlices
+from pgjournal.runtime.live import LiveQuery, Poll, T
+from pgjournal.runtime.signals import Signals
+from pgjournal.runtime.steps import R, Step, run, run_pooled
+from pgjournal.server.connections import PoolFront, connect, connection_kwargs, limited_connection_class, unreachable
+from pgjournal.settings import Settings
+from pgjournal.state.durable_state import DurableStateStore
+from pgjournal.state.snapshots import SelectedSnapshot, SnapshotStore
+from pgjournal.validation import check_persistence_id, check_seq_nr
+from pgjournal.write.event_writer import EventWriter
+from pgjournal.write.tag_batcher import TagBatcher
+from pgjournal.write.transaction import Transaction, transaction
 
 
 class Journal(JournalCore):
@@ -52,7 +52,7 @@ class Journal(JournalCore):
                                     **pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
         self.connections = PoolFront(self._pool)
-        #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.tag_batcher`); None: tag rows
+        #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
         #: are written in the append's own statement.
         self.tag_writer = TagBatcher(self) if settings.tag_batch_writer else None
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
@@ -125,7 +125,8 @@ class Journal(JournalCore):
 
     def open_connection(self) -> psycopg.Connection:
         """A connection of its own, made as the pool's are (autocommit, pgjournal's limits), for a background
-        writer that runs one heavy statement over and over (:mod:`pgjournal.tag_batcher`). The caller closes it."""
+        writer that runs one heavy statement over and over (:mod:`pgjournal.write.tag_batcher`). The caller closes
+        it."""
         options = pool_options(self.settings)
         try:
             return limited_connection_class(self.settings).connect(self.dsn, **options["kwargs"])
@@ -133,7 +134,7 @@ class Journal(JournalCore):
             raise unreachable(self.dsn, exc) from None
 
     def run(self, step: Step[R]) -> R:
-        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool."""
+        """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool."""
         return run_pooled(step, self.connection)
 
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
@@ -168,7 +169,7 @@ class Journal(JournalCore):
 
     def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractContextManager[Transaction]:
         """``with journal.transaction() as tx:`` appends (``tx.append``) and your own SQL (``tx.connection``)
-        that commit or roll back together; see :mod:`pgjournal.transaction` for the rules. ``savepoints``: each
+        that commit or roll back together; see :mod:`pgjournal.write.transaction` for the rules. ``savepoints``: each
         append in a savepoint, so a conflict leaves the transaction usable."""
         return transaction(self, savepoints=savepoints)
 

@@ -1,4 +1,4 @@
-"""Key stores for payload encryption (:mod:`pgjournal.transcoding`): one AES-256 data key per persistence id.
+"""Key stores for payload encryption (:mod:`pgjournal.codec.transcoding`): one AES-256 data key per persistence id.
 
 The interface (:class:`KeyStore`) is three thread-safe methods:
 
@@ -34,10 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .connections import connection_kwargs
-from .contention import TRANSIENT_ERRORS
-from .dsn import mask_dsn, redact, resolve_dsn
-from .errors import (
+from pgjournal.codec.transcoding import check_key, new_key, open_sealed, seal
+from pgjournal.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     DecryptionError,
@@ -45,10 +43,12 @@ from .errors import (
     RetriesExhausted,
     SchemaNotMigrated,
 )
-from .settings import Settings
-from .store import keys as sql
-from .transcoding import check_key, new_key, open_sealed, seal
-from .validation import check_persistence_id
+from pgjournal.runtime.contention import TRANSIENT_ERRORS
+from pgjournal.server.connections import connection_kwargs
+from pgjournal.server.dsn import mask_dsn, redact, resolve_dsn
+from pgjournal.settings import Settings
+from pgjournal.store import keys as sql
+from pgjournal.validation import check_persistence_id
 
 
 @runtime_checkable

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ConfigurationError
-from .validation import check_name
+from pgjournal.errors import ConfigurationError
+from pgjournal.validation import check_name
 
 ENV_PREFIX = "PGJOURNAL_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -85,7 +85,7 @@ class Settings:
     #: of the previous bucket).
     tag_back_track_long_interval: float = 120.0
     tag_back_track_long_period: float | str = "max"
-    #: Opt-in batched tag writer (pgjournal.tag_batcher): a tagged append writes only its event (the ``tags``
+    #: Opt-in batched tag writer (pgjournal.write.tag_batcher): a tagged append writes only its event (the ``tags``
     #: column); a thread of the journal writes the tag view rows and progress, many per statement, from the
     #: journal. Off: the tag rows go in the append's own statement.
     tag_batch_writer: bool = False
@@ -98,7 +98,7 @@ class Settings:
     tag_writer_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        from .dialects import get_dialect
+        from pgjournal.dialects import get_dialect
 
         get_dialect(self.dialect)
         positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size", "tag_batch_size")
@@ -130,7 +130,7 @@ class Settings:
             check_name(self.writer_id, "setting writer_id", error=ConfigurationError)
 
     def _check_tag_settings(self) -> None:
-        from .buckets import BucketSize, parse_first_time_bucket
+        from pgjournal.buckets import BucketSize, parse_first_time_bucket
 
         parse_first_time_bucket(self.tag_first_time_bucket, BucketSize.parse(self.tag_bucket_size))
         tag_durations = ("tag_eventual_consistency_delay", "tag_gap_timeout", "tag_new_persistence_id_scan_timeout",
@@ -192,7 +192,7 @@ class Settings:
 
     @property
     def uses_notifications(self) -> bool:
-        from .dialects import get_dialect
+        from pgjournal.dialects import get_dialect
 
         return self.notify and not self.portable and get_dialect(self.dialect).supports_notify
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import InvalidArgument, InvalidPersistenceId, JournalError
+from pgjournal.errors import InvalidArgument, InvalidPersistenceId, JournalError
 
 MAX_NAME_LENGTH = 255
 

@@ -17,9 +17,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from pgjournal.aio import AsyncLiveQuery, AsyncQuery
-from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import ProjectionFailed
-from pgjournal.offsets import Offset
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import Offset
 
 from .handlers import Projection
 from .logic import RangeLogic

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pgjournal.cli_support import DsnOption, console, fail, open_journal, reported, shown
-from pgjournal.offsets import format_timestamp, parse_timestamp
-from pgjournal.slices import parse_slice_range
+from pgjournal.cli.support import DsnOption, console, fail, open_journal, reported, shown
+from pgjournal.model.offsets import format_timestamp, parse_timestamp
+from pgjournal.model.slices import parse_slice_range
 
 from . import dead_letters, management
 
@@ -121,7 +121,7 @@ def dead_letters_cmd(
     dsn: DsnOption = None,
 ) -> None:
     """Envelopes NAME could not handle or decode (``on_failure="dead-letter"``); ``--retry`` replays them."""
-    from pgjournal.slices import entity_type_of
+    from pgjournal.model.slices import entity_type_of
 
     from .workers import load_factory
 

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from pgjournal.envelope import EventEnvelope, Source
+from pgjournal.codec.transcoding import open_text, seal_text
 from pgjournal.errors import SerializationError
-from pgjournal.offsets import TimestampOffset
-from pgjournal.slices import entity_type_of
-from pgjournal.steps import Step, first_of, run
+from pgjournal.model.envelope import EventEnvelope, Source
+from pgjournal.model.offsets import TimestampOffset
+from pgjournal.model.slices import entity_type_of
+from pgjournal.runtime.steps import Step, first_of, run
 from pgjournal.store import dead_letters as sql
 from pgjournal.store.dead_letters import DeadLetter as DeadLetter  # the row shape, part of this module's API
-from pgjournal.transcoding import open_text, seal_text
 from pgjournal.validation import check_name
 
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
@@ -36,10 +36,10 @@ from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection
 if TYPE_CHECKING:
     import psycopg
 
-    from pgjournal.core import JournalCore
+    from pgjournal.codec.serialization import SerializerRegistry
+    from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
     from pgjournal.keystore import KeyStore
-    from pgjournal.serialization import SerializerRegistry
     from pgjournal.store import Query as Statement
 
 
@@ -100,7 +100,7 @@ def serializer_of(conn: psycopg.Connection, journal: Journal, env: EventEnvelope
 
 
 def serializer_of_step(journal: JournalCore, env: EventEnvelope) -> Step[tuple[int | None, str | None]]:
-    """:func:`serializer_of` as a step (:mod:`pgjournal.steps`)."""
+    """:func:`serializer_of` as a step (:mod:`pgjournal.runtime.steps`)."""
     bad = undecodable(env)
     if bad is not None:
         return bad.ser_id, bad.manifest
@@ -123,7 +123,7 @@ def dead_letter_statement(journal: JournalCore, name: str, key: str, env: EventE
 
 def stored_error(journal: JournalCore, pid: str, error: BaseException) -> str:
     """``error`` as a dead letter keeps it. A handler's message may quote the event: when the journal encrypts,
-    it is sealed with the persistence id's key (:func:`~pgjournal.transcoding.seal_text`), so it is as unreadable
+    it is sealed with the persistence id's key (:func:`~pgjournal.codec.transcoding.seal_text`), so it is as unreadable
     as the payload to a role without the keys and gone when the key is shredded; with no key for the persistence
     id (shredded already, or an event written unencrypted) only the error's type is kept."""
     text = f"{type(error).__name__}: {error}"

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.envelope import EventEnvelope
-from pgjournal.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.store import stats
 from pgjournal.validation import check_name, check_persistence_id
 

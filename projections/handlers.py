@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pgjournal.errors import InvalidArgument
-from pgjournal.store.offsets import OFFSET_TABLE, check_offset_table
+from pgjournal.store.timestamp_offsets import OFFSET_TABLE, check_offset_table
 from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
     import psycopg
 
-    from pgjournal.envelope import EventEnvelope
+    from pgjournal.model.envelope import EventEnvelope
 
 ExactlyOnceHandle = Callable[["psycopg.Connection", "EventEnvelope"], Any]
 GroupedHandle = Callable[["psycopg.Connection", "Sequence[EventEnvelope]"], Any]

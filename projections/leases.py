@@ -24,11 +24,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from pgjournal import metrics
-from pgjournal.contention import RetryPolicy
 from pgjournal.errors import InvalidArgument, LeaseLost
-from pgjournal.slices import NUMBER_OF_SLICES
-from pgjournal.steps import Step, first_of, run
+from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.runtime import metrics
+from pgjournal.runtime.contention import RetryPolicy
+from pgjournal.runtime.steps import Step, first_of, run
 from pgjournal.store import Query
 from pgjournal.store import leases as sql
 from pgjournal.validation import check_name, check_seconds
@@ -85,7 +85,7 @@ class LeaseManager:
         run(self.fence_step(slices, epochs), conn)
 
     def fence_step(self, slices: Sequence[int], epochs: Mapping[int, int]) -> Step[None]:
-        """:meth:`fence` as a step (:mod:`pgjournal.steps`), inside the caller's transaction."""
+        """:meth:`fence` as a step (:mod:`pgjournal.runtime.steps`), inside the caller's transaction."""
         if not self.valid():
             raise LeaseLost(f"lease of {self.owner} not renewed in time")
         wanted = list(slices)

@@ -1,4 +1,4 @@
-"""The rules of running a projection over one slice range, written once as steps (:mod:`pgjournal.steps`) for
+"""The rules of running a projection over one slice range, written once as steps (:mod:`pgjournal.runtime.steps`) for
 both faces: the blocking :class:`~projections.runner.RangeRunner` (threads) and the asyncio
 :class:`~projections.aio.AsyncRangeRunner` (tasks, handlers may be coroutines).
 
@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 import psycopg.errors
 
-from pgjournal import metrics
-from pgjournal.by_pid import ByPersistenceId
-from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError, LeaseLost, ProjectionFailed
-from pgjournal.gate import Verdict
-from pgjournal.offsets import NoOffset, Offset, TimestampOffset
-from pgjournal.slices import check_slice_range
-from pgjournal.steps import Call, Statement, Step, statement
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
+from pgjournal.model.slices import check_slice_range
+from pgjournal.query.by_pid import ByPersistenceId
+from pgjournal.query.gate import Verdict
+from pgjournal.runtime import metrics
+from pgjournal.runtime.steps import Call, Statement, Step, statement
 
 from .dead_letters import dead_letter_statement, decoded, lenient, serializer_of_step
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
@@ -44,7 +44,7 @@ from .management import is_paused_step
 from .offset_store import OffsetStore, Record, range_key
 
 if TYPE_CHECKING:
-    from pgjournal.core import JournalCore
+    from pgjournal.core.journal_core import JournalCore
 
 #: Deadlocks in a row on one commit before the range restarts.
 DEADLOCK_RETRIES = 10
@@ -511,7 +511,7 @@ def _one(query: tuple[str, Any]) -> Step[Any]:
 
 
 def _without_limit(conn: Any) -> bool:
-    """Lift the connection's client-side round-trip limit (:func:`pgjournal.connections.user_statements`, for
+    """Lift the connection's client-side round-trip limit (:func:`pgjournal.server.connections.user_statements`, for
     steps); whether there was one."""
     if getattr(conn, "limit", None) is None:
         return False

@@ -14,11 +14,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument
-from pgjournal.slices import NUMBER_OF_SLICES, check_slice_range
-from pgjournal.steps import Step, first_of, run
+from pgjournal.model.slices import NUMBER_OF_SLICES, check_slice_range
+from pgjournal.runtime.steps import Step, first_of, run
 from pgjournal.store import leases as lease_sql
 from pgjournal.store import management as sql
-from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, offsets
+from pgjournal.store.timestamp_offsets import MARKER_PID, OFFSET_TABLE, offsets
 from pgjournal.validation import check_name
 
 from .offset_store import OffsetStore
@@ -37,7 +37,7 @@ def is_paused(conn: psycopg.Connection, name: str) -> bool:
 
 
 def is_paused_step(name: str) -> Step[bool]:
-    """:func:`is_paused` as a step (:mod:`pgjournal.steps`)."""
+    """:func:`is_paused` as a step (:mod:`pgjournal.runtime.steps`)."""
     return bool((yield from first_of(sql.is_paused(name, PAUSE_KEY))))
 
 

@@ -3,7 +3,7 @@
 Per slice it keeps the latest offset and, within a time window behind it, one row per persistence id with
 the highest sequence number processed. From these rows:
 
-* **validation** of every envelope by the ordering/dedup gate (:mod:`pgjournal.gate`): *duplicate*
+* **validation** of every envelope by the ordering/dedup gate (:mod:`pgjournal.query.gate`): *duplicate*
   (``seq_nr`` at or below the stored one, or older than the window of its slice, which was all processed),
   *accepted* (the next one, a first event, or a pid whose previous event lies before the window), or
   *rejected* (its predecessors were not processed: the runner loads them by persistence id and processes
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.envelope import EventEnvelope
-from pgjournal.gate import Gate, Verdict, judge
-from pgjournal.offsets import TimestampOffset
-from pgjournal.slices import check_slice_range
-from pgjournal.steps import Step, first_of, rows_of, run, statement
-from pgjournal.store.offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
-from pgjournal.store.offsets import range_key as range_key  # the runner's key of a range
-from pgjournal.timeuuid import EPOCH
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import TimestampOffset
+from pgjournal.model.slices import check_slice_range
+from pgjournal.model.timeuuid import EPOCH
+from pgjournal.query.gate import Gate, Verdict, judge
+from pgjournal.runtime.steps import Step, first_of, rows_of, run, statement
+from pgjournal.store.timestamp_offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
+from pgjournal.store.timestamp_offsets import range_key as range_key  # the runner's key of a range
 
 if TYPE_CHECKING:
     import psycopg
@@ -56,7 +56,7 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Validation:
-    #: The gate's verdict (:class:`pgjournal.gate.Verdict`): ``ACCEPTED`` is ``NEXT``, ``REJECTED`` is ``GAP``.
+    #: The gate's verdict (:class:`pgjournal.query.gate.Verdict`): ``ACCEPTED`` is ``NEXT``, ``REJECTED`` is ``GAP``.
     verdict: Verdict
     #: For a rejected envelope: the highest sequence number processed (or counted processed) before it;
     #: the runner loads ``after + 1 .. seq_nr - 1`` and processes them first.
@@ -101,7 +101,7 @@ class OffsetStore:
         return run(self.load_step(), conn)
 
     def load_step(self) -> Step[TimestampOffset | None]:
-        """:meth:`load` as a step (:mod:`pgjournal.steps`), for a blocking or an asyncio connection."""
+        """:meth:`load` as a step (:mod:`pgjournal.runtime.steps`), for a blocking or an asyncio connection."""
         self.latest, self.markers, self.gate = {}, {}, Gate()
         for row in (yield from rows_of(self.sql.latest(self.name, self.min_slice, self.max_slice))):
             self.latest[row.slice] = row.latest

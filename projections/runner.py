@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgjournal.envelope import EventEnvelope
 from pgjournal.errors import ProjectionFailed
-from pgjournal.offsets import Offset
-from pgjournal.polling import LiveQuery
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import Offset
 from pgjournal.query import Query
-from pgjournal.steps import run
+from pgjournal.runtime.live import LiveQuery
+from pgjournal.runtime.steps import run
 
 from .handlers import Projection
 from .logic import (

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pgjournal.serialization import SerializerRegistry
+    from pgjournal.codec.serialization import SerializerRegistry
 
 
 def register(spark: SparkSession, *, serializers: SerializerRegistry | None = None) -> None:

@@ -16,9 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.dsn import mask_dsn, redact
+from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable
-from pgjournal.serialization import SerializerRegistry
+from pgjournal.server.dsn import mask_dsn, redact
 
 from .decode import REDACTED, PayloadDecoder
 
@@ -168,7 +168,7 @@ def stream_rows(dsn: str, query: str, params: Mapping[str, Any], converter: Arro
     import adbc_driver_postgresql.dbapi as adbc
     import psycopg.conninfo
 
-    from pgjournal.connections import connection_kwargs
+    from pgjournal.server.connections import connection_kwargs
     from pgjournal.settings import Settings
 
     text = bind(query, params)

@@ -13,8 +13,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pgjournal.cli_support import DsnOption, console, reported, shown
-from pgjournal.connections import connect
+from pgjournal.cli.support import DsnOption, console, reported, shown
+from pgjournal.server.connections import connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -146,7 +146,7 @@ def load(
     memory: MemoryOption = "1g",
 ) -> None:
     """Load the events committed since the last run of JOB (exactly once, late commits included)."""
-    from pgjournal.offsets import format_timestamp
+    from pgjournal.model.offsets import format_timestamp
 
     from .jobs import load_events
 
@@ -169,10 +169,10 @@ def watermarks(
 ) -> None:
     """Show a load job's watermarks per slice range and its last loads (no Spark needed)."""
 
-    from pgjournal.dsn import resolve_dsn
-    from pgjournal.offsets import format_timestamp
-    from pgjournal.slices import slice_ranges as split
-    from pgjournal.store.offsets import offsets
+    from pgjournal.model.offsets import format_timestamp
+    from pgjournal.model.slices import slice_ranges as split
+    from pgjournal.server.dsn import resolve_dsn
+    from pgjournal.store.timestamp_offsets import offsets
 
     from .watermarks import check_job_name, ledger_name, read_state
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-    from pgjournal.serialization import SerializerRegistry
+    from pgjournal.codec.serialization import SerializerRegistry
 
 
 class JournalDataSource(DataSource):

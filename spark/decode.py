@@ -1,7 +1,7 @@
 """Payloads decoded in Spark's tasks as the journal decodes them: by the journal's serializer registry.
 
 The registry travels with the read (pickled to the Python workers, see :mod:`spark.shipping`), so upcasters,
-registered types and serializers, the database's reading of id 33 (:mod:`pgjournal.stored_format`) and
+registered types and serializers, the database's reading of id 33 (:mod:`pgjournal.admin.stored_format`) and
 transcoded payloads (compressed, or encrypted with a key store the workers can open) give in Spark what a
 ``Journal`` read gives. A decoded payload becomes a struct of the read's schema: the data the registry's
 ``to_dict`` writes for a registered type, the JSON object as it is for the rest.
@@ -24,9 +24,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pgjournal import transcoding
+from pgjournal.codec import transcoding
+from pgjournal.codec.serialization import CBOR_SER_ID, JSON_SER_ID, SerializerRegistry
 from pgjournal.errors import ConfigurationError, DecryptionError, SerializationError
-from pgjournal.serialization import CBOR_SER_ID, JSON_SER_ID, SerializerRegistry
 
 if TYPE_CHECKING:
     import pyarrow as pa

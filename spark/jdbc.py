@@ -7,9 +7,9 @@ from urllib.parse import quote
 
 import psycopg.conninfo
 
-from pgjournal.connections import connection_kwargs
-from pgjournal.dsn import check_dsn, dsn_password, mask_dsn, resolve_dsn
 from pgjournal.errors import ConfigurationError
+from pgjournal.server.connections import connection_kwargs
+from pgjournal.server.dsn import check_dsn, dsn_password, mask_dsn, resolve_dsn
 from pgjournal.settings import Settings
 
 # libpq keyword -> PgJDBC property (https://jdbc.postgresql.org/documentation/use/).
@@ -91,7 +91,7 @@ def jdbc_target(dsn: str | None = None) -> JdbcTarget:
         if key == "target_session_attrs":
             value = _TARGET_TYPES.get(str(value), str(value))
         properties[name] = str(value)
-    # As every pgjournal connection (pgjournal/connections.py): a bounded connect and TCP keepalives. No
+    # As every pgjournal connection (pgjournal/server/connections.py): a bounded connect and TCP keepalives. No
     # socket timeout: one partition's read may legitimately stream for long.
     properties.setdefault("connectTimeout", str(connection_kwargs(Settings.load())["connect_timeout"]))
     properties["tcpKeepAlive"] = "true"

@@ -6,7 +6,7 @@ slice range.
 **Incremental load** reads, per slice, from that slice's watermark (a TimestampOffset: the timestamp of the
 last event loaded plus the persistence ids seen at it) up to the *visibility horizon* of the journal's
 capabilities: on PostgreSQL the writer-lock horizon (no row below it can still commit, whatever the loader's
-role may see; :mod:`pgjournal.horizon`), in portable mode the clock minus a delay. Each load is numbered;
+role may see; :mod:`pgjournal.core.horizon`), in portable mode the clock minus a delay. Each load is numbered;
 its output goes to ``<out>/_incoming/<n>-<random>`` and only after the new watermarks and a ledger row are
 committed (one transaction) is it renamed to ``<out>/load=<n>``. A load that fails before that commit
 deletes its output; a process killed before it leaves an ``_incoming`` directory that the next run deletes
@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from pgjournal.admin.stored_format import read_stored_format
 from pgjournal.errors import InsufficientPrivilege, InvalidArgument
 from pgjournal.journal import Journal
+from pgjournal.model.timeuuid import EPOCH
 from pgjournal.store import catalog
-from pgjournal.store.offsets import OFFSET_TABLE
-from pgjournal.stored_format import read_stored_format
-from pgjournal.timeuuid import EPOCH
+from pgjournal.store.timestamp_offsets import OFFSET_TABLE
 
 from . import files
 from .jdbc import jdbc_target
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from pgjournal.serialization import SerializerRegistry
+    from pgjournal.codec.serialization import SerializerRegistry
 
 INCOMING = "_incoming"
 #: What an incremental load needs: read the journal, keep watermarks (``spark.watermarks``).
@@ -202,7 +202,7 @@ def load_events(
     """Load the events committed since the last run of ``job`` into ``<out>/load=<n>`` (Parquet, by entity type).
 
     Running it again and again loads every event exactly once, however late its transaction commits
-    (PostgreSQL: the journal's writer-lock horizon, see :mod:`pgjournal.horizon`) or as long as
+    (PostgreSQL: the journal's writer-lock horizon, see :mod:`pgjournal.core.horizon`) or as long as
     transactions commit within ``behind`` seconds (portable mode; default ``backtracking_behind_current_time``).
     On PostgreSQL ``behind`` only keeps the load further behind the clock. The role needs SELECT on the
     journal and SELECT, INSERT, DELETE on ``projection_timestamp_offset_store`` (``pgjournal_loader``);

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 from psycopg import sql
 
-from pgjournal.connections import connect
-from pgjournal.dsn import mask_dsn, resolve_dsn
+from pgjournal.admin.stored_format import StoredFormat, read_stored_format
+from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.errors import ConfigurationError, InvalidArgument
-from pgjournal.offsets import parse_timestamp
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.slices import check_slice_range
-from pgjournal.slices import slice_ranges as split_slices
-from pgjournal.stored_format import StoredFormat, read_stored_format
+from pgjournal.model.offsets import parse_timestamp
+from pgjournal.model.slices import check_slice_range
+from pgjournal.model.slices import slice_ranges as split_slices
+from pgjournal.server.connections import connect
+from pgjournal.server.dsn import mask_dsn, resolve_dsn
 from pgjournal.validation import MAX_NAME_LENGTH
 
 from .arrow import KEY_COLUMN
@@ -176,7 +176,7 @@ def jdbc_error(exc: BaseException) -> str:
 
 
 def stored_format(dsn: str | None) -> StoredFormat:
-    """The database's payload markers (:mod:`pgjournal.stored_format`), read once through psycopg."""
+    """The database's payload markers (:mod:`pgjournal.admin.stored_format`), read once through psycopg."""
     with connect(resolve_dsn(dsn), doing="read the stored format of") as conn:
         return read_stored_format(conn)
 

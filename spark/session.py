@@ -24,7 +24,7 @@ from .datasource import register
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pgjournal.serialization import SerializerRegistry
+    from pgjournal.codec.serialization import SerializerRegistry
 
 JAR_ENV = "PGJOURNAL_JDBC_JAR"
 DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.errors import ConfigurationError
-from pgjournal.serialization import SerializerRegistry
 
 
 def _cloudpickle() -> Any:

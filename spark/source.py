@@ -4,7 +4,7 @@
 ``event_journal`` with one input partition per slice range; ``.option("table", "durable_state")`` reads the
 durable state table the same way (each persistence id's latest state). Each task streams its range from
 PostgreSQL into Arrow record batches (:mod:`spark.arrow`: a binary COPY read by the ADBC driver). The upper
-bound of a batch read is the visibility horizon (:mod:`pgjournal.horizon`) of the table's writers, settled
+bound of a batch read is the visibility horizon (:mod:`pgjournal.core.horizon`) of the table's writers, settled
 once while Spark plans the read: every partition reads below the same bound, so the result is a consistent,
 final set that a later read only adds to. The statements come from the store layer
 (:class:`pgjournal.store.export.ExportSQL`).
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from pgjournal.dsn import mask_dsn, resolve_dsn
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import KEY_BYTES, Transcoder
 from pgjournal.errors import ConfigurationError, InvalidArgument, SchemaNotMigrated
-from pgjournal.offsets import parse_timestamp
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.slices import parse_slice_range
+from pgjournal.model.offsets import parse_timestamp
+from pgjournal.model.slices import parse_slice_range
+from pgjournal.server.dsn import mask_dsn, resolve_dsn
 from pgjournal.store.export import EVENTS, STATES, TABLES, ExportSQL
-from pgjournal.transcoding import KEY_BYTES, Transcoder
 
 from .arrow import ArrowRows, Columns, stream_rows
 from .decode import REDACTED, PayloadDecoder
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from pgjournal import Journal
-    from pgjournal.horizon import HorizonTracker
+    from pgjournal.core.horizon import HorizonTracker
 
 FORMAT = "pgjournal"
 #: Spark types of each table's columns (the store's column order), and the name of the decoded payload.

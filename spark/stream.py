@@ -1,14 +1,14 @@
 """``spark.readStream.format("pgjournal")``: the journal (or, with ``table=durable_state``, the changes of
 durable state) as a Structured Streaming source.
 
-The offset is a JSON map from slice range (``"0-127"``) to a :class:`~pgjournal.offsets.TimestampOffset`
+The offset is a JSON map from slice range (``"0-127"``) to a :class:`~pgjournal.model.offsets.TimestampOffset`
 string: the ``db_timestamp`` of the last event delivered in that range and, in ``seen``, every persistence id
 delivered *at exactly that timestamp* with its highest sequence number. A micro-batch reads, per range, the
 rows after its start offset and up to and including its end offset in ``(db_timestamp, seq_nr,
 persistence_id)`` order: events sharing a timestamp are told apart by ``seen``, so a batch cut between two of
 them (``maxEventsPerTrigger``) delivers the rest in the next one and none twice.
 
-``latestOffset`` never passes the visibility horizon (a :class:`~pgjournal.horizon.HorizonTracker` kept by
+``latestOffset`` never passes the visibility horizon (a :class:`~pgjournal.core.horizon.HorizonTracker` kept by
 the reader for the life of the query): every row it admits is committed and visible, and no transaction
 still open can add a row at or below it. So re-reading a micro-batch after a restart from the checkpoint
 gives the same rows, and a checkpointed sink gets every event exactly once.
@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import ConfigurationError, InvalidArgument
-from pgjournal.offsets import TimestampOffset
+from pgjournal.model.offsets import TimestampOffset
 
 from .arrow import ArrowRows
 from .source import (
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from pgjournal import Journal
-    from pgjournal.serialization import SerializerRegistry
+    from pgjournal.codec.serialization import SerializerRegistry
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

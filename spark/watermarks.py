@@ -1,7 +1,7 @@
 """Watermarks of an incremental load, kept in ``projection_timestamp_offset_store`` (no table of its own).
 
 Per slice, under ``projection_name = 'spark-load:<job>'``: the rows at the slice's watermark timestamp,
-one per persistence id loaded at exactly that timestamp -- a :class:`~pgjournal.offsets.TimestampOffset`
+one per persistence id loaded at exactly that timestamp -- a :class:`~pgjournal.model.offsets.TimestampOffset`
 with its ``seen`` map, like a projection's offset. A slice where a load found nothing new gets one marker
 row (persistence id ``''``, seq nr 0) at the load's visibility horizon: everything below it is loaded.
 
@@ -22,8 +22,8 @@ from datetime import datetime
 import psycopg
 
 from pgjournal.errors import ConfigurationError, LoadConflict
-from pgjournal.offsets import TimestampOffset
-from pgjournal.store.offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OffsetRow, load_conflict, offsets
+from pgjournal.model.offsets import TimestampOffset
+from pgjournal.store.timestamp_offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OffsetRow, load_conflict, offsets
 
 ALL_TYPES = "*"
 _JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")

@@ -17,9 +17,9 @@ import psycopg.conninfo
 import pytest
 
 from pgjournal import Journal
-from pgjournal.embedded import HOME_ENV, EmbeddedServer
-from pgjournal.migrate import upgrade
-from pgjournal.roles import apply_roles, role_script
+from pgjournal.admin.migrate import upgrade
+from pgjournal.admin.roles import apply_roles, role_script
+from pgjournal.server.embedded import HOME_ENV, EmbeddedServer
 
 TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
 #: ``PGJOURNAL_TEST_PORTABLE=1``: the ``journal`` fixture is portable (the Yugabyte/Cockroach path: no
@@ -205,7 +205,7 @@ class Roles:
 
 @pytest.fixture
 def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
-    """The least-privilege roles of ``pgjournal.roles`` (unique names) set up on this test's database."""
+    """The least-privilege roles of ``pgjournal.admin.roles`` (unique names) set up on this test's database."""
     suffix = uuid.uuid4().hex[:8]
     names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
     apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))

@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from pgjournal import NoOffset, TimestampOffset, slice_for_persistence_id
-from pgjournal.offsets import Offset
-from pgjournal.polling import LiveQuery
+from pgjournal.model.offsets import Offset
+from pgjournal.runtime.live import LiveQuery
 
 
 @dataclass

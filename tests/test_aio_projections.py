@@ -17,7 +17,7 @@ from test_projections_support import FAST_PROJECTION
 
 from pgjournal import Journal, ProjectionFailed, slice_ranges
 from pgjournal.aio import AsyncJournal
-from pgjournal.envelope import EventEnvelope
+from pgjournal.model.envelope import EventEnvelope
 from projections.aio import AsyncRangeRunner, run_range_async
 from projections.dead_letters import list_dead_letters
 from projections.examples import counter_mismatches, counter_writer, ensure_counter_table

@@ -20,7 +20,7 @@ from restarting import passed
 
 from pgjournal import ConcurrencyConflict, NoOffset, slice_for_persistence_id, slice_ranges
 from pgjournal.aio import AsyncJournal
-from pgjournal.offsets import Offset
+from pgjournal.model.offsets import Offset
 from pgjournal.store.events import insert_sql
 
 ENTITY = "Torture"

@@ -27,12 +27,12 @@ from test_projections_support import FAST_PROJECTION
 from typer.testing import CliRunner
 
 from pgjournal import Journal, SchemaNotMigrated, SerializationError, SerializerRegistry, slice_for_persistence_id
-from pgjournal import akka_formats as akka
-from pgjournal.cli import app
-from pgjournal.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, plan, upgrade
-from pgjournal.offsets import NoOffset
-from pgjournal.store.offsets import AKKA_OFFSET_TABLE
-from pgjournal.stored_format import read_stored_format
+from pgjournal.admin.migrate import VERSION_TABLE, check_schema, current_revision, head_revision, plan, upgrade
+from pgjournal.admin.stored_format import read_stored_format
+from pgjournal.cli.commands import app
+from pgjournal.codec import akka_formats as akka
+from pgjournal.model.offsets import NoOffset
+from pgjournal.store.timestamp_offsets import AKKA_OFFSET_TABLE
 from projections.dead_letters import store_dead_letter
 from projections.handlers import AtLeastOnce, Projection, ProjectionSettings
 from projections.runner import run_range

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgjournal import Journal, SerializationError, SerializerRegistry, slice_for_persistence_id
-from pgjournal import akka_formats as akka
-from pgjournal.migrate import alembic_config
-from pgjournal.stored_format import FORMAT_TABLE, StoredFormat, read_stored_format
+from pgjournal.admin.migrate import alembic_config
+from pgjournal.admin.stored_format import FORMAT_TABLE, StoredFormat, read_stored_format
+from pgjournal.codec import akka_formats as akka
 
 PID = "ShoppingCart|c1"
 

@@ -12,8 +12,8 @@ from akka_schema import akka_insert, create_akka_database
 from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark tests)
 
 from pgjournal import Journal
-from pgjournal import akka_formats as akka
-from pgjournal.migrate import upgrade
+from pgjournal.admin.migrate import upgrade
+from pgjournal.codec import akka_formats as akka
 from spark.read import read_events
 from spark.system import SKIP_ENV, spark_skipped
 

@@ -1,15 +1,55 @@
-"""The layers hold: no import cycle among pgjournal, projections and spark modules (module level or inside
-functions; ``if TYPE_CHECKING:`` imports are annotations only and do not count), and the core ``pgjournal``
-package imports no add-on. Read from the source with ``ast``: nothing is imported to check it."""
+"""The layers hold: pgjournal's packages (and its few top-level modules), then the add-ons, form ONE ordered list
+(``ORDER``, bottom first; ARCHITECTURE.md is that list with a paragraph for each) and a module imports only from
+its own place and the places below it; no import cycle among pgjournal, projections and spark modules (module
+level or inside functions; ``if TYPE_CHECKING:`` imports are annotations only and do not count); the core
+``pgjournal`` package imports no add-on; the blocking and asyncio twins carry one name. Read from the source with
+``ast``: nothing is imported to check it."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pgjournal", "projections", "spark")
 ADD_ONS = ("projections", "spark")
+
+#: Bottom first. A package is named ``name/``, a module at pgjournal's top level ``name.py``; the add-ons last.
+ORDER = (
+    "errors.py",
+    "validation.py",
+    "codec/",
+    "model/",
+    "store/",
+    "dialects/",
+    "runtime/",
+    "buckets.py",
+    "settings.py",
+    "server/",
+    "tags/",
+    "admin/",
+    "core/",
+    "write/",
+    "state/",
+    "query/",
+    "journal.py",
+    "aio/",
+    "firehose.py",
+    "cleanup.py",
+    "keystore.py",
+    "entity/",
+    "examples/",
+    "__init__.py",
+    "cli/",
+    "__main__.py",
+    "metrics.py",
+    "transcoding.py",
+    "projections/",
+    "spark/",
+)
+#: asyncio modules without a blocking twin (the blocking face has no pipeline)
+AIO_ONLY = ("__init__", "pipelining")
 
 
 def module_name(path: Path) -> str:
@@ -102,7 +142,46 @@ def test_the_core_imports_no_add_on() -> None:
     assert {m: d for m, d in offending.items() if d} == {}
 
 
-def test_the_checker_sees_a_cycle_and_a_core_import() -> None:
+def place(module: str) -> str:
+    """The entry of ``ORDER`` a module belongs to."""
+    parts = module.split(".")
+    if parts[0] != "pgjournal":
+        return parts[0] + "/"
+    if len(parts) == 1:
+        return "__init__.py"
+    return parts[1] + ("/" if (ROOT / "pgjournal" / parts[1]).is_dir() else ".py")
+
+
+def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a place above its own in ``ORDER``."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    found = {module: sorted(d for d in deps if rank[place(d)] > rank[place(module)]) for module, deps in graph.items()}
+    return {module: deps for module, deps in found.items() if deps}
+
+
+def test_every_module_has_a_place_in_the_order() -> None:
+    # a new package or top-level module is placed on purpose: in ORDER and in ARCHITECTURE.md
+    assert sorted({place(m) for m in import_graph()} - set(ORDER)) == []
+
+
+def test_packages_import_only_their_own_place_and_the_places_below() -> None:
+    assert upward(import_graph()) == {}
+
+
+def test_architecture_md_is_the_order() -> None:
+    headings = re.findall(r"^### `([\w./]+)`", (ROOT / "ARCHITECTURE.md").read_text(), flags=re.MULTILINE)
+    assert tuple(headings) == ORDER
+
+
+def test_twins_of_the_two_faces_are_named_alike() -> None:
+    blocking = {m.split(".")[-1] for m in import_graph() if m.startswith("pgjournal.") and ".aio" not in m}
+    aio = {p.stem for p in (ROOT / "pgjournal" / "aio").glob("*.py")} - set(AIO_ONLY)
+    assert sorted(aio - blocking) == []
+
+
+def test_the_checker_sees_a_cycle_an_upward_import_and_a_core_import() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    names = imported_names(ROOT / "pgjournal" / "cli.py", "pgjournal.cli")
-    assert "pgjournal.cli_support" in names and "importlib.metadata" in names  # function-level imports count
+    assert upward({"pgjournal.store.events": {"pgjournal.write.event_writer", "pgjournal.model.slices"}}) == {
+        "pgjournal.store.events": ["pgjournal.write.event_writer"]}
+    names = imported_names(ROOT / "pgjournal" / "cli" / "commands.py", "pgjournal.cli.commands")
+    assert "pgjournal.cli.support" in names and "importlib.metadata" in names  # function-level imports count

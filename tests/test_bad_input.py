@@ -20,7 +20,7 @@ from pgjournal import (
     Settings,
     slice_for_persistence_id,
 )
-from pgjournal.dsn import check_dsn, mask_dsn
+from pgjournal.server.dsn import check_dsn, mask_dsn
 
 PID = "Cart|1"
 SECRET = "s3cr3t-Pa55"

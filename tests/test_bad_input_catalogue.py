@@ -36,15 +36,15 @@ from pgjournal import (
     slice_for_persistence_id,
     slice_ranges,
 )
+from pgjournal.admin.roles import role_script
 from pgjournal.cleanup import JournalCleanup
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import Transcoder
 from pgjournal.firehose import Firehose
 from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore
-from pgjournal.offsets import TimeBasedUUID, parse_offset
-from pgjournal.reconciliation import Reconciliation
-from pgjournal.roles import role_script
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.transcoding import Transcoder
+from pgjournal.model.offsets import TimeBasedUUID, parse_offset
+from pgjournal.tags.reconciliation import Reconciliation
 from projections.examples import counter_writer
 from projections.handlers import Projection
 from projections.runner import run_range

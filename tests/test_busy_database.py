@@ -18,7 +18,7 @@ from conftest import FAST, Roles
 from eventually import eventually
 
 from pgjournal import HorizonBlocked, Journal, slice_for_persistence_id
-from pgjournal.offsets import NoOffset, Offset
+from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.store.events import insert_sql
 
 ENTITY = "Busy"
@@ -119,7 +119,7 @@ def _repeatable_read_cursor(dsn: str) -> Iterator[None]:
 
 def _pg_dump(dsn: str) -> Iterator[None]:
     """A real pg_dump of the database, stalled on a full pipe that nobody reads (its snapshot stays open)."""
-    from pgjournal.embedded import _bin_dir
+    from pgjournal.server.embedded import _bin_dir
 
     dump = subprocess.Popen([str(_bin_dir() / "pg_dump"), "--dbname", dsn], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
@@ -197,7 +197,7 @@ def test_a_writer_stalled_inside_its_insert_is_waited_for_and_reported(dsn: str,
     stall_trigger(dsn, f"{ENTITY}|stalled", str(stall))
     settings = {**FAST, "backtracking_enabled": False, "backtracking_behind_current_time": 1.0}
     with Journal.open(dsn, **settings) as journal, recording(journal) as live, \
-            caplog.at_level(logging.WARNING, logger="pgjournal.horizon"):
+            caplog.at_level(logging.WARNING, logger="pgjournal.core.horizon"):
         stalled = threading.Thread(target=journal.append, args=(f"{ENTITY}|stalled", [{"slow": 1}]))
         stalled.start()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -267,7 +267,7 @@ def test_a_restricted_one_shot_read_names_the_writer_it_cannot_wait_out(dsn: str
 def test_info_names_the_journal_writer_that_holds_the_horizon_back(dsn: str) -> None:
     from typer.testing import CliRunner
 
-    from pgjournal.cli import app
+    from pgjournal.cli.commands import app
 
     with psycopg.connect(dsn) as held, psycopg.connect(dsn) as idle:
         idle.execute("SELECT count(*) FROM event_journal")  # a reader: not listed

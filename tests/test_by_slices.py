@@ -20,7 +20,7 @@ from pgjournal import (
     TimestampOffset,
     slice_for_persistence_id,
 )
-from pgjournal.envelope import EventEnvelope
+from pgjournal.model.envelope import EventEnvelope
 from pgjournal.store.events import insert_sql
 
 

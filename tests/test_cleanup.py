@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from pgjournal import Journal, slice_for_persistence_id
 from pgjournal.cleanup import CleanupCounts, JournalCleanup
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
 
 
 def rows(dsn: str, table: str = "event_journal") -> set[tuple]:

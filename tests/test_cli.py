@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pgjournal import Journal, slice_for_persistence_id
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
 
 SECRET = "s3cr3t-Pa55"
 

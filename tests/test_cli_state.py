@@ -7,7 +7,7 @@ import time
 
 from typer.testing import CliRunner
 
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
 
 
 def test_put_get_delete_and_changes(dsn: str) -> None:

@@ -23,8 +23,8 @@ from conftest import FAST, make_serializable
 from processes import collect
 
 from pgjournal import Journal, RevisionConflict
-from pgjournal.contention import KeyedLocks, RetryPolicy
-from pgjournal.slices import slice_for_persistence_id
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
 
 COUNT_ATTEMPTS = """
 CREATE SEQUENCE insert_attempts;

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pgjournal.cli import app
+from pgjournal.admin.migrate import upgrade_sql
+from pgjournal.cli.commands import app
 from pgjournal.dialects import DIALECTS
-from pgjournal.migrate import upgrade_sql
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "PGJOURNAL_UPDATE_GOLDEN"

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from pgjournal.cli import app
-from pgjournal.dsn import check_dsn, mask_dsn, redact
+from pgjournal.cli.commands import app
 from pgjournal.errors import ConfigurationError
+from pgjournal.server.dsn import check_dsn, mask_dsn, redact
 
 # What a connection string can hold: any character but NUL (libpq's strings end there) and lone surrogates.
 ANY = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 from typer.testing import CliRunner
 
-from pgjournal.cli import app
-from pgjournal.embedded import DATABASE, HOME_ENV, EmbeddedServer
+from pgjournal.cli.commands import app
+from pgjournal.server.embedded import DATABASE, HOME_ENV, EmbeddedServer
 
 STARTER = """
 import json
-from pgjournal.embedded import EmbeddedServer
+from pgjournal.server.embedded import EmbeddedServer
 server = EmbeddedServer.default().ensure_running()
 status = server.status()
 import psycopg

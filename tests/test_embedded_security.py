@@ -17,8 +17,8 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from pgjournal.embedded import HBA_CONF, EmbeddedServer, _bin_dir
 from pgjournal.errors import ConfigurationError
+from pgjournal.server.embedded import HBA_CONF, EmbeddedServer, _bin_dir
 
 AS_ROOT = os.geteuid() == 0
 

@@ -20,9 +20,9 @@ from eventually import eventually
 from faultproxy import fault_proxy
 
 from pgjournal import errors
-from pgjournal.dsn import mask_dsn
 from pgjournal.examples import fastapi_cart
 from pgjournal.examples.fastapi_cart import create_app
+from pgjournal.server.dsn import mask_dsn
 
 
 def free_port() -> int:

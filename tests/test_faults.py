@@ -28,8 +28,8 @@ from pgjournal import (
     JournalError,
     WriteOutcomeUnknown,
 )
-from pgjournal.embedded import EmbeddedServer
-from pgjournal.slices import slice_ranges
+from pgjournal.model.slices import slice_ranges
+from pgjournal.server.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -248,7 +248,7 @@ def test_live_events_by_slices_survive_cuts_mid_query(
     proxy, via = proxied
     pids = [f"Cart|{i}" for i in range(12)]
     per_pid = 25
-    with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
+    with caplog.at_level(logging.WARNING, logger="pgjournal.runtime.live"), \
             Journal.open(via, portable=portable, connect_timeout=2, **FAST) as consumer:
         query = consumer.query.events_by_slices("Cart", 0, 1023)
         got, wait = _consume(query, len(pids) * per_pid, timeout=60)
@@ -269,7 +269,7 @@ def test_live_events_by_persistence_id_survives_cuts_mid_query(
         proxied: tuple[FaultProxy, str], dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     proxy, via = proxied
     pid, per_pid = "Cart|solo", 200
-    with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
+    with caplog.at_level(logging.WARNING, logger="pgjournal.runtime.live"), \
             Journal.open(via, connect_timeout=2, buffer_size=7, **FAST) as consumer:
         query = consumer.query.events_by_persistence_id(pid)
         got, wait = _consume(query, per_pid, timeout=60)
@@ -288,7 +288,7 @@ def test_live_events_by_persistence_id_survives_cuts_mid_query(
 def test_a_live_query_waits_out_an_unreachable_server_with_backoff(
         proxied: tuple[FaultProxy, str], dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     proxy, via = proxied
-    with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
+    with caplog.at_level(logging.WARNING, logger="pgjournal.runtime.live"), \
             Journal.open(via, connect_timeout=1, **FAST) as consumer:
         query = consumer.query.events_by_slices("Cart", 0, 1023)
         got, wait = _consume(query, 2, timeout=30)
@@ -325,7 +325,7 @@ def test_live_queries_and_a_writer_survive_server_restarts(
     per_pid = 30
     restarts = 2
     faults = {"unknown": 0, "unavailable": 0, "settled_by_conflict": 0}
-    with caplog.at_level(logging.WARNING, logger="pgjournal.polling"), \
+    with caplog.at_level(logging.WARNING, logger="pgjournal.runtime.live"), \
             Journal.open(direct, connect_timeout=2, **FAST) as consumer:
         by_slices, wait_slices = _consume(consumer.query.events_by_slices("Cart", 0, 1023), len(pids) * per_pid, 90)
         by_pid, wait_pid = _consume(consumer.query.events_by_persistence_id(pids[0]), per_pid, 90)
@@ -465,7 +465,7 @@ def test_a_projection_survives_cuts_mid_stream_and_mid_commit(
         proxied: tuple[FaultProxy, str], dsn: str) -> None:
     """Cut the network at random, and right after a projection sends COMMIT (it cannot know whether its
     handler's writes and offsets committed): the read model still counts every event exactly once."""
-    from pgjournal.verify import verify
+    from pgjournal.admin.verify import verify
     from projections.examples import ensure_counter_table
 
     proxy, via = proxied

@@ -21,7 +21,7 @@ from test_torture_slices import ENTITY, fast_writer, slow_writer
 
 from pgjournal import ConfigurationError, InvalidArgument, Journal, NoOffset, SlowConsumer, TimestampOffset
 from pgjournal.firehose import Firehose, covers
-from pgjournal.offsets import Offset
+from pgjournal.model.offsets import Offset
 
 
 @dataclass

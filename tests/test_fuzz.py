@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pgjournal import Journal, JournalError, NoOffset, TimestampOffset
-from pgjournal.cli import app
-from pgjournal.offsets import TimeBasedUUID, parse_offset
-from pgjournal.slices import (
+from pgjournal.cli.commands import app
+from pgjournal.model.offsets import TimeBasedUUID, parse_offset
+from pgjournal.model.slices import (
     NUMBER_OF_SLICES,
     check_slice_range,
     entity_type_of,

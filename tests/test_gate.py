@@ -9,9 +9,9 @@ import psycopg.errors
 import pytest
 
 from pgjournal import DatabaseUnavailable
-from pgjournal.gate import DUPLICATE, GAP, NEXT, Gate, Verdict, judge
-from pgjournal.polling import Made, Schedule
-from pgjournal.timeuuid import EPOCH
+from pgjournal.model.timeuuid import EPOCH
+from pgjournal.query.gate import DUPLICATE, GAP, NEXT, Gate, Verdict, judge
+from pgjournal.runtime.live import Made, Schedule
 
 
 def never(_pid: str, _seq_nr: int) -> int:

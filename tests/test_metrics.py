@@ -11,7 +11,8 @@ from conftest import FAST
 from eventually import eventually
 from test_busy_database import insert_in
 
-from pgjournal import ConfigurationError, Journal, metrics
+from pgjournal import ConfigurationError, Journal
+from pgjournal.runtime import metrics
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

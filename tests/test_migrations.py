@@ -11,9 +11,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
 from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, SchemaNotMigrated
+from pgjournal.admin.migrate import VERSION_TABLE, current_revision, head_revision, upgrade, upgrade_sql
 from pgjournal.dialects.postgres import PARTITIONS, partition_name
-from pgjournal.migrate import VERSION_TABLE, current_revision, head_revision, upgrade, upgrade_sql
-from pgjournal.schema import metadata
+from pgjournal.store.schema import metadata
 
 
 def schema_diff(dsn: str) -> list:

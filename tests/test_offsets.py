@@ -9,7 +9,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pgjournal import InvalidArgument, NoOffset, TimestampOffset
-from pgjournal.offsets import format_timestamp, parse_offset
+from pgjournal.model.offsets import format_timestamp, parse_offset
 
 aware = st.datetimes(
     min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),

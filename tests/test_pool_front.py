@@ -1,4 +1,4 @@
-"""The pool front (pgjournal.connections.PoolFront): a returned connection reaches a borrower waiting in the
+"""The pool front (pgjournal.server.connections.PoolFront): a returned connection reaches a borrower waiting in the
 pool, kept connections go back to the pool on close, and one in a transaction is never kept."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from test_projections_support import FAST_PROJECTION
 from test_projections_workers import Writers
 
 from pgjournal import Journal, ProjectionFailed, slice_ranges
-from pgjournal.envelope import EventEnvelope
+from pgjournal.model.envelope import EventEnvelope
 from projections import management
 from projections.examples import EventProcessor, counter_mismatches, counter_writer, ensure_counter_table
 from projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings

@@ -17,7 +17,7 @@ from test_projections_support import FAST_PROJECTION
 from typer.testing import CliRunner
 
 from pgjournal import Journal
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
 from projections import management
 from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
 from projections.handlers import Projection
@@ -60,7 +60,8 @@ def test_run_with_two_worker_processes(dsn: str) -> None:
     with Journal.open(dsn, **FAST) as journal:
         append_many(journal, "Cart", 40, 3)
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from pgjournal.cli import main; main()", "projection", "run", "two", "-e", "Cart",
+            [sys.executable, "-c", "from pgjournal.cli.commands import main; main()", "projection", "run", "two", "-e",
+             "Cart",
              "--workers", "2", "--lease-duration", "4", "--dsn", dsn],
             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         def settled() -> bool:

@@ -15,7 +15,7 @@ from test_projections_cli import invoke
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import Journal
-from pgjournal.serialization import JSON_SER_ID
+from pgjournal.codec.serialization import JSON_SER_ID
 from projections import ProjectionFailed
 from projections.dead_letters import list_dead_letters, retry_dead_letters
 from projections.examples import counter_mismatches, counter_writer, ensure_counter_table

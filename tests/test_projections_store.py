@@ -13,7 +13,7 @@ from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import Journal, slice_for_persistence_id
-from pgjournal.envelope import EventEnvelope
+from pgjournal.model.envelope import EventEnvelope
 from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
 from projections.handlers import Projection
 from projections.offset_store import OffsetStore, Record, Verdict

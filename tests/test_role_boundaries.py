@@ -11,7 +11,7 @@ import psycopg
 from conftest import Roles
 
 from pgjournal.keystore import PostgresKeyStore
-from pgjournal.store.offsets import MARKER_PID, OffsetRow, offsets
+from pgjournal.store.timestamp_offsets import MARKER_PID, OffsetRow, offsets
 from spark.watermarks import ledger_name, watermark_name
 
 OTHER = "orders-projection"  # a projection the loader has no business with, and the writer does not run

@@ -19,9 +19,9 @@ from faultproxy import fault_proxy
 from typer.testing import CliRunner
 
 from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, JournalError
-from pgjournal.cli import app
-from pgjournal.roles import apply_roles, check_role_name, role_script
-from pgjournal.verify import verify
+from pgjournal.admin.roles import apply_roles, check_role_name, role_script
+from pgjournal.admin.verify import verify
+from pgjournal.cli.commands import app
 from projections import management
 from projections.examples import counter_writer, ensure_counter_table
 from projections.handlers import Projection
@@ -394,13 +394,14 @@ def test_statements_interpolate_only_table_names_never_values() -> None:
 # -- a static guard: SQL over pgjournal's tables lives in the stores -----------------------------------
 #: Besides pgjournal/store/: schema management, which generates DDL and reads Alembic's version table (the
 #: table model, the dialects' DDL, migrations, roles and grants, the adoption of Akka's tables).
-SCHEMA_MANAGEMENT = ("pgjournal/schema.py", "pgjournal/dialects/", "pgjournal/migrate.py", "pgjournal/roles.py",
-                     "pgjournal/adopt.py")
+SCHEMA_MANAGEMENT = ("pgjournal/store/schema.py", "pgjournal/dialects/", "pgjournal/admin/migrate.py",
+                     "pgjournal/admin/roles.py",
+                     "pgjournal/admin/adopt.py")
 
 
 def pgjournal_tables() -> list[str]:
-    from pgjournal.schema import metadata
-    from pgjournal.store.offsets import OFFSET_TABLES
+    from pgjournal.store.schema import metadata
+    from pgjournal.store.timestamp_offsets import OFFSET_TABLES
 
     return sorted({*metadata.tables, *OFFSET_TABLES}, key=len, reverse=True)
 

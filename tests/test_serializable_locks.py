@@ -24,8 +24,8 @@ from eventually import eventually
 from psycopg import sql
 
 from pgjournal import Journal, RetriesExhausted
-from pgjournal.embedded import EmbeddedServer
-from pgjournal.migrate import upgrade
+from pgjournal.admin.migrate import upgrade
+from pgjournal.server.embedded import EmbeddedServer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgjournal import Journal, SerializationError, SerializerRegistry, slice_for_persistence_id
-from pgjournal.serialization import BYTES_SER_ID, JSON_SER_ID
+from pgjournal.codec.serialization import BYTES_SER_ID, JSON_SER_ID
 
 PID = "Cart|1"
 

@@ -16,10 +16,10 @@ from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted, keystore
-from pgjournal.envelope import EventEnvelope
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import Transcoder
 from pgjournal.keystore import PostgresKeyStore
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.transcoding import Transcoder
+from pgjournal.model.envelope import EventEnvelope
 from projections.dead_letters import list_dead_letters
 from projections.handlers import ExactlyOnce, Projection
 from projections.runner import run_range

@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pgjournal import InvalidArgument, entity_type_of, slice_for_persistence_id, slice_ranges
-from pgjournal.slices import java_string_hash, parse_slice_range
+from pgjournal.model.slices import java_string_hash, parse_slice_range
 
 
 def reference_hash(text: str) -> int:

@@ -21,7 +21,7 @@ from conftest import FAST, create_login_role
 
 from pgjournal import Journal
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
-from pgjournal.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from spark import files
 from spark import jobs as spark_jobs
 from spark.jdbc import jdbc_target
@@ -224,7 +224,7 @@ def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any,
     import cbor2
     from alembic import command
 
-    from pgjournal.migrate import alembic_config
+    from pgjournal.admin.migrate import alembic_config
     from spark.read import read_events
 
     command.upgrade(alembic_config(empty_dsn), "0003")
@@ -459,7 +459,7 @@ def test_portable_load_uses_the_clock_and_is_exactly_once(spark: Any, journal: J
 def test_cli_export_load_and_watermarks(spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from pgjournal.cli import app
+    from pgjournal.cli.commands import app
 
     fill(journal, pids=6, per_pid=1)
     time.sleep(0.2)

@@ -25,9 +25,9 @@ from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark
 from test_upcasting import NAME, ItemAdded, ItemAddedV1, ItemAddedV2
 
 from pgjournal import Journal, SerializerRegistry, slice_for_persistence_id
+from pgjournal.admin.migrate import alembic_config
+from pgjournal.codec.transcoding import Transcoder
 from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
-from pgjournal.migrate import alembic_config
-from pgjournal.transcoding import Transcoder
 from spark.datasource import register
 from spark.read import read_events
 from spark.system import SKIP_ENV, spark_skipped

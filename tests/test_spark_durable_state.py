@@ -113,7 +113,7 @@ def test_cli_exports_durable_state_to_parquet(spark: Any, journal: Journal, dsn:
                                               tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from pgjournal.cli import app
+    from pgjournal.cli.commands import app
 
     write_states(journal, n=9)
     runner = CliRunner()

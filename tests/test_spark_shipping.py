@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from pgjournal import SerializerRegistry
+from pgjournal.codec.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, encrypted
 from pgjournal.errors import ConfigurationError
 from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
-from pgjournal.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, encrypted
 
 cloudpickle = pytest.importorskip("pyspark.cloudpickle")
 

@@ -20,8 +20,8 @@ from conftest import SECRET, role_dsn
 from eventually import eventually
 
 from pgjournal import Journal
-from pgjournal.offsets import TimestampOffset
-from pgjournal.slices import slice_for_persistence_id
+from pgjournal.model.offsets import TimestampOffset
+from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.store.events import insert_sql
 from spark.session import check_spark_available
 

@@ -14,10 +14,10 @@ import pytest
 from conftest import FAST
 
 from pgjournal import Journal, MissingTaggedEventsError, NoOffset, SerializationError, Source, slice_for_persistence_id
-from pgjournal.by_slices import SliceQuery
-from pgjournal.by_tag import TagStream
-from pgjournal.polling import Made
-from pgjournal.steps import MORE, Sleep, Statement, adrive, arun, arun_pooled, run
+from pgjournal.query.by_slices import SliceQuery
+from pgjournal.query.by_tag import TagStream
+from pgjournal.runtime.live import Made
+from pgjournal.runtime.steps import MORE, Sleep, Statement, adrive, arun, arun_pooled, run
 
 TAGS: dict[str, Any] = dict(FAST, tag_bucket_size="Minute", tag_eventual_consistency_delay=0.05,
                             tag_gap_timeout=0.3)
@@ -178,7 +178,7 @@ def test_a_live_event_that_does_not_decode_is_neither_skipped_nor_repeated(journ
 def test_a_call_runs_a_function_of_the_face_on_either_driver(journal: Journal, dsn: str) -> None:
     """``Call``: a plain function on both drivers (with the step's connection when asked), a coroutine
     function awaited by the asyncio driver and refused by the blocking one; its exception raised in the step."""
-    from pgjournal.steps import Call
+    from pgjournal.runtime.steps import Call
 
     def on_connection(conn: Any, value: int) -> int:
         assert conn is not None and not conn.closed

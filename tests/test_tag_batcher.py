@@ -1,4 +1,4 @@
-"""The batched tag writer (``tag_batch_writer=True``, pgjournal.tag_batcher) on a real PostgreSQL: its rows are
+"""The batched tag writer (``tag_batch_writer=True``, pgjournal.write.tag_batcher) on a real PostgreSQL: its rows are
 the in-statement path's rows (exactly once, tag sequence order = TimeUUID order), readers never pass rows it
 still owes (concurrent writers, a held append, a writer SIGKILLed with rows pending), recovery by another
 writer or ``pgjournal tags recover``, close() flushes, and the faces that refuse it."""
@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 from pgjournal import ConfigurationError, Journal, Source
 from pgjournal.aio import AsyncJournal
 from pgjournal.buckets import BucketSize
-from pgjournal.cli import app
-from pgjournal.timeuuid import compare
+from pgjournal.cli.commands import app
+from pgjournal.model.timeuuid import compare
 
 #: Batched, writing often: what most tests use.
 BATCHED: dict[str, Any] = dict(TAGS, tag_batch_writer=True, tag_flush_interval=0.05, tag_writer_timeout=1.0)

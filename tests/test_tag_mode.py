@@ -1,4 +1,4 @@
-"""One tag writer per database (pgjournal.tag_mode): the first tagged write records its journal's
+"""One tag writer per database (pgjournal.tags.writer_mode): the first tagged write records its journal's
 ``tag_batch_writer``; a journal with the other setting is refused when it opens and before its own first tagged
 write, with nothing written (a batched event beside an in-statement writer would lose its tag row);
 ``pgjournal tags writer`` shows and switches it."""
@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from pgjournal import ConfigurationError, Journal
 from pgjournal.aio import AsyncJournal
-from pgjournal.cli import app
+from pgjournal.cli.commands import app
 
 BATCHED: dict[str, Any] = dict(TAGS, tag_batch_writer=True, tag_flush_interval=60.0, tag_writer_timeout=240.0)
 

@@ -15,10 +15,10 @@ import pytest
 from conftest import FAST, PORTABLE
 
 from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
-from pgjournal import tag_write as tag_write_module
 from pgjournal.buckets import BucketSize
-from pgjournal.by_tag import MissingTaggedEventsError, TagEnvelope
-from pgjournal.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
+from pgjournal.model.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
+from pgjournal.query.by_tag import MissingTaggedEventsError, TagEnvelope
+from pgjournal.tags import statement_writer as tag_write_module
 
 # Minute buckets and short delays keep these tests quick; the semantics do not depend on the values.
 TAGS: dict[str, Any] = dict(
@@ -260,7 +260,7 @@ def test_first_event_missing_from_no_offset_is_a_gap(tj: Journal) -> None:
 def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal, chunk: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The gap row arrives mid-page (and mid-chunk when streamed); the rows after it are still handled."""
-    monkeypatch.setattr("pgjournal.by_tag.STREAM_CHUNK", chunk)
+    monkeypatch.setattr("pgjournal.query.by_tag.STREAM_CHUNK", chunk)
     tj.append("Cart|g", [1, 2, 3], tags=["x"])
     tj.append("Cart|h", [1, 2, 3, 4], tags=["x"])
     tj.append("Cart|g", [4, 5], tags=["x"])
@@ -366,7 +366,7 @@ def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.Monke
 
 def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
     """The database lost in the middle of a page: the live loop retries, nothing is lost or repeated."""
-    from pgjournal.by_tag import TagStream
+    from pgjournal.query.by_tag import TagStream
 
     tj.append("Cart|1", [1, 2, 3], tags=["x"])
     tj.append("Cart|2", [1, 2], tags=["x"])

@@ -10,8 +10,8 @@ from test_tags import TAGS
 from typer.testing import CliRunner
 
 from pgjournal import Journal
-from pgjournal.cli import app
-from pgjournal.reconciliation import Cleanup, Reconciliation
+from pgjournal.cli.commands import app
+from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ from restarting import Consumer, consume
 from test_tags import TAGS
 
 from pgjournal import ConcurrencyConflict, Journal, RetriesExhausted, slice_for_persistence_id
-from pgjournal.offsets import Offset
-from pgjournal.polling import LiveQuery
-from pgjournal.slices import entity_type_of
-from pgjournal.tag_write import prepare
+from pgjournal.model.offsets import Offset
+from pgjournal.model.slices import entity_type_of
+from pgjournal.runtime.live import LiveQuery
+from pgjournal.tags.statement_writer import prepare
 
 TAG = "torture"
 

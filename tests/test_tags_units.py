@@ -13,9 +13,8 @@ import pytest
 
 from pgjournal import ConfigurationError, InvalidArgument, Settings
 from pgjournal.buckets import BucketSize, format_bucket, parse_first_time_bucket
-from pgjournal.offsets import NoOffset, TimeBasedUUID, parse_offset
-from pgjournal.tag_batcher import TagBatch
-from pgjournal.timeuuid import (
+from pgjournal.model.offsets import NoOffset, TimeBasedUUID, parse_offset
+from pgjournal.model.timeuuid import (
     TimeUUIDGenerator,
     compare,
     end_of,
@@ -26,6 +25,7 @@ from pgjournal.timeuuid import (
     start_of,
     uuid_datetime,
 )
+from pgjournal.write.tag_batcher import TagBatch
 
 
 def cassandra_compare(a: uuid.UUID, b: uuid.UUID) -> int:

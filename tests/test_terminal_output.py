@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pgjournal import Journal
-from pgjournal.printable import json_printable, printable
+from pgjournal.model.printable import json_printable, printable
 from projections import management
 
 # What an attacker stores: clear the screen, set the window title, a second line, an 8-bit CSI, a right-to-left

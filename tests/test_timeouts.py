@@ -2,7 +2,7 @@
 forwarding bytes, so TCP on the client still sees a live peer) ends in a typed pgjournal error within the
 client-side limit, ``statement_timeout + tcp_user_timeout`` (here 1 s + 1 s).
 
-Also: the libpq keywords every connection gets (pgjournal/connections.py), and that a projection handler's
+Also: the libpq keywords every connection gets (pgjournal/server/connections.py), and that a projection handler's
 own statements are not cut by pgjournal's limits.
 """
 
@@ -28,8 +28,8 @@ from pgjournal import (
     Journal,
     WriteOutcomeUnknown,
 )
-from pgjournal.connections import connection_kwargs, round_trip_limit
-from pgjournal.envelope import EventEnvelope
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.server.connections import connection_kwargs, round_trip_limit
 from pgjournal.settings import Settings
 from projections.handlers import ExactlyOnce, Projection, ProjectionSettings
 from projections.offset_store import OffsetStore, Record
@@ -208,7 +208,7 @@ def test_both_faces_cut_a_round_trip_past_the_limit_and_keep_every_other_answer(
     import asyncio
 
     from pgjournal.aio.connections import AsyncLimitedConnection
-    from pgjournal.connections import WATCHDOG, LimitedConnection, ServerSilent
+    from pgjournal.server.connections import WATCHDOG, LimitedConnection, ServerSilent
 
     limit = 0.5
     sync_class = type("Limited", (LimitedConnection,), {"limit": limit})

@@ -18,8 +18,8 @@ from conftest import FAST
 from restarting import Consumer, consume, passed
 
 from pgjournal import ConcurrencyConflict, EventEnvelope, Journal, slice_for_persistence_id, slice_ranges
-from pgjournal.offsets import Offset
-from pgjournal.polling import LiveQuery
+from pgjournal.model.offsets import Offset
+from pgjournal.runtime.live import LiveQuery
 from pgjournal.store.events import insert_sql
 
 ENTITY = "Torture"

@@ -17,8 +17,8 @@ from conftest import FAST
 
 from pgjournal import ConcurrencyConflict, Journal, NoOffset, TransactionAborted
 from pgjournal.aio import AsyncJournal
-from pgjournal.notify import CHANNEL
-from pgjournal.offsets import Offset
+from pgjournal.model.offsets import Offset
+from pgjournal.runtime.signals import CHANNEL
 
 
 def outbox(dsn: str) -> list[Any]:

@@ -16,9 +16,9 @@ from eventually import eventually
 from test_projections_support import FAST_PROJECTION
 
 from pgjournal import ConfigurationError, DecryptionError, Journal, SerializationError
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, is_redacted
 from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore, PostgresKeyStore
-from pgjournal.serialization import SerializerRegistry
-from pgjournal.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, is_redacted
 from projections.handlers import AtLeastOnce, Projection
 from projections.runner import run_range
 
@@ -206,7 +206,7 @@ def test_the_key_cache_forgets_deleted_keys_at_once_in_its_own_process(dsn: str)
     (lambda dsn: Transcoder(compress_min_size=-1), "compress_min_size must be an integer >= 0, got -1"),
     (lambda dsn: Transcoder(compression_level="max"), "compression_level must be an integer"),
     (lambda dsn: Transcoder(key_store=object()), "key_store must be a KeyStore"),
-    (lambda dsn: SerializerRegistry(transcoder="zstd"), "transcoder must be a pgjournal.transcoding.Transcoder"),
+    (lambda dsn: SerializerRegistry(transcoder="zstd"), "transcoder must be a pgjournal.codec.transcoding.Transcoder"),
     (lambda dsn: PostgresKeyStore(dsn, master_key=b"short"), "master_key must be 32 bytes (AES-256), got 5 bytes"),
     (lambda dsn: PostgresKeyStore(dsn, master_key="x" * 32), "master_key must be 32 bytes (AES-256), got str"),
     (lambda dsn: PostgresKeyStore(dsn), "needs exactly one of master_key"),

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pgjournal import Journal, slice_for_persistence_id
-from pgjournal.cli import app
-from pgjournal.reconciliation import Cleanup
-from pgjournal.verify import verify
+from pgjournal.admin.verify import verify
+from pgjournal.cli.commands import app
+from pgjournal.tags.reconciliation import Cleanup
 
 A_SLICE = slice_for_persistence_id("Cart|a")
 

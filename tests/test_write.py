@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgjournal import ConcurrencyConflict, Journal, slice_for_persistence_id
-from pgjournal.notify import CHANNEL
+from pgjournal.runtime.signals import CHANNEL
 from pgjournal.store.events import insert_sql
 
 PID = "Cart|1"
@@ -243,7 +243,7 @@ def test_a_stream_of_appends_shares_signals(dsn: str, monkeypatch: pytest.Monkey
     """At most one round of signals per SEND_INTERVAL, however fast the appends come (an interval of 50 ms, so
     the appends are faster than it even on a busy machine or under SERIALIZABLE)."""
     interval = 0.05
-    monkeypatch.setattr("pgjournal.notify.SEND_INTERVAL", interval)
+    monkeypatch.setattr("pgjournal.runtime.signals.SEND_INTERVAL", interval)
     with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn) as journal:
         listener.execute(f"LISTEN {CHANNEL}")
         started = time.monotonic()
@@ -258,7 +258,7 @@ def test_a_stream_of_appends_shares_signals(dsn: str, monkeypatch: pytest.Monkey
 
 def test_a_signal_held_back_by_the_rate_limit_is_sent_late_not_dropped(dsn: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pgjournal.notify.SEND_INTERVAL", 0.5)
+    monkeypatch.setattr("pgjournal.runtime.signals.SEND_INTERVAL", 0.5)
     with psycopg.connect(dsn, autocommit=True) as listener, Journal.open(dsn) as journal:
         listener.execute(f"LISTEN {CHANNEL}")
         journal.append("Cart|1", ["a"])  # after a quiet spell: sent at once

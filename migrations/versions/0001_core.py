@@ -1,6 +1,6 @@
 """Core tables: event_journal, snapshot, projection offset store and management.
 
-The tables are built from :mod:`pgjournal.schema` as it stands at this revision. A later revision that
+The tables are built from :mod:`pgjournal.store.schema` as it stands at this revision. A later revision that
 changes one of them must first freeze this file (copy the definitions here) before editing the model;
 ``tests/test_migrations.py`` fails if head and the model disagree.
 
@@ -11,7 +11,7 @@ Revises:
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import CORE_TABLES
+from pgjournal.store.schema import CORE_TABLES
 
 revision = "0001"
 down_revision = None

@@ -1,6 +1,6 @@
 """Cassandra-compatible tag path: tag_views, tag_write_progress, tag_scanning, tag_settings.
 
-Built from :mod:`pgjournal.schema` as it stands at this revision (freeze the definitions here before a
+Built from :mod:`pgjournal.store.schema` as it stands at this revision (freeze the definitions here before a
 later revision changes them).
 
 Revision ID: 0002
@@ -10,7 +10,7 @@ Revises: 0001
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import TAG_TABLES
+from pgjournal.store.schema import TAG_TABLES
 
 revision = "0002"
 down_revision = "0001"

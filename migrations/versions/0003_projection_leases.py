@@ -1,6 +1,6 @@
 """Projection leases: projection_lease (slice ownership with expiry) and projection_worker (heartbeats).
 
-Built from :mod:`pgjournal.schema` as it stands at this revision (freeze the definitions here before a
+Built from :mod:`pgjournal.store.schema` as it stands at this revision (freeze the definitions here before a
 later revision changes them).
 
 Revision ID: 0003
@@ -10,7 +10,7 @@ Revises: 0002
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import PROJECTION_TABLES
+from pgjournal.store.schema import PROJECTION_TABLES
 
 revision = "0003"
 down_revision = "0002"

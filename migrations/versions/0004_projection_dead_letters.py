@@ -1,6 +1,6 @@
 """Projection dead letters: projection_dead_letter (envelopes a projection could not handle or decode).
 
-Built from :mod:`pgjournal.schema` as it stands at this revision (freeze the definitions here before a
+Built from :mod:`pgjournal.store.schema` as it stands at this revision (freeze the definitions here before a
 later revision changes them).
 
 Revision ID: 0004
@@ -10,7 +10,7 @@ Revises: 0003
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import DEAD_LETTER_TABLES
+from pgjournal.store.schema import DEAD_LETTER_TABLES
 
 revision = "0004"
 down_revision = "0003"

@@ -3,7 +3,7 @@
 
 Creates ``pgjournal_format`` and records ``legacy_json_ser_id = 33`` when any payload column (events,
 their metadata, snapshots, tag views) has id 33. Rows are not rewritten: why a marker and not an UPDATE is
-in :mod:`pgjournal.stored_format`.
+in :mod:`pgjournal.admin.stored_format`.
 
 Revision ID: 0005
 Revises: 0004
@@ -11,9 +11,9 @@ Revises: 0004
 
 from alembic import op
 
+from pgjournal.admin.stored_format import FORMAT_TABLE, LEGACY_JSON_SER_ID
 from pgjournal.dialects import Dialect
-from pgjournal.schema import FORMAT_TABLES
-from pgjournal.stored_format import FORMAT_TABLE, LEGACY_JSON_SER_ID
+from pgjournal.store.schema import FORMAT_TABLES
 
 revision = "0005"
 down_revision = "0004"

@@ -7,7 +7,7 @@ Revises: 0005
 from alembic import context, op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import STATE_TABLES
+from pgjournal.store.schema import STATE_TABLES
 
 revision = "0006"
 down_revision = "0005"

@@ -8,7 +8,7 @@ Revises: 0006
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import KEY_TABLES
+from pgjournal.store.schema import KEY_TABLES
 
 revision = "0007"
 down_revision = "0006"

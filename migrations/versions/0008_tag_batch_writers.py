@@ -1,5 +1,5 @@
 """Batched tag writers: tag_batch_writers, the running batched tag writers' heartbeats and watermarks
-(pgjournal.tag_batcher).
+(pgjournal.write.tag_batcher).
 
 Revision ID: 0008
 Revises: 0007
@@ -8,7 +8,7 @@ Revises: 0007
 from alembic import op
 
 from pgjournal.dialects import Dialect
-from pgjournal.schema import TAG_BATCH_TABLES
+from pgjournal.store.schema import TAG_BATCH_TABLES
 
 revision = "0008"
 down_revision = "0007"

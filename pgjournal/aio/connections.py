@@ -1,6 +1,7 @@
-"""The asyncio twin of :class:`pgjournal.connections.LimitedConnection`: a pool connection that gives up on an
+"""The asyncio twin of :class:`pgjournal.server.connections.LimitedConnection`: a pool connection that gives up on an
 answer after the round-trip limit (``statement_timeout + tcp_user_timeout``) and is closed, raising
-:class:`~pgjournal.connections.ServerSilent` (the same :data:`~pgjournal.connections.WATCHDOG` cuts it)."""
+:class:`~pgjournal.server.connections.ServerSilent` (the same :data:`~pgjournal.server.connections.WATCHDOG` cuts
+it)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed, PoolTimeout
 
-from ..connections import WATCHDOG, closed_journal, round_trip_ended, round_trip_limit
-from ..settings import Settings
+from pgjournal.server.connections import WATCHDOG, closed_journal, round_trip_ended, round_trip_limit
+from pgjournal.settings import Settings
 
 _IDLE = TransactionStatus.IDLE
 

@@ -1,5 +1,5 @@
 """``journal.durable_state`` on :class:`~pgjournal.aio.AsyncJournal`: the blocking store's rules
-(:class:`~pgjournal.durable_state.DurableStateRules`: the SQL, the write and its retries as steps, decoding, the
+(:class:`~pgjournal.state.durable_state.DurableStateRules`: the SQL, the write and its retries as steps, decoding, the
 by-slice rows) awaited, with the asyncio face's turns per persistence id and its by-slice queries."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..contention import KeyedLocks
-from ..durable_state import DurableState, DurableStateChange, DurableStateRules
-from ..offsets import NoOffset, Offset
-from ..steps import Step
-from ..validation import check_persistence_id
-from .live import AsyncLiveQuery
+from pgjournal.aio.live import AsyncLiveQuery
+from pgjournal.model.offsets import NoOffset, Offset
+from pgjournal.runtime.contention import KeyedLocks
+from pgjournal.runtime.steps import Step
+from pgjournal.state.durable_state import DurableState, DurableStateChange, DurableStateRules
+from pgjournal.validation import check_persistence_id
 
 if TYPE_CHECKING:
-    from .journal import AsyncJournal
+    from pgjournal.aio.journal import AsyncJournal
 
 
 class AsyncDurableStateStore(DurableStateRules):
@@ -26,7 +26,7 @@ class AsyncDurableStateStore(DurableStateRules):
 
     def __init__(self, journal: AsyncJournal) -> None:
         super().__init__(journal)
-        #: Writes of this journal's tasks to one persistence id take turns (pgjournal.contention).
+        #: Writes of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention).
         self._turns = KeyedLocks(lock=asyncio.Lock)
 
     async def get(self, persistence_id: str) -> DurableState | None:

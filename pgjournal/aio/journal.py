@@ -1,7 +1,8 @@
 """``async with AsyncJournal.open(dsn) as journal: await journal.append(...); journal.query...``: the journal on
 an ``AsyncConnectionPool``. Everything it decides comes from the code the blocking face runs: the open
-steps and :class:`~pgjournal.core.JournalCore`, the write path's statement (:mod:`pgjournal.write`,
-:mod:`pgjournal.appending`), the stores, the queries' steps and the live loop's schedule."""
+steps and :class:`~pgjournal.core.journal_core.JournalCore`, the write path's statement
+(:mod:`pgjournal.write.event_writer`,
+:mod:`pgjournal.write.append_steps`), the stores, the queries' steps and the live loop's schedule."""
 
 from __future__ import annotations
 
@@ -16,30 +17,30 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from .. import core
-from .. import migrate as migrations
-from ..appending import append_step
-from ..capabilities import Capabilities
-from ..connections import connection_kwargs, unreachable
-from ..contention import KeyedLocks
-from ..core import JournalCore
-from ..envelope import EventEnvelope
-from ..errors import ConfigurationError
-from ..polling import T
-from ..serialization import SerializerRegistry
-from ..settings import Settings
-from ..snapshots import SelectedSnapshot, delete_statement, load_step, save_statement
-from ..steps import Step, arun, arun_pooled, first_of, statement
-from ..stored_format import StoredFormat
-from ..validation import check_persistence_id, check_seq_nr
-from ..write import EventWriter
-from .connections import AsyncPoolFront, async_limited_connection_class
-from .durable_state import AsyncDurableStateStore
-from .live import AsyncLiveQuery, AsyncPoll
-from .pipelining import AppendPipeline
-from .query import AsyncQuery
-from .signals import AsyncSignals
-from .transaction import AsyncTransaction, transaction
+from pgjournal.admin import migrate as migrations
+from pgjournal.admin.stored_format import StoredFormat
+from pgjournal.aio.connections import AsyncPoolFront, async_limited_connection_class
+from pgjournal.aio.durable_state import AsyncDurableStateStore
+from pgjournal.aio.live import AsyncLiveQuery, AsyncPoll
+from pgjournal.aio.pipelining import AppendPipeline
+from pgjournal.aio.query import AsyncQuery
+from pgjournal.aio.signals import AsyncSignals
+from pgjournal.aio.transaction import AsyncTransaction, transaction
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.core import journal_core as core
+from pgjournal.core.capabilities import Capabilities
+from pgjournal.core.journal_core import JournalCore
+from pgjournal.errors import ConfigurationError
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.runtime.contention import KeyedLocks
+from pgjournal.runtime.live import T
+from pgjournal.runtime.steps import Step, arun, arun_pooled, first_of, statement
+from pgjournal.server.connections import connection_kwargs, unreachable
+from pgjournal.settings import Settings
+from pgjournal.state.snapshots import SelectedSnapshot, delete_statement, load_step, save_statement
+from pgjournal.validation import check_persistence_id, check_seq_nr
+from pgjournal.write.append_steps import append_step
+from pgjournal.write.event_writer import EventWriter
 
 
 class AsyncJournal(JournalCore):
@@ -60,12 +61,13 @@ class AsyncJournal(JournalCore):
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
-        #: Appends of this journal's tasks to one persistence id take turns (pgjournal.contention), as threads do.
+        #: Appends of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention), as threads
+        #: do.
         self._turns = KeyedLocks(lock=asyncio.Lock)
         #: Appends that would wait for a connection are sent together (pgjournal.aio.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.async_pipeline)
         self.query = AsyncQuery(self)
-        #: Durable state (pgjournal.durable_state's rules, awaited).
+        #: Durable state (pgjournal.state.durable_state's rules, awaited).
         self.durable_state = AsyncDurableStateStore(self)
 
     @classmethod
@@ -118,7 +120,7 @@ class AsyncJournal(JournalCore):
         return _Borrowed(self)
 
     async def run(self, step: Step[T]) -> T:
-        """Run a step (:mod:`pgjournal.steps`) on a connection of the pool (borrowed at its first statement)."""
+        """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool (borrowed at its first statement)."""
         return await arun_pooled(step, self.connection)
 
     def live_query(self, poll: AsyncPoll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
@@ -157,7 +159,7 @@ class AsyncJournal(JournalCore):
 
     def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractAsyncContextManager[AsyncTransaction]:
         """``async with journal.transaction() as tx:`` appends and your own SQL on ``tx.connection`` that commit
-        or roll back together (the rules: :mod:`pgjournal.transaction`)."""
+        or roll back together (the rules: :mod:`pgjournal.write.transaction`)."""
         return transaction(self, savepoints=savepoints)
 
     async def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:

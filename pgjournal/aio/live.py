@@ -1,6 +1,6 @@
-"""The asyncio live loop: the same :class:`~pgjournal.polling.Schedule` and loop state as the blocking
-:class:`~pgjournal.polling.LiveQuery`, waiting on an ``asyncio.Event`` (set by LISTEN wake-ups, see
-:mod:`pgjournal.aio.signals`) and awaiting each poll (a step run with :func:`pgjournal.steps.arun_pooled`).
+"""The asyncio live loop: the same :class:`~pgjournal.runtime.live.Schedule` and loop state as the blocking
+:class:`~pgjournal.runtime.live.LiveQuery`, waiting on an ``asyncio.Event`` (set by LISTEN wake-ups, see
+:mod:`pgjournal.aio.signals`) and awaiting each poll (a step run with :func:`pgjournal.runtime.steps.arun_pooled`).
 
 Cancelling the task that iterates (``asyncio.timeout``, ``task.cancel()``) stops it at once, in a wait or in a
 poll: the poll's statement is cancelled on the server, its step closed and its connection returned to the pool.
@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from ..polling import LoopState, Schedule
+from pgjournal.runtime.live import LoopState, Schedule
 
 T = TypeVar("T")
 #: ``await poll(notified) -> (items, rows read)``

@@ -9,7 +9,8 @@ per round trip).
 
 A statement that fails (a primary-key clash, a deadlock, a timeout) rolls the whole group back, so nothing of it
 was written: its own append goes back to its task, which runs it on a connection of its own through
-:func:`pgjournal.appending.append_step` (the write path's conflict and retry rules, one implementation), and the
+:func:`pgjournal.write.append_steps.append_step` (the write path's conflict and retry rules, one implementation), and
+the
 others are queued again for the next pipeline. Each failure takes one append out, so a group is tried at most
 as many times as it has appends. An append whose statement found no predecessor inserts nothing and goes back to
 its task the same way while the others commit. Groups are sorted by persistence id, so two groups that insert
@@ -31,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.pq import ExecStatus
 
-from ..appending import Rows
-from ..errors import JournalClosed
-from ..failed_writes import Failure, classify
-from ..write import AppendPlan, failed
+from pgjournal.errors import JournalClosed
+from pgjournal.write.append_steps import Rows
+from pgjournal.write.event_writer import AppendPlan, failed
+from pgjournal.write.failures import Failure, classify
 
 if TYPE_CHECKING:
-    from .journal import AsyncJournal
+    from pgjournal.aio.journal import AsyncJournal
 
 #: Appends sent in one pipeline at most (a drain takes what is queued, up to this).
 BATCH = 64
@@ -210,7 +211,8 @@ def _cursors(conn: psycopg.AsyncConnection[Any], count: int) -> list[psycopg.Asy
 
 def _lost(conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> bool:
     """The connection is gone (the server never answered), not a statement refused or skipped after one was:
-    any other failure rolled the group back and its append runs on its own (:func:`pgjournal.appending.append_step`
+    any other failure rolled the group back and its append runs on its own
+    (:func:`pgjournal.write.append_steps.append_step`
     classifies it)."""
     return classify(exc, conn=conn) is Failure.UNKNOWN
 

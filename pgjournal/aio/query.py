@@ -1,5 +1,5 @@
 """``async_journal.query``: the reads of :class:`pgjournal.query.Query` as async iterators. Each runs the same
-steps as the blocking face (:mod:`pgjournal.steps`) on the asyncio pool: the by-slice state machine, the
+steps as the blocking face (:mod:`pgjournal.runtime.steps`) on the asyncio pool: the by-slice state machine, the
 by-tag stream, the by-persistence-id reads, the gate, the horizon and the live loop's schedule."""
 
 from __future__ import annotations
@@ -8,21 +8,21 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..buckets import check_bucket_size_step
-from ..by_pid import ByPersistenceId, check_range
-from ..by_slices import Delivery, SliceQuery, SliceRows
-from ..by_tag import TagEnvelope, TagStream
-from ..envelope import EventEnvelope
-from ..from_snapshots import Transform, snapshots_step
-from ..offsets import NoOffset, Offset
-from ..polling import Made
-from ..slices import entity_type_of
-from ..steps import Step, adrive, arun_pooled
-from .live import AsyncLiveQuery
+from pgjournal.aio.live import AsyncLiveQuery
+from pgjournal.buckets import check_bucket_size_step
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.offsets import NoOffset, Offset
+from pgjournal.model.slices import entity_type_of
+from pgjournal.query.by_pid import ByPersistenceId, check_range
+from pgjournal.query.by_slices import Delivery, SliceQuery, SliceRows
+from pgjournal.query.by_tag import TagEnvelope, TagStream
+from pgjournal.query.from_snapshots import Transform, snapshots_step
+from pgjournal.runtime.live import Made
+from pgjournal.runtime.steps import Step, adrive, arun_pooled
 
 if TYPE_CHECKING:
-    from ..serialization import SerializerRegistry
-    from .journal import AsyncJournal
+    from pgjournal.aio.journal import AsyncJournal
+    from pgjournal.codec.serialization import SerializerRegistry
 
 
 class AsyncQuery:

@@ -1,6 +1,7 @@
-"""LISTEN/NOTIFY wake-ups for asyncio live queries, with the rules of :mod:`pgjournal.notify`: a writer only
+"""LISTEN/NOTIFY wake-ups for asyncio live queries, with the rules of :mod:`pgjournal.runtime.signals`: a writer only
 records that an entity type changed, *after* its commit; a sender task sends one coalesced ``NOTIFY`` per
-entity type at most every :data:`~pgjournal.notify.SEND_INTERVAL`; a listener task (``AsyncConnection.notifies()``)
+entity type at most every :data:`~pgjournal.runtime.signals.SEND_INTERVAL`; a listener task
+(``AsyncConnection.notifies()``)
 sets the events of the live queries that care. Signals only cut latency: a lost one costs a poll interval."""
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 
 import psycopg
 
-from ..notify import CHANNEL, SEND_INTERVAL, notify_sql
+from pgjournal.runtime.signals import CHANNEL, SEND_INTERVAL, notify_sql
 
-_log = logging.getLogger("pgjournal.notify")
+_log = logging.getLogger("pgjournal.runtime.signals")
 
 
 class AsyncSignals:
@@ -34,7 +35,8 @@ class AsyncSignals:
 
     def written(self, _slice: int, entity_type: str) -> None:
         """Record that ``entity_type`` got events (call it after the commit); the sender notifies soon. The
-        sender is woken only when the set goes from empty to non-empty (as in :mod:`pgjournal.notify`: a wake-up
+        sender is woken only when the set goes from empty to non-empty (as in :mod:`pgjournal.runtime.signals`: a
+        wake-up
         per append would cost a task switch per append)."""
         if entity_type in self._pending:
             return

@@ -1,4 +1,4 @@
-"""``async with journal.transaction() as tx:``: the asyncio face of :mod:`pgjournal.transaction` (same rules)."""
+"""``async with journal.transaction() as tx:``: the asyncio face of :mod:`pgjournal.write.transaction` (same rules)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..envelope import EventEnvelope
-from ..steps import arun
-from ..transaction import TransactionRules
+from pgjournal.model.envelope import EventEnvelope
+from pgjournal.runtime.steps import arun
+from pgjournal.write.transaction import TransactionRules
 
 if TYPE_CHECKING:
-    from .journal import AsyncJournal
+    from pgjournal.aio.journal import AsyncJournal
 
 
 class AsyncTransaction(TransactionRules):
@@ -40,7 +40,7 @@ async def transaction(journal: AsyncJournal, *, savepoints: bool = False) -> Asy
 
 @contextlib.asynccontextmanager
 async def user_statements(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
-    """:func:`pgjournal.connections.user_statements` for asyncio: the caller's statements in the transaction
+    """:func:`pgjournal.server.connections.user_statements` for asyncio: the caller's statements in the transaction
     run without pgjournal's statement timeout and client-side limit."""
     if getattr(conn, "limit", None) is None:
         yield

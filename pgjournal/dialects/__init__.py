@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..errors import ConfigurationError
-from .base import Dialect
-from .cockroach import CockroachDialect
-from .postgres import PostgresDialect
-from .yugabyte import YugabyteDialect
+from pgjournal.dialects.base import Dialect
+from pgjournal.dialects.cockroach import CockroachDialect
+from pgjournal.dialects.postgres import PostgresDialect
+from pgjournal.dialects.yugabyte import YugabyteDialect
+from pgjournal.errors import ConfigurationError
 
 DIALECTS: dict[str, type[Dialect]] = {
     "postgres": PostgresDialect,

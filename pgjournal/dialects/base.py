@@ -6,11 +6,11 @@ from sqlalchemy import Index, Table
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from ..errors import ConfigurationError
-from ..slices import NUMBER_OF_SLICES
-from ..store.durable_state import DurableStateSQL
-from ..store.events import EventStore
-from ..store.export import ExportSQL
+from pgjournal.errors import ConfigurationError
+from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.store.durable_state import DurableStateSQL
+from pgjournal.store.events import EventStore
+from pgjournal.store.export import ExportSQL
 
 _PG = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect class is not annotated
 
@@ -27,7 +27,7 @@ class Dialect:
     #: and a full shared lock table (53200: under SERIALIZABLE, the predicate locks of finished transactions are
     #: kept while an older serializable transaction is open, and freed when it ends).
     retryable_sqlstates: frozenset[str] = frozenset({"40001", "40P01", "53200"})
-    #: An adopted Akka R2DBC journal (:mod:`pgjournal.adopt`): 0 = pgjournal's own layout; n >= 1 = Akka's
+    #: An adopted Akka R2DBC journal (:mod:`pgjournal.admin.adopt`): 0 = pgjournal's own layout; n >= 1 = Akka's
     #: plain ``event_journal`` (1) or its data partitions ``event_journal_0..n-1``. Set when a journal opens.
     akka_partitions: int = 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sqlalchemy import Index, Table
 
-from .base import Dialect
+from pgjournal.dialects.base import Dialect
 
 SHARD_BUCKETS = 16
 INDEXES = {

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from sqlalchemy import Table
 
-from ..slices import NUMBER_OF_SLICES
-from .base import Dialect
+from pgjournal.dialects.base import Dialect
+from pgjournal.model.slices import NUMBER_OF_SLICES
 
 PARTITIONS = 8
 SLICES_PER_PARTITION = NUMBER_OF_SLICES // PARTITIONS

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from sqlalchemy import Index, Table
 
-from ..slices import NUMBER_OF_SLICES
-from .base import Dialect
+from pgjournal.dialects.base import Dialect
+from pgjournal.model.slices import NUMBER_OF_SLICES
 
 SPLIT_POINTS = ", ".join(f"({s})" for s in range(127, NUMBER_OF_SLICES - 1, 128))
 

@@ -18,11 +18,11 @@
     counters.handle("c-1", 5).reply  # 5
 """
 
-from .aio import AsyncEntityRepository
-from .breaker import BreakerState, CircuitBreaker
-from .errors import CircuitOpen, ConflictRetriesExhausted
-from .model import CommandResult, DomainError, Effect, Entity, Recovered, persist
-from .repository import EntityRepository
+from pgjournal.entity.aio import AsyncEntityRepository
+from pgjournal.entity.breaker import BreakerState, CircuitBreaker
+from pgjournal.entity.errors import CircuitOpen, ConflictRetriesExhausted
+from pgjournal.entity.model import CommandResult, DomainError, Effect, Entity, Recovered, persist
+from pgjournal.entity.repository import EntityRepository
 
 __all__ = [
     "AsyncEntityRepository",

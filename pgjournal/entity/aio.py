@@ -17,14 +17,14 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..errors import WriteOutcomeUnknown
-from .mailbox import Mailboxes, Pending
-from .model import CommandResult, Recovered
-from .recovery import recover_step
-from .repository import RepositoryRules
+from pgjournal.entity.mailbox import Mailboxes, Pending
+from pgjournal.entity.model import CommandResult, Recovered
+from pgjournal.entity.recovery import recover_step
+from pgjournal.entity.repository import RepositoryRules
+from pgjournal.errors import WriteOutcomeUnknown
 
 if TYPE_CHECKING:
-    from ..aio import AsyncJournal
+    from pgjournal.aio import AsyncJournal
 
 S = TypeVar("S")
 _mailboxes: weakref.WeakKeyDictionary[Any, AsyncMailboxes] = weakref.WeakKeyDictionary()

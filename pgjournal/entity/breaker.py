@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import psycopg
 import psycopg.errors
 
-from ..errors import ConfigurationError, DatabaseUnavailable, WriteOutcomeUnknown
-from .errors import CircuitOpen
+from pgjournal.entity.errors import CircuitOpen
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, WriteOutcomeUnknown
 
 _log = logging.getLogger("pgjournal.entity")
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ..errors import CircuitOpen, ConflictRetriesExhausted
+from pgjournal.errors import CircuitOpen, ConflictRetriesExhausted
 
 __all__ = ["CircuitOpen", "ConflictRetriesExhausted"]

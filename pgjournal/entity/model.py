@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..errors import InvalidArgument
-from ..validation import check_name
+from pgjournal.errors import InvalidArgument
+from pgjournal.validation import check_name
 
 S = TypeVar("S")
 

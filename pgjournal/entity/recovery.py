@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..by_pid import ByPersistenceId
-from ..errors import SerializationError
-from ..steps import Call, Step
-from .model import Entity, Recovered
+from pgjournal.entity.model import Entity, Recovered
+from pgjournal.errors import SerializationError
+from pgjournal.query.by_pid import ByPersistenceId
+from pgjournal.runtime.steps import Call, Step
 
 if TYPE_CHECKING:
-    from ..core import JournalCore
-    from ..journal import Journal
+    from pgjournal.core.journal_core import JournalCore
+    from pgjournal.journal import Journal
 
 S = TypeVar("S")
 _log = logging.getLogger("pgjournal.entity")
@@ -54,7 +54,7 @@ def recover(journal: Journal, entity: Entity[S], pid: str) -> Recovered[S]:
 
 
 def recover_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[Recovered[S]]:
-    """:func:`recover` as a step (:mod:`pgjournal.steps`) of the journal's own calls (blocking or asyncio),
+    """:func:`recover` as a step (:mod:`pgjournal.runtime.steps`) of the journal's own calls (blocking or asyncio),
     each on a connection of its own, replaying page by page (bounded memory)."""
     snapshot = yield from _from_snapshot_step(journal, entity, pid)
     state, seq_nr = snapshot if snapshot is not None else (entity.new_state(), 0)

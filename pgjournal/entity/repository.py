@@ -30,19 +30,25 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
-from ..errors import ConcurrencyConflict, ConfigurationError, DatabaseUnavailable, InvalidArgument, WriteOutcomeUnknown
-from ..steps import Call, Sleep, Step, first_of
-from ..validation import check_persistence_id, check_tags
-from .breaker import CircuitBreaker, is_unavailability
-from .cache import LruCache
-from .errors import ConflictRetriesExhausted
-from .mailbox import Mailboxes, Pending
-from .model import CommandResult, Entity, Recovered, check_entity_name, effect_of
-from .recovery import recover, recover_step, snapshot_metadata
+from pgjournal.entity.breaker import CircuitBreaker, is_unavailability
+from pgjournal.entity.cache import LruCache
+from pgjournal.entity.errors import ConflictRetriesExhausted
+from pgjournal.entity.mailbox import Mailboxes, Pending
+from pgjournal.entity.model import CommandResult, Entity, Recovered, check_entity_name, effect_of
+from pgjournal.entity.recovery import recover, recover_step, snapshot_metadata
+from pgjournal.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidArgument,
+    WriteOutcomeUnknown,
+)
+from pgjournal.runtime.steps import Call, Sleep, Step, first_of
+from pgjournal.validation import check_persistence_id, check_tags
 
 if TYPE_CHECKING:
-    from ..core import JournalCore
-    from ..journal import Journal
+    from pgjournal.core.journal_core import JournalCore
+    from pgjournal.journal import Journal
 
 S = TypeVar("S")
 _log = logging.getLogger("pgjournal.entity")
@@ -83,7 +89,7 @@ def _check_count(value: Any, what: str, *, minimum: int) -> int:
 class RepositoryRules(Generic[S]):
     r"""What the blocking :class:`EntityRepository` and the asyncio
     :class:`~pgjournal.entity.aio.AsyncEntityRepository` share: settings, cache, counters, breaker, and the
-    command loop as a step (:mod:`pgjournal.steps`) whose journal operations are ``Call``\ s of the face's
+    command loop as a step (:mod:`pgjournal.runtime.steps`) whose journal operations are ``Call``\ s of the face's
     journal (``append``, ``highest_seq_nr``, ``save_snapshot``, ``run``), blocking or awaited.
 
     ``snapshot_every``: save a snapshot after an append that crosses a multiple of it (0: never; default:

@@ -31,10 +31,9 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from ..aio import AsyncJournal
-from ..dsn import mask_dsn
-from ..entity import AsyncEntityRepository, CircuitOpen, CommandResult, DomainError
-from ..errors import (
+from pgjournal.aio import AsyncJournal
+from pgjournal.entity import AsyncEntityRepository, CircuitOpen, CommandResult, DomainError
+from pgjournal.errors import (
     ConcurrencyConflict,
     DatabaseUnavailable,
     EventNotFound,
@@ -44,9 +43,19 @@ from ..errors import (
     RetriesExhausted,
     WriteOutcomeUnknown,
 )
-from ..offsets import NoOffset, parse_offset
-from ..slices import NUMBER_OF_SLICES
-from .shopping_cart import MAX_QUANTITY, AddItem, AdjustQuantity, Cart, CheckOut, GetCart, RemoveItem, ShoppingCart
+from pgjournal.examples.shopping_cart import (
+    MAX_QUANTITY,
+    AddItem,
+    AdjustQuantity,
+    Cart,
+    CheckOut,
+    GetCart,
+    RemoveItem,
+    ShoppingCart,
+)
+from pgjournal.model.offsets import NoOffset, parse_offset
+from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.server.dsn import mask_dsn
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..entity import CommandResult, DomainError, Entity, EntityRepository, persist
-from ..journal import Journal
+from pgjournal.entity import CommandResult, DomainError, Entity, EntityRepository, persist
+from pgjournal.journal import Journal
 
 MAX_QUANTITY = 99
 

@@ -1,12 +1,12 @@
 """Reads of PostgreSQL's system catalog and statistics views: which relations make up the journal, who holds a
-write lock on them (the visibility horizon, :mod:`pgjournal.horizon`), what this role may see and do.
+write lock on them (the visibility horizon, :mod:`pgjournal.core.horizon`), what this role may see and do.
 Nothing here touches a pgjournal table's rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import Read, rows, scalars
+from pgjournal.store import Read, rows, scalars
 
 # The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
 # Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
@@ -24,7 +24,7 @@ WHERE rolname = current_user"""
 
 # The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
 # there is none). ``xact_start`` is NULL where this role may not see the session. Rows are unpacked in
-# pgjournal.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction, xact_start.
+# pgjournal.core.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction, xact_start.
 WRITERS_SQL = """
 SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
 FROM (SELECT 1) AS one LEFT JOIN (

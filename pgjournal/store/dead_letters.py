@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .. import schema
-from ..slices import slice_for_persistence_id
-from . import Query, Read, rows
-from .events import read_payload
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.store import Query, Read, rows, schema
+from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
-    from .events import EventStore
+    from pgjournal.store.events import EventStore
 
 DEAD_LETTER_TABLE = schema.projection_dead_letter.name
 

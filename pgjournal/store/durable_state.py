@@ -5,7 +5,7 @@ Writes are optimistic on the revision: revision 1 inserts (and finds nothing whe
 row), revision ``n`` updates the row at ``n - 1``. No row back means another writer got there first. Both
 stamp ``db_timestamp`` with ``clock_timestamp()`` read while the statement holds its write lock on the table
 (the visibility horizon of ``changes_by_slices`` relies on it, as the journal's does: see
-:mod:`pgjournal.horizon`), never earlier than the previous revision's plus 1 µs.
+:mod:`pgjournal.core.horizon`), never earlier than the previous revision's plus 1 µs.
 
 The statements work on Akka's own DDL as well (primary key ``(persistence_id, revision)``): they never
 count on ``ON CONFLICT (persistence_id)``.
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..slices import entity_type_of, slice_for_persistence_id
+from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 
 if TYPE_CHECKING:
-    from ..dialects import Dialect
+    from pgjournal.dialects import Dialect
 
 Query = tuple[str, tuple[Any, ...] | dict[str, Any]]
 

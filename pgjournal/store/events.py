@@ -1,8 +1,8 @@
 """SQL of the journal's write path: the append statement (one per ``append``) and its parts.
 
 The statement finds the previous event of the persistence id, numbers the new events after it and stamps
-them all with ``GREATEST(clock_timestamp(), previous + 1 µs)`` (see :mod:`pgjournal.write` for why the
-clock and not the transaction start). The tag path (:mod:`pgjournal.tag_write`) builds on the same parts.
+them all with ``GREATEST(clock_timestamp(), previous + 1 µs)`` (see :mod:`pgjournal.write.event_writer` for why the
+clock and not the transaction start). The tag path (:mod:`pgjournal.tags.statement_writer`) builds on the same parts.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..envelope import EVENT_COLUMNS
-from ..errors import SerializationError
-from ..slices import slice_for_persistence_id
+from pgjournal.errors import SerializationError
+from pgjournal.model.envelope import EVENT_COLUMNS
+from pgjournal.model.slices import slice_for_persistence_id
 
 if TYPE_CHECKING:
-    from ..dialects import Dialect
+    from pgjournal.dialects import Dialect
 
 # ``{tags_meta}`` / ``{tags_meta_values}``: the tags and metadata columns (:data:`TAGS_META`), each left out of
 # the statement for an append without it (the columns default to NULL): parameters fewer to send.
@@ -152,7 +152,7 @@ class EventStore:
 
     def append(self, slice_: int, *, after_latest: bool = False, single: bool, after: str | None = None,
                tags: bool = True, meta: bool = True) -> str:
-        """The append statement (parameters: see :mod:`pgjournal.write`; ``after``, ``tags``, ``meta``: see
+        """The append statement (parameters: see :mod:`pgjournal.write.event_writer`; ``after``, ``tags``, ``meta``: see
         :func:`insert_sql`)."""
         return insert_sql(self.table(slice_), after_latest=after_latest, single=single, after=after, tags=tags,
                           meta=meta, **self.payload_sql)

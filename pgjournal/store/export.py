@@ -4,7 +4,7 @@ Two tables read alike, one row per event (``event_journal``) or per persistence 
 (``durable_state``): a slice range's rows below a bound (a batch read), a range's rows between two stream
 offsets (a micro-batch), the newest offset after a start (a stream's ``latestOffset``), and a payload sample
 (to infer a schema). Each method returns ``(sql, params)`` and runs nothing. A stream offset is a
-:class:`~pgjournal.offsets.TimestampOffset`: rows after it are those at later timestamps, or at its timestamp
+:class:`~pgjournal.model.offsets.TimestampOffset`: rows after it are those at later timestamps, or at its timestamp
 with a number (``seq_nr`` / ``revision``) above what its ``seen`` map holds for their persistence id.
 
 The select list is the caller's choice of columns (column pruning): a read that does not ask for the payload
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument
-from .durable_state import DELETED_SER_ID
-from .events import read_payload
+from pgjournal.errors import InvalidArgument
+from pgjournal.store.durable_state import DELETED_SER_ID
+from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
-    from ..dialects import Dialect
-    from ..offsets import TimestampOffset
+    from pgjournal.dialects import Dialect
+    from pgjournal.model.offsets import TimestampOffset
 
 Query = tuple[str, dict[str, Any]]
 

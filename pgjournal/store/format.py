@@ -1,15 +1,14 @@
 """SQL of the facts a database records about how its data is stored: ``pgjournal_format`` (markers written by
-migrations, see :mod:`pgjournal.stored_format`), the payload columns Akka's JSONB option made JSONB, and
+migrations, see :mod:`pgjournal.admin.stored_format`), the payload columns Akka's JSONB option made JSONB, and
 ``tag_settings`` (the tag view's bucket size, fixed once tagged events exist, see :mod:`pgjournal.buckets`; the
-tag writer, see :mod:`pgjournal.tag_mode`)."""
+tag writer, see :mod:`pgjournal.tags.writer_mode`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import schema
-from . import Query, Read, rows, scalars
-from .catalog import table_exists
+from pgjournal.store import Query, Read, rows, scalars, schema
+from pgjournal.store.catalog import table_exists
 
 FORMAT_TABLE = schema.pgjournal_format.name
 TAG_SETTINGS_TABLE = schema.tag_settings.name

@@ -1,4 +1,4 @@
-"""Read-only SQL of ``pgjournal verify`` (:mod:`pgjournal.verify`): each statement returns the rows that break
+"""Read-only SQL of ``pgjournal verify`` (:mod:`pgjournal.admin.verify`): each statement returns the rows that break
 one rule of the journal, the tag view or the projection offsets. They scan whole tables; run them with
 :meth:`~pgjournal.store.Read.stream`."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from .. import schema
-from . import Read, rows
-from .offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OFFSET_TABLE
+from pgjournal.store import Read, rows, schema
+from pgjournal.store.timestamp_offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OFFSET_TABLE
 
 TAG_TABLES = (schema.tag_views.name, schema.tag_write_progress.name)
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .. import schema
-from ..slices import NUMBER_OF_SLICES
-from . import Query, Read, rows, scalars
+from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.store import Query, Read, rows, scalars, schema
 
 LEASE_TABLE = schema.projection_lease.name
 WORKER_TABLE = schema.projection_worker.name

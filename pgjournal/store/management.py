@@ -3,10 +3,9 @@ and the projection names known to the projection tables (see :mod:`projections.m
 
 from __future__ import annotations
 
-from .. import schema
-from . import Query, Read, scalars
-from .leases import WORKER_TABLE
-from .offsets import OFFSET_TABLE
+from pgjournal.store import Query, Read, scalars, schema
+from pgjournal.store.leases import WORKER_TABLE
+from pgjournal.store.timestamp_offsets import OFFSET_TABLE
 
 MANAGEMENT_TABLE = schema.projection_management.name
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .. import schema
-from ..slices import entity_type_of, slice_for_persistence_id
-from . import Query, Read, rows
-from .events import read_payload
+from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.store import Query, Read, rows, schema
+from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
-    from ..dialects import Dialect
-    from .events import EventStore
+    from pgjournal.dialects import Dialect
+    from pgjournal.store.events import EventStore
 
 SNAPSHOT_TABLE = schema.snapshot.name
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from ..slices import NUMBER_OF_SLICES
-from . import Read, rows, scalars
-from .snapshots import SNAPSHOT_TABLE
+from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.store import Read, rows, scalars
+from pgjournal.store.snapshots import SNAPSHOT_TABLE
 
 
 @dataclass(frozen=True, slots=True)

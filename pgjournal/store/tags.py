@@ -1,6 +1,6 @@
 """SQL of tagged appends: the append statement of :mod:`pgjournal.store.events` extended with data-modifying
 CTEs that write the tag view rows and the tag write progress in the same statement (see
-:mod:`pgjournal.tag_write` for the guarantee)."""
+:mod:`pgjournal.tags.statement_writer` for the guarantee)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..timeuuid import UUID_EPOCH_OFFSET
-from . import Query, Read, rows, scalars
-from .events import BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT, PREVIOUS, TAGS_META, text_array
+from pgjournal.model.timeuuid import UUID_EPOCH_OFFSET
+from pgjournal.store import Query, Read, rows, scalars
+from pgjournal.store.events import BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT, PREVIOUS, TAGS_META, text_array
 
 # The event's TimeUUID is assembled in SQL from its ticks and this process's low bytes, because the ticks
 # are raised above the persistence id's last ones (``tag_write_progress.ts_time``): with concurrent appends
@@ -87,7 +87,7 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 
 
 
-# -- the batched tag writer (opt-in, pgjournal.tag_batcher) -----------------------------------------------
+# -- the batched tag writer (opt-in, pgjournal.write.tag_batcher) -----------------------------------------
 # A tagged append writes its event alone; these statements write its tag view rows later, from the journal,
 # so whoever writes them (the appending process, another process flushing the same persistence id, the
 # recovery of a writer that died) writes the same rows:
@@ -97,7 +97,7 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 # * the TimeUUID's ticks are the event's db_timestamp (µs × 10), raised to one above the previous row of the
 #   (tag, persistence id) when needed (``ts_time`` of the progress, then row by row: events of one append
 #   share a db_timestamp), so TimeUUID order is tag sequence order; its low bytes are a hash of the
-#   persistence id (:func:`pgjournal.tag_batcher.pid_lsb`), passed in with it;
+#   persistence id (:func:`pgjournal.write.tag_batcher.pid_lsb`), passed in with it;
 # * the progress only moves forward, and rows are written only after it: a second writer of the same pair
 #   reads the first's progress, or (both read the same one) its rows collide with the first's on the primary key
 #   and its statement fails whole with a unique violation (23505), which the writer retries: it then reads the
@@ -265,7 +265,7 @@ def watermark(silent_for: float) -> Read[Watermark]:
                            "FILTER (WHERE heartbeat < clock_timestamp() - %s * interval '1 second') "
                            "FROM tag_batch_writers", (silent_for,))
 
-# -- reads of the tag view (events_by_tag, see pgjournal.by_tag) -----------------------------------------
+# -- reads of the tag view (events_by_tag, see pgjournal.query.by_tag) -----------------------------------
 # Keys are (timebucket, ts_time, ts_lsb): Cassandra's TimeUUID order within the buckets.
 
 #: The columns every read of a tag view row selects, in order.
@@ -324,7 +324,7 @@ def lowest_in_bucket(tag: str, bucket: int, after: tuple[int, int]) -> TagQuery:
     return LOWEST_IN_BUCKET, (tag, bucket, *after)
 
 
-# -- tag view maintenance (pgjournal.reconciliation: the Cassandra plugin's Reconciliation and Cleanup) ---------
+# -- tag view maintenance (pgjournal.tags.reconciliation: the Cassandra plugin's Reconciliation and Cleanup) ----
 
 #: One tag view row as a rebuild writes it (``executemany``), in this order.
 REBUILT_ROW = """INSERT INTO tag_views (tag_name, timebucket, ts_time, ts_lsb, timestamp, persistence_id,

@@ -1,0 +1,1 @@
+"""Schema management: migrations, the stored format, adopting Akka's tables, roles, verify."""

@@ -1,0 +1,80 @@
+"""What every ``pgjournal`` subcommand shares, the add-ons' included: consoles, the ``--dsn`` option, and
+errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.cli.commands` (which loads them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from pgjournal.errors import JournalError
+from pgjournal.journal import Journal
+from pgjournal.model.printable import printable
+from pgjournal.server.dsn import mask_dsn
+from pgjournal.settings import ENV_PREFIX
+from pgjournal.tags.writer_mode import BATCHED, recorded_mode
+from pgjournal.validation import load_json
+
+# No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
+console = Console(emoji=False)
+errors = Console(stderr=True, emoji=False)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
+                 show_envvar=True),
+]
+
+
+def shown(text: object) -> str:
+    """``text`` (a name from the database or the user, or a message quoting one) as Rich prints it verbatim: its
+    control characters written as visible escapes (:func:`~pgjournal.model.printable.printable`: one line, no terminal
+    escape sequences) and its ``[...]`` kept from being read as markup. Every table cell and line the commands
+    print through Rich passes through here; plain lines on stdout use ``printable`` itself."""
+    return escape(printable(text))
+
+
+def fail(message: str, code: int = 1) -> None:
+    errors.print(f"[bold red]error:[/] {shown(_shortened(mask_dsn(message)))}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _shortened(message: str, longest: int = 120) -> str:
+    """``message`` with each word longer than ``longest`` characters (a huge argument quoted back) cut to its
+    start and its length: an error stays a line or two whatever the user passed."""
+    return " ".join(word if len(word) <= longest else f"{word[:60]}...({len(word):,} characters)"
+                    for word in message.split(" "))
+
+
+def parse_json(text: str, what: str) -> Any:
+    """``text`` as JSON, or a one-line error naming ``what`` (malformed, nested too deeply, too long a number)."""
+    try:
+        return load_json(text)
+    except ValueError as exc:
+        shown = text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+        fail(f"{what} must be JSON: {exc}; got {shown!r}")
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """Turn pgjournal errors into a clear message and exit code 1 (passwords masked)."""
+    try:
+        yield
+    except JournalError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
+    """The journal of a command, with the tag writer the database records unless the command or
+    ``PGJOURNAL_TAG_BATCH_WRITER`` sets one (a command that reads or repairs the tag view works on either)."""
+    with reported():
+        if "tag_batch_writer" not in settings and ENV_PREFIX + "TAG_BATCH_WRITER" not in os.environ:
+            settings["tag_batch_writer"] = recorded_mode(dsn) == BATCHED
+        with Journal.open(dsn, **settings) as journal:
+            yield journal

@@ -1,0 +1,1 @@
+"""Payload bytes: the serializer registry, Akka's serializers, compression and encryption."""

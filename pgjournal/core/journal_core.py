@@ -1,0 +1,145 @@
+"""What the blocking :class:`~pgjournal.Journal` and the asyncio :class:`~pgjournal.aio.AsyncJournal` share:
+the resolved settings, dialect, stores, serializers and :class:`~pgjournal.core.capabilities.Capabilities` of one
+database (:class:`JournalCore`), and the rules of opening one (:func:`opening`, :func:`open_step`) and of
+reporting a lost connection (:func:`lost_connection`). No I/O here: each face runs the steps on its own
+connections."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+import psycopg
+import psycopg.errors
+
+from pgjournal.admin import migrate as migrations
+from pgjournal.admin.stored_format import StoredFormat, read_stored_format_step
+from pgjournal.buckets import check_bucket_size_step
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.core.capabilities import Capabilities
+from pgjournal.core.horizon import HorizonTracker
+from pgjournal.dialects import Dialect, get_dialect
+from pgjournal.errors import (
+    ConfigurationError,
+    ConnectionTimedOut,
+    DatabaseUnavailable,
+    InsufficientPrivilege,
+    JournalError,
+)
+from pgjournal.runtime.live import Schedule
+from pgjournal.runtime.steps import Step
+from pgjournal.server.connections import ServerSilent, connection_kwargs
+from pgjournal.server.dsn import mask_dsn, redact, resolve_dsn
+from pgjournal.settings import Settings
+from pgjournal.store.snapshots import SnapshotSQL
+from pgjournal.tags.writer_mode import check_mode_step
+
+
+class WriteSignals(Protocol):
+    """What a face's signals (``notify.Signals``, ``aio.signals.AsyncSignals``) offer code shared by both: a
+    write committed, so the live queries of its entity type may poll at once."""
+
+    def written(self, _slice: int, entity_type: str) -> None: ...
+
+
+class JournalCore:
+    """One database as both faces see it: settings, serializers, the dialect and its stores, the writer id and
+    the capabilities resolved at open. Every query's logic (steps, the gate, the live loop's schedule) reads
+    these and nothing else of the face that runs it."""
+
+    #: The face's signals after commit (``None`` where notifications are off); set by each face.
+    signals: WriteSignals | None
+
+    def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
+                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+        self.dsn = dsn
+        self.settings = settings
+        self.serializers = serializers
+        #: How this database's tables were laid out and payloads written (read at open).
+        self.stored = stored or StoredFormat()
+        self.dialect: Dialect = get_dialect(settings.dialect)
+        if self.stored.akka_layout:
+            self.dialect.use_akka_layout(self.stored.data_partitions)
+        #: The SQL over event_journal (store layer); nothing above it names the table.
+        self.events = self.dialect.event_store(frozenset(
+            column for column in ("event_payload", "meta_payload") if self.stored.jsonb(column)))
+        #: The SQL over ``snapshot`` (store layer).
+        self.snapshot_sql = SnapshotSQL(self.dialect, self.events, jsonb=self.stored.jsonb("snapshot", "snapshot"),
+                                        meta_jsonb=self.stored.jsonb("meta_payload", "snapshot"))
+        self.writer_id = settings.writer_id or uuid.uuid4().hex
+        #: What this journal may use on this server as this role; every reader takes its horizon from it.
+        self.capabilities = capabilities
+
+    @property
+    def read_margin(self) -> float:
+        """Seconds by-slice queries stay behind the clock: ``horizon_margin`` below the visibility horizon
+        where it is used, else ``behind_current_time``. An event committed less than this ago is not read yet."""
+        return self.capabilities.read_margin
+
+    def horizon_tracker(self, relations: tuple[int, ...] | None = None) -> HorizonTracker:
+        """A new reader's view of the visibility horizon (see :mod:`pgjournal.core.horizon`); ``relations``: the
+        tables whose writers bound it (default: the journal's)."""
+        return HorizonTracker(self.capabilities, relations)
+
+    def schedule(self, settle: float = 0.0) -> Schedule:
+        """The decisions of a new live query's loop (:mod:`pgjournal.runtime.live`); ``settle``: how long after a
+        signal the new rows may still be hidden from its polls (their margin behind the clock)."""
+        return Schedule(buffer_size=self.settings.buffer_size, refresh_interval=self.settings.refresh_interval,
+                        settle=settle, max_failures=self.settings.live_query_retries)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
+
+
+def pool_options(settings: Settings) -> dict[str, Any]:
+    """What both faces' connection pools are made with (autocommit, pgjournal's limits, sizes, timeout)."""
+    return {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size,
+            "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
+            "timeout": settings.connect_timeout, "open": False}
+
+
+def opening(dsn: str | None, serializers: SerializerRegistry | None, migrate: bool, settings: dict[str, Any]
+            ) -> tuple[str, Settings]:
+    """The checked arguments of ``open``: the DSN to use and the settings."""
+    loaded = Settings.load(**settings)
+    if serializers is not None and not isinstance(serializers, SerializerRegistry):
+        raise ConfigurationError(f"serializers must be a SerializerRegistry, got {type(serializers).__name__}")
+    if not isinstance(migrate, bool):
+        raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
+    return resolve_dsn(dsn), loaded
+
+
+def open_step(dsn: str, settings: Settings) -> Step[tuple[Capabilities, StoredFormat]]:
+    """What opening a journal reads (after any migration): the schema is at head, the tag bucket size and tag
+    writer agree, the capabilities and the stored format."""
+    try:
+        yield from migrations.check_schema_step()
+        yield from check_bucket_size_step(settings.tag_bucket_size)
+        yield from check_mode_step(settings.tag_batch_writer)
+        capabilities = yield from Capabilities.resolve_step(settings)
+        stored = yield from read_stored_format_step()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise InsufficientPrivilege(
+            f"the role of {mask_dsn(dsn)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
+            "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
+    return capabilities, stored
+
+
+def registry(serializers: SerializerRegistry | None, stored: StoredFormat) -> SerializerRegistry:
+    """The serializers a journal opened on a database with ``stored`` reads and writes with."""
+    return (serializers or SerializerRegistry()).for_stored_format(stored)
+
+
+def no_connection(dsn: str, settings: Settings) -> DatabaseUnavailable:
+    """A pool that handed out no connection in time."""
+    return DatabaseUnavailable(f"no connection to {mask_dsn(dsn)} within {settings.connect_timeout}s")
+
+
+def lost_connection(dsn: str, conn: Any, exc: psycopg.OperationalError) -> JournalError | None:
+    """The typed error of a pool connection lost under ``exc``; ``None`` when the server answered (a
+    serialization failure, a cancelled statement, ...) and ``exc`` stands as it is."""
+    if not (conn.closed or conn.broken or exc.sqlstate is None):
+        return None
+    reason = " ".join(str(exc).split()) or exc.__class__.__name__
+    kind = ConnectionTimedOut if isinstance(exc, ServerSilent) else DatabaseUnavailable
+    return kind(f"lost the connection to {mask_dsn(dsn)}: {redact(reason, dsn)}")

@@ -1,0 +1,1 @@
+"""The values readers and writers exchange: slices, TimeUUIDs, offsets, envelopes, printable names."""

@@ -1,0 +1,513 @@
+"""events_by_slices: the events of one entity type in a slice range, in (db_timestamp, seq_nr) order.
+
+The *main* cursor pages forward by ``(db_timestamp, seq_nr, persistence_id)`` up to a safe bound: on
+PostgreSQL the visibility horizon (derived from the transactions that hold a write lock on the journal,
+see :mod:`pgjournal.core.horizon`), so it never passes a transaction that may still commit; in portable mode the clock
+minus
+``behind_current_time``. A slower *backtracking* cursor re-reads a window behind it and finds events that
+committed after the main cursor passed their timestamp.
+
+Every envelope goes through one gate (:mod:`pgjournal.query.gate`): per persistence id, an event is delivered once,
+and only after its predecessor. A duplicate is dropped; an event whose predecessor was not delivered yet has
+the missing events loaded by persistence id and delivered first (marked as backtracked). So a consumer sees
+each event exactly once, in sequence order per persistence id, even when transactions commit out of order.
+
+The logic runs no SQL itself: its pages are steps (:mod:`pgjournal.runtime.steps`) that describe their statements,
+run by the blocking driver here and by an asyncio driver alike. A current query is a sequence of steps
+(:meth:`SliceQuery.current_steps`, one connection each), a live poll one step (:meth:`SliceQuery.poll_step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pgjournal.codec.akka_formats import scan_json
+from pgjournal.core.horizon import Horizon
+from pgjournal.errors import InvalidArgument
+from pgjournal.model.envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
+from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
+from pgjournal.model.slices import check_slice_range
+from pgjournal.model.timeuuid import EPOCH
+from pgjournal.query.gate import DUPLICATE, GAP, Gate, Unknown
+from pgjournal.runtime import metrics
+from pgjournal.runtime.live import LiveQuery, Made
+from pgjournal.runtime.steps import Statement, Step, drive, run_pooled, statement
+from pgjournal.validation import check_name, check_persistence_id
+
+if TYPE_CHECKING:
+    from pgjournal.codec.serialization import SerializerRegistry
+    from pgjournal.journal import Journal
+
+#: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+#: A row the gate lets through, with what its envelope needs: (row, source, and the main cursor's timestamp,
+#: seen map and read timestamp at that moment). Envelopes are made from them as the reader takes them.
+Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime]
+
+
+@dataclass
+class _Cursor:
+    """A position in (db_timestamp, seq_nr, persistence_id) order, plus what the offset says was consumed
+    at exactly ``ts``."""
+
+    ts: datetime
+    seen: dict[str, int] = field(default_factory=dict)
+    last_seq: int = 0
+    last_pid: str = ""
+
+    def params(self) -> dict[str, Any]:
+        return {"from_ts": self.ts, "last_seq": self.last_seq, "last_pid": self.last_pid,
+                "seen_pids": list(self.seen), "seen_seqs": list(self.seen.values())}
+
+
+class SliceRows(Protocol):
+    """What a by-slice query reads: rows whose first five columns are (slice, entity_type, persistence_id,
+    number, db_timestamp), paged by the store's SQL, and how a row becomes what the reader receives."""
+
+    @property
+    def contiguous(self) -> bool:
+        """Per persistence id every number is a row to deliver (events): the gate loads a missing predecessor.
+        ``False`` (durable state, whose row is overwritten): only what was delivered is dropped."""
+
+    @property
+    def horizon_relations(self) -> tuple[int, ...] | None:
+        """The tables whose writers bound the visibility horizon (``None``: the journal's)."""
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]: ...
+
+    def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> Any: ...
+
+
+class EventRows:
+    """The journal's events (the default rows of a :class:`SliceQuery`), decoded with ``serializers``
+    (default: the journal's; a projection passes a lenient registry that does not raise)."""
+
+    contiguous = True
+    horizon_relations = None
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
+        self._journal = journal
+        self._serializers = serializers if serializers is not None else journal.serializers
+
+    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
+        return self._journal.events.page_sql(min_slice, max_slice)
+
+    def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> EventEnvelope:
+        return envelope_from_row(row, self._serializers, offset=offset, source=source)
+
+    def envelopes(self, deliveries: list[Any], source: Source = Source.QUERY, read_timestamp: datetime | None = None
+                  ) -> Iterator[EventEnvelope]:
+        """:meth:`envelope` of each delivery (a :data:`Delivery`, or a bare row of a page read at
+        ``read_timestamp``, delivered alone at its timestamp: see :meth:`SliceQuery.sift_step`), made as they
+        are taken, at less per row (a catch-up's cost): the offset keeps the cursor's seen map (replaced, never
+        changed) without a copy; a payload that is plain JSON (:meth:`SerializerRegistry.plain_json`) is
+        scanned here (anything unusual, and the error of one that does not decode, is left to
+        ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
+        serializers = self._serializers
+        deserialize, plain_json, scan = serializers.deserialize, serializers.plain_json, scan_json
+        offset_of, make = TimestampOffset.adopted, new_envelope
+        last_id, last_manifest, plain = None, None, False
+        for delivery in deliveries:
+            if delivery[0].__class__ is tuple:  # a Delivery (a row starts with its slice)
+                row, at_source, at, seen, at_read = delivery
+            else:
+                row, at_source, at, seen, at_read = delivery, source, delivery[4], None, read_timestamp
+            slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, _, _ = row
+            if ser_id != last_id or manifest != last_manifest:
+                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
+            event = _UNSET
+            if plain:
+                try:  # bytes to str (gzip's magic bytes are not UTF-8), then one whole JSON document
+                    text = payload.decode()
+                    event, end = scan(text, 0)
+                    if end != len(text):
+                        event = _UNSET
+                except Exception:
+                    event = _UNSET  # deserialize decides (or raises the error)
+            if event is _UNSET:
+                event = deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
+            yield make(pid, seq_nr, slice_, entity_type, ts,
+                       offset_of(at, at_read, seen if seen is not None else {pid: seq_nr}), event,
+                       tuple(tags) if tags else (), None if meta_id is None else metadata_of(row, serializers),
+                       at_source)
+
+
+class SliceQuery:
+    """The state of one events_by_slices query (or, with other ``rows``, a query of the same shape such as
+    durable state's changes): cursors, the gate, and the steps that read pages through it."""
+
+    def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+                 rows: SliceRows | None = None, *, serializers: SerializerRegistry | None = None) -> None:
+        self.journal = journal
+        self.settings = journal.settings
+        self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
+        check_slice_range(min_slice, max_slice)
+        self.rows: SliceRows = rows if rows is not None else EventRows(journal, serializers)
+        self.page_sql, self.slice_params = self.rows.page_sql(min_slice, max_slice)
+        self.start = _start_offset(offset)
+        self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
+        self.read_timestamp = self.start.read_timestamp or self.start.timestamp
+        #: Per persistence id the highest sequence number delivered, stamped with its db_timestamp (evicted
+        #: once older than the backtracking window: such a persistence id cannot come back).
+        self.gate: Gate[datetime] = Gate()
+        self.window = timedelta(seconds=self.settings.backtracking_window)
+        self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
+        self.use_horizon = journal.capabilities.writer_horizon
+        self.tracker = journal.horizon_tracker(self.rows.horizon_relations)
+        self.lag = metrics.LIVE_LAG.labels(self.entity_type, metrics.slices_label(min_slice, max_slice))
+        # Backtracking state
+        self.backtracking: _Cursor | None = None
+        self.bt_until = EPOCH
+        self.bt_resume: datetime | None = None
+        self.idle_polls = 0
+        self.rows_since_backtracking = 0
+        #: The last main page was full: the next one is a catch-up page (``catchup_buffer_size`` rows).
+        self.behind = False
+        #: A current query's bound (set by :meth:`settle_step`).
+        self.bound: Horizon | None = None
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def main_limit(self) -> int:
+        """Rows of the next main page: small near the head (live latency), large while behind (catch-up)."""
+        return max(self.settings.buffer_size, self.settings.catchup_buffer_size) if self.behind \
+            else self.settings.buffer_size
+
+    def page(self, cursor: _Cursor, until: datetime, limit: int | None = None) -> Statement:
+        """The statement of one page after ``cursor`` below ``until``. Never a generic plan: it cannot prune
+        partitions or use the bounds, and was measured ~9x slower."""
+        params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
+                  **self.slice_params, **cursor.params()}
+        return Statement(self.page_sql, params, binary=True, prepare=False)
+
+    def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
+        """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
+        horizon = yield from self.tracker.read_step()
+        limit = self.main_limit()
+        rows = yield self.page(self.main, horizon.safe, limit)
+        self.read_timestamp = horizon.now
+        out = yield from self.sift_step(rows, source, main=True)
+        self.behind = len(rows) >= limit
+        self.after_main(len(rows), horizon)
+        caught_up = len(rows) < limit
+        reached = max(horizon.safe, self.main.ts) if caught_up else self.main.ts
+        self.lag.set(max(0.0, (horizon.now - reached).total_seconds()))
+        return out, len(rows)
+
+    def backtracking_page_step(self) -> Step[tuple[list[Delivery], int]]:
+        assert self.backtracking is not None
+        rows = yield self.page(self.backtracking, self.bt_until)
+        out = yield from self.sift_step(rows, Source.BACKTRACKING, main=False)
+        if len(rows) < self.settings.buffer_size:
+            self.bt_resume = self.bt_until
+            self.backtracking = None
+        return out, len(rows)
+
+    def poll_step(self, notified: bool) -> Step[tuple[list[Delivery], int]]:
+        """One poll of a live query (see :mod:`pgjournal.runtime.live`): backtracking first when due, then the main
+        page; the deliveries (:meth:`envelope` makes each one's envelope) and the rows read. On any failure the
+        state is as before: nothing of the poll was delivered, it runs again."""
+        saved = self.checkpoint()
+        try:
+            source = Source.NOTIFIED if notified else Source.QUERY
+            if self.backtracking is None:
+                return (yield from self.main_page_step(source))
+            late, rows = yield from self.backtracking_page_step()
+            if self.backtracking is not None:
+                return late, rows
+            fresh, rows = yield from self.main_page_step(source)
+            return late + fresh, rows
+        except BaseException:
+            self.restore(saved)
+            raise
+
+    # -- a current query -----------------------------------------------------------------------------
+
+    def settle_step(self) -> Step[Horizon]:
+        """A current query's bound: the horizon once the writers hidden from this role at its start are gone."""
+        self.bound = yield from self.tracker.settle_step(timeout=self.tracker.capabilities.longest_transaction)
+        return self.bound
+
+    def current_steps(self) -> Iterator[Step[Iterator[Any]]]:
+        """A current query after :meth:`settle_step`: its main pages up to the bound, then (portable mode) one
+        backtracking pass. Each step returns its envelopes (made as they are taken); run it, and take them,
+        before asking for the next step."""
+        horizon = self.bound
+        assert horizon is not None, "settle_step runs first"
+        while True:
+            yield self._current_page_step(horizon)
+            if not self.behind:
+                break
+        if not self.settings.backtracking_enabled or self.use_horizon:
+            return  # below the visibility horizon the main pages missed nothing
+        # Late commits below the bound that the main pages passed: one backtracking pass catches them.
+        self.backtracking = _Cursor(max(self.start.timestamp, self.main.ts - self.window - self.bt_behind))
+        self.bt_until = horizon.safe
+        while self.backtracking is not None:
+            yield self._made(self.backtracking_page_step())
+
+    def _current_page_step(self, horizon: Horizon) -> Step[Iterator[Any]]:
+        """A current query's main page; its envelopes are made as the reader iterates them (the deliveries and
+        the read timestamp are fixed when the page is read)."""
+        limit = self.main_limit()
+        rows = yield self.page(self.main, horizon.safe, limit)
+        self.read_timestamp = horizon.now
+        bare = hasattr(self.rows, "envelopes")
+        deliveries = yield from self.sift_step(rows, Source.QUERY, main=True, bare=bare)
+        self.behind = len(rows) >= limit
+        self._forget(self.main.ts - self.window - self.bt_behind)
+        return self.envelopes(deliveries, Source.QUERY, self.read_timestamp)
+
+    def _made(self, step: Step[tuple[list[Delivery], int]]) -> Step[Iterator[Any]]:
+        deliveries, _rows = yield from step
+        return self.envelopes(deliveries)
+
+    # -- the gate ------------------------------------------------------------------------------------
+
+    def sift_step(self, rows: list[tuple[Any, ...]], source: Source, *, main: bool, bare: bool = False
+                  ) -> Step[list[Delivery]]:
+        """The gate over a page: each row once, after its predecessor (missing ones loaded and delivered
+        first); the cursor advanced. Returns the rows to deliver, in order, with what their envelopes need;
+        :meth:`envelope` makes each as the reader takes it (an envelope made and dropped before the next one
+        is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once cost a third
+        of a catch-up's client CPU).
+
+        ``bare`` (a main page whose rows have ``envelopes``, see :meth:`envelopes`): a row delivered alone at
+        its timestamp (its offset: its own timestamp, persistence id and number) is delivered as the row itself,
+        not a :data:`Delivery`; so a page keeps one object per row alive, not three (the tuple and the seen map
+        cost more in garbage collection than in making them)."""
+        out: list[Any] = []
+        if not rows:
+            return out
+        cursor = self.main if main else self.backtracking
+        assert cursor is not None
+        contiguous = self.rows.contiguous
+        predecessors = (yield from self._predecessors_step(rows)) if contiguous else {}
+        unknown = self._unknown(predecessors) if contiguous else _next
+        # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
+        # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted, the
+        # gate's common case (the next number of a persistence id, or 1) inline, the cursor written back once a
+        # page (and before a gap is filled, which reads it), and the seen map of a timestamp made only when a
+        # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``).
+        start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
+        start_seen = self.start.seen
+        gate = self.gate
+        delivered, judge, deliver = gate.delivered, gate.judge, gate.deliver
+        read_timestamp = self.read_timestamp
+        ts_at = cursor.ts
+        seen: dict[str, int] | None = cursor.seen
+        lone_pid, lone_seq = "", 0
+        # A backtracking delivery's offset is the main cursor's position (unchanged by a backtracking page).
+        main_ts, main_seen = self.main.ts, self.main.seen
+        pid, seq_nr = cursor.last_pid, cursor.last_seq
+        append = out.append
+        for row in rows:
+            pid, seq_nr, ts = row[2], row[3], row[4]
+            # The cursor's seen map is replaced, never changed: a delivery keeps the one of its offset.
+            if ts != ts_at:
+                ts_at = ts
+                if main:
+                    seen, lone_pid, lone_seq = None, pid, seq_nr
+                else:
+                    seen = {}
+            elif main:
+                if seen is None:
+                    seen = {lone_pid: lone_seq}
+                seen = {**seen, pid: max(seq_nr, seen.get(pid, 0))}
+            if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
+                continue  # consumed before this query started (only backtracking can meet these)
+            known = delivered.get(pid)
+            if seq_nr == 1 if known is None else seq_nr == known[0] + 1:
+                delivered[pid] = (seq_nr, ts)  # Gate.take_next
+            else:
+                verdict, after = judge(pid, seq_nr, unknown)
+                if verdict is DUPLICATE:
+                    continue  # a duplicate (backtracking, or a replayed gap)
+                if verdict is GAP and contiguous:
+                    if seen is None:
+                        seen = {lone_pid: lone_seq}
+                    cursor.ts, cursor.seen, cursor.last_seq, cursor.last_pid = ts_at, seen, seq_nr, pid
+                    out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
+                    delivered = gate.delivered
+                deliver(pid, seq_nr, ts)
+            if not main:
+                append((row, source, main_ts, main_seen, read_timestamp))
+            elif seen is not None:
+                append((row, source, ts_at, seen, read_timestamp))
+            else:
+                append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp))
+        cursor.ts, cursor.seen = ts_at, seen if seen is not None else {lone_pid: lone_seq}
+        cursor.last_seq, cursor.last_pid = seq_nr, pid
+        return out
+
+    def envelope(self, delivery: Delivery) -> Any:
+        """The envelope of a delivery; its offset is the main cursor's position when its row was delivered."""
+        row, source, ts, seen, read_timestamp = delivery
+        return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen), source)
+
+    def envelopes(self, deliveries: list[Any], source: Source = Source.QUERY, read_timestamp: datetime | None = None
+                  ) -> Iterator[Any]:
+        """The envelopes of deliveries, made one by one as they are taken (by the rows' ``envelopes`` when they
+        have one: see :meth:`EventRows.envelopes`, which also takes bare rows: see :meth:`sift_step`, with their
+        page's ``source`` and ``read_timestamp``)."""
+        many = getattr(self.rows, "envelopes", None)
+        if many is not None:
+            return many(deliveries, source, read_timestamp)  # type: ignore[no-any-return]
+        return self._one_by_one(deliveries)
+
+    def _one_by_one(self, deliveries: list[Delivery]) -> Iterator[Any]:
+        envelope, trusted = self.rows.envelope, TimestampOffset.trusted
+        for row, source, ts, seen, read_timestamp in deliveries:
+            yield envelope(row, trusted(ts, read_timestamp, seen), source)
+
+    def _unknown(self, predecessors: dict[str, tuple[int, datetime]]) -> Unknown:
+        """The gate's policy for a persistence id not met yet: delivered up to its predecessor when that is
+        before this query (or forgotten), ``None`` when the predecessor still has to be delivered."""
+        start = self.start
+        floor = max(start.timestamp, self.gate.forgotten_before)
+
+        def unknown(pid: str, seq_nr: int) -> int | None:
+            if seq_nr == 1 or pid not in predecessors:
+                return seq_nr - 1
+            prev_seq, prev_ts = predecessors[pid]
+            if prev_ts < floor:
+                return prev_seq
+            if prev_ts == start.timestamp and start.seen.get(pid, 0) >= prev_seq:
+                return prev_seq
+            return None
+
+        return unknown
+
+    def _predecessors_step(self, rows: list[tuple[Any, ...]]) -> Step[dict[str, tuple[int, datetime]]]:
+        """(seq_nr, db_timestamp) of the predecessor of the first row of each persistence id the gate does not
+        know: one statement per page."""
+        delivered = self.gate.delivered
+        # Reversed, so the first row of each persistence id is the one kept.
+        first = {row[2]: (row[0], row[3]) for row in reversed(rows) if row[3] > 1 and row[2] not in delivered}
+        if not first:
+            return {}
+        found = yield statement(self.journal.events.predecessors(
+            list(first), [s for s, _ in first.values()], [q for _, q in first.values()]))
+        return {pid: (seq, ts) for pid, seq, ts in found}
+
+    def _fill_step(self, pid: str, after: int | None, before: int) -> Step[list[Delivery]]:
+        """Load and deliver the events of ``pid`` between what was delivered and ``before`` (``after`` None:
+        all of them since the query's start, or since the gate forgot)."""
+        floor = EPOCH if after is not None else max(self.start.timestamp, self.gate.forgotten_before)
+        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor))
+        out: list[Delivery] = []
+        for row in rows:
+            seq_nr, ts = row[3], row[4]
+            if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
+                continue  # consumed before this query started
+            self.gate.deliver(pid, seq_nr, ts)
+            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp))
+        return out
+
+    # -- failure atomicity ---------------------------------------------------------------------------
+
+    def checkpoint(self) -> tuple[Any, ...]:
+        return (_clone(self.main), _clone(self.backtracking), self.gate.checkpoint(), self.bt_until, self.bt_resume,
+                self.idle_polls, self.rows_since_backtracking, self.read_timestamp)
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        (self.main, self.backtracking, gate, self.bt_until, self.bt_resume, self.idle_polls,
+         self.rows_since_backtracking, self.read_timestamp) = saved
+        self.gate.restore(gate)
+
+    # -- scheduling ----------------------------------------------------------------------------------
+
+    def after_main(self, rows: int, horizon: Horizon) -> None:
+        self.rows_since_backtracking += rows
+        self.idle_polls = self.idle_polls + 1 if rows == 0 else 0
+        self._forget(self.main.ts - self.window - self.bt_behind)
+        if not self.settings.backtracking_enabled or self.backtracking is not None:
+            return
+        behind = self.bt_resume is None or self.main.ts - self.bt_resume > self.window / 2
+        if self.idle_polls >= 5 or self.rows_since_backtracking >= 3 * self.settings.buffer_size or behind:
+            self.start_backtracking(horizon)
+
+    def start_backtracking(self, horizon: Horizon) -> None:
+        earliest = self.main.ts - self.window
+        start = earliest - self.bt_behind if self.bt_resume is None else max(self.bt_resume, earliest)
+        start = max(start, self.start.timestamp)
+        self.bt_until = min(self.main.ts + timedelta(microseconds=1), horizon.now - self.bt_behind)
+        if start >= self.bt_until:
+            return
+        self.backtracking = _Cursor(start)
+        self.idle_polls = self.rows_since_backtracking = 0
+
+    def _forget(self, before: datetime) -> None:
+        self.gate.forget(before)
+
+
+_UNSET: Any = object()
+
+
+def _next(_pid: str, seq_nr: int) -> int:
+    """The policy of rows that are not contiguous (durable state): an unknown persistence id's row is new."""
+    return seq_nr - 1
+
+
+def _clone(cursor: _Cursor | None) -> _Cursor | None:
+    return None if cursor is None else _Cursor(cursor.ts, dict(cursor.seen), cursor.last_seq, cursor.last_pid)
+
+
+def _start_offset(offset: Offset) -> TimestampOffset:
+    """The offset to start after. Anything before 1970 means the start (and keeps the window arithmetic
+    inside datetime's range); every persistence id in ``seen`` must be one the journal could store."""
+    if offset is NoOffset or offset is None:
+        return TimestampOffset(EPOCH)
+    if not isinstance(offset, TimestampOffset):
+        raise InvalidArgument(f"events_by_slices takes NoOffset or a TimestampOffset, got {offset!r}")
+    for pid in offset.seen:
+        check_persistence_id(pid)
+    if offset.timestamp < EPOCH:
+        return TimestampOffset(EPOCH)
+    if offset.timestamp > LATEST:
+        raise InvalidArgument(f"offset timestamp {offset.timestamp.isoformat()} is beyond year 9000")
+    return offset
+
+
+class BySlices:
+    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool.
+    ``serializers``: decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
+        self._journal = journal
+        self._serializers = serializers
+
+    def query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+              rows: SliceRows | None = None) -> SliceQuery:
+        return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
+                          serializers=self._serializers)
+
+    def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                rows: SliceRows | None = None) -> Iterator[Any]:
+        """Events (or other ``rows``) up to the safe bound seen when the query starts, then one backtracking
+        pass."""
+        return self.run_current(self.query(entity_type, min_slice, max_slice, offset, rows))
+
+    def run_current(self, query: SliceQuery) -> Iterator[Any]:
+        """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.query.from_snapshots`) by
+        the caller. The bound is settled now, before the first envelope is asked for."""
+        run_pooled(query.settle_step(), self._journal.connection)
+        return drive(query.current_steps(), self._journal.connection)
+
+    def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+             rows: SliceRows | None = None) -> LiveQuery[Any]:
+        return self.run_live(self.query(entity_type, min_slice, max_slice, offset, rows))
+
+    def run_live(self, query: SliceQuery) -> LiveQuery[Any]:
+        """:meth:`live` of a query built (and perhaps prepared) by the caller."""
+
+        def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            deliveries, rows = run_pooled(query.poll_step(notified), self._journal.connection)
+            return Made(deliveries, query.envelope), rows
+
+        return self._journal.live_query(poll, entity_types={query.entity_type},
+                                        settle=self._journal.read_margin + 0.005)

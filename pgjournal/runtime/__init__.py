@@ -1,0 +1,1 @@
+"""How statements run: steps and their drivers, retries, the live loop, signals, metrics."""

@@ -1,0 +1,362 @@
+"""Sans-I/O steps: query logic that *describes* its statements, and the thin drivers that run them.
+
+A *step* is a generator. It yields a request and receives the answer:
+
+* :class:`Statement` (SQL, parameters and the fetch options: binary, prepared or not, streamed in chunks)
+  → the rows (a list of tuples), or the row count for a statement that returns no rows;
+* :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
+  once for a statement that was not streamed);
+* :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment);
+* :class:`Call` → what a function of the face returns (awaited by the asyncio driver when it is awaitable):
+  an operation of the face inside shared logic (the journal's ``append``, a user's handler), optionally
+  given the step's connection.
+
+Its return value is the step's result. A statement that fails raises inside the step, at its ``yield``,
+as a ``conn.execute`` would; a step that is abandoned (its driver cancelled) is closed, so its ``finally``
+and ``except BaseException`` blocks run. The logic never touches a connection, so the same step runs on
+a blocking connection with :func:`run` and on an asyncio one with :func:`arun`: one implementation of the
+SQL and the rules, two thin drivers (as psycopg generates its sync code from its async code).
+
+A query that needs several connections in turn (a current query: one per page) is a sequence of steps,
+each returning a list of items (:data:`Steps`); :func:`drive` and :func:`adrive` run such a sequence, each
+step on a connection borrowed for it, and yield the items. The sequence is lazy: it makes the next step
+after the previous one ran, from what it returned or the state it left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg.rows import tuple_row
+
+from pgjournal.store import Read
+
+if TYPE_CHECKING:
+    import psycopg
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement to run and fetch."""
+
+    sql: str
+    params: Any = None
+    #: Binary results (timestamps, bytea and integers parse faster).
+    binary: bool = False
+    #: ``None``: psycopg's default (prepared once it ran ``prepare_threshold`` times); ``False``: never
+    #: (a generic plan cannot prune partitions or use the bounds: the by-slice page was measured ~9x slower).
+    prepare: bool | None = None
+    #: ``> 1``: stream the rows in chunks of this size (libpq 17+), the first chunk as the answer and the
+    #: next ones for :data:`MORE`; the step must read to the end (an empty chunk) before its next statement.
+    stream: int = 0
+    #: How a row decodes (a store :class:`~pgjournal.store.Read`'s row factory); ``None``: tuples.
+    row: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Wait this many seconds (the connection stays with the step)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Call ``fn(*args, **kwargs)``; with ``connection``, ``fn(conn, *args, **kwargs)`` on the step's connection.
+    The asyncio driver awaits a result that is awaitable; the blocking driver refuses one."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    connection: bool = False
+
+
+class _More:
+    def __repr__(self) -> str:
+        return "MORE"
+
+
+#: Ask for the next chunk of the statement being streamed.
+MORE = _More()
+
+Request = Statement | Sleep | Call | _More
+Step = Generator[Request, Any, R]
+#: A query that runs on several connections in turn: its steps, each returning its items (a list, or an
+#: iterator that makes them as they are read, after the connection went back). A generator of steps receives
+#: what each step returned (``items = yield step``) and may read the state it left.
+Steps = Iterable[Step[Iterable[T]]]
+
+
+def statement(query: tuple[str, Any] | Read[Any], **options: Any) -> Statement:
+    """A store's ``(sql, params)`` or :class:`~pgjournal.store.Read` (rows decoded by its row factory) as a
+    :class:`Statement` with fetch ``options``."""
+    if isinstance(query, Read):
+        return Statement(query.sql, query.params, row=query.row, **options)
+    return Statement(query[0], query[1], **options)
+
+
+def rows_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[list[Any]]:
+    """A step of one statement: its rows."""
+    rows: list[Any] = yield statement(query, **options)
+    return rows
+
+
+def first_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[Any]:
+    """A step of one statement: its first row (``None`` when there is none)."""
+    rows: list[Any] = yield statement(query, **options)
+    return rows[0] if rows else None
+
+
+def joined(steps: Steps[T]) -> Step[list[T]]:
+    """A sequence of steps as one step (all on one connection): the items of all of them."""
+    out: list[T] = []
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = yield from step
+        out.extend(items)
+        step = _following(sequence, items)
+    return out
+
+
+# -- the blocking driver -------------------------------------------------------------------------------
+
+
+class _SyncFetch:
+    """Runs the requests of one step on a blocking connection (borrowed at its first statement, when the step
+    is given a ``connection`` factory instead)."""
+
+    def __init__(self, conn: psycopg.Connection | None,
+                 connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]] | None = None
+                 ) -> None:
+        self.conn = conn
+        self._connection = connection
+        self._borrowed = contextlib.ExitStack()
+        self.chunks: Iterator[list[Any]] | None = None
+        self._stream: Any = None
+
+    def answer(self, request: Request) -> Any:
+        if request is MORE:
+            return next(self.chunks, []) if self.chunks is not None else []
+        self.close_stream()
+        if isinstance(request, Sleep):
+            time.sleep(request.seconds)
+            return None
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
+            assert self._connection is not None
+            self.conn = self._borrowed.enter_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            if inspect.isawaitable(result):
+                _discard(result)
+                raise TypeError(f"{request.fn!r} returned an awaitable: run this step with the asyncio driver")
+            return result
+        assert isinstance(request, Statement), request
+        conn = self.conn
+        assert conn is not None, "a statement borrows a connection above"
+        if request.stream > 1:
+            cur = conn.cursor(binary=request.binary, row_factory=request.row)
+            stream = cur.stream(request.sql, request.params, size=request.stream)
+            self._stream = stream
+            self.chunks = iter(lambda: list(itertools.islice(stream, request.stream)), [])
+            return next(self.chunks, [])
+        with conn.cursor(binary=request.binary, row_factory=request.row) as cur:
+            cur.execute(request.sql, request.params, prepare=request.prepare)
+            return cur.fetchall() if cur.description is not None else cur.rowcount
+
+    def outcome(self, request: Request) -> tuple[Any, BaseException | None]:
+        """``(answer, None)``, or ``(None, error)`` to raise inside the step, where it asked."""
+        try:
+            return self.answer(request), None
+        except Exception as exc:
+            self.close_stream()
+            return None, exc
+
+    def close_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream, self.chunks = self._stream, None, None
+            stream.close()  # psycopg cancels and drains what is left
+
+
+def run(step: Step[R], conn: psycopg.Connection) -> R:
+    """Run ``step`` on a blocking connection and return its result."""
+    return _run(step, _SyncFetch(conn))
+
+
+def run_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> R:
+    """Run ``step`` on a connection borrowed from ``connection()`` (e.g. ``journal.connection``) at its first
+    statement and returned when it ends (a step that only sleeps borrows none)."""
+    return _run(step, _SyncFetch(None, connection))
+
+
+def _advance(step: Step[R], answer: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Hand the step its answer (or raise ``error`` where it asked): ``(False, its next request)``, or
+    ``(True, its result)``."""
+    try:
+        return False, step.throw(error) if error is not None else step.send(answer)
+    except StopIteration as finished:
+        return True, finished.value
+
+
+def _run(step: Step[R], fetch: _SyncFetch) -> R:
+    outcome: tuple[Any, BaseException | None] = (None, None)
+    with fetch._borrowed:
+        try:
+            while True:
+                finished, request = _advance(step, *outcome)
+                if finished:
+                    return request  # type: ignore[no-any-return]
+                outcome = fetch.outcome(request)
+        finally:
+            fetch.close_stream()
+            step.close()
+
+
+def drive(steps: Steps[T], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]
+          ) -> Iterator[T]:
+    """Run each step of ``steps`` on a connection borrowed for it; yield the items each returns."""
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = run_pooled(step, connection)
+        yield from items
+        step = _following(sequence, items)
+
+
+# -- the asyncio driver --------------------------------------------------------------------------------
+
+
+class _AsyncFetch:
+    """Runs the requests of one step on an asyncio connection (borrowed at its first statement, when the step
+    is given a ``connection`` factory instead)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection | None,
+                 connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]] | None
+                 = None) -> None:
+        self.conn = conn
+        self._connection = connection
+        self._borrowed = contextlib.AsyncExitStack()
+        self._stream: Any = None
+        self._size = 0
+
+    async def answer(self, request: Request) -> Any:
+        if request is MORE:
+            return await self._chunk() if self._stream is not None else []
+        if self._stream is not None:
+            await self.close_stream()
+        if request.__class__ is Statement and self.conn is not None and request.stream <= 1:
+            return await _execute(self.conn, request)  # the common case, first
+        if isinstance(request, Sleep):
+            await asyncio.sleep(request.seconds)
+            return None
+        if self.conn is None and (not isinstance(request, Call) or request.connection):
+            assert self._connection is not None
+            self.conn = await self._borrowed.enter_async_context(self._connection())
+        if isinstance(request, Call):
+            result = request.fn(*_arguments(request, self.conn), **request.kwargs)
+            return await result if inspect.isawaitable(result) else result
+        assert isinstance(request, Statement), request
+        conn = self.conn
+        assert conn is not None, "a statement borrows a connection above"
+        if request.stream > 1:
+            cur = conn.cursor(binary=request.binary, row_factory=request.row)
+            self._stream, self._size = cur.stream(request.sql, request.params, size=request.stream), request.stream
+            return await self._chunk()
+        return await _execute(conn, request)
+
+    async def _chunk(self) -> list[Any]:
+        chunk: list[Any] = []
+        async for row in self._stream:
+            chunk.append(row)
+            if len(chunk) >= self._size:
+                break
+        return chunk
+
+    async def close_stream(self) -> None:
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.aclose()
+
+
+async def arun(step: Step[R], conn: psycopg.AsyncConnection) -> R:
+    """Run ``step`` on an asyncio connection and return its result (cancelling it closes the step)."""
+    return await _arun(step, _AsyncFetch(conn))
+
+
+async def arun_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractAsyncContextManager[
+        psycopg.AsyncConnection]]) -> R:
+    """:func:`run_pooled` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
+    return await _arun(step, _AsyncFetch(None, connection))
+
+
+async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
+    outcome: tuple[Any, BaseException | None] = (None, None)
+    async with fetch._borrowed:
+        try:
+            finished, request = _advance(step, *outcome)
+            while not finished:
+                try:
+                    outcome = await fetch.answer(request), None
+                except Exception as exc:
+                    await fetch.close_stream()
+                    outcome = None, exc
+                finished, request = _advance(step, *outcome)
+            return request  # type: ignore[no-any-return]
+        finally:
+            if fetch._stream is not None:
+                await fetch.close_stream()
+            step.close()
+
+
+async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
+    """One statement on the connection's cursor kept for steps (a new cursor per statement costs some 20 us of
+    client CPU): its rows, or its row count."""
+    cur: psycopg.AsyncCursor[Any] | None = getattr(conn, "_pgjournal_cursor", None)
+    if cur is None or cur.closed:
+        cur = conn.cursor()
+        with contextlib.suppress(AttributeError):  # a connection class with __slots__: a cursor each time
+            conn._pgjournal_cursor = cur  # type: ignore[attr-defined]
+    cur.row_factory = request.row or tuple_row
+    await cur.execute(request.sql, request.params, prepare=request.prepare, binary=request.binary)
+    return await cur.fetchall() if cur.pgresult is not None and cur.description is not None else cur.rowcount
+
+
+async def adrive(steps: Steps[T],
+                 connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]]
+                 ) -> AsyncIterator[T]:
+    """:func:`drive` for asyncio."""
+    sequence = iter(steps)
+    step = next(sequence, None)
+    while step is not None:
+        items = await arun_pooled(step, connection)
+        for item in items:
+            yield item
+        step = _following(sequence, items)
+
+
+def _arguments(call: Call, conn: Any) -> tuple[Any, ...]:
+    return (conn, *call.args) if call.connection else call.args
+
+
+def _discard(awaitable: Any) -> None:
+    close = getattr(awaitable, "close", None)
+    if close is not None:  # a coroutine never awaited: close it quietly
+        close()
+
+
+def _following(sequence: Iterator[Step[Iterable[T]]], items: Iterable[T]) -> Step[Iterable[T]] | None:
+    """The step after one that returned ``items`` (a generator of steps receives them), ``None`` at the end."""
+    try:
+        return sequence.send(items) if isinstance(sequence, Generator) else next(sequence)
+    except StopIteration:
+        return None

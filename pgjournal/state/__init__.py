@@ -1,0 +1,1 @@
+"""The latest state of a persistence id: durable state and snapshots."""

@@ -1,0 +1,1 @@
+"""The tag view: its recorded writer, the in-statement writer, reconciliation."""
