@@ -279,7 +279,7 @@ def test_unknown_setting_names() -> None:
     ({"connect_timeout": float("nan")}, "connect_timeout must be a number of seconds from 0 to 86,400, got nan"),
     ({"append_retries": -1}, "append_retries must be an integer >= 0, got -1"),
     ({"dialect": "oracle"}, "dialect must be one of postgres, yugabyte, cockroach, got 'oracle'"),
-    ({"writer_id": "w" * 256}, "writer_id must be a string of at most 255 characters"),
+    ({"writer_id": "w" * 256}, "writer_id must be a non-empty string of at most 255 characters"),
 ])
 def test_bad_setting_values(settings: dict, expected: str) -> None:
     with pytest.raises(ConfigurationError, match=expected):

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import conftest
 import httpx
 import psycopg
 import psycopg.conninfo
 import pytest
 import uvicorn
-from conftest import FAST
+from conftest import FAST, role_dsn
 from eventually import eventually
 from faultproxy import fault_proxy
 
@@ -187,9 +188,9 @@ def test_every_typed_error_is_a_4xx_or_503_without_the_dsn(kind: type[errors.Jou
         assert "db.internal" not in body and "6543" not in body and answer.headers["Retry-After"]
 
 
-def test_an_unreachable_database_is_a_503_without_the_dsn(dsn: str) -> None:
+def test_an_unreachable_database_is_a_503_without_the_dsn(dsn: str, secret_role: str) -> None:
     with fault_proxy(dsn) as (proxy, proxied):
-        secret_dsn = f"{proxied} password='{SECRET}'"  # the test server trusts: the password is ignored
+        secret_dsn = role_dsn(proxied, secret_role, conftest.SECRET)  # a role whose password is the secret
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(create_app(secret_dsn, **FAST), host="127.0.0.1", port=port,
                                                log_level="critical", lifespan="on", timeout_graceful_shutdown=5))
@@ -205,7 +206,7 @@ def test_an_unreachable_database_is_a_503_without_the_dsn(dsn: str) -> None:
             assert answer.status_code == 503, answer.text
             assert answer.headers["Retry-After"]
             params = psycopg.conninfo.conninfo_to_dict(proxied)
-            for leak in ("Sup3r", "horse", "password", f"{params['port']}", str(params["dbname"])):
+            for leak in (conftest.SECRET, "s3cr3t", "password", f"{params['port']}", str(params["dbname"])):
                 assert leak not in answer.text, answer.text
             assert answer.json()["kind"] in ("DatabaseUnavailable", "CircuitOpen", "ConnectionTimedOut")
         finally:
