@@ -1,9 +1,9 @@
 """Rows from PostgreSQL to Arrow record batches of a read's Spark schema, for the native source's tasks.
 
 The ADBC PostgreSQL driver runs a query as ``COPY (query) TO STDOUT (FORMAT BINARY)`` and builds Arrow
-arrays in C++: no Python object per row. Measured on 1M events (CPU per row, one process; the machine
-shared): the driver ~0.9 µs vs 2.0-2.4 µs for the text COPY parsed by Arrow's CSV reader that it replaced,
-and the server's part 0.63 vs 1.1-1.2 µs (no text formatting of timestamps, arrays and bytes).
+arrays in C++: no Python object per row. It replaced a text COPY parsed by Arrow's CSV reader, and costs less
+CPU per row on both sides: no text to parse in the client, no text formatting of timestamps, arrays and bytes
+on the server (``python -m bench spark-source``).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def bind(query: str, params: Mapping[str, Any]) -> str:
 
 
 #: One idle connection per connection string in this process (a Python worker runs one task at a time and is
-#: reused across tasks): connecting costs ~33 ms of client CPU (the driver loads the server's type catalog),
-#: about what a small micro-batch's read costs altogether.
+#: reused across tasks): connecting costs client CPU (the driver loads the server's type catalog),
+#: about what a small micro-batch's read costs altogether (``python -m bench spark-source-latency``).
 _IDLE: dict[str, Any] = {}
 
 

@@ -107,7 +107,7 @@ class PayloadDecoder:
             json_id = pc.or_(json_id, pc.equal(ser_ids, CBOR_SER_ID))  # a CBOR map never starts with '{'
         # one line per payload, an object: else rows could shift (a payload of two lines), or Arrow refuse it
         mask = pc.and_(json_id, pc.starts_with(payloads, "{"))
-        if not newline_free(payloads):  # rare: which ones (matching per payload costs ~20x the one search)
+        if not newline_free(payloads):  # rare: which ones (matching per payload costs far more than the one search)
             mask = pc.and_(mask, pc.invert(pc.match_substring(payloads, "\n")))
         distinct = pc.unique(manifests).to_pylist()
         stored = [m for m in distinct if self._reads_as_stored(m)]

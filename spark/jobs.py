@@ -59,8 +59,8 @@ INCOMING = "_incoming"
 LOAD_RIGHTS = (("event_journal", "SELECT"), (OFFSET_TABLE, "SELECT"), (OFFSET_TABLE, "INSERT"),
                (OFFSET_TABLE, "DELETE"))
 #: Columns with (nearly) one value per event: dictionary encoding only fills a dictionary page and falls
-#: back to plain. Turning it off for them cut the JVM's CPU per exported row by ~5-25% (two noisy passes,
-#: 500k events, shared 2-core machine); low-cardinality columns keep their dictionaries.
+#: back to plain. Turning it off for them spares the JVM that work on every exported row (``python -m bench
+#: spark``); low-cardinality columns keep their dictionaries.
 PARQUET_OPTIONS = {f"parquet.enable.dictionary#{column}": "false"
                    for column in ("persistence_id", "db_timestamp", "event_payload")}
 
@@ -115,7 +115,7 @@ def at_most_one_task_per_core(frame: DataFrame) -> DataFrame:
     """Run more slice ranges than cores as that many tasks, each reading its ranges one after another.
 
     Every range is still its own JDBC query over its own table partitions; only Spark's per-task cost is
-    saved (8 ranges on 2 cores: ~380k -> ~500k rows/s read, the same as 2 ranges; measured, shared machine).
+    saved, so 8 ranges on 2 cores read about as fast as 2 (``python -m bench spark``).
     """
     cores = frame.sparkSession.sparkContext.defaultParallelism
     return frame.coalesce(cores) if frame.rdd.getNumPartitions() > cores > 0 else frame

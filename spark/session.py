@@ -171,8 +171,8 @@ def spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if "JAVA_HOME" not in os.environ:
         os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
-    # The parallel collector: G1's concurrent threads compete with the two task threads on a small machine
-    # (export of 1M events, 4 rounds each: 8 ranges 343k -> 381k rows/s, 2 ranges 393k -> 456k).
+    # The parallel collector: G1's concurrent threads compete with the two task threads on a small machine,
+    # and the export runs faster without them (``python -m bench spark``).
     java_options = f"-XX:+UseParallelGC -Dlog4j2.configurationFile=file:{_log_config()} -Duser.timezone=UTC"
     builder = (
         SparkSession.builder.appName(app_name)

@@ -43,8 +43,8 @@ def async_limited_connection_class(settings: Settings) -> type[AsyncLimitedConne
 
 class AsyncPoolFront:
     """The asyncio pool's connections kept in front of it, so a borrow is a list pop or a future handed a
-    connection by the task that returns one, not a round through ``AsyncConnectionPool.getconn`` (measured with
-    200 tasks on 8 connections: about 65 us of client CPU per borrow, nearly half of a raw INSERT's).
+    connection by the task that returns one, not a round through ``AsyncConnectionPool.getconn``, whose client CPU
+    per borrow is a large share of a raw INSERT's (``python -m bench async-append``: 200 tasks, 8 connections).
 
     The pool still opens, checks, resets and replaces every connection: the front takes one from it when it
     holds fewer than ``size`` and none is idle; a connection that is closed, broken or not idle (a transaction

@@ -127,8 +127,9 @@ def _gunzip(payload: bytes) -> bytes:
 
 
 def decode_json(payload: bytes) -> Any:
-    """``json.loads`` for the common case at a third of its cost (the C scanner without the wrappers);
-    anything unusual (leading or trailing text, invalid JSON) goes through ``json.loads`` for its error."""
+    """``json.loads`` for the common case without the cost of its wrappers (the C scanner alone, paid once per
+    event read: ``python -m bench by-slices``); anything unusual (leading or trailing text, invalid JSON) goes
+    through ``json.loads`` for its error."""
     text = _gunzip(bytes(payload)).decode()
     try:
         value, end = _scan_once(text, 0)
@@ -141,10 +142,10 @@ _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=Fa
 
 
 def _c_encoder() -> Any:
-    """The C accelerator of ``_JSON``, made once: ``JSONEncoder.encode`` builds one on every call, ~40% of the
-    time of a 200-byte event. Without cycle detection (a cyclic value ends in RecursionError, which the
-    serializer reports). ``None`` (use ``_JSON``) when the accelerator is missing or does not give exactly
-    ``_JSON``'s output."""
+    """The C accelerator of ``_JSON``, made once: ``JSONEncoder.encode`` builds one on every call, a large part
+    of the time to encode a small event (``python -m bench append-cpu``). Without cycle detection (a cyclic value
+    ends in RecursionError, which the serializer reports). ``None`` (use ``_JSON``) when the accelerator is
+    missing or does not give exactly ``_JSON``'s output."""
     make = getattr(json.encoder, "c_make_encoder", None)
     quote = getattr(json.encoder, "c_encode_basestring", None)
     if make is None or quote is None:

@@ -29,7 +29,7 @@ class PostgresDialect(Dialect):
         if self.akka_partitions:  # an adopted Akka journal is not partitioned by pgjournal
             return super().event_table(slice_)
         # Naming the partition spares the planner the partition pruning, which costs more than the
-        # single-row statement itself (1.2 ms planning vs 0.3 ms execution, measured).
+        # single-row statement itself (EXPLAIN ANALYZE: planning time above execution time).
         return partition_name(slice_ // SLICES_PER_PARTITION)
 
     def create_table(self, table: Table) -> list[str]:

@@ -32,7 +32,7 @@ def slice_for_persistence_id(persistence_id: str) -> int:
 
 @functools.lru_cache(maxsize=65536)
 def _slice_of(persistence_id: str) -> int:
-    # Cached: the hash is a Python loop over the id (~5 µs), paid on every append and by-pid read.
+    # Cached: the hash is a Python loop over the id's characters, paid on every append and by-pid read.
     # abs(truncated remainder) == abs(h) % n for every int32, Integer.MIN_VALUE included.
     return abs(java_string_hash(persistence_id)) % NUMBER_OF_SLICES
 

@@ -179,7 +179,8 @@ class SliceQuery:
 
     def page(self, cursor: _Cursor, until: datetime, limit: int | None = None) -> Statement:
         """The statement of one page after ``cursor`` below ``until``. Never a generic plan: it cannot prune
-        partitions or use the bounds, and was measured ~9x slower."""
+        partitions or use the bounds, and runs many times slower (``python -m bench by-slices`` notes the plan
+        and pages of a page)."""
         params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
         return Statement(self.page_sql, params, binary=True, prepare=False)
@@ -273,8 +274,8 @@ class SliceQuery:
         """The gate over a page: each row once, after its predecessor (missing ones loaded and delivered
         first); the cursor advanced. Returns the rows to deliver, in order, with what their envelopes need;
         :meth:`envelope` makes each as the reader takes it (an envelope made and dropped before the next one
-        is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once cost a third
-        of a catch-up's client CPU).
+        is made costs the garbage collector next to nothing; a page of 10,000 kept alive at once made the
+        collector's passes a large part of a catch-up's client CPU: ``python -m bench by-slices``).
 
         ``bare`` (a main page whose rows have ``envelopes``, see :meth:`envelopes`): a row delivered alone at
         its timestamp (its offset: its own timestamp, persistence id and number) is delivered as the row itself,
@@ -289,7 +290,7 @@ class SliceQuery:
         predecessors = (yield from self._predecessors_step(rows)) if contiguous else {}
         unknown = self._unknown(predecessors) if contiguous else _next
         # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
-        # tzinfo (a comparison across tzinfo objects calls utcoffset on both, ~0.8 us), lookups hoisted, the
+        # tzinfo (a comparison across tzinfo objects calls utcoffset on both), lookups hoisted, the
         # gate's common case (the next number of a persistence id, or 1) inline, the cursor written back once a
         # page (and before a gap is filled, which reads it), and the seen map of a timestamp made only when a
         # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``).

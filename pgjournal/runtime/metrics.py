@@ -45,7 +45,7 @@ class AppendStats:
     """``pgjournal_appends_total`` and ``pgjournal_events_appended_total`` per entity type and the
     ``pgjournal_append_seconds`` histogram, updated together under one lock per append and exposed as those
     three metrics when scraped. Three ``prometheus_client`` updates cost three locks and a Python loop over
-    the buckets: about 17,000 instructions per append, a tenth of a raw INSERT's client cost (callgrind)."""
+    the buckets per append, a noticeable share of a raw INSERT's client cost (``python -m bench append-cpu``)."""
 
     #: prometheus_client's default histogram buckets (seconds; the last is +Inf).
     BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, float("inf"))

@@ -51,8 +51,8 @@ class Signals:
         Called after every commit, so it is kept to a set lookup in the common case: when ``entity_type`` is
         already pending, the sender has not taken the set yet (or is taking it now, and sends it after this
         commit), so the signal is already due. The sender is only woken when the set goes from empty to
-        non-empty: waking it on every append cost a thread switch per append (measured: ~100 µs of client CPU
-        per append with 8 writers, the largest part of the append path's overhead over a raw INSERT).
+        non-empty: waking it on every append cost a thread switch per append, with 8 writers the largest part
+        of the append path's client CPU over a raw INSERT's (``python -m bench append-cpu``).
         """
         if entity_type in self._pending and self._sender is not None:
             return
@@ -75,8 +75,8 @@ class Signals:
                 if not self._pending:
                     break  # closed, and everything recorded has been sent
                 # At most one round of signals per SEND_INTERVAL: after a quiet spell the first goes at once,
-                # a stream of appends shares one instead of paying a round trip each (on one writer that
-                # round trip doubled the client's CPU per append).
+                # a stream of appends shares one instead of paying a round trip each (on one writer, a second
+                # round trip beside the append's own: ``python -m bench append-cpu-1``).
                 while not self._closed and (wait := next_send - time.monotonic()) > 0:
                     self._lock.wait(wait)
                 batch, self._pending = self._pending, set()
@@ -85,11 +85,11 @@ class Signals:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
                     # A NOTIFY commits a transaction of its own (it takes a transaction id), which would wait
-                    # for a WAL flush each round: ~25 µs of server CPU per append at 8 writers, and flushes
-                    # the writers' commits queue behind. A signal lost in a crash costs only latency.
+                    # for a WAL flush each round: server CPU for every round (``python -m bench append-cpu``),
+                    # and flushes the writers' commits queue behind. A signal lost in a crash costs only latency.
                     conn.execute("SET synchronous_commit = off")
                 # One simple-protocol string (no parameters, no pipeline): one round trip and the least
-                # client CPU, which the writers' threads share (a pipeline of pg_notify calls cost ~3x more).
+                # client CPU, which the writers' threads share (a pipeline of pg_notify calls cost more).
                 conn.execute(notify_sql(conn, batch))
             except psycopg.Error as exc:  # best effort: readers still poll
                 _log.debug("notification lost: %s", exc.__class__.__name__)

@@ -54,7 +54,7 @@ class Statement:
     #: Binary results (timestamps, bytea and integers parse faster).
     binary: bool = False
     #: ``None``: psycopg's default (prepared once it ran ``prepare_threshold`` times); ``False``: never
-    #: (a generic plan cannot prune partitions or use the bounds: the by-slice page was measured ~9x slower).
+    #: (a generic plan cannot prune partitions or use the bounds: the by-slice page runs many times slower).
     prepare: bool | None = None
     #: ``> 1``: stream the rows in chunks of this size (libpq 17+), the first chunk as the answer and the
     #: next ones for :data:`MORE`; the step must read to the end (an empty chunk) before its next statement.
@@ -319,8 +319,8 @@ async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:
 
 
 async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
-    """One statement on the connection's cursor kept for steps (a new cursor per statement costs some 20 us of
-    client CPU): its rows, or its row count."""
+    """One statement on the connection's cursor kept for steps (a new cursor per statement is client CPU paid
+    on every statement): its rows, or its row count."""
     cur: psycopg.AsyncCursor[Any] | None = getattr(conn, "_pgjournal_cursor", None)
     if cur is None or cur.closed:
         cur = conn.cursor()

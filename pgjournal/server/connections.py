@@ -230,8 +230,8 @@ def closed_journal(pool: Any) -> JournalClosed:
 class PoolFront:
     """Idle connections kept in front of a psycopg pool, so borrowing one is a list pop, not a pool round.
 
-    ``psycopg_pool``'s ``getconn``/``putconn`` pair runs some 30 Python calls (locks, stats, logging, checks):
-    ~30,000 instructions, a fifth of a raw single-row INSERT's client cost (measured with callgrind). Every
+    ``psycopg_pool``'s ``getconn``/``putconn`` pair runs some 30 Python calls (locks, stats, logging, checks),
+    a sizeable share of a raw single-row INSERT's client cost (``python -m bench append-cpu``). Every
     borrower of the journal goes through this front, so a connection kept here is available to all of them,
     never hoarded by one. The pool still owns every connection:
 

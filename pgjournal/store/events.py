@@ -48,7 +48,7 @@ AFTER_LATEST = f"""
         ORDER BY seq_nr DESC LIMIT 1) AS last"""
 # After a predecessor the writer knows, its own last append (``expected`` and its ``prev_ts``), or none at
 # all (``expected`` 0, ``prev_ts`` NULL, which GREATEST ignores): nothing to read. An index probe for the
-# predecessor costs the server about half a raw INSERT (~55,000 instructions of ~100,000, callgrind).
+# predecessor costs the server a large share of a raw INSERT's work (``python -m bench append-cpu``).
 AFTER_KNOWN = """
     SELECT %(expected)s::bigint AS seq_nr,
         GREATEST(clock_timestamp(), %(prev_ts)s::timestamptz + INTERVAL '1 microsecond') AS ts"""
@@ -102,8 +102,8 @@ def read_payload(column: str, jsonb: bool) -> str:
 
 
 def text_array(items: Iterable[str]) -> str:
-    """``items`` as a PostgreSQL array literal for a ``%s::text[]`` parameter: psycopg's list dumper costs
-    ~20 µs a call (it inspects the elements), a quoted string next to nothing."""
+    """``items`` as a PostgreSQL array literal for a ``%s::text[]`` parameter: psycopg's list dumper inspects
+    the elements on every call, a quoted string costs next to nothing."""
     return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
 
 

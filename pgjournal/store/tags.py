@@ -50,7 +50,7 @@ progress AS ({_PROGRESS_INSERT}
        {_PROGRESS_UPDATE})
 SELECT seq_nr, db_timestamp FROM ins"""
 # One tag (the common case): the same rows with scalar lookups instead of joins over a tag list, which the
-# server runs ~10% faster (8 writers, 1 event per append).
+# server runs faster (``python -m bench tags-append-cpu``).
 _ONE_TAG = f"""
 WITH prev AS ({{prev}}),
 e AS (SELECT * FROM {{events}}),
@@ -101,11 +101,11 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 # * the progress only moves forward, and rows are written only after it: a second writer of the same pair
 #   reads the first's progress, or (both read the same one) its rows collide with the first's on the primary key
 #   and its statement fails whole with a unique violation (23505), which the writer retries: it then reads the
-#   new progress. (``ON CONFLICT DO NOTHING`` made every row a speculative insertion: +45% per row.)
+#   new progress. (``ON CONFLICT DO NOTHING`` made every row a speculative insertion, dearer per row.)
 # ``mark`` records, in the same statement, how far this writer's tag rows are complete (readers wait for it).
 
 # The TimeUUID's high 8 bytes (time_low, time_mid, version 1 and time_hi) as 16 hex digits, from ``r.ticks``:
-# one integer expression instead of three padded hex strings (a third of the per-row cost of the text form).
+# one integer expression instead of three padded hex strings (cheaper per row than building the text form).
 _UUID_HIGH = """(encode(int8send(((r.ticks & 4294967295) << 32) | (((r.ticks >> 32) & 65535) << 16)
            | ((r.ticks >> 48) & 4095) | 4096), 'hex')"""
 #: The batched writers' row: upsert (a writer that was presumed dead and recovered comes back with it).

@@ -374,7 +374,8 @@ class EventWriter:
 
 def _append_cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
     """The connection's cursor for append statements, kept on the (pool) connection: a new cursor per append
-    cost 20-50 us of client CPU (measured, 2,000 appends), which all writer threads of a process share."""
+    is client CPU paid on every append (``python -m bench append-cpu``), which all writer threads of a process
+    share."""
     cur: psycopg.Cursor[Any] | None = getattr(conn, "_pgjournal_append_cursor", None)
     if cur is None or cur.closed:
         cur = conn.cursor()

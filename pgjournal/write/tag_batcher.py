@@ -36,11 +36,11 @@ pending stays pending for the next round: nothing is dropped. ``Journal.close()`
 raises :class:`~pgjournal.errors.TagFlushFailed` if it cannot (the writer's row stays, so it is recovered).
 
 **A connection of its own.** The writer's statements run on one connection it opens when it starts (and again
-after a loss), not on the pool's. Measured (bench ``tags-append``, 8 writers, within each run against the
-``tag_rows_floor`` contender): batched 0.61-0.73x the floor on the pool's connections (four runs), 0.89-1.05x on
-its own connection (six runs). Why is not established: the statement is prepared once and after five runs
-kept as one generic plan (on the pool, every backend planned it five times), but planning takes about 0.7 ms
-against 1.3-11 ms of execution per batch, too little to explain the difference.
+after a loss), not on the pool's: against the ``tag_rows_floor`` contender of ``python -m bench tags-append``
+(8 writers), the batched writer ran clearly below the floor on the pool's connections and at about the floor on
+its own. Why is not established: the statement is prepared once and after five runs kept as one generic plan
+(on the pool, every backend planned it five times), but planning is a small part of a batch's execution, too
+little to explain the difference.
 
 The logic is :class:`TagBatch` (no I/O) and statement steps (:mod:`pgjournal.runtime.steps`); :class:`TagBatcher` is
 the blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and

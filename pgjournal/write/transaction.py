@@ -11,7 +11,7 @@ Rules (the same on both faces, written once in :class:`TransactionRules`):
   statement failed, an ``expected_seq_nr`` above the highest): later appends and the end of the block raise
   :class:`~pgjournal.errors.TransactionAborted` and nothing commits. ``savepoints=True`` runs each append in a
   savepoint, so the caller may catch the failure and go on; it costs two more round trips per append
-  (measured: about 1.5-2x the time of an append in a transaction, +75 us of client CPU);
+  (the savepoint and its release), in time and in client CPU;
 * inside a transaction a clash is always a conflict, also with ``expected_seq_nr=None`` (the write path
   outside transactions numbers after the new highest and tries again);
 * writers' signals (NOTIFY) go out only after the commit; metrics count only committed appends;
