@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from pgjournal.runtime.signals import CHANNEL, SEND_INTERVAL, notify_sql
+from pgjournal.runtime.signals import LISTEN, SEND_INTERVAL, SENDER_SETUP, notify_sql, wakes
 
 _log = logging.getLogger("pgjournal.runtime.signals")
 
@@ -65,6 +65,7 @@ class AsyncSignals:
                 try:
                     if conn is None or conn.closed:
                         conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs)
+                        await conn.execute(SENDER_SETUP)
                     await conn.execute(notify_sql(conn, batch))  # type: ignore[arg-type]
                 except psycopg.Error as exc:  # best effort: readers still poll
                     _log.debug("notification lost: %s", exc.__class__.__name__)
@@ -98,7 +99,7 @@ class AsyncSignals:
 
     def _wake(self, entity_type: str | None) -> None:
         for event, wanted in self._subscribers.items():
-            if entity_type is None or wanted is None or entity_type in wanted:
+            if wakes(wanted, entity_type):
                 event.set()
 
     async def _listen_loop(self) -> None:
@@ -106,7 +107,7 @@ class AsyncSignals:
         while not self._closed:
             try:
                 async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(LISTEN)
                     self._wake(None)  # anything sent while we were not listening is caught by a poll now
                     backoff = 0.1
                     async for note in conn.notifies():

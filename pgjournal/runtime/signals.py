@@ -22,7 +22,18 @@ from psycopg import sql
 CHANNEL = "pgjournal_events"
 #: Seconds between two rounds of signals from one process (the most a signal waits behind another).
 SEND_INTERVAL = 0.005
+#: The sender's session. A NOTIFY commits a transaction of its own (it takes a transaction id), which would wait
+#: for a WAL flush each round (server CPU for every round, ``python -m bench append-cpu``) and queue the writers'
+#: commits behind it; a signal lost in a crash costs only latency.
+SENDER_SETUP = "SET synchronous_commit = off"
+LISTEN = f"LISTEN {CHANNEL}"
 _log = logging.getLogger(__name__)
+
+
+def wakes(wanted: frozenset[str] | None, entity_type: str | None) -> bool:
+    """Whether a subscriber to ``wanted`` (``None``: every entity type) is woken by a signal for ``entity_type``
+    (``None``: the listener (re)connected and may have missed any signal)."""
+    return entity_type is None or wanted is None or entity_type in wanted
 
 
 def notify_sql(conn: psycopg.Connection, entity_types: Iterable[str]) -> str:
@@ -84,10 +95,7 @@ class Signals:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self._dsn, autocommit=True, **self._kwargs)
-                    # A NOTIFY commits a transaction of its own (it takes a transaction id), which would wait
-                    # for a WAL flush each round: server CPU for every round (``python -m bench append-cpu``),
-                    # and flushes the writers' commits queue behind. A signal lost in a crash costs only latency.
-                    conn.execute("SET synchronous_commit = off")
+                    conn.execute(SENDER_SETUP)
                 # One simple-protocol string (no parameters, no pipeline): one round trip and the least
                 # client CPU, which the writers' threads share (a pipeline of pg_notify calls cost more).
                 conn.execute(notify_sql(conn, batch))
@@ -122,7 +130,7 @@ class Signals:
     def _wake(self, entity_type: str | None) -> None:
         with self._lock:
             for event, wanted in self._subscribers.items():
-                if entity_type is None or wanted is None or entity_type in wanted:
+                if wakes(wanted, entity_type):
                     event.set()
 
     def _listen_loop(self) -> None:
@@ -130,7 +138,7 @@ class Signals:
         while not self._closed:
             try:
                 with psycopg.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(LISTEN)
                     self._wake(None)  # anything sent while we were not listening is caught by a poll now
                     backoff = 0.1
                     while not self._closed:
