@@ -576,3 +576,32 @@ def test_load_as_a_role_without_the_rights_fails_before_reading_and_leaves_nothi
     assert files.list_names(spark, out) == []
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM projection_timestamp_offset_store").fetchone() == (0,)
+
+
+class _ConnectLikeSession:
+    """A session without a JVM gateway, as Spark Connect's: its ``sparkContext`` raises."""
+
+    @property
+    def sparkContext(self) -> Any:
+        raise RuntimeError("[JVM_ATTRIBUTE_NOT_SUPPORTED] sparkContext is not supported in Spark Connect")
+
+
+@pytest.mark.parametrize("gateway", ["jvm", "none"])
+def test_output_directories_are_handled_with_and_without_a_jvm_gateway(spark: Any, tmp_path: Path,
+                                                                      gateway: str) -> None:
+    """The load's directory steps through Hadoop's FileSystem (PySpark's private JVM gateway), and the same
+    steps by Python where a session has no gateway; a remote scheme without one is refused by name."""
+    session = spark if gateway == "jvm" else _ConnectLikeSession()
+    base = str(tmp_path / "out")
+    assert files.list_names(session, base) == [] and not files.exists(session, base)
+    (tmp_path / "out" / "incoming" / "a").mkdir(parents=True)
+    (tmp_path / "out" / "incoming" / "a" / "part-0").write_text("x")
+    assert files.list_names(session, files.join(base, "incoming")) == ["a"]
+    files.rename(session, files.join(base, "incoming", "a"), files.join(base, "loads", "load=000001"))
+    assert files.list_names(session, files.join(base, "loads")) == ["load=000001"]
+    assert (tmp_path / "out" / "loads" / "load=000001" / "part-0").read_text() == "x"
+    files.delete(session, files.join(base, "loads"))
+    assert not files.exists(session, files.join(base, "loads"))
+    if gateway == "none":
+        with pytest.raises(ConfigurationError, match=r"'hdfs://nn/x' needs Hadoop's FileSystem"):
+            files.exists(session, "hdfs://nn/x")
