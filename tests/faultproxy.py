@@ -39,12 +39,18 @@ def _check_loopback(host: str) -> str:
     return str(address)
 
 
+#: The server's ReadyForQuery message ('Z', length 5; the status byte follows): the first one ends the login.
+READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+
+
 @dataclass(eq=False)
 class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     #: The server's answers are dropped and the link closes (a trap with forward=True went off).
     muted: bool = False
+    #: The server said ReadyForQuery once: the login is over.
+    logged_in: bool = False
 
     def abort(self) -> None:
         for writer in (self.client, self.server):
@@ -87,9 +93,10 @@ class FaultProxy:
 
     # -- commands (from any thread) ----------------------------------------------------------------
 
-    def cut(self) -> int:
-        """Break every open connection; return how many were broken."""
-        return self._call(self._cut)
+    def cut(self, logged_in: bool = False) -> int:
+        """Break every open connection (``logged_in``: only those past their login); return how many were
+        broken."""
+        return self._call(lambda: self._cut(logged_in))
 
     def refuse(self, on: bool = True) -> None:
         self._call(lambda: setattr(self, "_refusing", on))
@@ -146,8 +153,9 @@ class FaultProxy:
             raise RuntimeError("fault proxy loop did not answer")
         return result[0] if result else None
 
-    def _cut(self) -> int:
-        links, self._links = list(self._links), set()
+    def _cut(self, logged_in: bool = False) -> int:
+        links = [link for link in self._links if link.logged_in or not logged_in]
+        self._links.difference_update(links)
         for link in links:
             link.abort()
         self.cuts += len(links)
@@ -196,6 +204,8 @@ class FaultProxy:
                 break  # cut while we waited
             if not upstream and link.muted:
                 break  # the answer to a trapped statement: never delivered
+            if not upstream and not link.logged_in and READY_FOR_QUERY in data:
+                link.logged_in = True
             trap = self._trap
             if upstream and trap is not None and trap.marker in data:
                 trap.times -= 1
