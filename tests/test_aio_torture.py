@@ -89,7 +89,7 @@ async def gap_writer(journal: AsyncJournal, stop: asyncio.Event, consumers: list
                 while not passed(consumers, pid, held.db_timestamp) and asyncio.get_running_loop().time() < deadline:
                     await asyncio.sleep(0.01)
                 gap = passed(consumers, pid, held.db_timestamp)
-        except psycopg.errors.TransactionRollback:
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
             continue  # a SERIALIZABLE database (CI's portable pass) refused the commit: try it again, as callers do
         made[0] += gap
         await journal.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr + 1)

@@ -72,7 +72,7 @@ def gap_writer(journal: Journal, stop: threading.Event, consumers: list[Consumer
                 while not passed(consumers, pid, held.db_timestamp) and time.monotonic() < deadline:
                     time.sleep(0.01)
                 gap = passed(consumers, pid, held.db_timestamp)
-        except psycopg.errors.TransactionRollback:
+        except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
             continue  # a SERIALIZABLE database (CI's portable pass) refused the commit: try it again, as callers do
         made[0] += gap
         journal.append(pid, [{"w": "gap"}], expected_seq_nr=seq_nr + 1)
