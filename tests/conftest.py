@@ -15,6 +15,7 @@ import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
+from faces import KINDS, Face, Kind, open_face
 
 from pgjournal import Journal
 from pgjournal.admin.migrate import upgrade
@@ -151,6 +152,27 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def mode_journal(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
     """The same journal in default mode and in portable mode (no PostgreSQL-only features)."""
     with Journal.open(dsn, portable=request.param == "portable", **FAST) as opened:
+        yield opened
+
+
+@pytest.fixture(params=KINDS)
+def face_kind(request: pytest.FixtureRequest) -> Kind:
+    """``"blocking"`` and ``"asyncio"``: a test taking it (or ``face``) runs once on each face of the journal."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def face(face_kind: Kind, dsn: str) -> Iterator[Face]:
+    """The ``journal`` fixture on each face, as one synchronous handle (tests/faces.py: the asyncio variant's
+    every call goes through ``AsyncJournal``, on a private event loop, never through the blocking face)."""
+    with open_face(face_kind, dsn, portable=PORTABLE, **FAST) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["default", "portable"])
+def mode_face(request: pytest.FixtureRequest, face_kind: Kind, dsn: str) -> Iterator[Face]:
+    """``mode_journal`` on each face."""
+    with open_face(face_kind, dsn, portable=request.param == "portable", **FAST) as opened:
         yield opened
 
 

@@ -1,11 +1,11 @@
 """The asyncio face (``pgjournal.aio.AsyncJournal``) mirrors the blocking one: appends and their conflicts,
-reads by persistence id, lookups, snapshots, by-slice and by-tag queries current and live (LISTEN wake-ups),
-with the same results as the blocking face on the same data."""
+reads by persistence id, lookups, by-slice and by-tag queries current and live (LISTEN wake-ups), with the
+same results as the blocking face on the same data. Snapshots and reads by persistence id (current and live) are
+tested on both faces in test_snapshots.py and test_reads.py."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -139,44 +139,6 @@ async def test_reads_by_persistence_id_match_the_blocking_face(dsn: str) -> None
         assert (await journal.query.load_envelope(PID, 4)).event == {"n": 3}
         with pytest.raises(EventNotFound):
             await journal.query.load_envelope(PID, 99)
-
-
-async def test_live_events_by_persistence_id_follow_and_stop_at_to_seq_nr(aj: AsyncJournal) -> None:
-    await aj.append(PID, [1, 2])
-    live = aj.query.events_by_persistence_id(PID, 2, 4)
-    assert [e.seq_nr for e in await take(live, 1)] == [2]
-    await aj.append(PID, [3, 4, 5])
-    assert [e.event for e in await take(live, 2)] == [3, 4]
-    with pytest.raises(StopAsyncIteration):
-        await anext(live)  # ended at to_seq_nr
-    assert live.closed
-
-
-async def test_a_live_query_is_woken_by_the_writer_signal(dsn: str) -> None:
-    async with AsyncJournal.open(dsn, refresh_interval=30.0) as journal:
-        live = journal.query.events_by_persistence_id(PID)
-        waiter = asyncio.create_task(take(live, 1, timeout=10))
-        await asyncio.sleep(0.3)  # the live query made its first poll and waits its 30 s
-        started = time.monotonic()
-        await journal.append(PID, ["woken"])
-        assert [e.event for e in await waiter] == ["woken"]
-        assert time.monotonic() - started < 5, "the signal, not the refresh interval, woke the query"
-        await live.aclose()
-
-
-# -- snapshots ----------------------------------------------------------------------------------------
-
-
-async def test_snapshots(aj: AsyncJournal) -> None:
-    await aj.append(PID, [1, 2, 3])
-    await aj.save_snapshot(PID, 2, {"state": 2}, metadata={"v": 1}, tags=["s"])
-    await aj.save_snapshot(PID, 1, {"state": 1})  # never replaces a newer one
-    found = await aj.load_snapshot(PID)
-    assert found is not None and (found.seq_nr, found.snapshot, found.metadata, found.tags) == (
-        2, {"state": 2}, {"v": 1}, ("s",))
-    assert await aj.load_snapshot(PID, max_seq_nr=1) is None
-    await aj.delete_snapshot(PID)
-    assert await aj.load_snapshot(PID) is None
 
 
 # -- by slices ----------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Durable state (Akka's durable_state table): optimistic revisions, deletes, and changes_by_slices with the
-by-slice machinery (TimestampOffsets, the visibility horizon, backtracking)."""
+by-slice machinery (TimestampOffsets, the visibility horizon, backtracking). Every test runs on both faces
+(``face``: ``journal.durable_state`` and ``AsyncJournal.durable_state``, see tests/faces.py); what only the
+asyncio face has (tasks taking turns) is in test_aio_durable_state.py."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import psycopg
 import pytest
 from conftest import FAST, waits_on_a_lock
 from eventually import eventually
+from faces import Face, Kind, open_face
 
 from pgjournal import (
     ConcurrencyConflict,
@@ -18,7 +21,6 @@ from pgjournal import (
     DurableStateChange,
     InvalidArgument,
     InvalidPersistenceId,
-    Journal,
     NoOffset,
     RevisionConflict,
     SerializationError,
@@ -29,14 +31,14 @@ from pgjournal import (
 )
 
 
-def readable(journal: Journal, *written: object) -> None:
+def readable(face: Face, *written: object) -> None:
     """Wait until the database clock is past the newest of ``written`` (states or envelopes) by the journal's
     read margin: a current query started now reads them (unless a writer holds the horizon back)."""
     newest = max(w.db_timestamp for w in written)  # type: ignore[attr-defined]
-    margin = timedelta(seconds=journal.read_margin)
+    margin = timedelta(seconds=face.read_margin)
 
     def clock_passed() -> bool:
-        with journal.connection() as conn:
+        with face.connection() as conn:
             row = conn.execute("SELECT clock_timestamp()").fetchone()
         return bool(row and row[0] - margin > newest)
 
@@ -50,8 +52,8 @@ def row_count(dsn: str) -> int:
     return row[0]
 
 
-def test_upsert_get_and_delete_count_revisions(journal: Journal) -> None:
-    store = journal.durable_state
+def test_upsert_get_and_delete_count_revisions(face: Face) -> None:
+    store = face.durable_state
     assert store.get("Account|1") is None
     first = store.upsert("Account|1", 1, {"balance": 10}, tag="vip")
     got = store.get("Account|1")
@@ -68,8 +70,8 @@ def test_upsert_get_and_delete_count_revisions(journal: Journal) -> None:
     assert store.delete("Account|2", 1).deleted  # a deletion may be the first revision, as in Akka
 
 
-def test_stale_or_skipped_revisions_are_typed_conflicts_that_write_nothing(journal: Journal, dsn: str) -> None:
-    store = journal.durable_state
+def test_stale_or_skipped_revisions_are_typed_conflicts_that_write_nothing(face: Face, dsn: str) -> None:
+    store = face.durable_state
     store.upsert("Account|1", 1, "a")
     store.upsert("Account|1", 2, "b")
     for revision in (1, 2, 4):
@@ -105,13 +107,13 @@ def test_stale_or_skipped_revisions_are_typed_conflicts_that_write_nothing(journ
     (lambda s: list(s.current_changes_by_slices("Account", 0, 1023, offset="yesterday")), InvalidArgument,
      "TimestampOffset"),
 ])
-def test_bad_input_is_refused_and_writes_nothing(journal: Journal, dsn: str, call, error, text) -> None:
+def test_bad_input_is_refused_and_writes_nothing(face: Face, dsn: str, call, error, text) -> None:
     with pytest.raises(error, match=text):
-        call(journal.durable_state)
+        call(face.durable_state)
     assert row_count(dsn) == 0
 
 
-def test_registered_types_round_trip(dsn: str) -> None:
+def test_registered_types_round_trip(face_kind: Kind, dsn: str) -> None:
     @dataclass
     class Account:
         owner: str
@@ -119,11 +121,11 @@ def test_registered_types_round_trip(dsn: str) -> None:
 
     registry = SerializerRegistry()
     registry.register(Account, "com.example.Account")
-    with Journal.open(dsn, serializers=registry, **FAST) as journal:
-        readable(journal, journal.durable_state.upsert("Account|1", 1, Account("ann", 5)))
-        got = journal.durable_state.get("Account|1")
+    with open_face(face_kind, dsn, serializers=registry, **FAST) as face:
+        readable(face, face.durable_state.upsert("Account|1", 1, Account("ann", 5)))
+        got = face.durable_state.get("Account|1")
         assert got is not None and got.value == Account("ann", 5)
-        [change] = journal.durable_state.current_changes_by_slices("Account", 0, 1023)
+        [change] = face.durable_state.current_changes_by_slices("Account", 0, 1023)
         assert change.value == Account("ann", 5)
     with psycopg.connect(dsn) as conn:  # stored as Akka's Jackson JSON would be
         assert conn.execute("SELECT state_ser_id, state_ser_manifest, slice, entity_type FROM durable_state"
@@ -131,8 +133,8 @@ def test_registered_types_round_trip(dsn: str) -> None:
                                              "Account")
 
 
-def test_db_timestamp_never_goes_back_within_a_persistence_id(journal: Journal, dsn: str) -> None:
-    store = journal.durable_state
+def test_db_timestamp_never_goes_back_within_a_persistence_id(face: Face, dsn: str) -> None:
+    store = face.durable_state
     store.upsert("Account|1", 1, "a")
     with psycopg.connect(dsn, autocommit=True) as conn:  # as if the clock had run back an hour since
         future = conn.execute("UPDATE durable_state SET db_timestamp = now() + interval '1 hour' "
@@ -140,10 +142,10 @@ def test_db_timestamp_never_goes_back_within_a_persistence_id(journal: Journal, 
     assert store.upsert("Account|1", 2, "b").db_timestamp == future + timedelta(microseconds=1)
 
 
-def test_two_writers_racing_for_a_revision(journal: Journal) -> None:
+def test_two_writers_racing_for_a_revision(face: Face) -> None:
     """Read-modify-write from several threads: each revision is won by exactly one writer, the others get
     RevisionConflict (never a lost update), and the counter ends at the number of increments."""
-    store = journal.durable_state
+    store = face.durable_state
     threads, increments = 4, 15
     conflicts: list[RevisionConflict] = []
     start = threading.Barrier(threads)
@@ -171,39 +173,39 @@ def test_two_writers_racing_for_a_revision(journal: Journal) -> None:
     assert all(c.actual_revision is not None and c.actual_revision >= c.expected_revision for c in conflicts)
 
 
-def test_two_first_writes_race_one_wins(journal: Journal, dsn: str) -> None:
+def test_two_first_writes_race_one_wins(face: Face, dsn: str) -> None:
     """Both try revision 1 of a new persistence id in open transactions: the second waits for the first's
     commit, then fails with RevisionConflict (the unique key), writing nothing."""
-    sql = journal.durable_state.sql
+    sql = face.durable_state.sql
     with psycopg.connect(dsn) as first:
         assert first.execute(*sql.write("Account|9", 1, 20, "", b"first", None)).fetchone() is not None
         outcome: list[object] = []
-        second = threading.Thread(target=lambda: outcome.append(_try(journal, "Account|9", "second")))
+        second = threading.Thread(target=lambda: outcome.append(_try(face, "Account|9", "second")))
         second.start()
         eventually(lambda: waits_on_a_lock(dsn), timeout=10)
         first.commit()
         second.join(10)
     assert isinstance(outcome[0], RevisionConflict) and outcome[0].actual_revision == 1
-    got = journal.durable_state.get("Account|9")
+    got = face.durable_state.get("Account|9")
     assert got is not None and got.value == "first"
 
 
-def _try(journal: Journal, pid: str, value: str) -> object:
+def _try(face: Face, pid: str, value: str) -> object:
     try:
-        return journal.durable_state.upsert(pid, 1, value)
+        return face.durable_state.upsert(pid, 1, value)
     except RevisionConflict as exc:
         return exc
 
 
-def test_current_changes_deliver_each_persistence_ids_latest_revision(journal: Journal) -> None:
-    store = journal.durable_state
+def test_current_changes_deliver_each_persistence_ids_latest_revision(face: Face) -> None:
+    store = face.durable_state
     for i in range(6):
         store.upsert(f"Account|{i}", 1, {"v": 1})
     for i in range(3):
         store.upsert(f"Account|{i}", 2, {"v": 2})
     store.delete("Account|5", 2)
     store.upsert("Order|1", 1, "other entity type")
-    readable(journal, *journal.append("Account|0", ["an event is not a state change"]))
+    readable(face, *face.append("Account|0", ["an event is not a state change"]))
     changes = list(store.current_changes_by_slices("Account", 0, 1023))
     assert all(isinstance(c, DurableStateChange) for c in changes)
     latest = {c.persistence_id: (c.revision, c.value, c.deleted) for c in changes}
@@ -218,14 +220,14 @@ def test_current_changes_deliver_each_persistence_ids_latest_revision(journal: J
         f"Account|{i}" for i in range(6) if slice_for_persistence_id(f"Account|{i}") == s}
 
 
-def test_changes_resume_from_an_offset(journal: Journal) -> None:
-    store = journal.durable_state
-    readable(journal, *[store.upsert(f"Account|{i}", 1, 1) for i in range(4)])
+def test_changes_resume_from_an_offset(face: Face) -> None:
+    store = face.durable_state
+    readable(face, *[store.upsert(f"Account|{i}", 1, 1) for i in range(4)])
     first = list(store.current_changes_by_slices("Account", 0, 1023))
     assert len(first) == 4
     resume = TimestampOffset.parse(str(first[-1].offset))  # as a projection would store it
     assert list(store.current_changes_by_slices("Account", 0, 1023, resume)) == []
-    readable(journal, store.upsert("Account|1", 2, 2), store.upsert("Account|9", 1, 1))
+    readable(face, store.upsert("Account|1", 2, 2), store.upsert("Account|9", 1, 1))
     later = list(store.current_changes_by_slices("Account", 0, 1023, resume))
     assert [(c.persistence_id, c.revision) for c in later] == [("Account|1", 2), ("Account|9", 1)]
     # from the middle: what lies after the offset of the second change
@@ -235,11 +237,11 @@ def test_changes_resume_from_an_offset(journal: Journal) -> None:
     ] + [("Account|1", 2), ("Account|9", 1)]
 
 
-def test_live_changes_under_concurrent_upserts(mode_journal: Journal) -> None:
+def test_live_changes_under_concurrent_upserts(mode_face: Face) -> None:
     """Writers keep upserting while a live query runs (default: horizon and notifications; portable: clock
     bound and backtracking): each persistence id's revisions arrive in increasing order, none twice, and the
     last revision of every persistence id arrives."""
-    store = mode_journal.durable_state
+    store = mode_face.durable_state
     pids = [f"Account|{i}" for i in range(8)]
     revisions = 12
     got: list[DurableStateChange] = []
@@ -271,8 +273,8 @@ def test_live_changes_under_concurrent_upserts(mode_journal: Journal) -> None:
         assert seen == sorted(set(seen)), f"{pid}: revisions out of order or twice: {seen}"
 
 
-def test_live_changes_restart_from_an_offset(journal: Journal) -> None:
-    store = journal.durable_state
+def test_live_changes_restart_from_an_offset(face: Face) -> None:
+    store = face.durable_state
     store.upsert("Account|1", 1, "a")
     store.upsert("Account|2", 1, "a")
     got: list[DurableStateChange] = []
@@ -294,33 +296,33 @@ def test_live_changes_restart_from_an_offset(journal: Journal) -> None:
 
 
 @pytest.mark.postgres_only("the visibility horizon")
-def test_an_open_durable_state_writer_holds_changes_back_but_not_events(journal: Journal, dsn: str) -> None:
+def test_an_open_durable_state_writer_holds_changes_back_but_not_events(face: Face, dsn: str) -> None:
     """The horizon of changes comes from durable_state writers: a change committed after an open writer
     started is not read until that writer ends (else the cursor would pass the writer's earlier
     timestamp). Event readers are not held back by it."""
-    store = journal.durable_state
+    store = face.durable_state
     with psycopg.connect(dsn) as held:
         assert held.execute(*store.sql.write("Account|A", 1, 20, "", b"held", None)).fetchone() is not None
-        readable(journal, store.upsert("Account|B", 1, "committed later"), *journal.append("Account|B", ["an event"]))
+        readable(face, store.upsert("Account|B", 1, "committed later"), *face.append("Account|B", ["an event"]))
         assert list(store.current_changes_by_slices("Account", 0, 1023)) == []
-        assert [e.event for e in journal.query.current_events_by_slices("Account", 0, 1023)] == ["an event"]
+        assert [e.event for e in face.query.current_events_by_slices("Account", 0, 1023)] == ["an event"]
         held.commit()
-    readable(journal, store.get("Account|B"))
+    readable(face, store.get("Account|B"))
     changes = list(store.current_changes_by_slices("Account", 0, 1023, NoOffset))
     assert [(c.persistence_id, c.value) for c in changes] == [("Account|A", "held"), ("Account|B", "committed later")]
 
 
-def test_roles_writer_writes_state_and_reader_only_reads(dsn: str, roles) -> None:
-    with Journal.open(roles.dsn(dsn, roles.writer), **FAST) as writer:
+def test_roles_writer_writes_state_and_reader_only_reads(face_kind: Kind, dsn: str, roles) -> None:
+    with open_face(face_kind, roles.dsn(dsn, roles.writer), **FAST) as writer:
         state = writer.durable_state.upsert("Account|1", 1, "by the writer role")
         writer.durable_state.upsert("Account|1", 2, "again")
-    with Journal.open(roles.dsn(dsn, roles.reader), **FAST) as reader:
+    with open_face(face_kind, roles.dsn(dsn, roles.reader), **FAST) as reader:
         readable(reader, state)
         assert [c.value for c in reader.durable_state.current_changes_by_slices("Account", 0, 1023)] == ["again"]
         with pytest.raises(ConfigurationError, match=r"refused by the database: SQLSTATE 42501.*nothing was written"):
             reader.durable_state.upsert("Account|1", 3, "by the reader role")
-    with Journal.open(dsn, **FAST) as journal:
-        got = journal.durable_state.get("Account|1")
+    with open_face(face_kind, dsn, **FAST) as face:
+        got = face.durable_state.get("Account|1")
         assert got is not None and (got.revision, got.value) == (2, "again")
 
 
@@ -333,41 +335,41 @@ CREATE TABLE durable_state (
 CREATE INDEX durable_state_slice_idx ON durable_state(slice, entity_type, db_timestamp, revision)"""
 
 
-def test_a_table_created_with_akkas_ddl_works_the_same(dsn: str) -> None:
+def test_a_table_created_with_akkas_ddl_works_the_same(face_kind: Kind, dsn: str) -> None:
     """Akka keys durable_state (persistence_id, revision): the statements never rely on a key of
     persistence_id alone, so a first write still cannot make a second row and conflicts are the same."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE durable_state")
         conn.execute(AKKA_DDL)
-    with Journal.open(dsn, **FAST) as journal:
-        store = journal.durable_state
+    with open_face(face_kind, dsn, **FAST) as face:
+        store = face.durable_state
         store.upsert("Account|1", 1, "a")
         store.upsert("Account|1", 2, "b")
         with pytest.raises(RevisionConflict, match="but it is 2"):
             store.upsert("Account|1", 1, "a second row?")
         with pytest.raises(RevisionConflict, match="but it is 2"):
             store.upsert("Account|1", 2, "stale")
-        readable(journal, store.delete("Account|1", 3))
+        readable(face, store.delete("Account|1", 3))
         assert [(c.revision, c.deleted) for c in store.current_changes_by_slices("Account", 0, 1023)] == [(3, True)]
     assert row_count(dsn) == 1
 
 
-def test_a_deleted_state_written_by_akka_reads_as_deleted(journal: Journal, dsn: str) -> None:
+def test_a_deleted_state_written_by_akka_reads_as_deleted(face: Face, dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:  # Akka's delete marker: ser_id 0, manifest '', no bytes
         conn.execute("INSERT INTO durable_state (slice, entity_type, persistence_id, revision, db_timestamp, "
                      "state_ser_id, state_ser_manifest, state_payload) VALUES (%s, 'Account', 'Account|1', 4, now(), "
                      "0, '', ''::bytea)", (slice_for_persistence_id("Account|1"),))
-    got = journal.durable_state.get("Account|1")
+    got = face.durable_state.get("Account|1")
     assert got is not None and (got.revision, got.value, got.deleted) == (4, None, True)
-    assert journal.durable_state.upsert("Account|1", 5, "back").revision == 5
+    assert face.durable_state.upsert("Account|1", 5, "back").revision == 5
 
 
-def test_a_late_commit_reaches_live_changes(mode_journal: Journal, dsn: str) -> None:
+def test_a_late_commit_reaches_live_changes(mode_face: Face, dsn: str) -> None:
     """A durable-state transaction stamps its row, then commits after a later write: by default the horizon
     holds the later one back until it commits (delivered in time order); in portable mode the main cursor
     passes it and backtracking delivers it afterwards. Either way each once."""
-    store = mode_journal.durable_state
-    portable = mode_journal.settings.portable
+    store = mode_face.durable_state
+    portable = mode_face.settings.portable
     got: list[DurableStateChange] = []
     with store.changes_by_slices("Account", 0, 1023) as live:
         reader = threading.Thread(target=lambda: got.extend(live), daemon=True)
@@ -381,7 +383,7 @@ def test_a_late_commit_reaches_live_changes(mode_journal: Journal, dsn: str) -> 
             if portable:
                 eventually(lambda: [c.persistence_id for c in got] == ["Account|B"], timeout=10)
             else:
-                readable(mode_journal, store.get("Account|B"))
+                readable(mode_face, store.get("Account|B"))
                 assert got == []  # held back by the open writer, not by the clock
             held.commit()
         eventually(lambda: len(got) == 2, timeout=15)

@@ -1,4 +1,5 @@
-"""Reads by persistence id (current and live), persistence ids, highest seq nr and logical deletes."""
+"""Reads by persistence id (current and live), persistence ids, highest seq nr and logical deletes. Every test
+runs on both faces (``face``: ``Journal`` and ``AsyncJournal``, see tests/faces.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import psycopg
 import pytest
 from conftest import FAST
 from eventually import eventually
+from faces import Face, Kind, open_face
 
-from pgjournal import Journal, Source
+from pgjournal import Source
 
 PID = "Cart|1"
 
 
 @pytest.fixture
-def small_pages(dsn: str) -> Iterator[Journal]:
-    """Pages of 3 rows, so 10 events take four queries."""
-    with Journal.open(dsn, buffer_size=3, **FAST) as opened:
+def small_pages(face_kind: Kind, dsn: str) -> Iterator[Face]:
+    """Pages of 3 rows, so 10 events take four queries (on each face)."""
+    with open_face(face_kind, dsn, buffer_size=3, **FAST) as opened:
         yield opened
 
 
@@ -26,10 +28,10 @@ def seq_nrs(envelopes) -> list[int]:
     return [e.seq_nr for e in envelopes]
 
 
-def test_current_events_with_from_and_to(journal: Journal) -> None:
-    journal.append(PID, [{"n": i} for i in range(1, 11)])
-    journal.append("Cart|2", ["other"])
-    query = journal.query
+def test_current_events_with_from_and_to(face: Face) -> None:
+    face.append(PID, [{"n": i} for i in range(1, 11)])
+    face.append("Cart|2", ["other"])
+    query = face.query
     assert seq_nrs(query.current_events_by_persistence_id(PID)) == list(range(1, 11))
     assert seq_nrs(query.current_events_by_persistence_id(PID, 4)) == list(range(4, 11))
     assert seq_nrs(query.current_events_by_persistence_id(PID, 4, 6)) == [4, 5, 6]
@@ -42,7 +44,7 @@ def test_current_events_with_from_and_to(journal: Journal) -> None:
     assert {(e.persistence_id, e.entity_type, e.source) for e in events} == {(PID, "Cart", Source.QUERY)}
 
 
-def test_current_events_page_across_buffer_size(small_pages: Journal) -> None:
+def test_current_events_page_across_buffer_size(small_pages: Face) -> None:
     small_pages.append(PID, list(range(1, 11)))
     events = list(small_pages.query.current_events_by_persistence_id(PID))
     assert seq_nrs(events) == list(range(1, 11))
@@ -50,7 +52,7 @@ def test_current_events_page_across_buffer_size(small_pages: Journal) -> None:
     assert seq_nrs(small_pages.query.current_events_by_persistence_id(PID, 2, 8)) == list(range(2, 9))
 
 
-def test_current_events_stop_at_the_tail_seen_at_start(small_pages: Journal) -> None:
+def test_current_events_stop_at_the_tail_seen_at_start(small_pages: Face) -> None:
     small_pages.append(PID, list(range(10)))
     stream = small_pages.query.current_events_by_persistence_id(PID)
     first = next(stream)
@@ -71,48 +73,48 @@ def collect_in_thread(stream, into: list, done: threading.Event) -> threading.Th
 
 
 @pytest.mark.floor
-def test_live_events_deliver_later_appends_and_stop_at_to_seq_nr(mode_journal: Journal) -> None:
-    mode_journal.append(PID, ["a", "b", "c"])
+def test_live_events_deliver_later_appends_and_stop_at_to_seq_nr(mode_face: Face) -> None:
+    mode_face.append(PID, ["a", "b", "c"])
     got: list = []
     done = threading.Event()
-    stream = mode_journal.query.events_by_persistence_id(PID, 2, 6)
+    stream = mode_face.query.events_by_persistence_id(PID, 2, 6)
     collect_in_thread(stream, got, done)
     eventually(lambda: len(got) == 2)
-    mode_journal.append(PID, ["d"])
-    mode_journal.append("Cart|2", ["unrelated"])
-    mode_journal.append(PID, ["e", "f", "g"])  # g (7) is beyond to_seq_nr
+    mode_face.append(PID, ["d"])
+    mode_face.append("Cart|2", ["unrelated"])
+    mode_face.append(PID, ["e", "f", "g"])  # g (7) is beyond to_seq_nr
     assert done.wait(10), "the live query must end by itself at to_seq_nr"
     assert seq_nrs(got) == [2, 3, 4, 5, 6]
     assert [e.event for e in got] == ["b", "c", "d", "e", "f"]
     assert stream.closed
 
 
-def test_live_events_stop_on_close_from_another_thread(mode_journal: Journal) -> None:
+def test_live_events_stop_on_close_from_another_thread(mode_face: Face) -> None:
     got: list = []
     done = threading.Event()
-    stream = mode_journal.query.events_by_persistence_id(PID)
+    stream = mode_face.query.events_by_persistence_id(PID)
     collect_in_thread(stream, got, done)
-    mode_journal.append(PID, ["a"])
+    mode_face.append(PID, ["a"])
     eventually(lambda: len(got) == 1)
-    mode_journal.append(PID, ["b", "c"])
+    mode_face.append(PID, ["b", "c"])
     eventually(lambda: len(got) == 3)
     stream.close()
     assert done.wait(5), "close() must end the iteration"
     assert seq_nrs(got) == [1, 2, 3]
 
 
-def test_live_events_as_context_manager(journal: Journal) -> None:
-    journal.append(PID, ["a", "b"])
-    with journal.query.events_by_persistence_id(PID) as stream:
+def test_live_events_as_context_manager(face: Face) -> None:
+    face.append(PID, ["a", "b"])
+    with face.query.events_by_persistence_id(PID) as stream:
         assert [next(stream).event, next(stream).event] == ["a", "b"]
     assert stream.closed
     assert list(stream) == []
 
 
 @pytest.mark.floor
-def test_live_events_are_woken_by_the_writer_signal(dsn: str) -> None:
+def test_live_events_are_woken_by_the_writer_signal(face_kind: Kind, dsn: str) -> None:
     """With notifications on, a live query sees a new event long before its (here 30 s) refresh interval."""
-    with Journal.open(dsn, refresh_interval=30) as journal:
+    with open_face(face_kind, dsn, refresh_interval=30) as journal:
         got: list = []
         done = threading.Event()
         stream = journal.query.events_by_persistence_id(PID, 1, 2)
@@ -125,7 +127,7 @@ def test_live_events_are_woken_by_the_writer_signal(dsn: str) -> None:
         assert got[1].source == Source.NOTIFIED
 
 
-def test_current_persistence_ids_keyset_paging(small_pages: Journal) -> None:
+def test_current_persistence_ids_keyset_paging(small_pages: Face) -> None:
     pids = [*sorted(f"Cart|{i:02d}" for i in range(11)), "Order|1", "plain"]
     for pid in reversed(pids):
         small_pages.append(pid, ["x", "y"])  # two events each: every id must come once
@@ -147,15 +149,15 @@ def test_current_persistence_ids_keyset_paging(small_pages: Journal) -> None:
     assert resumed == pids
 
 
-def test_highest_seq_nr(journal: Journal) -> None:
-    assert journal.highest_seq_nr(PID) == 0
-    journal.append(PID, ["a", "b", "c"])
-    journal.append("Cart|2", ["x"])
-    assert journal.highest_seq_nr(PID) == 3
-    assert journal.highest_seq_nr("Cart|2") == 1
+def test_highest_seq_nr(face: Face) -> None:
+    assert face.highest_seq_nr(PID) == 0
+    face.append(PID, ["a", "b", "c"])
+    face.append("Cart|2", ["x"])
+    assert face.highest_seq_nr(PID) == 3
+    assert face.highest_seq_nr("Cart|2") == 1
 
 
-def test_delete_events_is_logical(small_pages: Journal, dsn: str) -> None:
+def test_delete_events_is_logical(small_pages: Face, dsn: str) -> None:
     journal = small_pages
     journal.append(PID, list(range(1, 8)))
     assert journal.delete_events(PID, 4) == 4
@@ -179,7 +181,7 @@ def test_delete_events_is_logical(small_pages: Journal, dsn: str) -> None:
             == (9, 8)
 
 
-def test_live_events_end_at_to_seq_nr_when_the_last_events_are_deleted(small_pages: Journal) -> None:
+def test_live_events_end_at_to_seq_nr_when_the_last_events_are_deleted(small_pages: Face) -> None:
     journal = small_pages
     journal.append(PID, list(range(1, 11)))
     journal.delete_events(PID, 10)
