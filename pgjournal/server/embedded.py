@@ -17,9 +17,9 @@ opening root's folders to everyone, so its data directory and log live in a fold
 ``/var/lib/pgjournal/``; the home keeps the password, port and lock, readable by root only. No folder's
 mode outside pgjournal's own is ever changed.
 
-A home from an earlier version (initialised to trust every local connection, or root's data directory inside the home) is
-migrated on the next start: the server is stopped if running, given its password and host rule offline
-(single-user mode, so it never listens while open), moved where it belongs, and started again.
+A home from an earlier version (initialised to trust every local connection, or root's data directory inside
+the home) is migrated on the next start: the server is stopped if running, given its password and host rule
+offline (single-user mode, so it never listens while open), moved where it belongs, and started again.
 """
 
 from __future__ import annotations
