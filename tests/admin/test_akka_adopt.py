@@ -23,7 +23,7 @@ from support.akka_schema import (
     create_akka_database,
 )
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from typer.testing import CliRunner
 
 from pgjournal import Journal, SchemaNotMigrated, SerializationError, SerializerRegistry, slice_for_persistence_id

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from support import FAST
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 
 from pgjournal import ConfigurationError, DecryptionError, Journal, SerializationError
 from pgjournal.codec.serialization import SerializerRegistry

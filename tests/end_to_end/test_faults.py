@@ -429,7 +429,7 @@ def _run_projection_until_caught_up(consumer: Journal, direct: Journal, name: st
                                     stop_chaos: threading.Event, chaos: threading.Thread | None) -> list:
     """Run the counter projection over two ranges until its read model equals the journal (or 60 s after
     the writer finished), with ``chaos`` running meanwhile."""
-    from support.projections import FAST_PROJECTION
+    from support.projection_handlers import FAST_PROJECTION
 
     from projections.examples import counter_mismatches, counter_writer
     from projections.handlers import Projection

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from support import FAST
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from test_projections import Flaky, stored_seq_nrs
 
 from pgjournal import Journal, ProjectionFailed, slice_ranges

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from test_projections_workers import Writers
 
 from pgjournal import Journal, ProjectionFailed, slice_ranges

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from support import FAST
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from test_projections import append_many, caught_up, run_until
 from typer.testing import CliRunner
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from test_projections import MODES, Flaky, append_many, stored_seq_nrs
 from test_projections_cli import invoke
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 from test_projections import counters
 
 from pgjournal import Journal, slice_for_persistence_id

@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 from support import FAST
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 
 from pgjournal import Journal, slice_for_persistence_id
 from pgjournal.model.envelope import EventEnvelope

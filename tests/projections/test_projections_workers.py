@@ -25,7 +25,7 @@ import psycopg.errors
 import pytest
 from support import FAST, make_serializable, waits_on_a_lock
 from support.eventually import eventually
-from support.projections import AUDIT_DDL
+from support.projection_handlers import AUDIT_DDL
 
 from pgjournal import Journal
 from pgjournal.store.leases import live_leases
@@ -112,7 +112,7 @@ def check_no_overlap(dsn: str) -> int:
 
 def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
     name, entity_type = "killed", "Acct"
-    handler = "support.projections:audited_counter"
+    handler = "support.projection_handlers:audited_counter"
     rng = random.Random(4)
     with Journal.open(dsn, **SETTINGS) as journal, Writers(journal, entity_type, entities=60):
         ensure_table(journal, AUDIT_DDL)
@@ -170,7 +170,7 @@ def test_sigkilled_workers_many_kills(dsn: str) -> None:
 
 def test_at_least_once_replays_only_the_unsaved_batch(dsn: str) -> None:
     name, entity_type = "alo", "Meter"
-    handler = "support.projections:audited_at_least_once"
+    handler = "support.projection_handlers:audited_at_least_once"
     save_every = 20
     with Journal.open(dsn, **SETTINGS) as journal:
         for i in range(30):

@@ -195,7 +195,7 @@ def test_an_offset_commit_that_fails_transiently_is_retried_and_counts_each_even
     with 40001/40P01 three times. The transaction rolls back each time (handler writes included), the
     work is retried, and the read model counts every event exactly once."""
     from support import FAST
-    from support.projections import FAST_PROJECTION
+    from support.projection_handlers import FAST_PROJECTION
 
     from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
     from projections.handlers import Projection

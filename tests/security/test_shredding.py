@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from support import FAST, Roles
 from support.eventually import eventually
-from support.projections import FAST_PROJECTION
+from support.projection_handlers import FAST_PROJECTION
 
 from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted, keystore
 from pgjournal.codec.serialization import SerializerRegistry
