@@ -8,14 +8,14 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
-from faces import KINDS, Face, Kind, open_face
+from support import FAST, PORTABLE, PORTABLE_ENV, ROLE_PASSWORD, SECRET, Roles, database_dsn, make_serializable
+from support.faces import KINDS, Face, Kind, open_face
 
 from pgjournal import Journal
 from pgjournal.admin.migrate import upgrade
@@ -23,19 +23,6 @@ from pgjournal.admin.roles import apply_roles, role_script
 from pgjournal.server.embedded import HOME_ENV, EmbeddedServer
 
 TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
-#: ``PGJOURNAL_TEST_PORTABLE=1``: the ``journal`` fixture is portable (the Yugabyte/Cockroach path: no
-#: notifications, no visibility horizon) and every test database defaults to SERIALIZABLE transactions, as
-#: CockroachDB does, so serialization failures (40001) happen and their retry paths run.
-PORTABLE_ENV = "PGJOURNAL_TEST_PORTABLE"
-PORTABLE = os.environ.get(PORTABLE_ENV) == "1"
-# Short polls keep live tests quick; semantics do not depend on them.
-FAST = {"refresh_interval": 0.2, "behind_current_time": 0.05, "backtracking_behind_current_time": 1.0}
-
-
-def database_dsn(server_dsn: str, name: str) -> str:
-    return psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
-
-
 #: The embedded server the tests use unless ``PGJOURNAL_TEST_DSN`` is set: one of their own (never the user's
 #: default server, which holds the demo's and their data), kept between runs in the user's own cache folder (a
 #: fixed path in the shared temporary folder could be created first by another user). Set for the whole
@@ -53,22 +40,6 @@ def _no_fsync(dsn: str) -> None:
         if conn.execute("SHOW fsync").fetchone() != ("off",):
             conn.execute("ALTER SYSTEM SET fsync = off")
             conn.execute("SELECT pg_reload_conf()")
-
-
-def waits_on_a_lock(dsn: str) -> bool:
-    """Whether a session on the database at ``dsn`` waits on a lock (a statement the test's own open transaction
-    holds back)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                           "AND datname = current_database()").fetchone()
-    return bool(row and row[0])
-
-
-def make_serializable(dsn: str) -> str:
-    """Every new session on the database at ``dsn`` runs SERIALIZABLE transactions (as on CockroachDB)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET default_transaction_isolation = \'serializable\'')
-    return dsn
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +134,7 @@ def face_kind(request: pytest.FixtureRequest) -> Kind:
 
 @pytest.fixture
 def face(face_kind: Kind, dsn: str) -> Iterator[Face]:
-    """The ``journal`` fixture on each face, as one synchronous handle (tests/faces.py: the asyncio variant's
+    """The ``journal`` fixture on each face, as one synchronous handle (tests/support/faces.py: the asyncio variant's
     every call goes through ``AsyncJournal``, on a private event loop, never through the blocking face)."""
     with open_face(face_kind, dsn, portable=PORTABLE, **FAST) as opened:
         yield opened
@@ -174,25 +145,6 @@ def mode_face(request: pytest.FixtureRequest, face_kind: Kind, dsn: str) -> Iter
     """``mode_journal`` on each face."""
     with open_face(face_kind, dsn, portable=request.param == "portable", **FAST) as opened:
         yield opened
-
-
-#: The password of every login role the tests create (the embedded server admits no one without one).
-ROLE_PASSWORD = "pgjournal-test-role"
-
-
-def create_login_role(server_dsn: str, name: str) -> None:
-    """A login role with no privilege but :data:`ROLE_PASSWORD` (a stranger to the journal)."""
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{ROLE_PASSWORD}'")
-
-
-def role_dsn(base: str, role: str, password: str = ROLE_PASSWORD) -> str:
-    """``base`` as ``role``, with its password (which wins over the password file a DSN may name)."""
-    return psycopg.conninfo.make_conninfo(base, user=role, password=password)
-
-
-#: A password with URL-hostile characters, of :func:`secret_role`: tests check that it never shows.
-SECRET = "Zq9-s3cr3t/p@ss?#"
 
 
 @pytest.fixture
@@ -208,21 +160,6 @@ def secret_role(dsn: str, server_dsn: str) -> Iterator[str]:
             conn.execute(f'REASSIGN OWNED BY "{name}" TO CURRENT_USER')
         with psycopg.connect(server_dsn, autocommit=True) as conn:
             conn.execute(f'DROP ROLE "{name}"')
-
-
-@dataclass
-class Roles:
-    owner: str
-    writer: str
-    reader: str
-    loader: str
-
-    def dsn(self, base: str, role: str) -> str:
-        return role_dsn(base, role)
-
-    @property
-    def all(self) -> tuple[str, ...]:
-        return self.owner, self.writer, self.reader, self.loader
 
 
 @pytest.fixture

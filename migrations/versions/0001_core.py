@@ -2,7 +2,7 @@
 
 The tables are built from :mod:`pgjournal.store.schema` as it stands at this revision. A later revision that
 changes one of them must first freeze this file (copy the definitions here) before editing the model;
-``tests/test_migrations.py`` fails if head and the model disagree.
+``tests/admin/test_migrations.py`` fails if head and the model disagree.
 
 Revision ID: 0001
 Revises:

@@ -1,0 +1,187 @@
+"""The layers hold: pgjournal's packages (and its few top-level modules), then the add-ons, form ONE ordered list
+(``ORDER``, bottom first; ARCHITECTURE.md is that list with a paragraph for each) and a module imports only from
+its own place and the places below it; no import cycle among pgjournal, projections and spark modules (module
+level or inside functions; ``if TYPE_CHECKING:`` imports are annotations only and do not count); the core
+``pgjournal`` package imports no add-on; the blocking and asyncio twins carry one name. Read from the source with
+``ast``: nothing is imported to check it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pgjournal", "projections", "spark")
+ADD_ONS = ("projections", "spark")
+
+#: Bottom first. A package is named ``name/``, a module at pgjournal's top level ``name.py``; the add-ons last.
+ORDER = (
+    "errors.py",
+    "validation.py",
+    "codec/",
+    "model/",
+    "store/",
+    "dialects/",
+    "runtime/",
+    "buckets.py",
+    "settings.py",
+    "server/",
+    "tags/",
+    "admin/",
+    "core/",
+    "write/",
+    "state/",
+    "query/",
+    "journal.py",
+    "aio/",
+    "firehose.py",
+    "cleanup.py",
+    "keystore.py",
+    "entity/",
+    "examples/",
+    "__init__.py",
+    "cli/",
+    "__main__.py",
+    "metrics.py",
+    "transcoding.py",
+    "projections/",
+    "spark/",
+)
+#: asyncio modules without a blocking twin (the blocking face has no pipeline)
+AIO_ONLY = ("__init__", "pipelining")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every module name ``path`` imports, with ``from x import y`` as ``x.y`` when y may be a module."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    names: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            test = node.test
+            if getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING":
+                for child in node.orelse:
+                    self.visit(child)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            names.update(alias.name for alias in node.names)
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join([*parent, *([node.module] if node.module else [])])
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        deps = set()
+        for name in imported_names(path, module):
+            if name in modules and name != module:
+                deps.add(name)
+        # ``from . import x`` names the package too: it is a dependency only if nothing more specific is
+        deps -= {d for d in deps if any(o.startswith(d + ".") for o in deps) and modules[d].name == "__init__.py"}
+        graph[module] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_core_imports_no_add_on() -> None:
+    offending = {module: sorted(d for d in deps if d.split(".")[0] in ADD_ONS)
+                 for module, deps in import_graph().items() if module.split(".")[0] == "pgjournal"}
+    assert {m: d for m, d in offending.items() if d} == {}
+
+
+def place(module: str) -> str:
+    """The entry of ``ORDER`` a module belongs to."""
+    parts = module.split(".")
+    if parts[0] != "pgjournal":
+        return parts[0] + "/"
+    if len(parts) == 1:
+        return "__init__.py"
+    return parts[1] + ("/" if (ROOT / "pgjournal" / parts[1]).is_dir() else ".py")
+
+
+def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module's imports of a place above its own in ``ORDER``."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    found = {module: sorted(d for d in deps if rank[place(d)] > rank[place(module)]) for module, deps in graph.items()}
+    return {module: deps for module, deps in found.items() if deps}
+
+
+def test_every_module_has_a_place_in_the_order() -> None:
+    # a new package or top-level module is placed on purpose: in ORDER and in ARCHITECTURE.md
+    assert sorted({place(m) for m in import_graph()} - set(ORDER)) == []
+
+
+def test_packages_import_only_their_own_place_and_the_places_below() -> None:
+    assert upward(import_graph()) == {}
+
+
+def test_architecture_md_is_the_order() -> None:
+    headings = re.findall(r"^### `([\w./]+)`", (ROOT / "ARCHITECTURE.md").read_text(), flags=re.MULTILINE)
+    assert tuple(headings) == ORDER
+
+
+def test_twins_of_the_two_faces_are_named_alike() -> None:
+    blocking = {m.split(".")[-1] for m in import_graph() if m.startswith("pgjournal.") and ".aio" not in m}
+    aio = {p.stem for p in (ROOT / "pgjournal" / "aio").glob("*.py")} - set(AIO_ONLY)
+    assert sorted(aio - blocking) == []
+
+
+def test_the_checker_sees_a_cycle_an_upward_import_and_a_core_import() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert upward({"pgjournal.store.events": {"pgjournal.write.event_writer", "pgjournal.model.slices"}}) == {
+        "pgjournal.store.events": ["pgjournal.write.event_writer"]}
+    names = imported_names(ROOT / "pgjournal" / "cli" / "commands.py", "pgjournal.cli.commands")
+    assert "pgjournal.cli.support" in names and "importlib.metadata" in names  # function-level imports count

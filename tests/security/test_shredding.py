@@ -1,0 +1,154 @@
+"""Crypto-shredding leaves nothing readable: after ``delete_key`` no table holds a shredded persistence id's
+plaintext (a projection's dead letter quoting the event included) and the wrapped key's bytes are gone from the
+key table's file; the other persistence ids' data and keys keep working. Run as the roles of ``pgjournal roles``
+(the writer shreds, as applications do)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from support import FAST, Roles
+from support.eventually import eventually
+from support.projection_handlers import FAST_PROJECTION
+
+from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted, keystore
+from pgjournal.codec.serialization import SerializerRegistry
+from pgjournal.codec.transcoding import Transcoder
+from pgjournal.keystore import PostgresKeyStore
+from pgjournal.model.envelope import EventEnvelope
+from projections.dead_letters import list_dead_letters
+from projections.handlers import ExactlyOnce, Projection
+from projections.runner import run_range
+
+GONE, KEPT = "Customer|7", "Customer|8"
+SECRET = {GONE: "ann.7@example.com", KEPT: "bob.8@example.com"}
+
+
+def dump(dsn: str) -> bytes:
+    """Every row of every table of the database as text (bytea columns in hex), as a superuser."""
+    with psycopg.connect(dsn) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables "
+            "WHERE schemaname NOT IN ('pg_catalog', 'information_schema')").fetchall()]
+        assert "public.projection_dead_letter" in tables and "public.pgjournal_payload_keys" in tables
+        return b"\n".join(str(row[0]).encode() for table in tables
+                          for row in conn.execute(f"SELECT t::text FROM {table} AS t").fetchall())
+
+
+def relation_files(dsn: str) -> bytes:
+    """The bytes of every table's, index's and TOAST table's file of the database (after a CHECKPOINT), as a
+    superuser: what a copy of the data directory would hold."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        paths = [r[0] for r in conn.execute(
+            "SELECT pg_relation_filepath(c.oid) FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'i', 't') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
+            "AND pg_relation_filepath(c.oid) IS NOT NULL").fetchall()]
+        assert any(p for p in paths)
+        return b"".join(bytes(conn.execute("SELECT pg_read_binary_file(%s)", (p,)).fetchone()[0]) for p in paths)
+
+
+def found(haystack: bytes, secret: bytes) -> bool:
+    return secret in haystack or secret.hex().encode() in haystack
+
+
+def maintains(dsn: str) -> bool:
+    """Whether the writer may vacuum the key table (``MAINTAIN``, PostgreSQL 17+); before, only its owner can."""
+    with psycopg.connect(dsn) as conn:
+        return conn.info.server_version >= 170000
+
+
+@pytest.fixture
+def keys(dsn: str, roles: Roles) -> Iterator[PostgresKeyStore]:
+    """The key store of the role that can shred: the writer, or before PostgreSQL 17 the key table's owner."""
+    role = roles.writer if maintains(dsn) else roles.owner
+    with PostgresKeyStore(roles.dsn(dsn, role), master_key=os.urandom(32), cache_ttl=0) as store:
+        yield store
+
+
+def mailer(seen: list[EventEnvelope]) -> ExactlyOnce:
+    def handle(conn: psycopg.Connection, env: EventEnvelope) -> None:
+        seen.append(env)
+        raise ValueError(f"cannot mail {env.event}")  # quotes the event, as handlers' errors do
+    return ExactlyOnce(handle)
+
+
+def test_after_shredding_no_table_and_no_file_holds_the_plaintext_or_the_key(
+        dsn: str, roles: Roles, keys: PostgresKeyStore) -> None:
+    registry = SerializerRegistry(transcoder=Transcoder(key_store=keys))
+    with Journal.open(roles.dsn(dsn, roles.writer), serializers=registry, **FAST) as journal:
+        for pid, secret in SECRET.items():
+            journal.append(pid, [{"email": secret}, {"email": secret, "n": 2}], tags=["customer"])
+            journal.save_snapshot(pid, 2, {"email": secret})
+        seen: list[EventEnvelope] = []
+        settings = dataclasses.replace(FAST_PROJECTION, attempts=1, backoff=0.01, on_failure="dead-letter")
+        runner = run_range(journal, Projection("mailer", "Customer", mailer(seen), settings), 0, 1023)
+        try:
+            eventually(lambda: runner.stats.dead_lettered == 4, "every event dead-lettered")
+        finally:
+            runner.stop()
+            runner.join(timeout=30)
+        # With its key, a dead letter's error reads as the handler raised it; a role without keys reads nothing.
+        assert sorted(letter.error for letter in list_dead_letters(journal, "mailer")) == sorted(
+            f"ValueError: cannot mail {{'email': '{s}'{n}}}" for s in SECRET.values() for n in ("", ", 'n': 2"))
+        with psycopg.connect(roles.dsn(dsn, roles.reader)) as conn:
+            errors = " ".join(r[0] for r in conn.execute("SELECT error FROM projection_dead_letter").fetchall())
+        assert SECRET[GONE] not in errors and SECRET[KEPT] not in errors
+        with psycopg.connect(dsn) as conn:
+            [(wrapped,)] = conn.execute("SELECT wrapped_key FROM pgjournal_payload_keys WHERE persistence_id = %s",
+                                        (GONE,)).fetchall()
+        key = keys.key(GONE)
+        assert key is not None and found(dump(dsn), bytes(wrapped))
+
+        assert keys.delete_key(GONE)
+
+        everything, files = dump(dsn), relation_files(dsn)
+        for secret in (SECRET[GONE].encode(), bytes(wrapped), key):
+            assert not found(everything, secret), f"{secret!r} is still in a table"
+            assert not found(files, secret), f"{secret!r} is still in a relation's file"
+        # What was not shredded keeps working: the other persistence id's events, snapshot and dead letters.
+        assert [e.event["email"] for e in journal.query.current_events_by_persistence_id(KEPT)] == [SECRET[KEPT]] * 2
+        assert journal.load_snapshot(KEPT).snapshot == {"email": SECRET[KEPT]}
+        assert all(e.redacted for e in journal.query.current_events_by_persistence_id(GONE))
+        errors_by_pid = {(letter.persistence_id, letter.error) for letter in list_dead_letters(journal, "mailer")}
+        assert (KEPT, f"ValueError: cannot mail {{'email': '{SECRET[KEPT]}'}}") in errors_by_pid
+        assert {error for pid, error in errors_by_pid if pid == GONE} == {
+            "<redacted: no key for this persistence id (crypto-shredded)>"}
+        journal.append("Customer|9", [{"email": "new"}])  # keys are made after the key table was rewritten
+        assert journal.query.load_envelope("Customer|9", 1).event == {"email": "new"}
+
+
+def test_shredding_by_a_role_that_may_not_rewrite_the_key_table_says_so(dsn: str, roles: Roles) -> None:
+    if maintains(dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'REVOKE MAINTAIN ON pgjournal_payload_keys FROM "{roles.writer}"')
+    with PostgresKeyStore(roles.dsn(dsn, roles.writer), master_key=os.urandom(32), cache_ttl=0) as writer_keys:
+        writer_keys.create_key(GONE)
+        with pytest.raises(InsufficientPrivilege, match=r"key of persistence id 'Customer\|7' is deleted, but this "
+                                                        r"role may not vacuum pgjournal_payload_keys.*VACUUM \(FULL\)"):
+            writer_keys.delete_key(GONE)
+        assert writer_keys.key(GONE) is None
+
+
+def test_a_transaction_older_than_the_shredding_keeps_the_key_until_it_ends_then_reclaim_takes_it(
+        dsn: str, keys: PostgresKeyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys.create_key(GONE)
+    kept = keys.create_key(KEPT)
+    with psycopg.connect(dsn) as conn:
+        [(wrapped,)] = conn.execute("SELECT wrapped_key FROM pgjournal_payload_keys WHERE persistence_id = %s",
+                                    (GONE,)).fetchall()
+    monkeypatch.setattr(keystore, "RECLAIM_WAIT", 0.5, raising=False)
+    with psycopg.connect(dsn) as old:
+        old.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        old.execute("SELECT count(*) FROM event_journal")  # a snapshot taken before the key is deleted
+        with pytest.raises(RetriesExhausted, match=r"Customer\|7.*a transaction older than the deletion"):
+            keys.delete_key(GONE)
+        assert keys.key(GONE) is None  # deleted all the same; only its bytes wait
+        assert found(relation_files(dsn), bytes(wrapped))
+    keys.reclaim()
+    assert not found(relation_files(dsn), bytes(wrapped))
+    assert keys.key(KEPT) == kept

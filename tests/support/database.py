@@ -1,0 +1,26 @@
+"""Test databases and their sessions: a database's DSN, its default isolation, its lock waits."""
+
+from __future__ import annotations
+
+import psycopg
+import psycopg.conninfo
+
+
+def database_dsn(server_dsn: str, name: str) -> str:
+    return psycopg.conninfo.make_conninfo(server_dsn, dbname=name)
+
+
+def waits_on_a_lock(dsn: str) -> bool:
+    """Whether a session on the database at ``dsn`` waits on a lock (a statement the test's own open transaction
+    holds back)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()").fetchone()
+    return bool(row and row[0])
+
+
+def make_serializable(dsn: str) -> str:
+    """Every new session on the database at ``dsn`` runs SERIALIZABLE transactions (as on CockroachDB)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET default_transaction_isolation = \'serializable\'')
+    return dsn

@@ -1,0 +1,396 @@
+"""The tag path on a real PostgreSQL: tagged appends (same transaction), events_by_tag current and live,
+restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed bucket size."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from support import PORTABLE
+from support.tags import TAGS, collect, progress, tag_rows
+
+from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
+from pgjournal.buckets import BucketSize
+from pgjournal.model.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
+from pgjournal.query.by_tag import MissingTaggedEventsError, TagEnvelope
+from pgjournal.tags import statement_writer as tag_write_module
+
+
+@pytest.fixture
+def tj(dsn: str) -> Iterator[Journal]:
+    with Journal.open(dsn, **TAGS) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["default", "portable"])
+def mode_tj(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
+    with Journal.open(dsn, portable=request.param == "portable", **TAGS) as opened:
+        yield opened
+
+
+def settle(journal: Journal) -> None:
+    time.sleep(journal.settings.tag_eventual_consistency_delay + 0.05)
+
+
+def assert_exactly_once_in_order(envs: list[TagEnvelope], expected: dict[str, int]) -> None:
+    """Every pid's events 1..n once each, in order (all events tagged, so tag seq == seq nr)."""
+    per_pid: dict[str, list[int]] = {}
+    for env in envs:
+        per_pid.setdefault(env.persistence_id, []).append(env.tag_pid_sequence_nr)
+        assert env.tag_pid_sequence_nr == env.seq_nr
+    assert per_pid == {pid: list(range(1, n + 1)) for pid, n in expected.items()}
+
+
+# -- write -------------------------------------------------------------------------------------------
+
+
+def test_tagged_append_writes_tag_rows_with_per_tag_sequence_numbers(tj: Journal) -> None:
+    tj.append("Cart|a", [{"n": 1}, {"n": 2}], tags=["x", "y"])
+    tj.append("Cart|a", [{"n": 3}], tags=["x"])
+    tj.append("Cart|b", [{"n": 1}], tags=["y"])
+    tj.append("Cart|a", [{"n": 4}])  # untagged: no tag row, numbers unchanged
+    tj.append("Cart|a", [{"n": 5}], tags=["y"])
+    tj.append("Cart|b", [{"n": 2}, {"n": 3}], tags=["y"])  # several events, one tag
+    assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 3, 3)]
+    assert tag_rows(tj, "y") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 5, 3), ("Cart|b", 1, 1),
+                                 ("Cart|b", 2, 2), ("Cart|b", 3, 3)]
+    assert progress(tj) == {("Cart|a", "x"): (3, 3), ("Cart|a", "y"): (5, 3), ("Cart|b", "y"): (3, 3)}
+    with tj.connection() as conn:
+        stamps = [r[0] for r in conn.execute(
+            "SELECT timestamp FROM tag_views WHERE tag_name = 'y' AND persistence_id = 'Cart|a' "
+            "ORDER BY tag_pid_sequence_nr")]
+        stamps_b = [r[0] for r in conn.execute(
+            "SELECT timestamp FROM tag_views WHERE tag_name = 'y' AND persistence_id = 'Cart|b' "
+            "ORDER BY tag_pid_sequence_nr")]
+        buckets = {r[0] for r in conn.execute("SELECT timebucket FROM tag_views")}
+    assert all(compare(a, b) == -1 for a, b in itertools.pairwise(stamps))
+    assert all(compare(a, b) == -1 for a, b in itertools.pairwise(stamps_b))
+    assert all(s.version == 1 for s in stamps + stamps_b)
+    assert all(b % BucketSize.MINUTE.millis == 0 for b in buckets)
+
+
+def test_failed_tagged_append_writes_nothing_anywhere(tj: Journal) -> None:
+    tj.append("Cart|a", [{"n": 1}], tags=["x"])
+    before = (tag_rows(tj, "x"), progress(tj))
+    # A tag row that the database rejects must take the journal row down with it: one transaction.
+    with tj.connection() as conn:
+        conn.execute("ALTER TABLE tag_views ADD CONSTRAINT no_boom CHECK (tag_name <> 'boom')")
+    with pytest.raises(JournalError, match="no_boom") as refused:
+        tj.append("Cart|a", [{"n": 2}, {"n": 3}], tags=["x", "boom"])
+    assert isinstance(refused.value.__cause__, psycopg.errors.CheckViolation)
+    assert tj.highest_seq_nr("Cart|a") == 1
+    # A stale expectation: nothing of the batch, tag rows included.
+    with pytest.raises(ConcurrencyConflict):
+        tj.append("Cart|a", [{"n": 2}], expected_seq_nr=0, tags=["x"])
+    assert (tag_rows(tj, "x"), progress(tj)) == before
+    tj.append("Cart|a", [{"n": 2}], expected_seq_nr=1, tags=["x"])
+    assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2)]
+
+
+def test_new_timeuuid_low_bytes_reach_the_cached_statement(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tagged statement is cached with this process's TimeUUID low bytes written into it: new low bytes
+    (drawn after fork) must give a new statement, not the cached one with the old bytes."""
+    generator = TimeUUIDGenerator()
+    monkeypatch.setattr(tag_write_module, "GENERATOR", generator)
+    tj.append("Cart|f", [1], tags=["x"])
+    first = generator.lsb
+    generator.reseed()
+    tj.append("Cart|f", [2], tags=["x"])
+    with tj.connection() as conn:
+        rows = conn.execute("SELECT ts_lsb, ts_time, timestamp FROM tag_views WHERE persistence_id = 'Cart|f' "
+                            "ORDER BY tag_pid_sequence_nr").fetchall()
+    assert [lsb for lsb, _, _ in rows] == [first, generator.lsb] and first != generator.lsb
+    assert all(order_key(stamp) == (ticks, lsb) for lsb, ticks, stamp in rows)
+
+
+def test_a_forked_child_draws_new_timeuuid_low_bytes() -> None:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # only a pipe write in the child: no locks another thread might have held
+        os.write(write, str(GENERATOR.lsb).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as pipe:
+        assert int(pipe.read()) != GENERATOR.lsb
+
+
+@pytest.mark.parametrize("tags", [["x", "y"], ["x"]], ids=["two tags", "one tag"])
+def test_racing_appends_keep_tag_sequence_numbers_contiguous(tj: Journal, tags: list[str]) -> None:
+    def work() -> None:
+        for _ in range(20):
+            tj.append("Cart|hot", [{"n": 1}], tags=tags)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for tag in tags:
+        assert tag_rows(tj, tag) == [("Cart|hot", n, n) for n in range(1, 81)]
+    assert progress(tj)[("Cart|hot", "x")] == (80, 80)
+    # Racing writers of one pid: the statement raises the TimeUUID above the pid's last one, so TimeUUID
+    # order is tag sequence order (the stream's offsets depend on it). The SQL-built UUID matches its keys.
+    with tj.connection() as conn:
+        rows = conn.execute("SELECT timestamp, ts_time, ts_lsb, timebucket FROM tag_views WHERE tag_name = 'x' "
+                            "ORDER BY tag_pid_sequence_nr").fetchall()
+    assert all(compare(a[0], b[0]) == -1 for a, b in itertools.pairwise(rows))
+    assert all(order_key(stamp) == (ticks, lsb) for stamp, ticks, lsb, _ in rows)
+    assert all(bucket == BucketSize.MINUTE.bucket_of(ms_of_ticks(ticks)) for _, ticks, _, bucket in rows)
+
+
+def test_bucket_size_is_fixed_once_tagged_data_exists(dsn: str) -> None:
+    with Journal.open(dsn, tag_bucket_size="Hour") as early:  # opened before any tagged event
+        with Journal.open(dsn, tag_bucket_size="Minute") as first:
+            first.append("Cart|a", [1], tags=["x"])
+        with pytest.raises(ConfigurationError, match="Minute"):
+            early.append("Cart|a", [2], tags=["x"])
+    with pytest.raises(ConfigurationError, match="tag_bucket_size=Minute"):
+        Journal.open(dsn, tag_bucket_size="Hour")
+    with Journal.open(dsn, tag_bucket_size="Minute") as again:
+        again.append("Cart|a", [2], tags=["x"])
+
+
+# -- queries -----------------------------------------------------------------------------------------
+
+
+def test_current_events_by_tag_in_order_and_restart_from_offset(tj: Journal) -> None:
+    written = {f"Cart|{i}": 0 for i in range(4)}
+    for round_ in range(3):
+        for pid in written:
+            tj.append(pid, [{"r": round_, "k": 1}, {"r": round_, "k": 2}], tags=["x"])
+            written[pid] += 2
+    tj.append("Other|1", [1], tags=["not-x"])
+    settle(tj)
+    envs = list(tj.query.current_events_by_tag("x"))
+    assert_exactly_once_in_order(envs, written)
+    keys = [env.timestamp for env in envs]
+    assert all(compare(a, b) == -1 for a, b in itertools.pairwise(keys))
+    assert envs[0].event == {"r": 0, "k": 1} and envs[0].tags == ("x",)
+    # Restart after every position: exactly the rest, each once.
+    for i in (0, 7, len(envs) - 1):
+        rest = list(tj.query.current_events_by_tag("x", envs[i].offset))
+        assert [(e.persistence_id, e.seq_nr) for e in rest] == [(e.persistence_id, e.seq_nr) for e in envs[i + 1:]]
+
+
+def test_live_events_by_tag_follows_new_events_and_resumes(tj: Journal) -> None:
+    tj.append("Cart|1", [1, 2], tags=["x"])
+    with tj.query.events_by_tag("x") as stream:
+        first = collect(stream, 2)
+        tj.append("Cart|2", [1], tags=["x"])
+        tj.append("Cart|1", [3], tags=["x"])
+        second = collect(stream, 2)
+    assert [(e.persistence_id, e.seq_nr) for e in first + second] == [
+        ("Cart|1", 1), ("Cart|1", 2), ("Cart|2", 1), ("Cart|1", 3)]
+    tj.append("Cart|2", [2], tags=["x"])
+    with tj.query.events_by_tag("x", second[0].offset) as resumed:
+        rest = collect(resumed, 2)
+    assert [(e.persistence_id, e.seq_nr) for e in rest] == [("Cart|1", 3), ("Cart|2", 2)]
+
+
+def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tj: Journal) -> None:
+    tj.append("Cart|g", [1, 2, 3, 4], tags=["x"])
+    with tj.connection() as conn:
+        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr IN (2, 3)")
+    settle(tj)
+    started = time.monotonic()
+    seen = []
+    with pytest.raises(MissingTaggedEventsError) as failure:
+        seen.extend(tj.query.current_events_by_tag("x"))
+    assert time.monotonic() - started >= tj.settings.tag_gap_timeout
+    assert (failure.value.tag, failure.value.persistence_id, failure.value.missing) == ("x", "Cart|g", [2, 3])
+    assert "'Cart|g'" in str(failure.value) and "2, 3" in str(failure.value)
+
+
+def test_first_event_missing_from_no_offset_is_a_gap(tj: Journal) -> None:
+    tj.append("Cart|g", [1, 2], tags=["x"])
+    with tj.connection() as conn:
+        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 1")
+    settle(tj)
+    with pytest.raises(MissingTaggedEventsError) as failure:
+        list(tj.query.current_events_by_tag("x"))
+    assert failure.value.missing == [1]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 50], ids=["whole pages", "2-row chunks", "50-row chunks"])
+def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal, chunk: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gap row arrives mid-page (and mid-chunk when streamed); the rows after it are still handled."""
+    monkeypatch.setattr("pgjournal.query.by_tag.STREAM_CHUNK", chunk)
+    tj.append("Cart|g", [1, 2, 3], tags=["x"])
+    tj.append("Cart|h", [1, 2, 3, 4], tags=["x"])
+    tj.append("Cart|g", [4, 5], tags=["x"])
+    with tj.connection() as conn:
+        saved = conn.execute("SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2"
+                             ).fetchone()
+        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
+    settle(tj)
+    stream = tj.query.events_by_tag("x")
+    restorer = threading.Timer(0.4, lambda: _insert_row(tj, saved))
+    restorer.start()
+    envs = collect(stream, 9)
+    stream.close()
+    assert [e.seq_nr for e in envs if e.persistence_id == "Cart|g"] == [1, 2, 3, 4, 5]
+    assert [e.seq_nr for e in envs if e.persistence_id == "Cart|h"] == [1, 2, 3, 4]
+
+
+def _insert_row(journal: Journal, row: tuple[Any, ...]) -> None:
+    with journal.connection() as conn:
+        conn.execute(f"INSERT INTO tag_views VALUES ({', '.join(['%s'] * len(row))})", row)
+
+
+def test_new_persistence_id_from_an_offset_in_the_current_bucket(tj: Journal) -> None:
+    tj.append("Cart|old", [1, 2], tags=["x"])
+    tj.append("Cart|mark", [1], tags=["x"])
+    settle(tj)
+    mark = list(tj.query.current_events_by_tag("x"))[-1]
+    # From the offset, Cart|old is new to the stream and continues at 3: accepted (its 1, 2 are before it).
+    with tj.query.events_by_tag("x", mark.offset) as stream:
+        tj.append("Cart|old", [3], tags=["x"])
+        tj.append("Cart|new", [1], tags=["x"])
+        envs = collect(stream, 2)
+    assert [(e.persistence_id, e.tag_pid_sequence_nr) for e in envs] == [("Cart|old", 3), ("Cart|new", 1)]
+
+
+def test_delayed_commit_is_delivered_once_and_in_order(mode_tj: Journal) -> None:
+    """A tagged append held open (its progress row locked by the test) while other writers commit."""
+    journal = mode_tj
+    journal.append("Cart|slow", [0], tags=["x"])
+    with journal.query.events_by_tag("x") as stream:
+        got = collect(stream, 1)
+        blocker = psycopg.connect(journal.dsn)  # a transaction the test controls
+        blocker.execute("SELECT * FROM tag_write_progress WHERE persistence_id = 'Cart|slow' FOR UPDATE")
+        held = threading.Thread(target=journal.append, args=("Cart|slow", [1]), kwargs={"tags": ["x"]})
+        held.start()
+        time.sleep(0.2)  # the held append has its TimeUUID and waits on the lock
+        for i in range(5):
+            journal.append(f"Cart|fast{i}", [1, 2], tags=["x"])
+        got += collect(stream, 10, timeout=5) if journal.settings.portable else []
+        time.sleep(0.6)  # far longer than the eventual consistency delay
+        blocker.commit()
+        blocker.close()
+        held.join()
+        journal.append("Cart|slow", [2], tags=["x"])
+        got += collect(stream, 12 - len(got) + 1)
+    expected = {"Cart|slow": 3, **{f"Cart|fast{i}": 2 for i in range(5)}}
+    per_pid: dict[str, list[int]] = {}
+    for env in got:
+        per_pid.setdefault(env.persistence_id, []).append(env.tag_pid_sequence_nr)
+    assert per_pid == {pid: list(range(1, n + 1)) for pid, n in expected.items()}
+    late = next(e for e in got if e.persistence_id == "Cart|slow" and e.tag_pid_sequence_nr == 2)
+    if journal.settings.portable:
+        # Passed by the cursor, then found by back tracking (or the gap search of the next event). Under
+        # SERIALIZABLE (PGJOURNAL_TEST_PORTABLE=1) the held append may instead be cancelled and retried, with a
+        # new TimeUUID taken for the retry: then the cursor simply reads it in order.
+        assert late.source is Source.BACKTRACKING or late.offset.value != late.timestamp or PORTABLE
+    else:
+        # The visibility horizon held the cursor back: everything arrives in TimeUUID order.
+        stamps = [e.timestamp for e in got]
+        assert all(compare(a, b) == -1 for a, b in itertools.pairwise(stamps))
+    offsets = [e.offset for e in got]
+    assert all(a <= b for a, b in itertools.pairwise(offsets))
+
+
+def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    boundary_ms = (int(time.time() * 1000) // 60_000 - 10) * 60_000  # a minute boundary 10 minutes ago
+    fake = {"ns": 0}
+    monkeypatch.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: fake["ns"]))
+    plan = [(-30, "Cart|a"), (-25, "Cart|y1"), (-20, "Cart|b"), (-1, "Cart|a"), (0, "Cart|b"), (0, "Cart|c"),
+            (1, "Cart|a"), (59_999, "Cart|c"), (60_000, "Cart|a"), (60_005, "Cart|y2")]
+    with Journal.open(dsn, **dict(TAGS, buffer_size=2)) as journal:  # pages of 2 end on the boundaries
+        for offset_ms, pid in plan:
+            fake["ns"] = (boundary_ms + offset_ms) * 1_000_000
+            journal.append(pid, [{"at": offset_ms}], tags=["y" if "y" in pid else "x"])
+        envs = list(journal.query.current_events_by_tag("x"))
+        assert [e.event["at"] for e in envs] == [at for at, pid in plan if "y" not in pid]
+        assert_exactly_once_in_order(envs, {"Cart|a": 4, "Cart|b": 2, "Cart|c": 2})
+        buckets = [e.db_timestamp.timestamp() * 1000 // 60_000 * 60_000 for e in envs]
+        assert buckets == [boundary_ms - 60_000] * 3 + [boundary_ms] * 4 + [boundary_ms + 60_000]
+        # Resume from the last event before the boundary, and from the first after it.
+        rest = list(journal.query.current_events_by_tag("x", envs[2].offset))
+        assert [e.event["at"] for e in rest] == [0, 0, 1, 59_999, 60_000]
+        with journal.query.events_by_tag("x", envs[3].offset) as live:
+            assert [e.event["at"] for e in collect(live, 4)] == [0, 1, 59_999, 60_000]
+    after = time.strftime("%Y%m%dT%H:%M", time.gmtime(boundary_ms / 1000 + 60))  # the bucket after the boundary
+    with Journal.open(dsn, **dict(TAGS, tag_first_time_bucket=after)) as late_start:
+        assert [e.persistence_id for e in late_start.query.current_events_by_tag("y")] == ["Cart|y2"]
+        # From NoOffset a persistence id must start at 1: Cart|a's 4th event alone is a gap.
+        with pytest.raises(MissingTaggedEventsError) as failure:
+            list(late_start.query.current_events_by_tag("x"))
+        assert (failure.value.persistence_id, failure.value.missing) == ("Cart|a", [1, 2, 3])
+
+
+def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database lost in the middle of a page: the live loop retries, nothing is lost or repeated."""
+    from pgjournal.query.by_tag import TagStream
+
+    tj.append("Cart|1", [1, 2, 3], tags=["x"])
+    tj.append("Cart|2", [1, 2], tags=["x"])
+    settle(tj)
+    real, calls = TagStream._decode, {"n": 0}
+
+    def flaky(self: TagStream, *args: Any) -> TagEnvelope:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real(self, *args)
+
+    monkeypatch.setattr(TagStream, "_decode", flaky)
+    with tj.query.events_by_tag("x") as stream:
+        envs = collect(stream, 5)
+    assert calls["n"] > 5
+    assert_exactly_once_in_order(envs, {"Cart|1": 3, "Cart|2": 2})
+
+
+def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that appears 15 s behind the cursor: beyond the short back track's period, within "max"."""
+    settings = dict(TAGS, portable=True, tag_back_track_interval=0.1, tag_back_track_period=1.0,
+                    tag_back_track_long_interval=1.5, tag_back_track_long_period="max")
+    with Journal.open(dsn, **settings) as journal:
+        with monkeypatch.context() as patched:  # an event written 20 s ago
+            patched.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: time.time_ns() - 20 * 10**9))
+            journal.append("Cart|early", [1], tags=["x"])
+        settle(journal)
+        start = next(iter(journal.query.current_events_by_tag("x"))).offset
+        journal.append("Cart|now", [1], tags=["x"])
+        with journal.query.events_by_tag("x", start) as stream:
+            assert [e.persistence_id for e in collect(stream, 1)] == ["Cart|now"]
+            # Commit, "late", a row whose TimeUUID is 15 s old (but after the query's start offset).
+            with journal.connection() as conn:
+                conn.execute("""
+                    INSERT INTO tag_views SELECT tag_name, ms - mod(ms, 60000), ticks, ts_lsb, timestamp,
+                        'Cart|late', 1, 1, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id,
+                        meta_ser_manifest, meta_payload
+                    FROM tag_views, LATERAL (SELECT ts_time + 50000000 AS ticks) AS t,
+                        LATERAL (SELECT (ticks - %s) / 10000 AS ms) AS m
+                    WHERE persistence_id = 'Cart|early'""", (UUID_EPOCH_OFFSET,))
+            started = time.monotonic()
+            late = collect(stream, 1, timeout=5)
+        assert [(e.persistence_id, e.source) for e in late] == [("Cart|late", Source.BACKTRACKING)]
+        assert time.monotonic() - started >= 0.5  # the short back track (every 0.1 s over 1 s) did not find it
+
+
+def test_bad_tag_and_offset_are_named(tj: Journal) -> None:
+    from datetime import UTC, datetime
+
+    from pgjournal import InvalidArgument, TimestampOffset
+
+    with pytest.raises(InvalidArgument, match="TimeBasedUUID offset or NoOffset"):
+        list(tj.query.current_events_by_tag("x", TimestampOffset(datetime.now(UTC))))
+    with pytest.raises(InvalidArgument, match="tag must be a non-empty string"):
+        tj.query.events_by_tag("")
+
+
+def test_reading_an_empty_tag_view_fixes_no_bucket_size(dsn: str) -> None:
+    with Journal.open(dsn, **dict(TAGS, tag_bucket_size="Hour")) as reader:
+        assert list(reader.query.current_events_by_tag("x")) == []
+        with Journal.open(dsn, **TAGS) as writer:  # Minute
+            writer.append("Cart|1", [1], tags=["x"])
+        with pytest.raises(ConfigurationError, match="Minute"):
+            list(reader.query.current_events_by_tag("x"))

@@ -1,0 +1,110 @@
+"""Reconciliation (tags of a pid, delete, rebuild, all tags, truncate), Cleanup, and their CLI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from support.tags import TAGS
+from typer.testing import CliRunner
+
+from pgjournal import Journal
+from pgjournal.cli.commands import app
+from pgjournal.tags.reconciliation import Cleanup, Reconciliation
+
+
+@pytest.fixture
+def tj(dsn: str) -> Iterator[Journal]:
+    with Journal.open(dsn, **TAGS) as opened:
+        yield opened
+
+
+def view(journal: Journal, tag: str) -> list[tuple[str, int, int, object]]:
+    time.sleep(journal.settings.tag_eventual_consistency_delay + 0.05)
+    return [(e.persistence_id, e.seq_nr, e.tag_pid_sequence_nr, e.event)
+            for e in journal.query.current_events_by_tag(tag)]
+
+
+def test_reconciliation_round_trip(tj: Journal) -> None:
+    tj.append("Cart|1", [{"n": 1}, {"n": 2}], tags=["x", "y"])
+    tj.append("Cart|1", [{"n": 3}], tags=["y"])
+    tj.append("Cart|1", [{"n": 4}], tags=["x"])
+    tj.append("Cart|2", [{"n": 1}], tags=["x"])
+    tj.delete_events("Cart|1", 1)  # logically deleted events keep their tag rows and numbers
+    before_x, before_y = view(tj, "x"), view(tj, "y")
+    rec = Reconciliation(tj)
+    assert rec.tags_of("Cart|1") == ["x", "y"]
+    assert rec.delete_tag_view("Cart|1", "x") == 3
+    assert [row[0] for row in view(tj, "x")] == ["Cart|2"]
+    assert view(tj, "y") == before_y
+    assert rec.rebuild("Cart|1") == 3 + 3
+    assert sorted(view(tj, "x"), key=str) == sorted(before_x, key=str)
+    assert view(tj, "y") == before_y
+    with tj.connection() as conn:
+        assert conn.execute("SELECT persistence_id, sequence_nr FROM tag_scanning").fetchall() == [("Cart|1", 4)]
+    assert rec.rebuild("Cart|1", ["x"]) == 3  # idempotent
+    assert sorted(view(tj, "x"), key=str) == sorted(before_x, key=str)
+    # New appends continue the rebuilt numbering.
+    tj.append("Cart|1", [{"n": 5}], tags=["x"])
+    assert view(tj, "x")[-1][:3] == ("Cart|1", 5, 4)
+    counts = {c.tag: (c.events, c.persistence_ids) for c in rec.all_tags()}
+    assert counts == {"x": (5, 2), "y": (3, 1)}
+    rec.truncate()
+    assert view(tj, "x") == [] and rec.all_tags() == []
+
+
+def test_cleanup_is_a_dry_run_by_default(tj: Journal) -> None:
+    tj.append("Cart|1", [1, 2, 3], tags=["x"])
+    tj.save_snapshot("Cart|1", 3, {"s": 1})
+    dry = Cleanup(tj)
+    results = dry.delete_all("Cart|1")
+    assert [(r.what, r.rows, r.dry_run) for r in results] == [
+        ("tagged events", 3, True), ("events", 2, True), ("snapshots", 1, True)]
+    assert "would delete 3 tagged events" in str(results[0])
+    assert len(view(tj, "x")) == 3 and tj.load_snapshot("Cart|1") is not None
+    done = Cleanup(tj, dry_run=False).delete_all("Cart|1")
+    assert [r.rows for r in done] == [3, 2, 1]
+    assert view(tj, "x") == [] and tj.load_snapshot("Cart|1") is None
+    assert list(tj.query.current_events_by_persistence_id("Cart|1")) == []
+    assert tj.highest_seq_nr("Cart|1") == 3  # the pid continues after its highest sequence number
+    tj.append("Cart|1", [4], expected_seq_nr=3, tags=["x"])
+    with tj.connection() as conn:  # tag numbers keep counting, so streams that knew the pid stay correct
+        rows = conn.execute("SELECT sequence_nr, tag_pid_sequence_nr FROM tag_views").fetchall()
+    assert rows == [(4, 4)]
+
+
+def test_cleanup_with_reset_sequence_number(tj: Journal) -> None:
+    tj.append("Cart|1", [1, 2], tags=["x"])
+    assert Cleanup(tj, dry_run=False).delete_all_events("Cart|1", reset_sequence_number=True).rows == 2
+    assert tj.highest_seq_nr("Cart|1") == 0
+
+
+def test_tags_and_cleanup_cli(tj: Journal) -> None:
+    tj.append("Cart|1", [{"n": 1}, {"n": 2}], tags=["x", "y"])
+    # Settings reach the CLI through PGJOURNAL_* variables (a Minute-bucket database needs Minute buckets).
+    runner = CliRunner(env={"PGJOURNAL_TAG_BUCKET_SIZE": "Minute", "PGJOURNAL_TAG_EVENTUAL_CONSISTENCY_DELAY": "0.05"})
+    dsn = ["--dsn", tj.dsn]
+
+    def run(*args: str) -> str:
+        result = runner.invoke(app, [*args, *dsn])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "x" in run("tags", "of", "Cart|1") and "y" in run("tags", "of", "Cart|1")
+    assert "x" in run("tags", "all")
+    time.sleep(0.1)
+    out = run("tags", "events", "x")
+    assert out.count('"pid": "Cart|1"') == 2 and '"tag_pid_sequence_nr": 2' in out
+    assert "2" in run("tags", "delete", "Cart|1", "x")
+    assert run("tags", "events", "x").strip() == ""
+    assert "rebuilt 4" in run("tags", "rebuild", "Cart|1")
+    assert "would delete" in run("cleanup", "all", "Cart|1")
+    assert len(view(tj, "x")) == 2
+    assert "deleted" in run("cleanup", "tagged", "Cart|1", "--execute")
+    assert view(tj, "x") == []
+    failed = runner.invoke(app, ["tags", "truncate", *dsn])
+    assert failed.exit_code != 0  # needs --yes
+    run("tags", "truncate", "--yes")
+    bad = runner.invoke(app, ["tags", "events", "x", "--offset", "nonsense", *dsn])
+    assert bad.exit_code == 1 and "error" in bad.output
