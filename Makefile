@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 # Java 17+ and the PostgreSQL JDBC jar for the Spark step and tests: installed with apt-get when missing
 # (as root or with passwordless sudo), else one message with the command to run. PGJOURNAL_SKIP_SPARK=1: no Spark.
 setup: $(STAMP)
-	$(PY) -m spark.system --install
+	$(PY) -m pgjournal.spark.system --install
 
 demo: setup
 	$(PY) -m pgjournal.cli.demo

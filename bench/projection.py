@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pgjournal import Journal, slice_ranges
-from projections.examples import counter_writer, ensure_counter_table
-from projections.handlers import Projection, ProjectionSettings
-from projections.runner import run_range
+from pgjournal.projections.examples import counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection, ProjectionSettings
+from pgjournal.projections.runner import run_range
 
 from .by_slices import load
 from .harness import Context, Scenario

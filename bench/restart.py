@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 
 from pgjournal import Journal, slice_for_persistence_id
-from projections.examples import counter_writer, ensure_counter_table
-from projections.handlers import Projection, ProjectionSettings
-from projections.runner import RangeRunner, run_range
+from pgjournal.projections.examples import counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection, ProjectionSettings
+from pgjournal.projections.runner import RangeRunner, run_range
 
 from .harness import Context, Scenario
 

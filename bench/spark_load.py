@@ -62,7 +62,7 @@ def _layout_note(ctx: Context, conn: psycopg.Connection) -> None:
 
 
 def setup(ctx: Context) -> dict[str, Any]:
-    from spark.session import spark_session
+    from pgjournal.spark.session import spark_session
 
     total = 50_000 if ctx.quick else 1_000_000
     pids = [f"{'Cart' if i % 2 else 'Order'}|{i:07d}" for i in range(total // EVENTS_PER_PID)]
@@ -83,7 +83,7 @@ def setup(ctx: Context) -> dict[str, Any]:
 
 
 def _export(ctx: Context, state: dict[str, Any], ranges: int, table: str = "event_journal") -> float:
-    from spark.jobs import export_events
+    from pgjournal.spark.jobs import export_events
 
     result = export_events(state["spark"], f"{state['out']}/r{ranges}", dsn=ctx.dsn, slice_ranges=ranges,
                            table=table)

@@ -37,7 +37,7 @@ from .spark_load import _FILL, EVENTS_PER_PID, _copy
 
 
 def setup(ctx: Context) -> dict[str, Any]:
-    from spark.session import spark_session
+    from pgjournal.spark.session import spark_session
 
     total = 100_000 if ctx.quick else 1_000_000
     pids = [f"{'Cart' if i % 2 else 'Order'}|{i:07d}" for i in range(total // EVENTS_PER_PID)]
@@ -70,7 +70,7 @@ def _native(ctx: Context, state: dict[str, Any], ranges: int) -> float:
 
 
 def _jdbc(ctx: Context, state: dict[str, Any], ranges: int) -> float:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     frame = read_events(state["spark"], ctx.dsn, slice_ranges=ranges, decode=False)
     return _timed_write(state, frame, f"jdbc{ranges}")
@@ -126,7 +126,7 @@ def _live_latency(ctx: Context, _state: dict[str, Any]) -> float:
 
 
 def _session(_ctx: Context) -> dict[str, Any]:
-    from spark.session import spark_session
+    from pgjournal.spark.session import spark_session
 
     return {"spark": spark_session("pgjournal-bench")}
 

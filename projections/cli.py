@@ -49,7 +49,7 @@ def run_cmd(
     name: str,
     entity_type: Annotated[str, typer.Option("--entity-type", "-e", help="Entity type to project.")],
     handler: Annotated[str, typer.Option(help="module:factory; factory(journal, name, entity_type) -> Projection.")
-                       ] = "projections.examples:counter_projection",
+                       ] = "pgjournal.projections.examples:counter_projection",
     workers: Annotated[int, typer.Option(min=1, max=1024, help="Worker processes to start here.")] = 1,
     lease_duration: Annotated[float, typer.Option(help="Seconds a slice lease lasts unless renewed.")] = 10.0,
     dsn: DsnOption = None,
@@ -115,7 +115,7 @@ def dead_letters_cmd(
     retry: Annotated[bool, typer.Option("--retry", help="Replay each through the handler; remove those that "
                                         "now succeed.")] = False,
     handler: Annotated[str, typer.Option(help="module:factory for --retry; factory(journal, name, entity_type) "
-                                         "-> Projection.")] = "projections.examples:counter_projection",
+                                         "-> Projection.")] = "pgjournal.projections.examples:counter_projection",
     entity_type: Annotated[str, typer.Option("--entity-type", "-e", help="Entity type for the factory "
                                              "(default: that of the first dead letter).")] = "",
     dsn: DsnOption = None,

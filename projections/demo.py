@@ -37,7 +37,7 @@ def _spawn(dsn: str) -> subprocess.Popen[bytes]:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update({f"PGJOURNAL_{k.upper()}": str(v) for k, v in SETTINGS.items()})
     return subprocess.Popen(
-        [sys.executable, "-m", "projections.workers", NAME, ENTITY_TYPE, "--dsn", dsn,
+        [sys.executable, "-m", "pgjournal.projections.workers", NAME, ENTITY_TYPE, "--dsn", dsn,
          "--lease-duration", "3", "--renew-interval", "0.5"],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -2,7 +2,7 @@
 
 ``run_workers(dsn, factory, n)`` starts ``n`` processes (``pgjournal projection run NAME --workers N``); more
 can be started anywhere else against the same database and the shares re-balance. A process is also
-started directly with ``python -m projections.workers NAME ENTITY_TYPE --handler module:factory``.
+started directly with ``python -m pgjournal.projections.workers NAME ENTITY_TYPE --handler module:factory``.
 
 ``factory(journal, name, entity_type)`` returns the :class:`~projections.handlers.Projection` to run; it
 is named by ``module:attribute`` so that a fresh process can import it.
@@ -29,7 +29,7 @@ from .runner import RangeRunner
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
-log = logging.getLogger("projections.workers")
+log = logging.getLogger("pgjournal.projections.workers")
 
 Factory = Callable[["Journal", str, str], Projection]
 
@@ -181,10 +181,10 @@ def run_workers(dsn: str | None, name: str, entity_type: str, factory_spec: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m projections.workers", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pgjournal.projections.workers", description=__doc__)
     parser.add_argument("name")
     parser.add_argument("entity_type")
-    parser.add_argument("--handler", default="projections.examples:counter_projection")
+    parser.add_argument("--handler", default="pgjournal.projections.examples:counter_projection")
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--lease-duration", type=float, default=10.0)
     parser.add_argument("--renew-interval", type=float, default=None)

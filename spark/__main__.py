@@ -1,20 +1,20 @@
-"""Run the Spark jobs with ``python -m spark export|load ...`` or under spark-submit::
+"""Run the Spark jobs with ``python -m pgjournal.spark export|load ...`` or under spark-submit::
 
-    SPARK_DIR=$(python -c 'import spark, os; print(os.path.dirname(spark.__file__))')
+    SPARK_DIR=$(python -c 'import pgjournal.spark as s, os; print(os.path.dirname(s.__file__))')
     spark-submit --jars /usr/share/java/postgresql.jar "$SPARK_DIR/__main__.py" load /data/journal --job nightly
 
 Under spark-submit the session (master, memory, jars) comes from spark-submit's options, and pgjournal must be
-installed in the driver's Python (``pip install 'pgjournal[spark]'``): the file imports ``spark`` as the
+installed in the driver's Python (``pip install 'pgjournal[spark]'``): the file imports ``pgjournal.spark`` as the
 installed package.
 """
 
 from __future__ import annotations
 
-from spark.cli import spark_app
+from pgjournal.spark.cli import spark_app
 
 
 def main() -> None:
-    spark_app(prog_name="python -m spark")
+    spark_app(prog_name="python -m pgjournal.spark")
 
 
 if __name__ == "__main__":

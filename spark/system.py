@@ -1,6 +1,6 @@
 """What the Spark pipeline needs from the machine (Java 17+, the PostgreSQL JDBC jar), and installing it.
 
-``make setup`` runs ``python -m spark.system --install``: nothing happens when both are there; otherwise
+``make setup`` runs ``python -m pgjournal.spark.system --install``: nothing happens when both are there; otherwise
 Debian's ``default-jre-headless`` / ``libpostgresql-jdbc-java`` are installed with apt-get, as root or with
 passwordless sudo. Without either, it stops with one message naming the command to run, or the two ways
 around it: ``PGJOURNAL_JDBC_JAR=/path/to/postgresql.jar`` (a driver you have) or ``PGJOURNAL_SKIP_SPARK=1``
@@ -127,7 +127,7 @@ def ensure(*, install: bool = True, euid: int | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark.system", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pgjournal.spark.system", description=__doc__.split("\n")[0])
     parser.add_argument("--install", action="store_true", help="install what is missing (root or sudo -n)")
     args = parser.parse_args(argv)
     try:

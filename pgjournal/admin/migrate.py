@@ -24,21 +24,12 @@ MIGRATE_COMMAND = "pgjournal migrate"
 
 
 def _script_location() -> str:
-    """The ``migrations`` directory installed beside this package (a source checkout, a wheel and an editable
-    install all put it next to ``pgjournal/``), found by path: importing ``migrations`` by name could pick
-    any other installed package of that name."""
-    here = Path(__file__).resolve().parent.parent.parent / "migrations"
-    if (here / "env.py").is_file():
-        return str(here)
-    from importlib.metadata import PackageNotFoundError, files
-
-    try:
-        env = next((f for f in files("pgjournal") or () if str(f).replace("\\", "/") == "migrations/env.py"), None)
-    except PackageNotFoundError:
-        env = None
-    if env is None:
-        raise SchemaNotMigrated(f"pgjournal's migrations are not installed next to {Path(__file__).parent.parent}")
-    return str(Path(str(env.locate())).parent)
+    """The ``migrations`` folder shipped in this package (``pgjournal.migrations``; in a checkout, the link to the
+    repository's ``migrations/``), found by path: Alembic reads its scripts from files."""
+    here = Path(__file__).resolve().parent.parent / "migrations"
+    if not (here / "env.py").is_file():
+        raise SchemaNotMigrated(f"pgjournal's migrations are not installed in {here.parent}")
+    return str(here)
 
 
 def alembic_config(dsn: str | None = None, dialect: str = "postgres") -> Config:

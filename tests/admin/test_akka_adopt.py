@@ -32,10 +32,10 @@ from pgjournal.admin.stored_format import read_stored_format
 from pgjournal.cli.commands import app
 from pgjournal.codec import akka_formats as akka
 from pgjournal.model.offsets import NoOffset
+from pgjournal.projections.dead_letters import store_dead_letter
+from pgjournal.projections.handlers import AtLeastOnce, Projection, ProjectionSettings
+from pgjournal.projections.runner import run_range
 from pgjournal.store.timestamp_offsets import AKKA_OFFSET_TABLE
-from projections.dead_letters import store_dead_letter
-from projections.handlers import AtLeastOnce, Projection, ProjectionSettings
-from projections.runner import run_range
 
 FORMS = {
     "postgres": ("postgres", {}),

@@ -19,8 +19,8 @@ from pgjournal import ConfigurationError, DecryptionError, Journal, Serializatio
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, is_redacted
 from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore, PostgresKeyStore
-from projections.handlers import AtLeastOnce, Projection
-from projections.runner import run_range
+from pgjournal.projections.handlers import AtLeastOnce, Projection
+from pgjournal.projections.runner import run_range
 
 BIG = {"text": "lorem ipsum " * 100, "n": 1}  # compresses well
 

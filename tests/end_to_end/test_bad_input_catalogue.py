@@ -44,11 +44,11 @@ from pgjournal.codec.transcoding import Transcoder
 from pgjournal.firehose import Firehose
 from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore
 from pgjournal.model.offsets import TimeBasedUUID, parse_offset
+from pgjournal.projections.examples import counter_writer
+from pgjournal.projections.handlers import Projection
+from pgjournal.projections.runner import run_range
+from pgjournal.projections.workers import Worker
 from pgjournal.tags.reconciliation import Reconciliation
-from projections.examples import counter_writer
-from projections.handlers import Projection
-from projections.runner import run_range
-from projections.workers import Worker
 
 PID = "Cart|1"
 

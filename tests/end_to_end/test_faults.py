@@ -431,9 +431,9 @@ def _run_projection_until_caught_up(consumer: Journal, direct: Journal, name: st
     the writer finished), with ``chaos`` running meanwhile."""
     from support.projection_handlers import FAST_PROJECTION
 
-    from projections.examples import counter_mismatches, counter_writer
-    from projections.handlers import Projection
-    from projections.runner import run_range
+    from pgjournal.projections.examples import counter_mismatches, counter_writer
+    from pgjournal.projections.handlers import Projection
+    from pgjournal.projections.runner import run_range
 
     projection = Projection(name, "Cart", counter_writer(name, grouped=True, max_count=7, max_wait=0.05),
                             FAST_PROJECTION)
@@ -469,7 +469,7 @@ def test_a_projection_survives_cuts_mid_stream_and_mid_commit(
     """Cut the network at random, and right after a projection sends COMMIT (it cannot know whether its
     handler's writes and offsets committed): the read model still counts every event exactly once."""
     from pgjournal.admin.verify import verify
-    from projections.examples import ensure_counter_table
+    from pgjournal.projections.examples import ensure_counter_table
 
     proxy, via = proxied
     pids = [f"Cart|p{i}" for i in range(10)]
@@ -498,7 +498,7 @@ def test_a_projection_survives_cuts_mid_stream_and_mid_commit(
 
 
 def test_a_projection_survives_server_restarts(private_server: EmbeddedServer) -> None:
-    from projections.examples import ensure_counter_table
+    from pgjournal.projections.examples import ensure_counter_table
 
     direct_dsn = private_server.dsn
     Journal.open(direct_dsn, migrate=True).close()

@@ -29,11 +29,11 @@ from pgjournal import (
     WriteOutcomeUnknown,
 )
 from pgjournal.model.envelope import EventEnvelope
+from pgjournal.projections.handlers import ExactlyOnce, Projection, ProjectionSettings
+from pgjournal.projections.offset_store import OffsetStore, Record
+from pgjournal.projections.runner import run_range
 from pgjournal.server.connections import connection_kwargs, round_trip_limit
 from pgjournal.settings import Settings
-from projections.handlers import ExactlyOnce, Projection, ProjectionSettings
-from projections.offset_store import OffsetStore, Record
-from projections.runner import run_range
 
 pytestmark = pytest.mark.timeout(120)
 

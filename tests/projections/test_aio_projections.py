@@ -18,11 +18,11 @@ from test_projections import Flaky, stored_seq_nrs
 from pgjournal import Journal, ProjectionFailed, slice_ranges
 from pgjournal.aio import AsyncJournal
 from pgjournal.model.envelope import EventEnvelope
-from projections.aio import AsyncRangeRunner, run_range_async
-from projections.dead_letters import list_dead_letters
-from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
-from projections.runner import run_range
+from pgjournal.projections.aio import AsyncRangeRunner, run_range_async
+from pgjournal.projections.dead_letters import list_dead_letters
+from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
+from pgjournal.projections.runner import run_range
 
 
 async def run_until(journal: AsyncJournal, projection: Projection, ranges: Sequence[tuple[int, int]],

@@ -19,10 +19,10 @@ from test_projections_workers import Writers
 
 from pgjournal import Journal, ProjectionFailed, slice_ranges
 from pgjournal.model.envelope import EventEnvelope
-from projections import management
-from projections.examples import EventProcessor, counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
-from projections.runner import RangeRunner, run_range
+from pgjournal.projections import management
+from pgjournal.projections.examples import EventProcessor, counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import AtLeastOnce, ExactlyOnce, Grouped, Handler, Projection, ProjectionSettings
+from pgjournal.projections.runner import RangeRunner, run_range
 
 
 def run_until(journal: Journal, projection: Projection, ranges: Sequence[tuple[int, int]],
@@ -272,8 +272,8 @@ def test_bad_settings_are_refused_with_the_value(make: Callable[[], object], mes
 
 def test_bad_lease_settings_and_factory_are_refused(journal: Journal) -> None:
     from pgjournal.errors import ConfigurationError, InvalidArgument
-    from projections.leases import LeaseManager
-    from projections.workers import load_factory
+    from pgjournal.projections.leases import LeaseManager
+    from pgjournal.projections.workers import load_factory
 
     with pytest.raises(InvalidArgument, match="lease duration must be a number of seconds > 0, got 0"):
         LeaseManager(journal, "p", duration=0)
@@ -281,6 +281,6 @@ def test_bad_lease_settings_and_factory_are_refused(journal: Journal) -> None:
         LeaseManager(journal, "p", duration=2, renew_interval=1.5)
     with pytest.raises(ConfigurationError, match=re.escape("must look like package.module:function, got 'nocolon'")):
         load_factory("nocolon")
-    missing = re.escape("cannot load handler factory 'projections.examples:nothing'")
+    missing = re.escape("cannot load handler factory 'pgjournal.projections.examples:nothing'")
     with pytest.raises(ConfigurationError, match=missing):
-        load_factory("projections.examples:nothing")
+        load_factory("pgjournal.projections.examples:nothing")

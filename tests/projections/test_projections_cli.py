@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from pgjournal import Journal
 from pgjournal.cli.commands import app
-from projections import management
-from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import Projection
+from pgjournal.projections import management
+from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,11 +16,11 @@ from test_projections_cli import invoke
 
 from pgjournal import Journal
 from pgjournal.codec.serialization import JSON_SER_ID
-from projections import ProjectionFailed
-from projections.dead_letters import list_dead_letters, retry_dead_letters
-from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import Projection
-from projections.runner import RangeRunner, run_range
+from pgjournal.projections import ProjectionFailed
+from pgjournal.projections.dead_letters import list_dead_letters, retry_dead_letters
+from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection
+from pgjournal.projections.runner import RangeRunner, run_range
 
 POISON = b'{"n": \xff'
 CORRUPT = "UPDATE event_journal SET event_payload = %s WHERE persistence_id = %s AND seq_nr = %s"

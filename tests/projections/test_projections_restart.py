@@ -13,11 +13,11 @@ from support.projection_handlers import FAST_PROJECTION
 from test_projections import counters
 
 from pgjournal import Journal, slice_for_persistence_id
-from projections import management
-from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import Projection
-from projections.offset_store import OffsetStore, Record
-from projections.runner import RangeRunner, run_range
+from pgjournal.projections import management
+from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection
+from pgjournal.projections.offset_store import OffsetStore, Record
+from pgjournal.projections.runner import RangeRunner, run_range
 
 IDLE = "Cart|idle"
 IDLE2 = next(p for p in (f"Cart|quiet{i}" for i in range(1000))

@@ -14,10 +14,10 @@ from support.projection_handlers import FAST_PROJECTION
 
 from pgjournal import Journal, slice_for_persistence_id
 from pgjournal.model.envelope import EventEnvelope
-from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-from projections.handlers import Projection
-from projections.offset_store import OffsetStore, Record, Verdict
-from projections.runner import RangeRunner, run_range
+from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection
+from pgjournal.projections.offset_store import OffsetStore, Record, Verdict
+from pgjournal.projections.runner import RangeRunner, run_range
 
 ROW = """INSERT INTO projection_timestamp_offset_store (projection_name, projection_key, slice, persistence_id,
 seq_nr, timestamp_offset, timestamp_consumed) VALUES (%s, %s, %s, %s, %s, %s, now())"""

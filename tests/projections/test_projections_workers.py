@@ -28,9 +28,9 @@ from support.eventually import eventually
 from support.projection_handlers import AUDIT_DDL
 
 from pgjournal import Journal
+from pgjournal.projections.examples import counter_mismatches, ensure_table
+from pgjournal.projections.leases import LeaseManager
 from pgjournal.store.leases import live_leases
-from projections.examples import counter_mismatches, ensure_table
-from projections.leases import LeaseManager
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {**FAST, "backtracking_window": 3.0}
@@ -48,7 +48,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _spawn(dsn: str, name: str, entity_type: str, handler: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "projections.workers", name, entity_type, "--dsn", dsn, "--handler", handler, *LEASE],
+        [sys.executable, "-m", "pgjournal.projections.workers", name, entity_type, "--dsn", dsn, "--handler", handler,
+         *LEASE],
         env=_env(**env), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -55,10 +55,10 @@ def test_metrics_are_served_over_http() -> None:
 
 
 def test_a_projection_range_reports_envelopes_lag_and_leased_slices(dsn: str) -> None:
-    from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-    from projections.handlers import Projection
-    from projections.leases import LeaseManager
-    from projections.runner import run_range
+    from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+    from pgjournal.projections.handlers import Projection
+    from pgjournal.projections.leases import LeaseManager
+    from pgjournal.projections.runner import run_range
 
     with Journal.open(dsn, **FAST) as journal:
         ensure_counter_table(journal)

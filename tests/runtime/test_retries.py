@@ -197,9 +197,9 @@ def test_an_offset_commit_that_fails_transiently_is_retried_and_counts_each_even
     from support import FAST
     from support.projection_handlers import FAST_PROJECTION
 
-    from projections.examples import counter_mismatches, counter_writer, ensure_counter_table
-    from projections.handlers import Projection
-    from projections.runner import run_range
+    from pgjournal.projections.examples import counter_mismatches, counter_writer, ensure_counter_table
+    from pgjournal.projections.handlers import Projection
+    from pgjournal.projections.runner import run_range
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(OFFSET_FAULTS)

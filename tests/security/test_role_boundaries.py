@@ -11,8 +11,8 @@ import psycopg
 from support import Roles
 
 from pgjournal.keystore import PostgresKeyStore
+from pgjournal.spark.watermarks import ledger_name, watermark_name
 from pgjournal.store.timestamp_offsets import MARKER_PID, OffsetRow, offsets
-from spark.watermarks import ledger_name, watermark_name
 
 OTHER = "orders-projection"  # a projection the loader has no business with, and the writer does not run
 OTHER_ROWS = 1043

@@ -22,10 +22,10 @@ from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, JournalE
 from pgjournal.admin.roles import apply_roles, check_role_name, role_script
 from pgjournal.admin.verify import verify
 from pgjournal.cli.commands import app
-from projections import management
-from projections.examples import counter_writer, ensure_counter_table
-from projections.handlers import Projection
-from projections.offset_store import OffsetStore
+from pgjournal.projections import management
+from pgjournal.projections.examples import counter_writer, ensure_counter_table
+from pgjournal.projections.handlers import Projection
+from pgjournal.projections.offset_store import OffsetStore
 
 HOSTILE = [
     "'; DROP TABLE event_journal; --",

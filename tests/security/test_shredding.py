@@ -20,9 +20,9 @@ from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import Transcoder
 from pgjournal.keystore import PostgresKeyStore
 from pgjournal.model.envelope import EventEnvelope
-from projections.dead_letters import list_dead_letters
-from projections.handlers import ExactlyOnce, Projection
-from projections.runner import run_range
+from pgjournal.projections.dead_letters import list_dead_letters
+from pgjournal.projections.handlers import ExactlyOnce, Projection
+from pgjournal.projections.runner import run_range
 
 GONE, KEPT = "Customer|7", "Customer|8"
 SECRET = {GONE: "ann.7@example.com", KEPT: "bob.8@example.com"}

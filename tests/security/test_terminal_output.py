@@ -14,7 +14,7 @@ import pytest
 
 from pgjournal import Journal
 from pgjournal.model.printable import json_printable, printable
-from projections import management
+from pgjournal.projections import management
 
 # What an attacker stores: clear the screen, set the window title, a second line, an 8-bit CSI, a right-to-left
 # override, Rich markup (one closing tag that matches nothing), an emoji code and a trailing backslash.

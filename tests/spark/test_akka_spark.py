@@ -14,8 +14,8 @@ from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark
 from pgjournal import Journal
 from pgjournal.admin.migrate import upgrade
 from pgjournal.codec import akka_formats as akka
-from spark.read import read_events
-from spark.system import SKIP_ENV, spark_skipped
+from pgjournal.spark.read import read_events
+from pgjournal.spark.system import SKIP_ENV, spark_skipped
 
 pytestmark = pytest.mark.spark
 if spark_skipped():

@@ -22,11 +22,11 @@ from support import FAST, create_login_role
 from pgjournal import Journal
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
-from spark import files
-from spark import jobs as spark_jobs
-from spark.jdbc import jdbc_target
-from spark.session import JAR_ENV, check_spark_available, find_java, find_jdbc_jar
-from spark.system import SKIP_ENV, spark_skipped
+from pgjournal.spark import files
+from pgjournal.spark import jobs as spark_jobs
+from pgjournal.spark.jdbc import jdbc_target
+from pgjournal.spark.session import JAR_ENV, check_spark_available, find_java, find_jdbc_jar
+from pgjournal.spark.system import SKIP_ENV, spark_skipped
 
 pytestmark = pytest.mark.spark
 if spark_skipped():
@@ -56,7 +56,7 @@ def spark() -> Iterator[Any]:
     if problem is not None:
         pytest.fail(f"Spark unavailable: {problem}\n`make setup` installs what Spark needs; {SKIP_ENV}=1 skips "
                     "the Spark tests", pytrace=False)
-    from spark.session import spark_session
+    from pgjournal.spark.session import spark_session
 
     session = spark_session("pgjournal-tests")
     yield session
@@ -140,7 +140,7 @@ def test_configured_jar_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
 
 
 def test_read_events_equals_the_journal_one_partition_per_range(spark: Any, journal: Journal, dsn: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     fill(journal)
     journal.append("Raw|1", [b"\x00\xff"])
@@ -155,7 +155,7 @@ def test_read_events_equals_the_journal_one_partition_per_range(spark: Any, jour
 
 
 def test_columns_types_timestamps_tags_and_decoded_payload(spark: Any, journal: Journal, dsn: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     written = journal.append("Cart|7", [{"item": "apple", "qty": 2}], tags=["fruit", "sale"])
     journal.append("Cart|8", [{"item": "pear", "qty": 1, "gift": True}])
@@ -178,7 +178,7 @@ def test_columns_types_timestamps_tags_and_decoded_payload(spark: Any, journal: 
 
 
 def test_filters_entity_type_and_time_window(spark: Any, journal: Journal, dsn: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     fill(journal, pids=10, per_pid=1)
     time.sleep(0.01)
@@ -195,7 +195,7 @@ def test_filters_entity_type_and_time_window(spark: Any, journal: Journal, dsn: 
 
 
 def test_reads_an_akka_r2dbc_table(spark: Any, dsn: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     with psycopg.connect(dsn) as conn:
         conn.execute(AKKA_DDL)
@@ -225,7 +225,7 @@ def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any,
     from alembic import command
 
     from pgjournal.admin.migrate import alembic_config
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     command.upgrade(alembic_config(empty_dsn), "0003")
     with psycopg.connect(empty_dsn) as conn:
@@ -244,7 +244,7 @@ def test_decodes_json_31_and_legacy_json_33_where_the_marker_says_so(spark: Any,
 
 
 def test_json_under_33_is_cbor_in_a_fresh_database(spark: Any, dsn: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     with psycopg.connect(dsn) as conn:
         insert_payload(conn, "Cart|a", 1, 31, b'{"item":"a"}')
@@ -268,7 +268,7 @@ def test_json_under_33_is_cbor_in_a_fresh_database(spark: Any, dsn: str) -> None
     ({"fetch_size": 0}, InvalidArgument, "fetch_size"),
 ])
 def test_bad_read_options_fail_clearly(spark: Any, dsn: str, kwargs: dict[str, Any], error: type, message: str) -> None:
-    from spark.read import read_events
+    from pgjournal.spark.read import read_events
 
     with pytest.raises(error, match=message):
         read_events(spark, dsn, **kwargs)

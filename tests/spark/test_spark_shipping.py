@@ -88,7 +88,7 @@ def test_reads_as_stored_and_as_data() -> None:
 
 
 def test_local_modules_go_by_value_installed_ones_by_name() -> None:
-    from spark.shipping import local_modules, shipped
+    from pgjournal.spark.shipping import local_modules, shipped
 
     assert local_modules(registry()) == [__name__]  # this test module; not pgjournal, not the standard library
     with pytest.raises(ConfigurationError, match="serializers must be a pgjournal SerializerRegistry, got dict"), \

@@ -22,8 +22,8 @@ from support.eventually import eventually
 from pgjournal import Journal
 from pgjournal.model.offsets import TimestampOffset
 from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.spark.session import check_spark_available
 from pgjournal.store.events import insert_sql
-from spark.session import check_spark_available
 
 pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
@@ -38,7 +38,7 @@ def spark() -> Iterator[Any]:
         check_spark_available()
     except Exception as exc:  # ConfigurationError: no Java, no jar
         pytest.skip(f"Spark unavailable: {exc}")
-    from spark.session import spark_session
+    from pgjournal.spark.session import spark_session
 
     session = spark_session("pgjournal-tests")
     yield session
@@ -213,8 +213,8 @@ def drain(reader: Any, start: dict[str, str], limit: Any) -> tuple[list[tuple[st
 
 
 def stream_reader(spark: Any, dsn: str, **options: Any) -> Any:
-    from spark.source import SourceOptions
-    from spark.stream import JournalStreamReader
+    from pgjournal.spark.source import SourceOptions
+    from pgjournal.spark.stream import JournalStreamReader
 
     schema = source(spark, dsn, entityType=ENTITY).schema
     return JournalStreamReader(SourceOptions.parse({"dsn": dsn, "entityType": ENTITY, **options}), schema)
@@ -398,7 +398,7 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1, en
 
 def batch_reader(spark: Any, dsn: str, schema: Any = None, **options: Any) -> Any:
     """The batch reader Spark would build for these options, driven here in the test's process."""
-    from spark.source import JournalBatchReader, SourceOptions
+    from pgjournal.spark.source import JournalBatchReader, SourceOptions
 
     frame = source(spark, dsn, **options)
     return JournalBatchReader(SourceOptions.parse({"dsn": dsn, **options}), schema or frame.schema)
@@ -470,7 +470,7 @@ def test_a_task_reuses_its_process_connection_and_replaces_a_stale_one(spark: An
 def test_copy_statements_quote_every_value_client_side(dsn: str) -> None:
     """A COPY takes no bound parameters: spark.arrow.bind quotes values as literals; hostile ones come back
     verbatim, and braces or percent signs in the statement's own text survive."""
-    from spark.arrow import bind
+    from pgjournal.spark.arrow import bind
 
     hostile = ["x'); DROP TABLE event_journal; --", "{f0} %(f0)s %% \\ \" ' é \U0001f600", ""]
     when = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -501,7 +501,7 @@ def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
         TimestampType,
     )
 
-    from spark.arrow import ArrowRows, Columns
+    from pgjournal.spark.arrow import ArrowRows, Columns
 
     def convert(event: Any, rows: list[tuple[int, bytes]]) -> tuple[list[Any], list[Any], int]:
         schema = StructType([StructField("seq_nr", LongType()), StructField("event", event)])

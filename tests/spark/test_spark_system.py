@@ -1,4 +1,5 @@
-"""``python -m spark.system``: what ``make setup`` checks and installs for Spark, and what it says when it cannot.
+"""``python -m pgjournal.spark.system``: what ``make setup`` checks and installs for Spark, and what it says when it
+cannot.
 
 The machine's state is real (this machine ran setup); only the user id, the commands found on PATH and the
 jar's location are stood in for, to reach the paths a non-root user without sudo takes.
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pgjournal.errors import ConfigurationError
-from spark import system
+from pgjournal.spark import system
 
 
 def no_sudo(name: str) -> str | None:
@@ -56,10 +57,10 @@ def test_a_jar_the_user_has_is_enough_and_a_bad_one_is_named(
 
 def test_skip_spark_skips_the_check_and_the_module_exits_1_with_the_message(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "PGJOURNAL_SKIP_SPARK": "1"}
-    done = subprocess.run([sys.executable, "-m", "spark.system", "--install"], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "pgjournal.spark.system", "--install"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "skipped" in done.stdout
     env = {"PATH": "/usr/bin:/bin", "PGJOURNAL_JDBC_JAR": str(tmp_path / "nope.jar")}
-    done = subprocess.run([sys.executable, "-m", "spark.system"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "pgjournal.spark.system"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1 and "nope.jar" in done.stderr

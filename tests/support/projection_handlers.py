@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 
 from pgjournal.journal import Journal
-from projections.examples import count_events, ensure_counter_table, ensure_table
-from projections.handlers import AtLeastOnce, Grouped, Projection, ProjectionSettings
-from projections.runner import current_context
+from pgjournal.projections.examples import count_events, ensure_counter_table, ensure_table
+from pgjournal.projections.handlers import AtLeastOnce, Grouped, Projection, ProjectionSettings
+from pgjournal.projections.runner import current_context
 
 AUDIT_DDL = """
 CREATE TABLE IF NOT EXISTS projection_audit (

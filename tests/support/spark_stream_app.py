@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from spark.session import spark_session
+from pgjournal.spark.session import spark_session
 
 QUERY = "read-model"
 
