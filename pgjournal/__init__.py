@@ -1,5 +1,7 @@
 """pgjournal: an event journal for PostgreSQL and Postgres-compatible distributed SQL."""
 
+__version__ = "0.2.0"
+
 from pgjournal.buckets import BucketSize
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.entity import (
@@ -50,6 +52,7 @@ from pgjournal.state.snapshots import SelectedSnapshot
 from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
 __all__ = [
+    "__version__",
     "BucketSize",
     "CircuitBreaker",
     "CircuitOpen",

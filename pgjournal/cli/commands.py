@@ -32,6 +32,22 @@ app = typer.Typer(
     add_completion=False,
 )
 server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from pgjournal import __version__
+
+        console.print(f"pgjournal {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool | None, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                 help="Show pgjournal's version and exit.")] = None,
+) -> None:
+    """pgjournal: an event journal for PostgreSQL, YugabyteDB and CockroachDB."""
 app.add_typer(server_app, name="server")
 
 @app.command()
