@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import DatabaseUnavailable, ShardLayoutMismatch
+from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.model.slices import slice_for_persistence_id
@@ -69,7 +69,7 @@ class ShardedJournal:
             for index, dsn in enumerate(chosen.dsns):
                 try:
                     journals.append(Journal.open(dsn, serializers=serializers, **settings))
-                except DatabaseUnavailable as exc:
+                except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(chosen.ranges[index])}: {exc}") from None
             layout = agreed_layout(chosen, [journal.run(read_record_step()) for journal in journals])
         except BaseException:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from pgjournal.admin import migrate as migrations
-from pgjournal.errors import ConfigurationError, ShardLayoutMismatch
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, ShardLayoutMismatch
 from pgjournal.runtime.steps import run
 from pgjournal.server.connections import connect
 from pgjournal.settings import Settings
@@ -24,8 +24,12 @@ def migrate_all(shards: ShardSettings, settings: Settings | None = None) -> Layo
     settings' is :class:`ShardLayoutMismatch`.
     """
     loaded = settings or Settings.load()
-    for dsn in shards.dsns:  # all reachable first: a server that is down changes nothing anywhere
-        connect(dsn, loaded, doing="migrate").close()
+    for index, dsn in enumerate(shards.dsns):  # all reachable first: a server that is down changes nothing
+        try:
+            connect(dsn, loaded, doing="migrate").close()
+        except DatabaseUnavailable as exc:
+            raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}; nothing was "
+                            "migrated") from None
     for dsn in shards.dsns:
         migrations.upgrade(dsn, loaded.dialect)
     records: list[Record | None] = []

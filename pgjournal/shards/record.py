@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgjournal.errors import ShardLayoutMismatch
-from pgjournal.runtime.steps import Step, first_of
+from pgjournal.runtime.steps import Step, first_of, statement
 from pgjournal.shards.layout import Layout, Record, ShardSettings, format_range
 from pgjournal.store import shard_layout as sql
 
@@ -24,8 +24,8 @@ def read_record_step() -> Step[Record | None]:
 def write_first_record_step(layout: Layout, index: int) -> Step[Record | None]:
     """Record ``layout`` in the database holding ``layout.members[index]`` unless it has a record; the record
     it holds afterwards (the caller checks it is this one)."""
-    yield from first_of(sql.create_layout_table())
-    yield from first_of(sql.record_first_layout(layout.version, layout.text(), layout.members[index][1]))
+    yield statement(sql.create_layout_table())
+    yield statement(sql.record_first_layout(layout.version, layout.text(), layout.members[index][1]))
     return (yield from read_record_step())
 
 
