@@ -2,6 +2,7 @@
 ``ShardSettings`` name each database's DSN, ``ShardedJournal`` routes by slice, ``migrate_all`` migrates every
 database and records the layout."""
 
+from pgjournal.shards.aio import AsyncShardedJournal
 from pgjournal.shards.journal import ShardedDurableState, ShardedJournal, ShardedQuery
 from pgjournal.shards.layout import (
     SHARDS_ENV,
@@ -15,6 +16,7 @@ from pgjournal.shards.migrate import migrate_all
 
 __all__ = [
     "SHARDS_ENV",
+    "AsyncShardedJournal",
     "Layout",
     "Record",
     "ShardSettings",
