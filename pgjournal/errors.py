@@ -250,3 +250,9 @@ class ProjectionFailed(JournalError):
 class LeaseLost(JournalError):
     """A projection worker no longer owns (or may soon lose) a slice it was processing: it stops the range,
     and whoever holds the lease now continues from the stored offsets."""
+
+
+class ShardLayoutMismatch(ConfigurationError):
+    """The databases of a sharded journal (:mod:`pgjournal.shards`) disagree about the slice-range layout: with
+    each other (a half-done change), with the settings (stale ranges, swapped DSNs), or with the layout this
+    process opened with (it changed since). Nothing was written; reopen with the layout the databases record."""

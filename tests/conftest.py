@@ -3,11 +3,12 @@ server. Each test gets a fresh database cloned from a migrated template (``CREAT
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import platformdirs
@@ -93,6 +94,19 @@ def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
 def empty_dsn(server_dsn: str) -> Iterator[str]:
     """A fresh database with no schema at all."""
     yield from _fresh_database(server_dsn, "template0")
+
+
+@pytest.fixture
+def shard_databases(server_dsn: str, template_db: str) -> Iterator[Callable[..., list[str]]]:
+    """``shard_databases(n)``: the DSNs of ``n`` fresh databases on the test server (migrated; ``migrated=False``:
+    empty), for a sharded journal (tests/shards/); dropped after the test."""
+    with contextlib.ExitStack() as stack:
+        def make(n: int, *, migrated: bool = True) -> list[str]:
+            template = template_db if migrated else "template0"
+            return [stack.enter_context(contextlib.contextmanager(_fresh_database)(server_dsn, template))
+                    for _ in range(n)]
+
+        yield make
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from pgjournal.cli.cleanup import cleanup_app
+from pgjournal.cli.shard import shard_app
 from pgjournal.cli.state import state_app
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from pgjournal.cli.tags import tags_app
@@ -289,6 +290,8 @@ app.add_typer(tags_app, name="tags")
 app.add_typer(cleanup_app, name="cleanup")
 # -- issue 20: the durable state store -------------------------------------------------------------------
 app.add_typer(state_app, name="state")
+# -- issue 34: sharding by slice range -------------------------------------------------------------------
+app.add_typer(shard_app, name="shard")
 
 
 @app.command("verify")

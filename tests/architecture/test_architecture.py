@@ -37,6 +37,7 @@ ORDER = (
     "query/",
     "journal.py",
     "aio/",
+    "shards/",
     "firehose.py",
     "cleanup.py",
     "keystore.py",

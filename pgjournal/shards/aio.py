@@ -1,0 +1,250 @@
+"""``AsyncShardedJournal``: the asyncio face of :class:`~pgjournal.shards.journal.ShardedJournal`, one
+:class:`~pgjournal.aio.journal.AsyncJournal` per database, routed by the same rules (:mod:`pgjournal.shards.layout`)
+and checked against the same layout record (:mod:`pgjournal.shards.record`)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pgjournal.aio.journal import AsyncJournal
+from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
+from pgjournal.model.offsets import NoOffset, Offset
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.settings import Settings
+from pgjournal.shards.journal import Shards, shard_settings
+from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
+from pgjournal.shards.migrate import migrate_all
+from pgjournal.shards.record import read_record_step
+from pgjournal.validation import check_persistence_id
+
+if TYPE_CHECKING:
+    from pgjournal.aio.live import AsyncLiveQuery
+    from pgjournal.codec.serialization import SerializerRegistry
+    from pgjournal.model.envelope import EventEnvelope
+    from pgjournal.state.durable_state import DurableState, DurableStateChange
+    from pgjournal.state.snapshots import SelectedSnapshot
+
+
+class AsyncShardedJournal:
+    """An asyncio event journal over the databases of a slice-range layout (see ``ShardedJournal``)."""
+
+    def __init__(self, shards: ShardSettings, journals: Sequence[AsyncJournal], layout: Layout) -> None:
+        self.shards = shards
+        self.journals = tuple(journals)
+        self.layout = layout
+        self.query = AsyncShardedQuery(self)
+        self.durable_state = AsyncShardedDurableState(self)
+
+    @classmethod
+    def open(cls, shards: Shards | None = None, *, serializers: SerializerRegistry | None = None,
+             migrate: bool = False, **settings: Any) -> _Opening:
+        """``await AsyncShardedJournal.open(...)`` or ``async with AsyncShardedJournal.open(...) as journal``; the
+        same checks as ``ShardedJournal.open``."""
+        return _Opening(cls._open(shard_settings(shards), serializers, migrate, settings))
+
+    @classmethod
+    async def _open(cls, shards: ShardSettings, serializers: SerializerRegistry | None, migrate: bool,
+                    settings: dict[str, Any]) -> AsyncShardedJournal:
+        if migrate:  # Alembic is blocking: in a thread
+            await asyncio.to_thread(migrate_all, shards, Settings.load(**settings))
+        journals: list[AsyncJournal] = []
+        try:
+            for index, dsn in enumerate(shards.dsns):
+                try:
+                    journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
+                except (DatabaseUnavailable, SchemaNotMigrated) as exc:
+                    raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}") from None
+            layout = agreed_layout(shards, [await journal.run(read_record_step()) for journal in journals])
+        except BaseException:
+            await _close_all(journals)
+            raise
+        return cls(shards, journals, layout)
+
+    async def close(self) -> None:
+        await _close_all(self.journals)
+
+    async def __aenter__(self) -> AsyncShardedJournal:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # -- routing ---------------------------------------------------------------------------------------
+
+    def journal_for(self, persistence_id: str) -> AsyncJournal:
+        return self.journals[self.shards.index_of(slice_for_persistence_id(check_persistence_id(persistence_id)))]
+
+    def journal_for_slices(self, min_slice: int, max_slice: int) -> AsyncJournal:
+        return self.journals[self.shards.index_of_range(min_slice, max_slice)]
+
+    def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
+        return self.shards.ranges_within(min_slice, max_slice)
+
+    async def check_layout(self) -> Layout:
+        current = agreed_layout(self.shards, [await journal.run(read_record_step()) for journal in self.journals])
+        if current != self.layout:
+            raise ShardLayoutMismatch(f"the shard layout changed since this journal opened: version "
+                                      f"{self.layout.version} then, {current.version} now; reopen with the new one")
+        return current
+
+    # -- writes, snapshots -----------------------------------------------------------------------------
+
+    async def append(self, persistence_id: str, events: Iterable[Any], *, expected_seq_nr: int | None = None,
+                     tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
+        return await self.journal_for(persistence_id).append(persistence_id, events, expected_seq_nr=expected_seq_nr,
+                                                             tags=tags, metadata=metadata)
+
+    async def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
+        return await self.journal_for(persistence_id).delete_events(persistence_id, to_seq_nr)
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        return await self.journal_for(persistence_id).highest_seq_nr(persistence_id)
+
+    async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
+                            tags: Iterable[str] = ()) -> None:
+        await self.journal_for(persistence_id).save_snapshot(persistence_id, seq_nr, snapshot, metadata=metadata,
+                                                             tags=tags)
+
+    async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
+                            max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        return await self.journal_for(persistence_id).load_snapshot(persistence_id, max_seq_nr=max_seq_nr,
+                                                                    max_timestamp=max_timestamp)
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        await self.journal_for(persistence_id).delete_snapshot(persistence_id)
+
+
+class AsyncShardedQuery:
+    """``journal.query`` of an asyncio sharded journal (the routing of ``ShardedQuery``)."""
+
+    def __init__(self, journal: AsyncShardedJournal) -> None:
+        self._journal = journal
+
+    def current_events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1,
+                                         to_seq_nr: int | None = None) -> AsyncIterator[EventEnvelope]:
+        return self._journal.journal_for(persistence_id).query.current_events_by_persistence_id(
+            persistence_id, from_seq_nr, to_seq_nr)
+
+    def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+                                 ) -> AsyncLiveQuery[EventEnvelope]:
+        return self._journal.journal_for(persistence_id).query.events_by_persistence_id(
+            persistence_id, from_seq_nr, to_seq_nr)
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        return await self._journal.journal_for(persistence_id).query.timestamp_of(persistence_id, seq_nr)
+
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        return await self._journal.journal_for(persistence_id).query.load_envelope(persistence_id, seq_nr)
+
+    async def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
+                                      entity_type: str | None = None) -> AsyncIterator[str]:
+        """Every database's ids after ``after``, merged in id order, at most ``limit``."""
+        sources = [journal.query.current_persistence_ids(after, limit, entity_type=entity_type)
+                   for journal in self._journal.journals]
+        heads: list[tuple[str, int]] = []
+        try:
+            for index, source in enumerate(sources):
+                async for first in source:
+                    heads.append((first, index))
+                    break
+            heapq.heapify(heads)
+            given = 0
+            while heads and (limit is None or given < limit):
+                pid, index = heapq.heappop(heads)
+                yield pid
+                given += 1
+                async for following in sources[index]:
+                    heapq.heappush(heads, (following, index))
+                    break
+        finally:  # a source left part-read gives its connection back now
+            for source in sources:
+                closing = getattr(source, "aclose", None)
+                if closing is not None:
+                    await closing()
+
+    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
+                                 offset: Offset = NoOffset) -> AsyncIterator[EventEnvelope]:
+        """Read from the one database holding ``min_slice..max_slice`` only."""
+        return self._journal.journal_for_slices(min_slice, max_slice).query.current_events_by_slices(
+            entity_type, min_slice, max_slice, offset)
+
+    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                         ) -> AsyncLiveQuery[EventEnvelope]:
+        return self._journal.journal_for_slices(min_slice, max_slice).query.events_by_slices(
+            entity_type, min_slice, max_slice, offset)
+
+    def current_events_by_slices_starting_from_snapshots(
+            self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+            transform: Callable[[Any], Any]) -> AsyncIterator[EventEnvelope]:
+        query = self._journal.journal_for_slices(min_slice, max_slice).query
+        return query.current_events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
+                                                                      transform=transform)
+
+    async def events_by_slices_starting_from_snapshots(
+            self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+            transform: Callable[[Any], Any]) -> AsyncLiveQuery[EventEnvelope]:
+        query = self._journal.journal_for_slices(min_slice, max_slice).query
+        return await query.events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
+                                                                    transform=transform)
+
+
+class AsyncShardedDurableState:
+    """``journal.durable_state`` of an asyncio sharded journal."""
+
+    def __init__(self, journal: AsyncShardedJournal) -> None:
+        self._journal = journal
+
+    async def get(self, persistence_id: str) -> DurableState | None:
+        return await self._journal.journal_for(persistence_id).durable_state.get(persistence_id)
+
+    async def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
+        return await self._journal.journal_for(persistence_id).durable_state.upsert(persistence_id, revision, value,
+                                                                                    tag)
+
+    async def delete(self, persistence_id: str, revision: int) -> DurableState:
+        return await self._journal.journal_for(persistence_id).durable_state.delete(persistence_id, revision)
+
+    def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
+                                  offset: Offset = NoOffset) -> AsyncIterator[DurableStateChange]:
+        return self._journal.journal_for_slices(min_slice, max_slice).durable_state.current_changes_by_slices(
+            entity_type, min_slice, max_slice, offset)
+
+    def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+                          ) -> AsyncLiveQuery[DurableStateChange]:
+        return self._journal.journal_for_slices(min_slice, max_slice).durable_state.changes_by_slices(
+            entity_type, min_slice, max_slice, offset)
+
+
+class _Opening:
+    """``await AsyncShardedJournal.open(...)`` or ``async with AsyncShardedJournal.open(...) as journal``."""
+
+    def __init__(self, opening: Any) -> None:
+        self._opening = opening
+        self._journal: AsyncShardedJournal | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncShardedJournal]:
+        return self._opening.__await__()  # type: ignore[no-any-return]
+
+    async def __aenter__(self) -> AsyncShardedJournal:
+        self._journal = await self._opening
+        return self._journal
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._journal is not None:
+            await self._journal.close()
+
+
+async def _close_all(journals: Iterable[AsyncJournal]) -> None:
+    """Close every journal, even when one fails to; the first failure is raised after."""
+    failure: BaseException | None = None
+    for journal in journals:
+        try:
+            await journal.close()
+        except BaseException as exc:  # the others must still close
+            failure = failure or exc
+    if failure is not None:
+        raise failure
