@@ -6,10 +6,13 @@ import dataclasses
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 from support import FAST
+from support.eventually import eventually
+from support.faces import Face
 
 from pgjournal import (
     InvalidArgument,
@@ -21,6 +24,7 @@ from pgjournal import (
     slice_for_persistence_id,
 )
 from pgjournal.model.envelope import EventEnvelope
+from pgjournal.query.gate import Gate
 from pgjournal.store.events import insert_sql
 
 
@@ -42,6 +46,24 @@ def test_current_delivers_all_in_timestamp_order(mode_journal: Journal) -> None:
     for e in envelopes:
         per_pid.setdefault(e.persistence_id, []).append(e.seq_nr)
     assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in per_pid.values())
+
+
+def test_every_event_passes_the_one_gate_on_both_faces(face: Face, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page loop asks the ordering/dedup gate (query/gate.py) about every row, on either face: no copy of
+    its rule of its own."""
+    taken: list[tuple[str, int]] = []
+    take_next = Gate.take_next
+
+    def counted(gate: Gate[Any], pid: str, seq_nr: int, stamp: Any) -> bool:
+        taken.append((pid, seq_nr))
+        return take_next(gate, pid, seq_nr, stamp)
+
+    monkeypatch.setattr(Gate, "take_next", counted)
+    for i in range(9):
+        face.append(f"Cart|{i % 3}", [{"n": i}])
+    envelopes = eventually(lambda: [*face.query.current_events_by_slices("Cart", 0, 1023)][8:] and
+                           list(face.query.current_events_by_slices("Cart", 0, 1023)))
+    assert len(envelopes) == 9 and set(taken) == set(keys(envelopes))
 
 
 def test_slice_ranges_partition_the_stream(mode_journal: Journal) -> None:
