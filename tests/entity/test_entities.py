@@ -1,5 +1,6 @@
 """Event-sourced entities on a real PostgreSQL: consistency under contention, recovery, snapshots, honest
-write failures (injected with a TCP proxy we can cut, or a wrapper around the real append) and the breaker."""
+write failures (injected with a TCP proxy we can cut, or a wrapper around the real append) and the breaker.
+What both repositories offer runs on both faces (``face.entities``); test_aio_entities.py keeps the asyncio-only."""
 
 from __future__ import annotations
 
