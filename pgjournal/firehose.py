@@ -52,6 +52,7 @@ from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
 from pgjournal.model.slices import check_slice_range
 from pgjournal.model.timeuuid import EPOCH
+from pgjournal.query.gate import DUPLICATE, GAP, Gate
 from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
@@ -62,15 +63,11 @@ _log = logging.getLogger(__name__)
 Key = tuple[str, int, int]
 
 
-def covers(offset: TimestampOffset, ts: datetime, pid: str, seq_nr: int) -> bool:
-    """Whether the event ``(ts, pid, seq_nr)`` lies at or before ``offset`` (a query from it skips it)."""
-    return ts < offset.timestamp or (ts == offset.timestamp and seq_nr <= offset.seen.get(pid, 0))
-
-
 def later(a: TimestampOffset, b: TimestampOffset) -> TimestampOffset:
     """The offset that covers everything ``a`` and ``b`` cover."""
     if a.timestamp != b.timestamp:
         return a if a.timestamp > b.timestamp else b
+    # An offset's position (what was consumed at one timestamp), not the gate's rule (each pid once, in order).
     seen = dict(a.seen)
     for pid, seq_nr in b.seen.items():
         seen[pid] = max(seq_nr, seen.get(pid, 0))
@@ -331,9 +328,10 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
         self._floor: datetime | None = None
         #: Envelopes the current catch-up run delivered.
         self._run_count = 0
-        #: Per persistence id, the highest sequence number delivered and its time (only what the hose may still
-        #: deliver again: at or after the join point minus its backtracking margin); ``None`` once not needed.
-        self._delivered: dict[str, tuple[int, datetime]] | None = {}
+        #: The ordering/dedup gate between the catch-up and the hose, stamped with each event's time (it keeps
+        #: only what the hose may still deliver again: at or after the join point minus its backtracking
+        #: margin); ``None`` once not needed.
+        self._gate: Gate[datetime] | None = Gate()
         self._dedup_until: datetime | None = None
         self._pending: deque[EventEnvelope] = deque()
         self._attached = False
@@ -391,13 +389,13 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
 
     def _remember(self, envelope: EventEnvelope) -> None:
         self._run_count += 1
-        delivered = self._delivered
-        if delivered is None or self._floor is None:
+        gate = self._gate
+        if gate is None or self._floor is None:
             return
         if envelope.db_timestamp >= self._floor:
-            delivered[envelope.persistence_id] = (envelope.seq_nr, envelope.db_timestamp)
+            gate.deliver(envelope.persistence_id, envelope.seq_nr, envelope.db_timestamp)
         else:  # the hose cannot deliver it again; an entry of an earlier run would be stale
-            delivered.pop(envelope.persistence_id, None)
+            gate.drop(envelope.persistence_id)
 
     def _try_join(self) -> None:
         """After a catch-up run: attach at the newest hose entry whose predecessors the consumer has all had
@@ -430,9 +428,9 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
                 # Nothing new here and the hose has delivered nothing past us yet: wait for it (or poll again).
                 hose.cond.wait(self._owner.journal.settings.refresh_interval)
         if join_at is not None:
-            assert self._delivered is not None
-            self._delivered = {pid: v for pid, v in self._delivered.items() if v[1] >= floor}
-            newest = max((v[1] for v in self._delivered.values()), default=None)
+            assert self._gate is not None
+            self._gate.forget_where(lambda ts: ts < floor)
+            newest = max((ts for _, ts in self._gate.delivered.values()), default=None)
             self._dedup_until = None if newest is None else newest + hose.margin
             _log.debug("firehose consumer %s joined %s slices %d-%d after %d catch-up run(s)", self.id, *self._key,
                        self.catchup_runs)
@@ -478,25 +476,24 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
     def _accept(self, envelope: EventEnvelope) -> bool:
         """Whether a hose envelope is new to this consumer; queues a gap's events first (never expected)."""
         pid, seq_nr, ts = envelope.persistence_id, envelope.seq_nr, envelope.db_timestamp
-        if self._start is not None and covers(self._start, ts, pid, seq_nr):
+        if self._start is not None and self._start.covers(ts, pid, seq_nr):
             return False
-        delivered = self._delivered
-        if delivered is None:
+        gate = self._gate
+        if gate is None:
             return True
         if self._dedup_until is not None and envelope.offset.timestamp > self._dedup_until:
-            self._delivered = None  # past what catching up could have delivered twice
+            self._gate = None  # past what catching up could have delivered twice
             return True
-        known = delivered.get(pid)
-        if known is not None and seq_nr <= known[0]:
+        verdict, after = gate.judge(pid, seq_nr, _new)
+        if verdict is DUPLICATE:
             return False
-        delivered[pid] = (seq_nr, ts)
-        if known is None:
-            return True
-        if seq_nr > known[0] + 1:
+        gate.deliver(pid, seq_nr, ts)
+        if verdict is GAP:
+            assert isinstance(after, int)  # by the policy, only a known persistence id has a gap
             _log.warning("firehose consumer %s: %s seq_nr %d came after %d; loading the gap", self.id, pid, seq_nr,
-                         known[0])
+                         after)
             self._pending.extend(self._owner.journal.query.current_events_by_persistence_id(
-                pid, known[0] + 1, seq_nr - 1))
+                pid, after + 1, seq_nr - 1))
             self._pending.append(envelope)
         return True
 
@@ -527,3 +524,9 @@ class FirehoseConsumer(Iterator[EventEnvelope]):
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _new(_pid: str, seq_nr: int) -> int:
+    """The gate's policy for a persistence id the catch-up did not deliver (or before the hose's reach): its
+    event is the next one (only the hose delivers it)."""
+    return seq_nr - 1

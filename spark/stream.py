@@ -159,6 +159,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         newest = row[0] if row else None
         if newest is None:
             return start
+        # An offset's position (what was consumed at one timestamp), not the gate's rule (each pid once, in order).
         seen = dict(start.seen) if newest == start.timestamp else {}
         rows = conn.execute(*self.store.numbers_at(lo, hi, start, bound, newest, entity_type=entity_type, cap=cap),
                             prepare=False).fetchall()
@@ -179,6 +180,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = dict(starts)
         for ts, number, pid, key in keyed[:limit]:
             current = ends[key]
+            # An offset's position (what was consumed at one timestamp), not the gate's rule (each pid once, in order).
             seen = dict(current.seen) if ts == current.timestamp else {}
             seen[pid] = max(number, seen.get(pid, 0))
             ends[key] = TimestampOffset(ts, seen=seen)

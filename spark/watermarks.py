@@ -107,6 +107,7 @@ def next_watermarks(
     for s in slices:
         rows = newest.get(s)
         if rows:
+            # An offset's position (what was consumed at one timestamp), not the gate's rule (each pid once, in order).
             seen: dict[str, int] = {}
             for pid, seq, _ in rows:
                 seen[pid] = max(seq, seen.get(pid, 0))

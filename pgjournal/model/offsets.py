@@ -102,6 +102,10 @@ class TimestampOffset:
                                             "seen": MappingProxyType(seen)})
         return offset
 
+    def covers(self, ts: datetime, pid: str, seq_nr: int) -> bool:
+        """Whether the event ``(ts, pid, seq_nr)`` lies at or before this offset (a query from it skips it)."""
+        return ts < self.timestamp or (ts == self.timestamp and seq_nr <= self.seen.get(pid, 0))
+
     def __str__(self) -> str:
         body: dict[str, Any] = {"ts": format_timestamp(self.timestamp)}
         if self.read_timestamp is not None:

@@ -290,14 +290,13 @@ class SliceQuery:
         predecessors = (yield from self._predecessors_step(rows)) if contiguous else {}
         unknown = self._unknown(predecessors) if contiguous else _next
         # Per-row work is the cost of a catch-up, so the loop keeps it small: the start timestamp in the rows'
-        # tzinfo (a comparison across tzinfo objects calls utcoffset on both), lookups hoisted, the
-        # gate's common case (the next number of a persistence id, or 1) inline, the cursor written back once a
+        # tzinfo (a comparison across tzinfo objects calls utcoffset on both), lookups hoisted, the gate's
+        # common case (the next number of a persistence id, or 1) in one call, the cursor written back once a
         # page (and before a gap is filled, which reads it), and the seen map of a timestamp made only when a
         # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``).
-        start_ts = self.start.timestamp.astimezone(rows[0][4].tzinfo)
-        start_seen = self.start.seen
-        gate = self.gate
-        delivered, judge, deliver = gate.delivered, gate.judge, gate.deliver
+        start = self.start
+        start_ts = start.timestamp.astimezone(rows[0][4].tzinfo)
+        take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
         read_timestamp = self.read_timestamp
         ts_at = cursor.ts
         seen: dict[str, int] | None = cursor.seen
@@ -308,7 +307,8 @@ class SliceQuery:
         append = out.append
         for row in rows:
             pid, seq_nr, ts = row[2], row[3], row[4]
-            # The cursor's seen map is replaced, never changed: a delivery keeps the one of its offset.
+            # The cursor's seen map is replaced, never changed: a delivery keeps the one of its offset. (That map is
+            # the offset's position at one timestamp; the gate below holds the rule "each pid once, in order".)
             if ts != ts_at:
                 ts_at = ts
                 if main:
@@ -319,12 +319,9 @@ class SliceQuery:
                 if seen is None:
                     seen = {lone_pid: lone_seq}
                 seen = {**seen, pid: max(seq_nr, seen.get(pid, 0))}
-            if ts <= start_ts and (ts < start_ts or seq_nr <= start_seen.get(pid, 0)):
+            if ts <= start_ts and start.covers(ts, pid, seq_nr):
                 continue  # consumed before this query started (only backtracking can meet these)
-            known = delivered.get(pid)
-            if seq_nr == 1 if known is None else seq_nr == known[0] + 1:
-                delivered[pid] = (seq_nr, ts)  # Gate.take_next
-            else:
+            if not take_next(pid, seq_nr, ts):
                 verdict, after = judge(pid, seq_nr, unknown)
                 if verdict is DUPLICATE:
                     continue  # a duplicate (backtracking, or a replayed gap)
@@ -333,7 +330,6 @@ class SliceQuery:
                         seen = {lone_pid: lone_seq}
                     cursor.ts, cursor.seen, cursor.last_seq, cursor.last_pid = ts_at, seen, seq_nr, pid
                     out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
-                    delivered = gate.delivered
                 deliver(pid, seq_nr, ts)
             if not main:
                 append((row, source, main_ts, main_seen, read_timestamp))
@@ -377,7 +373,7 @@ class SliceQuery:
             prev_seq, prev_ts = predecessors[pid]
             if prev_ts < floor:
                 return prev_seq
-            if prev_ts == start.timestamp and start.seen.get(pid, 0) >= prev_seq:
+            if start.covers(prev_ts, pid, prev_seq):
                 return prev_seq
             return None
 
@@ -403,7 +399,7 @@ class SliceQuery:
         out: list[Delivery] = []
         for row in rows:
             seq_nr, ts = row[3], row[4]
-            if after is None and ts == self.start.timestamp and seq_nr <= self.start.seen.get(pid, 0):
+            if after is None and self.start.covers(ts, pid, seq_nr):
                 continue  # consumed before this query started
             self.gate.deliver(pid, seq_nr, ts)
             out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp))

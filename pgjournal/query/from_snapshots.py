@@ -57,7 +57,7 @@ def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform:
     for row in rows:
         pid, seq_nr, ts = row.persistence_id, row.seq_nr, row.db_timestamp
         assert ts is not None  # the query keeps only snapshots placed in time
-        if ts == start.timestamp and start.seen.get(pid, 0) >= seq_nr:
+        if start.covers(ts, pid, seq_nr):
             continue  # consumed before this query started
         where = f" of the snapshot of persistence id {pid!r} at seq_nr {seq_nr}"
         snapshot = serializers.deserialize(row.ser_id, row.ser_manifest, row.snapshot, where=where,

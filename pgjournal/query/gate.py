@@ -1,10 +1,11 @@
 """The ordering/dedup gate: per persistence id, each event once and in sequence order; gaps filled or reported.
 
-Written once, used by ``events_by_slices`` (and durable state's changes), ``events_by_tag`` and the
-projection offset store. Per persistence id the gate remembers the highest number delivered (a sequence
-number; on the tag path a tag sequence number) with a *stamp* the caller chooses (by-slice: the event's
-``db_timestamp``; projections: its slice and ``db_timestamp``) by which it forgets old entries. A number that
-arrives is
+Written once, used by ``events_by_slices`` (and durable state's changes), ``events_by_tag``, the projection
+offset store and the firehose's consumers (between their catch-up and the shared query); both faces run the
+same query steps, so the asyncio face goes through it too. Per persistence id the gate remembers the highest
+number delivered (a sequence number; on the tag path a tag sequence number) with a *stamp* the caller chooses
+(by-slice and firehose: the event's ``db_timestamp``; projections: its slice and ``db_timestamp``) by which it
+forgets old entries. A number that arrives is
 
 * :attr:`Verdict.DUPLICATE` at or below the highest delivered: drop it;
 * :attr:`Verdict.NEXT` one above it: deliver it (and :meth:`Gate.deliver` it);
@@ -19,9 +20,8 @@ A persistence id the gate does not know (never met, or forgotten) is resolved by
 :attr:`Verdict.DUPLICATE` (the event itself counts as delivered, e.g. older than a projection's window).
 
 A catch-up meets the common case on nearly every row (the next number of a known persistence id, or 1):
-:meth:`Gate.take_next` (per row) and :meth:`Gate.take_leading` (per page or streamed chunk) deliver it in
-one call and leave everything else to :meth:`Gate.judge` (by-slice's page loop does what ``take_next`` does
-inline, on :attr:`Gate.delivered`, to save a method call per row).
+:meth:`Gate.take_next` (per row: by-slice's page loop) and :meth:`Gate.take_leading` (per page or streamed
+chunk: the tag stream) deliver it in one call and leave everything else to :meth:`Gate.judge`.
 
 The gate runs no SQL: a policy that needs the database is resolved by the caller first (by-slice loads the
 predecessors of a page's unknown persistence ids in one statement; the offset store looks one up), so the
@@ -129,6 +129,10 @@ class Gate(Generic[S]):
         """Count everything of ``pid`` up to ``seq_nr`` as delivered, unless ``pid`` is known already (what a
         caller learnt lies before its start)."""
         self.delivered.setdefault(pid, (seq_nr, stamp))
+
+    def drop(self, pid: str) -> None:
+        """Forget ``pid`` (what its caller knows cannot come again)."""
+        self.delivered.pop(pid, None)
 
     def forget(self, before: datetime, when: Callable[[S], datetime] | None = None) -> None:
         """Forget the persistence ids last delivered before ``before`` (``when``: a stamp's time; default

@@ -1,7 +1,7 @@
 """The asyncio face (``pgjournal.aio.AsyncJournal``) mirrors the blocking one: appends and their conflicts,
 reads by persistence id, lookups, by-slice and by-tag queries current and live (LISTEN wake-ups), with the
-same results as the blocking face on the same data. Snapshots and reads by persistence id (current and live) are
-tested on both faces in test_snapshots.py and test_reads.py."""
+same results as the blocking face on the same data. Snapshots, reads by persistence id and by slices (current and
+live) are tested on both faces (the ``face`` fixture) in test_snapshots.py, test_reads.py and test_by_slices.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from pgjournal import (
     EventNotFound,
     InvalidArgument,
     Journal,
-    NoOffset,
     SchemaNotMigrated,
     Source,
     slice_for_persistence_id,
@@ -158,18 +157,6 @@ async def test_current_by_slices_matches_the_blocking_face_and_resumes(aj: Async
     assert sorted(keys(halves[0] + halves[1]), key=str) == sorted(keys(got), key=str)
 
 
-@pytest.mark.floor
-async def test_live_by_slices_delivers_later_appends_once_in_order(aj: AsyncJournal) -> None:
-    await aj.append(PID, [1, 2])
-    async with aj.query.events_by_slices("Cart", 0, 1023) as live:
-        assert [e.seq_nr for e in await take(live, 2)] == [1, 2]
-        await aj.append(PID, [3])
-        await aj.append("Cart|2", ["a"])
-        got = await take(live, 2)
-        assert sorted((e.persistence_id, e.seq_nr) for e in got) == [(PID, 3), ("Cart|2", 1)]
-    assert live.closed
-
-
 async def test_from_snapshots(aj: AsyncJournal, dsn: str) -> None:
     await aj.append(PID, [1, 2, 3])
     await aj.append("Cart|2", [1])
@@ -211,13 +198,9 @@ async def test_by_tag_current_and_live_match_the_blocking_face(aj: AsyncJournal,
 
 
 async def test_bad_arguments_are_named(aj: AsyncJournal) -> None:
-    with pytest.raises(InvalidArgument):
-        aj.query.current_events_by_slices("Cart", 5, 1)
+    # (bad slice ranges and offsets: on both faces in tests/query/test_by_slices.py)
     with pytest.raises(InvalidArgument):
         await aj.query.timestamp_of(PID, 0)
-    with pytest.raises(InvalidArgument):
-        await collect(aj.query.current_events_by_slices("Cart", 0, 1023, "x"))  # type: ignore[arg-type]
-    assert await collect(aj.query.current_events_by_slices("Cart", 0, 1023, NoOffset)) == []
 
 
 def test_fast_settings_are_shared() -> None:

@@ -1,6 +1,7 @@
-"""The asyncio entity repository (``AsyncEntityRepository``) mirrors the blocking one: domain rules, queued
-commands decided in order and written in one append, many tasks losing no update, conflicts with another
-process re-decided on stored state, recovery from snapshots, unknown outcomes settled, cancellation."""
+"""The asyncio entity repository (``AsyncEntityRepository``) where it differs from the blocking one: queued tasks
+decided in order and written in one append, many tasks losing no update, conflicts and unknown outcomes injected
+into the asyncio append, cancellation. Domain rules, stale caches, recovery and snapshots run on both faces in
+test_entities.py (the ``face`` fixture)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from test_entities import Account, Balance
 from pgjournal import WriteOutcomeUnknown
 from pgjournal.aio import AsyncJournal
 from pgjournal.entity import AsyncEntityRepository, ConflictRetriesExhausted, DomainError
-from pgjournal.examples.shopping_cart import AddItem, CartRejected, CheckOut, GetCart, ShoppingCart
 
 
 @pytest.fixture
@@ -33,18 +33,6 @@ async def replay(journal: AsyncJournal, pid: str) -> tuple[Balance, list[dict[st
         assert state.amount >= 0, f"overdraft at seq_nr {envelope.seq_nr}: a decision used a stale state"
         events.append(envelope.event)
     return state, events
-
-
-async def test_cart_rules(aj: AsyncJournal) -> None:
-    carts = AsyncEntityRepository(aj, ShoppingCart)
-    assert (await carts.handle("c1", AddItem("socks", 2))).seq_nr == 1
-    with pytest.raises(CartRejected):
-        await carts.handle("c1", AddItem("socks", 1))  # added once
-    with pytest.raises(CartRejected):
-        await carts.handle("c2", CheckOut())  # empty
-    await carts.handle("c1", CheckOut())
-    assert (await carts.handle("c1", GetCart())).state.checked_out
-    assert await aj.highest_seq_nr("cart|c1") == 2 and await aj.highest_seq_nr("cart|c2") == 0
 
 
 async def test_queued_commands_are_decided_in_order_and_written_in_one_append(aj: AsyncJournal) -> None:
@@ -112,17 +100,6 @@ async def test_many_tasks_on_two_journals_lose_no_update(dsn: str) -> None:
         assert repos[0].status()["batched"] > 0
 
 
-async def test_a_refusal_is_never_decided_on_a_stale_cached_state(dsn: str) -> None:
-    async with AsyncJournal.open(dsn, **SETTINGS) as first, AsyncJournal.open(dsn, **SETTINGS) as second:
-        mine, theirs = AsyncEntityRepository(first, Account), AsyncEntityRepository(second, Account)
-        await mine.handle("a", ("deposit", 1, "d1"))
-        await theirs.handle("a", ("deposit", 10, "d2"))
-        assert (await mine.handle("a", ("withdraw", 5, "w"))).state == Balance(6, 3)
-        await theirs.handle("a", ("deposit", 4, "d3"))
-        with pytest.raises(DomainError, match="balance is 10"):
-            await mine.handle("a", ("withdraw", 11, "w2"))
-
-
 async def test_conflict_retries_are_bounded(dsn: str) -> None:
     async with AsyncJournal.open(dsn, **SETTINGS) as first, AsyncJournal.open(dsn, **SETTINGS) as second:
         repo = AsyncEntityRepository(first, Account, max_conflict_retries=2)
@@ -136,18 +113,6 @@ async def test_conflict_retries_are_bounded(dsn: str) -> None:
         with pytest.raises(ConflictRetriesExhausted) as caught:
             await repo.handle("a", ("deposit", 5, "mine"))
         assert caught.value.attempts == 3
-
-
-async def test_recovery_from_a_snapshot_equals_a_full_replay(dsn: str) -> None:
-    async with AsyncJournal.open(dsn, **dict(SETTINGS, buffer_size=7)) as journal:
-        repo = AsyncEntityRepository(journal, Account, snapshot_every=10)
-        for i in range(25):
-            await repo.handle("acc", ("deposit", i, str(i)))
-        snapshot = await journal.load_snapshot("account|acc")
-        assert snapshot is not None and snapshot.seq_nr == 20
-        recovered = await repo.load("acc")
-        assert (recovered.snapshot_seq_nr, recovered.replayed, recovered.seq_nr) == (20, 5, 25)
-        assert recovered.state == (await replay(journal, "account|acc"))[0]
 
 
 @pytest.mark.parametrize("write_first", [True, False])

@@ -1,5 +1,6 @@
 """Event-sourced entities on a real PostgreSQL: consistency under contention, recovery, snapshots, honest
-write failures (injected with a TCP proxy we can cut, or a wrapper around the real append) and the breaker."""
+write failures (injected with a TCP proxy we can cut, or a wrapper around the real append) and the breaker.
+What both repositories offer runs on both faces (``face.entities``); test_aio_entities.py keeps the asyncio-only."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import psycopg.conninfo
 import pytest
 from support import FAST
 from support.eventually import eventually
+from support.faces import Face, Kind, open_face
 
 from pgjournal import (
     ConfigurationError,
@@ -79,7 +81,7 @@ class Account(Entity[Balance]):
         return Balance(state.amount + sign * event["amount"], state.operations + 1)
 
 
-def replay(journal: Journal, pid: str) -> tuple[Balance, list[dict[str, Any]]]:
+def replay(journal: Journal | Face, pid: str) -> tuple[Balance, list[dict[str, Any]]]:
     """A sequential replay of everything stored, checking the rule at every step."""
     state, events = Balance(), []
     for expected_seq, envelope in enumerate(journal.query.current_events_by_persistence_id(pid), start=1):
@@ -90,7 +92,7 @@ def replay(journal: Journal, pid: str) -> tuple[Balance, list[dict[str, Any]]]:
     return state, events
 
 
-def hammer(repo: EntityRepository[Balance], entity_id: str, commands: int, seed: int) -> tuple[list[str], int]:
+def hammer(repo: Any, entity_id: str, commands: int, seed: int) -> tuple[list[str], int]:
     """Random deposits and withdrawals; returns the ids of accepted commands and the rejection count."""
     rng = random.Random(seed)
     accepted, rejected = [], 0
@@ -109,8 +111,8 @@ def hammer(repo: EntityRepository[Balance], entity_id: str, commands: int, seed:
 # -- domain rules --------------------------------------------------------------------------------------
 
 
-def test_cart_rules_reject_bad_commands_and_write_nothing(journal: Journal) -> None:
-    carts = EntityRepository(journal, ShoppingCart)
+def test_cart_rules_reject_bad_commands_and_write_nothing(face: Face) -> None:
+    carts = face.entities(ShoppingCart)
     assert carts.handle("c1", AddItem("socks", 2)).seq_nr == 1
     bad = [AddItem("socks", 1), AddItem("mug", 0), AddItem("mug", 100), RemoveItem("mug"), AdjustQuantity("mug", 2),
            AdjustQuantity("socks", 0), "nonsense"]
@@ -119,19 +121,19 @@ def test_cart_rules_reject_bad_commands_and_write_nothing(journal: Journal) -> N
             carts.handle("c1", command)
     with pytest.raises(CartRejected, match="empty cart"):
         carts.handle("c2", CheckOut())
-    assert journal.highest_seq_nr("cart|c1") == 1
-    assert journal.highest_seq_nr("cart|c2") == 0
+    assert face.highest_seq_nr("cart|c1") == 1
+    assert face.highest_seq_nr("cart|c2") == 0
     assert carts.handle("c1", CheckOut()).state == Cart({"socks": 2}, checked_out=True)
     with pytest.raises(CartRejected, match="checked out"):
         carts.handle("c1", AddItem("mug", 1))
     got = carts.handle("c1", GetCart())
     assert (got.reply, got.seq_nr, got.events) == (Cart({"socks": 2}, True), 2, ())
-    stored = [e.event for e in journal.query.current_events_by_persistence_id("cart|c1")]
+    stored = [e.event for e in face.query.current_events_by_persistence_id("cart|c1")]
     assert stored[0] == ItemAdded("socks", 2)  # registered dataclasses come back as themselves
     assert carts.load("c1").state == Cart({"socks": 2}, True)
 
 
-def test_a_handler_that_returns_nonsense_writes_nothing(journal: Journal) -> None:
+def test_a_handler_that_returns_nonsense_writes_nothing(face: Face) -> None:
     class Broken(Entity[int]):
         name = "broken"
         initial_state = 0
@@ -140,35 +142,35 @@ def test_a_handler_that_returns_nonsense_writes_nothing(journal: Journal) -> Non
             return 42
 
     with pytest.raises(InvalidArgument, match="returned int 42"):
-        EntityRepository(journal, Broken).handle("x", "go")
-    assert journal.highest_seq_nr("broken|x") == 0
+        face.entities(Broken).handle("x", "go")
+    assert face.highest_seq_nr("broken|x") == 0
 
 
-def test_entity_names_and_ids_are_checked(journal: Journal) -> None:
+def test_entity_names_and_ids_are_checked(face: Face) -> None:
     class Piped(Account):
         name = "a|b"
 
     with pytest.raises(InvalidArgument, match=r"must not contain '\|'"):
-        EntityRepository(journal, Piped)
+        face.entities(Piped)
     with pytest.raises(InvalidArgument, match="entity id"):
-        EntityRepository(journal, Account).handle("", ("deposit", 1, "x"))
+        face.entities(Account).handle("", ("deposit", 1, "x"))
     for bad in ({"snapshot_every": -1}, {"cache_size": "10"}, {"max_batch": 0}, {"unknown_outcome_timeout": -1}):
         with pytest.raises(ConfigurationError, match=next(iter(bad))):
-            EntityRepository(journal, Account, **bad)
-    assert EntityRepository(journal, Account).snapshot_every == 100
-    repo = EntityRepository(journal, Account)
+            face.entities(Account, **bad)
+    assert face.entities(Account).snapshot_every == 100
+    repo = face.entities(Account)
     repo.handle("with|pipe", ("deposit", 1, "x"))  # the entity type is what precedes the first '|'
-    assert [e.entity_type for e in journal.query.current_events_by_persistence_id("account|with|pipe")] == ["account"]
+    assert [e.entity_type for e in face.query.current_events_by_persistence_id("account|with|pipe")] == ["account"]
 
 
 # -- consistency ---------------------------------------------------------------------------------------
 
 
-def test_many_threads_on_two_journals_lose_no_update(dsn: str) -> None:
+def test_many_threads_on_two_journals_lose_no_update(face_kind: Kind, dsn: str) -> None:
     """Two Journals (two writer ids, two lock tables: optimistic concurrency decides between them), four
     threads each, all on one account."""
-    with Journal.open(dsn, **FAST) as first, Journal.open(dsn, **FAST) as second:
-        repos = [EntityRepository(first, Account, snapshot_every=7), EntityRepository(second, Account, cache_size=1)]
+    with open_face(face_kind, dsn, **FAST) as first, open_face(face_kind, dsn, **FAST) as second:
+        repos = [first.entities(Account, snapshot_every=7), second.entities(Account, cache_size=1)]
         results: list[tuple[list[str], int]] = []
         threads = [threading.Thread(target=lambda r=repos[i % 2], s=i: results.append(hammer(r, "hot", 40, s)))
                    for i in range(8)]
@@ -232,8 +234,8 @@ def test_queued_commands_are_decided_in_order_and_written_in_one_append(journal:
     assert repo.handle("a", ("deposit", 1, "next")).state == Balance(3, 5)
 
 
-def test_many_threads_on_one_journal_batch_and_lose_no_update(journal: Journal) -> None:
-    repo = EntityRepository(journal, Account, snapshot_every=10)
+def test_many_threads_on_one_journal_batch_and_lose_no_update(face: Face) -> None:
+    repo = face.entities(Account, snapshot_every=10)
     results: list[tuple[list[str], int]] = []
     threads = [threading.Thread(target=lambda s=i: results.append(hammer(repo, "hot", 40, s))) for i in range(8)]
     for thread in threads:
@@ -241,16 +243,16 @@ def test_many_threads_on_one_journal_batch_and_lose_no_update(journal: Journal) 
     for thread in threads:
         thread.join()
     accepted = [cid for ids, _ in results for cid in ids]
-    state, events = replay(journal, "account|hot")
+    state, events = replay(face, "account|hot")
     assert sorted(e["id"] for e in events) == sorted(accepted)
     assert sum(rejected for _, rejected in results) + len(accepted) == 320
     assert repo.load("hot").state == state
     assert repo.status()["batched"] > 0
 
 
-def test_a_conflict_drops_the_cached_state_and_reruns_the_handler(dsn: str) -> None:
-    with Journal.open(dsn, **FAST) as first, Journal.open(dsn, **FAST) as second:
-        mine, theirs = EntityRepository(first, Account), EntityRepository(second, Account)
+def test_a_conflict_drops_the_cached_state_and_reruns_the_handler(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, **FAST) as first, open_face(face_kind, dsn, **FAST) as second:
+        mine, theirs = first.entities(Account), second.entities(Account)
         mine.handle("a", ("deposit", 10, "d1"))  # cached at seq_nr 1
         theirs.handle("a", ("withdraw", 10, "w1"))  # seq_nr 2, unknown to `mine`
         with pytest.raises(DomainError, match="balance is 0"):  # decided against the current state
@@ -259,9 +261,9 @@ def test_a_conflict_drops_the_cached_state_and_reruns_the_handler(dsn: str) -> N
         assert (result.seq_nr, result.state) == (3, Balance(1, 3))
 
 
-def test_a_refusal_or_a_read_is_never_decided_on_a_stale_cached_state(dsn: str) -> None:
-    with Journal.open(dsn, **FAST) as first, Journal.open(dsn, **FAST) as second:
-        mine, theirs = EntityRepository(first, Account), EntityRepository(second, Account)
+def test_a_refusal_or_a_read_is_never_decided_on_a_stale_cached_state(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, **FAST) as first, open_face(face_kind, dsn, **FAST) as second:
+        mine, theirs = first.entities(Account), second.entities(Account)
         mine.handle("a", ("deposit", 1, "d1"))  # cached: balance 1
         theirs.handle("a", ("deposit", 10, "d2"))
         assert mine.handle("a", ("withdraw", 5, "w")).state == Balance(6, 3)  # the stale state would refuse
@@ -289,9 +291,9 @@ def test_conflict_retries_are_bounded(dsn: str) -> None:
 # -- recovery and snapshots --------------------------------------------------------------------------------
 
 
-def test_recovery_from_a_snapshot_equals_a_full_replay(dsn: str) -> None:
-    with Journal.open(dsn, buffer_size=7, **FAST) as journal:  # pages of 7: replay in many batches
-        repo = EntityRepository(journal, Account, snapshot_every=10)
+def test_recovery_from_a_snapshot_equals_a_full_replay(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, buffer_size=7, **FAST) as journal:  # pages of 7: replay in many batches
+        repo = journal.entities(Account, snapshot_every=10)
         for i in range(95):
             repo.handle("acc", ("deposit" if i % 3 else "withdraw", i % 5, str(i)) if i else ("deposit", 50, "0"))
         repo.handle("acc", ("batch", 4, "b"))  # 95 → 99: no multiple of 10 crossed
@@ -300,16 +302,16 @@ def test_recovery_from_a_snapshot_equals_a_full_replay(dsn: str) -> None:
         assert snapshot is not None and snapshot.seq_nr == 102
         assert snapshot.metadata == {"entity": "account", "version": 1}
         repo.handle("acc", ("deposit", 1, "last"))
-        from_snapshot = EntityRepository(journal, Account).load("acc")
+        from_snapshot = journal.entities(Account).load("acc")
         assert (from_snapshot.snapshot_seq_nr, from_snapshot.replayed, from_snapshot.seq_nr) == (102, 1, 103)
         journal.delete_snapshot("account|acc")
-        full = EntityRepository(journal, Account).load("acc")
+        full = journal.entities(Account).load("acc")
         assert (full.snapshot_seq_nr, full.replayed) == (None, 103)
         assert from_snapshot.state == full.state == replay(journal, "account|acc")[0]
 
 
 @pytest.mark.parametrize("problem", ["version", "entity", "undecodable", "rejected"])
-def test_an_unusable_snapshot_is_ignored_with_a_warning(dsn: str, problem: str,
+def test_an_unusable_snapshot_is_ignored_with_a_warning(face_kind: Kind, dsn: str, problem: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     class Custom:
         def to_binary(self, obj: Any) -> tuple[str, bytes]:
@@ -324,8 +326,9 @@ def test_an_unusable_snapshot_is_ignored_with_a_warning(dsn: str, problem: str,
 
     other = SerializerRegistry()
     other.register_serializer(4242, Custom(), bytearray)
-    with Journal.open(dsn, **FAST) as journal, Journal.open(dsn, serializers=other, **FAST) as foreign:
-        repo = EntityRepository(journal, Picky if problem == "rejected" else Account, snapshot_every=1000)
+    with open_face(face_kind, dsn, **FAST) as journal, \
+            open_face(face_kind, dsn, serializers=other, **FAST) as foreign:
+        repo = journal.entities(Picky if problem == "rejected" else Account, snapshot_every=1000)
         for i in range(5):
             repo.handle("a", ("deposit", 2, str(i)))
         bogus, metadata = Balance(999, 999), {"entity": "account", "version": 1}
@@ -368,22 +371,22 @@ def test_recovery_is_consistent_while_another_writer_appends(dsn: str, rival_wri
         assert repo.status()["conflicts"] == (1 if rival_writes == "after" else 0)
 
 
-def test_recovery_after_deleted_events_continues_after_them(journal: Journal) -> None:
-    repo = EntityRepository(journal, Account, snapshot_every=0)
+def test_recovery_after_deleted_events_continues_after_them(face: Face) -> None:
+    repo = face.entities(Account, snapshot_every=0)
     for i in range(3):
         repo.handle("a", ("deposit", 1, str(i)))
-    journal.delete_events("account|a", 3)
+    face.delete_events("account|a", 3)
     repo.evict()
     assert repo.handle("a", ("deposit", 5, "after")).seq_nr == 4
 
 
-def test_the_cache_is_bounded_and_lru(journal: Journal) -> None:
-    repo = EntityRepository(journal, Account, cache_size=2)
+def test_the_cache_is_bounded_and_lru(face: Face) -> None:
+    repo = face.entities(Account, cache_size=2)
     for entity_id in ("a", "b", "a", "c"):
         repo.handle(entity_id, ("deposit", 1, entity_id))
     assert repo.status()["cached"] == 2
     # "b" was evicted: a write behind the repository's back is found by recovery, not by a conflict
-    journal.append("account|b", [{"kind": "deposit", "amount": 7, "id": "side"}], expected_seq_nr=1)
+    face.append("account|b", [{"kind": "deposit", "amount": 7, "id": "side"}], expected_seq_nr=1)
     assert repo.handle("b", ("withdraw", 8, "w")).state == Balance(0, 3)
 
 

@@ -20,7 +20,7 @@ from support.eventually import eventually
 from support.torture import ENTITY, fast_writer, slow_writer
 
 from pgjournal import ConfigurationError, InvalidArgument, Journal, NoOffset, SlowConsumer, TimestampOffset
-from pgjournal.firehose import Firehose, covers
+from pgjournal.firehose import Firehose
 from pgjournal.model.offsets import Offset
 
 
@@ -65,7 +65,7 @@ def written(dsn: str) -> list[tuple[str, int, datetime]]:
 
 def expected_for(reader: Reader, rows: list[tuple[str, int, datetime]]) -> set[tuple[str, int]]:
     start = reader.start
-    return {(p, s) for p, s, ts in rows if not (isinstance(start, TimestampOffset) and covers(start, ts, p, s))}
+    return {(p, s) for p, s, ts in rows if not (isinstance(start, TimestampOffset) and start.covers(ts, p, s))}
 
 
 def check(reader: Reader, wanted: set[tuple[str, int]]) -> None:

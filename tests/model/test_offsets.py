@@ -117,3 +117,13 @@ def test_timestamp_offset_checks_and_immutability() -> None:
         offset.seen["b"] = 2  # type: ignore[index]
     assert offset == TimestampOffset(datetime(2026, 1, 1, tzinfo=UTC), seen={"a": 1})
     assert offset != TimestampOffset(datetime(2026, 1, 1, tzinfo=UTC), seen={"a": 2})
+
+
+def test_an_offset_covers_what_lies_before_it_and_what_it_saw_at_its_timestamp() -> None:
+    at = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    offset = TimestampOffset(at, seen={"a": 3})
+    assert offset.covers(at - timedelta(microseconds=1), "z", 99)
+    assert offset.covers(at, "a", 3) and offset.covers(at, "a", 1)
+    assert not offset.covers(at, "a", 4) and not offset.covers(at, "b", 1)
+    assert not offset.covers(at + timedelta(microseconds=1), "a", 1)
+    assert not TimestampOffset(at).covers(at, "a", 1)

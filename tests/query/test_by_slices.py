@@ -1,4 +1,4 @@
-"""events_by_slices: order, offsets, dedup, gap filling, live delivery, in default and portable mode."""
+"""events_by_slices: order, offsets, dedup, gap filling, live delivery, in default and portable mode, on both faces."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import dataclasses
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
 from support import FAST
+from support.eventually import eventually
+from support.faces import Face, Kind, open_face
 
 from pgjournal import (
+    ConfigurationError,
     InvalidArgument,
-    Journal,
     NoOffset,
     SerializationError,
     Source,
@@ -21,6 +24,7 @@ from pgjournal import (
     slice_for_persistence_id,
 )
 from pgjournal.model.envelope import EventEnvelope
+from pgjournal.query.gate import Gate
 from pgjournal.store.events import insert_sql
 
 
@@ -28,12 +32,12 @@ def keys(envelopes) -> list[tuple[str, int]]:
     return [(e.persistence_id, e.seq_nr) for e in envelopes]
 
 
-def test_current_delivers_all_in_timestamp_order(mode_journal: Journal) -> None:
+def test_current_delivers_all_in_timestamp_order(mode_face: Face) -> None:
     for i in range(40):
-        mode_journal.append(f"Cart|{i % 9}", [{"n": i}, {"n": i, "second": True}])
-    mode_journal.append("Other|1", [{"x": 1}])
+        mode_face.append(f"Cart|{i % 9}", [{"n": i}, {"n": i, "second": True}])
+    mode_face.append("Other|1", [{"x": 1}])
     time.sleep(0.15)  # past behind_current_time in portable mode
-    envelopes = list(mode_journal.query.current_events_by_slices("Cart", 0, 1023))
+    envelopes = list(mode_face.query.current_events_by_slices("Cart", 0, 1023))
     assert len(envelopes) == 80
     assert all(e.entity_type == "Cart" for e in envelopes)
     order = [(e.db_timestamp, e.seq_nr) for e in envelopes]
@@ -44,12 +48,30 @@ def test_current_delivers_all_in_timestamp_order(mode_journal: Journal) -> None:
     assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in per_pid.values())
 
 
-def test_slice_ranges_partition_the_stream(mode_journal: Journal) -> None:
+def test_every_event_passes_the_one_gate_on_both_faces(face: Face, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page loop asks the ordering/dedup gate (query/gate.py) about every row, on either face: no copy of
+    its rule of its own."""
+    taken: list[tuple[str, int]] = []
+    take_next = Gate.take_next
+
+    def counted(gate: Gate[Any], pid: str, seq_nr: int, stamp: Any) -> bool:
+        taken.append((pid, seq_nr))
+        return take_next(gate, pid, seq_nr, stamp)
+
+    monkeypatch.setattr(Gate, "take_next", counted)
+    for i in range(9):
+        face.append(f"Cart|{i % 3}", [{"n": i}])
+    envelopes = eventually(lambda: [*face.query.current_events_by_slices("Cart", 0, 1023)][8:] and
+                           list(face.query.current_events_by_slices("Cart", 0, 1023)))
+    assert len(envelopes) == 9 and set(taken) == set(keys(envelopes))
+
+
+def test_slice_ranges_partition_the_stream(mode_face: Face) -> None:
     for i in range(60):
-        mode_journal.append(f"Cart|{i}", [{"n": i}])
+        mode_face.append(f"Cart|{i}", [{"n": i}])
     time.sleep(0.15)
-    whole = set(keys(mode_journal.query.current_events_by_slices("Cart", 0, 1023)))
-    parts = [keys(mode_journal.query.current_events_by_slices("Cart", lo, hi))
+    whole = set(keys(mode_face.query.current_events_by_slices("Cart", 0, 1023)))
+    parts = [keys(mode_face.query.current_events_by_slices("Cart", lo, hi))
              for lo, hi in [(0, 255), (256, 511), (512, 767), (768, 1023)]]
     assert sorted(k for part in parts for k in part) == sorted(whole)
     for (lo, hi), part in zip([(0, 255), (256, 511), (512, 767), (768, 1023)], parts, strict=True):
@@ -57,20 +79,20 @@ def test_slice_ranges_partition_the_stream(mode_journal: Journal) -> None:
 
 
 @pytest.mark.parametrize("cut", [0, 1, 5, 17, 29])
-def test_resume_from_any_offset_continues_exactly_after(journal: Journal, cut: int) -> None:
+def test_resume_from_any_offset_continues_exactly_after(face: Face, cut: int) -> None:
     # Several events share one timestamp: a batch of 3 per persistence id.
     for i in range(10):
-        journal.append(f"Cart|{i}", [{"a": i}, {"b": i}, {"c": i}])
+        face.append(f"Cart|{i}", [{"a": i}, {"b": i}, {"c": i}])
     time.sleep(0.05)
-    everything = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+    everything = list(face.query.current_events_by_slices("Cart", 0, 1023))
     assert len(everything) == 30
     offset = TimestampOffset.parse(str(everything[cut].offset))  # through the string form
-    rest = list(journal.query.current_events_by_slices("Cart", 0, 1023, offset))
+    rest = list(face.query.current_events_by_slices("Cart", 0, 1023, offset))
     assert keys(rest) == keys(everything[cut + 1:])
 
 
-def test_more_events_at_one_timestamp_than_the_buffer(dsn: str) -> None:
-    with Journal.open(dsn, **{**FAST, "buffer_size": 4}) as journal:
+def test_more_events_at_one_timestamp_than_the_buffer(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, **{**FAST, "buffer_size": 4}) as journal:
         journal.append("Cart|big", [{"n": n} for n in range(25)])  # 25 events, one timestamp
         journal.append("Cart|small", [{"n": 1}])
         time.sleep(0.05)
@@ -80,11 +102,11 @@ def test_more_events_at_one_timestamp_than_the_buffer(dsn: str) -> None:
         assert keys(resumed) == keys(envelopes[11:])
 
 
-def test_deleted_events_are_skipped(journal: Journal) -> None:
-    journal.append("Cart|1", [{"n": n} for n in range(5)])
-    journal.delete_events("Cart|1", 3)
+def test_deleted_events_are_skipped(face: Face) -> None:
+    face.append("Cart|1", [{"n": n} for n in range(5)])
+    face.delete_events("Cart|1", 3)
     time.sleep(0.05)
-    assert keys(journal.query.current_events_by_slices("Cart", 0, 1023)) == [("Cart|1", 4), ("Cart|1", 5)]
+    assert keys(face.query.current_events_by_slices("Cart", 0, 1023)) == [("Cart|1", 4), ("Cart|1", 5)]
 
 
 def _held_open_append(dsn: str, pid: str, expected: int, started: threading.Event, release: threading.Event
@@ -104,7 +126,7 @@ def _held_open_append(dsn: str, pid: str, expected: int, started: threading.Even
         conn.commit()
 
 
-def test_late_commit_is_delivered_once_and_in_order(mode_journal: Journal, dsn: str) -> None:
+def test_late_commit_is_delivered_once_and_in_order(mode_face: Face, dsn: str) -> None:
     """A transaction holds event 1 of Cart|late open while newer events commit; once it commits, the
     consumer gets it exactly once, and event 2 of the same pid only after it."""
     started, release = threading.Event(), threading.Event()
@@ -112,15 +134,15 @@ def test_late_commit_is_delivered_once_and_in_order(mode_journal: Journal, dsn: 
     writer.start()
     started.wait(5)
     time.sleep(0.05)
-    mode_journal.append("Cart|early", [{"n": 1}])
+    mode_face.append("Cart|early", [{"n": 1}])
     got: list = []
-    with mode_journal.query.events_by_slices("Cart", 0, 1023) as live:
+    with mode_face.query.events_by_slices("Cart", 0, 1023) as live:
         reader = threading.Thread(target=lambda: [got.append(e) for e in live])
         reader.start()
         time.sleep(0.6)
         release.set()
         writer.join()
-        mode_journal.append("Cart|late", [{"n": 2}], expected_seq_nr=1)
+        mode_face.append("Cart|late", [{"n": 2}], expected_seq_nr=1)
         deadline = time.time() + 15
         while time.time() < deadline and len(got) < 3:
             time.sleep(0.05)
@@ -130,9 +152,9 @@ def test_late_commit_is_delivered_once_and_in_order(mode_journal: Journal, dsn: 
     assert late == [1, 2]
 
 
-def test_live_query_wakes_on_signal(dsn: str) -> None:
+def test_live_query_wakes_on_signal(face_kind: Kind, dsn: str) -> None:
     """With a 60 s refresh interval only a writer's signal can deliver the event within the wait."""
-    with Journal.open(dsn, **{**FAST, "refresh_interval": 60.0}) as journal:
+    with open_face(face_kind, dsn, **{**FAST, "refresh_interval": 60.0}) as journal:
         assert journal.settings.uses_notifications
         got: list = []
         with journal.query.events_by_slices("Cart", 0, 1023) as live:
@@ -148,8 +170,20 @@ def test_live_query_wakes_on_signal(dsn: str) -> None:
     assert got[0].source == Source.NOTIFIED
 
 
-def test_close_stops_the_iterator_from_another_thread(journal: Journal) -> None:
-    live = journal.query.events_by_slices("Cart", 0, 1023)
+@pytest.mark.floor
+def test_live_delivers_later_appends_once_in_order(face: Face) -> None:
+    face.append("Cart|1", [1, 2])
+    with face.query.events_by_slices("Cart", 0, 1023) as live:
+        events = iter(live)
+        assert [next(events).seq_nr for _ in range(2)] == [1, 2]
+        face.append("Cart|1", [3])
+        face.append("Cart|2", ["a"])
+        assert sorted(keys(next(events) for _ in range(2))) == [("Cart|1", 3), ("Cart|2", 1)]
+    assert live.closed
+
+
+def test_close_stops_the_iterator_from_another_thread(face: Face) -> None:
+    live = face.query.events_by_slices("Cart", 0, 1023)
     finished = threading.Event()
     threading.Thread(target=lambda: (list(live), finished.set()), daemon=True).start()
     time.sleep(0.3)
@@ -157,8 +191,8 @@ def test_close_stops_the_iterator_from_another_thread(journal: Journal) -> None:
     assert finished.wait(3)
 
 
-def test_portable_mode_uses_no_postgres_only_feature(dsn: str) -> None:
-    with Journal.open(dsn, portable=True, **FAST) as journal:
+def test_portable_mode_uses_no_postgres_only_feature(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, portable=True, **FAST) as journal:
         assert journal.signals is None
         assert not journal.capabilities.writer_horizon
 
@@ -173,33 +207,31 @@ def test_portable_mode_uses_no_postgres_only_feature(dsn: str) -> None:
         (("", 0, 5), None),
     ],
 )
-def test_bad_slice_arguments(journal: Journal, args: tuple, message: str | None) -> None:
+def test_bad_slice_arguments(face: Face, args: tuple, message: str | None) -> None:
     if message is None:
-        list(journal.query.current_events_by_slices(*args))  # empty entity type is a valid (empty) type
+        list(face.query.current_events_by_slices(*args))  # empty entity type is a valid (empty) type
         return
     with pytest.raises(InvalidArgument, match=message):
-        list(journal.query.current_events_by_slices(*args))
+        list(face.query.current_events_by_slices(*args))
 
 
-def test_bad_offsets(journal: Journal) -> None:
+def test_bad_offsets(face: Face) -> None:
     for text in ["{", '{"ts": 5}', "yesterday", '{"ts":"2026-01-01T00:00:00Z","seen":{"a":0}}']:
         with pytest.raises(InvalidArgument):
             TimestampOffset.parse(text)
     with pytest.raises(InvalidArgument):
-        list(journal.query.current_events_by_slices("Cart", 0, 1, offset="not an offset"))  # type: ignore[arg-type]
+        list(face.query.current_events_by_slices("Cart", 0, 1, offset="not an offset"))  # type: ignore[arg-type]
 
 
-def test_negative_buffer_size_is_rejected(dsn: str) -> None:
-    from pgjournal import ConfigurationError
-
-    with pytest.raises(ConfigurationError, match="buffer_size"):
-        Journal.open(dsn, buffer_size=-1)
+def test_negative_buffer_size_is_rejected(face_kind: Kind, dsn: str) -> None:
+    with pytest.raises(ConfigurationError, match="buffer_size"), open_face(face_kind, dsn, buffer_size=-1):
+        pass
 
 
-def test_offset_lag_fields(journal: Journal) -> None:
-    journal.append("Cart|1", [{"n": 1}])
+def test_offset_lag_fields(face: Face) -> None:
+    face.append("Cart|1", [{"n": 1}])
     time.sleep(0.05)
-    (envelope,) = journal.query.current_events_by_slices("Cart", 0, 1023, NoOffset)
+    (envelope,) = face.query.current_events_by_slices("Cart", 0, 1023, NoOffset)
     assert envelope.offset.read_timestamp is not None
     assert envelope.offset.read_timestamp - envelope.offset.timestamp >= timedelta(0)
 
@@ -209,14 +241,14 @@ class Added:
     item: str
 
 
-def test_catch_up_decodes_each_payload_as_deserialize_does(journal: Journal) -> None:
+def test_catch_up_decodes_each_payload_as_deserialize_does(face: Face, dsn: str) -> None:
     """The catch-up's plain-JSON shortcut gives what ``deserialize`` gives: plain JSON as data, a registered type
     as its class, other payloads through their own path; a payload that does not decode raises deserialize's
     error naming the row; the envelopes compare and replace like any other."""
-    journal.serializers.register(Added, "cart.added")
-    journal.append("Cart|1", [{"n": 1}, Added("sku-1"), 7, "text", b"\x00raw", {"é": "ü"}, [1, 2], None])
+    face.serializers.register(Added, "cart.added")
+    face.append("Cart|1", [{"n": 1}, Added("sku-1"), 7, "text", b"\x00raw", {"é": "ü"}, [1, 2], None])
     time.sleep(0.05)
-    envelopes = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+    envelopes = list(face.query.current_events_by_slices("Cart", 0, 1023))
     assert [e.event for e in envelopes] == [{"n": 1}, Added("sku-1"), 7, "text", b"\x00raw", {"é": "ü"}, [1, 2],
                                             None]
     made = [EventEnvelope(*(getattr(e, f.name) for f in dataclasses.fields(e))) for e in envelopes]
@@ -224,19 +256,19 @@ def test_catch_up_decodes_each_payload_as_deserialize_does(journal: Journal) -> 
     assert dataclasses.replace(envelopes[0], seq_nr=99).seq_nr == 99
     with pytest.raises(dataclasses.FrozenInstanceError):
         envelopes[0].seq_nr = 5  # type: ignore[misc]
-    with journal.connection() as conn:
+    with psycopg.connect(dsn) as conn:
         conn.execute("UPDATE event_journal SET event_payload = %s WHERE persistence_id = 'Cart|1' AND seq_nr = 2",
                      (b'{"n": \xff',))
         conn.execute("UPDATE event_journal SET event_payload = %s, event_ser_manifest = '' WHERE "
                      "persistence_id = 'Cart|1' AND seq_nr = 3", (b'{"n": 1} trailing',))
-    read = journal.query.current_events_by_slices("Cart", 0, 1023)
+    read = face.query.current_events_by_slices("Cart", 0, 1023)
     assert next(read).event == {"n": 1}
     with pytest.raises(SerializationError, match=r"'Cart\|1'.* 2"):
         next(read)
-    with journal.connection() as conn:
+    with psycopg.connect(dsn) as conn:
         conn.execute("UPDATE event_journal SET event_payload = '{\"item\": \"sku-2\"}'::bytea WHERE "
                      "persistence_id = 'Cart|1' AND seq_nr = 2")
-    read = journal.query.current_events_by_slices("Cart", 0, 1023)
+    read = face.query.current_events_by_slices("Cart", 0, 1023)
     assert [next(read).event for _ in range(2)] == [{"n": 1}, Added("sku-2")]
     with pytest.raises(SerializationError, match=r"'Cart\|1'.* 3"):
         next(read)

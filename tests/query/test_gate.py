@@ -127,6 +127,16 @@ def test_take_next_and_take_leading_deliver_only_the_common_case() -> None:
     assert gate.take_leading([("a", 4), ("a", 5)], 13, pid_at=0, seq_at=1) == 2
 
 
+def test_drop_forgets_one_persistence_id_which_its_policy_then_judges() -> None:
+    gate: Gate[int] = Gate()
+    gate.deliver("a", 3, 10)
+    gate.deliver("b", 5, 10)
+    gate.drop("a")
+    gate.drop("never met")  # nothing to forget: no error
+    assert gate.delivered == {"b": (5, 10)}
+    assert gate.judge("a", 2, lambda _pid, seq_nr: seq_nr - 1) == (NEXT, 1)
+
+
 def test_made_items_are_made_when_taken_and_one_that_fails_stays_first() -> None:
     made: list[int] = []
     broken = {2}

@@ -14,6 +14,9 @@ hands back is made synchronous the same way:
   wrapped again;
 - anything else (a setting, a row, a :class:`~pgjournal.DurableState`, an error) is returned as it is.
 
+:meth:`Face.entities` gives the face's entity repository (``EntityRepository`` or ``AsyncEntityRepository``),
+seen the same way.
+
 So a test that passes on ``face`` in its asyncio variant passed through the asyncio face's code: there is no
 fallback to the blocking one. Several threads may call at once (each call waits for its own result), as they
 call a blocking journal: their calls run as concurrent tasks on the one loop. Plain (non-method) attributes
@@ -31,6 +34,7 @@ from typing import Any, Literal, TypeVar
 
 from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
+from pgjournal.entity import AsyncEntityRepository, Entity, EntityRepository
 
 Kind = Literal["blocking", "asyncio"]
 KINDS: tuple[Kind, ...] = ("blocking", "asyncio")
@@ -139,6 +143,17 @@ class Face:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._view, name)
+
+    def entities(self, entity: type[Entity[Any]], **options: Any) -> Any:
+        """The face's repository of ``entity``: an ``EntityRepository`` of the blocking journal, or an
+        ``AsyncEntityRepository`` of the asyncio one, made on its loop and seen synchronously like the journal."""
+        if self._runner is None:
+            return EntityRepository(self.journal, entity, **options)  # type: ignore[arg-type]
+
+        async def making() -> AsyncEntityRepository[Any]:
+            return AsyncEntityRepository(self.journal, entity, **options)  # type: ignore[arg-type]
+
+        return _Sync(self._runner.run(making()), self._runner)
 
     def __repr__(self) -> str:
         return f"Face({self.kind!r}, {self.journal!r})"

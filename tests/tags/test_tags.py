@@ -1,5 +1,6 @@
 """The tag path on a real PostgreSQL: tagged appends (same transaction), events_by_tag current and live,
-restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed bucket size."""
+restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed bucket size. The reads run on
+both faces (``tface``, ``mode_tface``: the ``face`` fixture with the tag settings)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from support import PORTABLE
+from support.faces import Face, Kind, open_face
 from support.tags import TAGS, collect, progress, tag_rows
 
 from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
@@ -34,7 +36,28 @@ def mode_tj(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
         yield opened
 
 
-def settle(journal: Journal) -> None:
+@pytest.fixture
+def tface(face_kind: Kind, dsn: str) -> Iterator[Face]:
+    """``tj`` on each face (tests/support/faces.py)."""
+    with open_face(face_kind, dsn, **TAGS) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["default", "portable"])
+def mode_tface(request: pytest.FixtureRequest, face_kind: Kind, dsn: str) -> Iterator[Face]:
+    """``mode_tj`` on each face."""
+    with open_face(face_kind, dsn, portable=request.param == "portable", **TAGS) as opened:
+        yield opened
+
+
+def sql(dsn: str, statement: str, params: Any = None) -> Any:
+    """One statement on a connection of the test's own (committed), whichever face is tested."""
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchone() if cur.description is not None else None
+
+
+def settle(journal: Journal | Face) -> None:
     time.sleep(journal.settings.tag_eventual_consistency_delay + 0.05)
 
 
@@ -160,79 +183,75 @@ def test_bucket_size_is_fixed_once_tagged_data_exists(dsn: str) -> None:
 # -- queries -----------------------------------------------------------------------------------------
 
 
-def test_current_events_by_tag_in_order_and_restart_from_offset(tj: Journal) -> None:
+def test_current_events_by_tag_in_order_and_restart_from_offset(tface: Face) -> None:
     written = {f"Cart|{i}": 0 for i in range(4)}
     for round_ in range(3):
         for pid in written:
-            tj.append(pid, [{"r": round_, "k": 1}, {"r": round_, "k": 2}], tags=["x"])
+            tface.append(pid, [{"r": round_, "k": 1}, {"r": round_, "k": 2}], tags=["x"])
             written[pid] += 2
-    tj.append("Other|1", [1], tags=["not-x"])
-    settle(tj)
-    envs = list(tj.query.current_events_by_tag("x"))
+    tface.append("Other|1", [1], tags=["not-x"])
+    settle(tface)
+    envs = list(tface.query.current_events_by_tag("x"))
     assert_exactly_once_in_order(envs, written)
     keys = [env.timestamp for env in envs]
     assert all(compare(a, b) == -1 for a, b in itertools.pairwise(keys))
     assert envs[0].event == {"r": 0, "k": 1} and envs[0].tags == ("x",)
     # Restart after every position: exactly the rest, each once.
     for i in (0, 7, len(envs) - 1):
-        rest = list(tj.query.current_events_by_tag("x", envs[i].offset))
+        rest = list(tface.query.current_events_by_tag("x", envs[i].offset))
         assert [(e.persistence_id, e.seq_nr) for e in rest] == [(e.persistence_id, e.seq_nr) for e in envs[i + 1:]]
 
 
-def test_live_events_by_tag_follows_new_events_and_resumes(tj: Journal) -> None:
-    tj.append("Cart|1", [1, 2], tags=["x"])
-    with tj.query.events_by_tag("x") as stream:
+def test_live_events_by_tag_follows_new_events_and_resumes(tface: Face) -> None:
+    tface.append("Cart|1", [1, 2], tags=["x"])
+    with tface.query.events_by_tag("x") as stream:
         first = collect(stream, 2)
-        tj.append("Cart|2", [1], tags=["x"])
-        tj.append("Cart|1", [3], tags=["x"])
+        tface.append("Cart|2", [1], tags=["x"])
+        tface.append("Cart|1", [3], tags=["x"])
         second = collect(stream, 2)
     assert [(e.persistence_id, e.seq_nr) for e in first + second] == [
         ("Cart|1", 1), ("Cart|1", 2), ("Cart|2", 1), ("Cart|1", 3)]
-    tj.append("Cart|2", [2], tags=["x"])
-    with tj.query.events_by_tag("x", second[0].offset) as resumed:
+    tface.append("Cart|2", [2], tags=["x"])
+    with tface.query.events_by_tag("x", second[0].offset) as resumed:
         rest = collect(resumed, 2)
     assert [(e.persistence_id, e.seq_nr) for e in rest] == [("Cart|1", 3), ("Cart|2", 2)]
 
 
-def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tj: Journal) -> None:
-    tj.append("Cart|g", [1, 2, 3, 4], tags=["x"])
-    with tj.connection() as conn:
-        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr IN (2, 3)")
-    settle(tj)
+def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn: str) -> None:
+    tface.append("Cart|g", [1, 2, 3, 4], tags=["x"])
+    sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr IN (2, 3)")
+    settle(tface)
     started = time.monotonic()
     seen = []
     with pytest.raises(MissingTaggedEventsError) as failure:
-        seen.extend(tj.query.current_events_by_tag("x"))
-    assert time.monotonic() - started >= tj.settings.tag_gap_timeout
+        seen.extend(tface.query.current_events_by_tag("x"))
+    assert time.monotonic() - started >= tface.settings.tag_gap_timeout
     assert (failure.value.tag, failure.value.persistence_id, failure.value.missing) == ("x", "Cart|g", [2, 3])
     assert "'Cart|g'" in str(failure.value) and "2, 3" in str(failure.value)
 
 
-def test_first_event_missing_from_no_offset_is_a_gap(tj: Journal) -> None:
-    tj.append("Cart|g", [1, 2], tags=["x"])
-    with tj.connection() as conn:
-        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 1")
-    settle(tj)
+def test_first_event_missing_from_no_offset_is_a_gap(tface: Face, dsn: str) -> None:
+    tface.append("Cart|g", [1, 2], tags=["x"])
+    sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 1")
+    settle(tface)
     with pytest.raises(MissingTaggedEventsError) as failure:
-        list(tj.query.current_events_by_tag("x"))
+        list(tface.query.current_events_by_tag("x"))
     assert failure.value.missing == [1]
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 50], ids=["whole pages", "2-row chunks", "50-row chunks"])
-def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal, chunk: int,
+def test_gap_filled_before_the_timeout_is_delivered_in_order(tface: Face, dsn: str, chunk: int,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The gap row arrives mid-page (and mid-chunk when streamed); the rows after it are still handled."""
     monkeypatch.setattr("pgjournal.query.by_tag.STREAM_CHUNK", chunk)
-    tj.append("Cart|g", [1, 2, 3], tags=["x"])
-    tj.append("Cart|h", [1, 2, 3, 4], tags=["x"])
-    tj.append("Cart|g", [4, 5], tags=["x"])
-    with tj.connection() as conn:
-        saved = conn.execute("SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2"
-                             ).fetchone()
-        conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
-    settle(tj)
-    stream = tj.query.events_by_tag("x")
-    restorer = threading.Timer(0.4, lambda: _insert_row(tj, saved))
+    tface.append("Cart|g", [1, 2, 3], tags=["x"])
+    tface.append("Cart|h", [1, 2, 3, 4], tags=["x"])
+    tface.append("Cart|g", [4, 5], tags=["x"])
+    saved = sql(dsn, "SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
+    sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
+    settle(tface)
+    stream = tface.query.events_by_tag("x")
+    restorer = threading.Timer(0.4, lambda: _insert_row(dsn, saved))
     restorer.start()
     envs = collect(stream, 9)
     stream.close()
@@ -240,27 +259,26 @@ def test_gap_filled_before_the_timeout_is_delivered_in_order(tj: Journal, chunk:
     assert [e.seq_nr for e in envs if e.persistence_id == "Cart|h"] == [1, 2, 3, 4]
 
 
-def _insert_row(journal: Journal, row: tuple[Any, ...]) -> None:
-    with journal.connection() as conn:
-        conn.execute(f"INSERT INTO tag_views VALUES ({', '.join(['%s'] * len(row))})", row)
+def _insert_row(dsn: str, row: tuple[Any, ...]) -> None:
+    sql(dsn, f"INSERT INTO tag_views VALUES ({', '.join(['%s'] * len(row))})", row)
 
 
-def test_new_persistence_id_from_an_offset_in_the_current_bucket(tj: Journal) -> None:
-    tj.append("Cart|old", [1, 2], tags=["x"])
-    tj.append("Cart|mark", [1], tags=["x"])
-    settle(tj)
-    mark = list(tj.query.current_events_by_tag("x"))[-1]
+def test_new_persistence_id_from_an_offset_in_the_current_bucket(tface: Face) -> None:
+    tface.append("Cart|old", [1, 2], tags=["x"])
+    tface.append("Cart|mark", [1], tags=["x"])
+    settle(tface)
+    mark = list(tface.query.current_events_by_tag("x"))[-1]
     # From the offset, Cart|old is new to the stream and continues at 3: accepted (its 1, 2 are before it).
-    with tj.query.events_by_tag("x", mark.offset) as stream:
-        tj.append("Cart|old", [3], tags=["x"])
-        tj.append("Cart|new", [1], tags=["x"])
+    with tface.query.events_by_tag("x", mark.offset) as stream:
+        tface.append("Cart|old", [3], tags=["x"])
+        tface.append("Cart|new", [1], tags=["x"])
         envs = collect(stream, 2)
     assert [(e.persistence_id, e.tag_pid_sequence_nr) for e in envs] == [("Cart|old", 3), ("Cart|new", 1)]
 
 
-def test_delayed_commit_is_delivered_once_and_in_order(mode_tj: Journal) -> None:
+def test_delayed_commit_is_delivered_once_and_in_order(mode_tface: Face) -> None:
     """A tagged append held open (its progress row locked by the test) while other writers commit."""
-    journal = mode_tj
+    journal = mode_tface
     journal.append("Cart|slow", [0], tags=["x"])
     with journal.query.events_by_tag("x") as stream:
         got = collect(stream, 1)
@@ -297,13 +315,13 @@ def test_delayed_commit_is_delivered_once_and_in_order(mode_tj: Journal) -> None
     assert all(a <= b for a, b in itertools.pairwise(offsets))
 
 
-def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_events_straddling_bucket_boundaries(face_kind: Kind, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     boundary_ms = (int(time.time() * 1000) // 60_000 - 10) * 60_000  # a minute boundary 10 minutes ago
     fake = {"ns": 0}
     monkeypatch.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: fake["ns"]))
     plan = [(-30, "Cart|a"), (-25, "Cart|y1"), (-20, "Cart|b"), (-1, "Cart|a"), (0, "Cart|b"), (0, "Cart|c"),
             (1, "Cart|a"), (59_999, "Cart|c"), (60_000, "Cart|a"), (60_005, "Cart|y2")]
-    with Journal.open(dsn, **dict(TAGS, buffer_size=2)) as journal:  # pages of 2 end on the boundaries
+    with open_face(face_kind, dsn, **dict(TAGS, buffer_size=2)) as journal:  # pages of 2 end on the boundaries
         for offset_ms, pid in plan:
             fake["ns"] = (boundary_ms + offset_ms) * 1_000_000
             journal.append(pid, [{"at": offset_ms}], tags=["y" if "y" in pid else "x"])
@@ -318,7 +336,7 @@ def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.Monke
         with journal.query.events_by_tag("x", envs[3].offset) as live:
             assert [e.event["at"] for e in collect(live, 4)] == [0, 1, 59_999, 60_000]
     after = time.strftime("%Y%m%dT%H:%M", time.gmtime(boundary_ms / 1000 + 60))  # the bucket after the boundary
-    with Journal.open(dsn, **dict(TAGS, tag_first_time_bucket=after)) as late_start:
+    with open_face(face_kind, dsn, **dict(TAGS, tag_first_time_bucket=after)) as late_start:
         assert [e.persistence_id for e in late_start.query.current_events_by_tag("y")] == ["Cart|y2"]
         # From NoOffset a persistence id must start at 1: Cart|a's 4th event alone is a gap.
         with pytest.raises(MissingTaggedEventsError) as failure:
@@ -326,13 +344,13 @@ def test_events_straddling_bucket_boundaries(dsn: str, monkeypatch: pytest.Monke
         assert (failure.value.persistence_id, failure.value.missing) == ("Cart|a", [1, 2, 3])
 
 
-def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_poll_changes_nothing_and_is_retried(tface: Face, monkeypatch: pytest.MonkeyPatch) -> None:
     """The database lost in the middle of a page: the live loop retries, nothing is lost or repeated."""
     from pgjournal.query.by_tag import TagStream
 
-    tj.append("Cart|1", [1, 2, 3], tags=["x"])
-    tj.append("Cart|2", [1, 2], tags=["x"])
-    settle(tj)
+    tface.append("Cart|1", [1, 2, 3], tags=["x"])
+    tface.append("Cart|2", [1, 2], tags=["x"])
+    settle(tface)
     real, calls = TagStream._decode, {"n": 0}
 
     def flaky(self: TagStream, *args: Any) -> TagEnvelope:
@@ -342,17 +360,18 @@ def test_a_failed_poll_changes_nothing_and_is_retried(tj: Journal, monkeypatch: 
         return real(self, *args)
 
     monkeypatch.setattr(TagStream, "_decode", flaky)
-    with tj.query.events_by_tag("x") as stream:
+    with tface.query.events_by_tag("x") as stream:
         envs = collect(stream, 5)
     assert calls["n"] > 5
     assert_exactly_once_in_order(envs, {"Cart|1": 3, "Cart|2": 2})
 
 
-def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_back_track_finds_what_the_short_one_cannot(face_kind: Kind, dsn: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A row that appears 15 s behind the cursor: beyond the short back track's period, within "max"."""
     settings = dict(TAGS, portable=True, tag_back_track_interval=0.1, tag_back_track_period=1.0,
                     tag_back_track_long_interval=1.5, tag_back_track_long_period="max")
-    with Journal.open(dsn, **settings) as journal:
+    with open_face(face_kind, dsn, **settings) as journal:
         with monkeypatch.context() as patched:  # an event written 20 s ago
             patched.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: time.time_ns() - 20 * 10**9))
             journal.append("Cart|early", [1], tags=["x"])
@@ -362,8 +381,7 @@ def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: 
         with journal.query.events_by_tag("x", start) as stream:
             assert [e.persistence_id for e in collect(stream, 1)] == ["Cart|now"]
             # Commit, "late", a row whose TimeUUID is 15 s old (but after the query's start offset).
-            with journal.connection() as conn:
-                conn.execute("""
+            sql(dsn, """
                     INSERT INTO tag_views SELECT tag_name, ms - mod(ms, 60000), ticks, ts_lsb, timestamp,
                         'Cart|late', 1, 1, writer_uuid, ser_id, ser_manifest, event_manifest, event, meta_ser_id,
                         meta_ser_manifest, meta_payload
@@ -376,21 +394,21 @@ def test_long_back_track_finds_what_the_short_one_cannot(dsn: str, monkeypatch: 
         assert time.monotonic() - started >= 0.5  # the short back track (every 0.1 s over 1 s) did not find it
 
 
-def test_bad_tag_and_offset_are_named(tj: Journal) -> None:
+def test_bad_tag_and_offset_are_named(tface: Face) -> None:
     from datetime import UTC, datetime
 
     from pgjournal import InvalidArgument, TimestampOffset
 
     with pytest.raises(InvalidArgument, match="TimeBasedUUID offset or NoOffset"):
-        list(tj.query.current_events_by_tag("x", TimestampOffset(datetime.now(UTC))))
+        list(tface.query.current_events_by_tag("x", TimestampOffset(datetime.now(UTC))))
     with pytest.raises(InvalidArgument, match="tag must be a non-empty string"):
-        tj.query.events_by_tag("")
+        tface.query.events_by_tag("")
 
 
-def test_reading_an_empty_tag_view_fixes_no_bucket_size(dsn: str) -> None:
-    with Journal.open(dsn, **dict(TAGS, tag_bucket_size="Hour")) as reader:
+def test_reading_an_empty_tag_view_fixes_no_bucket_size(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, **dict(TAGS, tag_bucket_size="Hour")) as reader:
         assert list(reader.query.current_events_by_tag("x")) == []
-        with Journal.open(dsn, **TAGS) as writer:  # Minute
+        with open_face(face_kind, dsn, **TAGS) as writer:  # Minute
             writer.append("Cart|1", [1], tags=["x"])
         with pytest.raises(ConfigurationError, match="Minute"):
             list(reader.query.current_events_by_tag("x"))

@@ -1,4 +1,4 @@
-"""Appends inside the caller's transaction (``journal.transaction()``, blocking and asyncio): several
+"""Appends inside the caller's transaction (``journal.transaction()``, on both faces): several
 persistence ids and the caller's own SQL commit or roll back together; a conflict raises at its append;
 without savepoints it aborts the transaction, with them the caller goes on; signals only after the commit;
 and a transaction that waits 5 s between its appends, with a live consumer running all the while and a
@@ -13,9 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 from support import FAST
-from support.aio import SETTINGS, check_once_in_order, eventually
+from support.aio import check_once_in_order, eventually
+from support.faces import Face, Kind, open_face
 
-from pgjournal import ConcurrencyConflict, Journal, NoOffset, TransactionAborted
+from pgjournal import ConcurrencyConflict, NoOffset, TransactionAborted
 from pgjournal.aio import AsyncJournal
 from pgjournal.model.offsets import Offset
 from pgjournal.runtime.signals import CHANNEL
@@ -31,27 +32,27 @@ def make_outbox(dsn: str) -> None:
         conn.execute("CREATE TABLE outbox (v int)")
 
 
-def test_appends_and_own_sql_commit_or_roll_back_together(journal: Journal, dsn: str) -> None:
+def test_appends_and_own_sql_commit_or_roll_back_together(face: Face, dsn: str) -> None:
     make_outbox(dsn)
-    with journal.transaction() as tx:
+    with face.transaction() as tx:
         a = tx.append("A|1", [{"x": 1}], expected_seq_nr=0)
         b = tx.append("B|1", [{"y": 1}, {"y": 2}], tags=["t"], metadata={"m": 1})
         tx.connection.execute("INSERT INTO outbox VALUES (1)")
         assert [e.seq_nr for e in a + b] == [1, 1, 2]
-        assert journal.highest_seq_nr("B|1") == 0, "not visible before the commit"
-    assert (journal.highest_seq_nr("A|1"), journal.highest_seq_nr("B|1"), outbox(dsn)) == (1, 2, [1])
-    assert [e.metadata for e in journal.query.current_events_by_persistence_id("B|1")] == [{"m": 1}, {"m": 1}]
-    with pytest.raises(RuntimeError), journal.transaction() as tx:
+        assert face.highest_seq_nr("B|1") == 0, "not visible before the commit"
+    assert (face.highest_seq_nr("A|1"), face.highest_seq_nr("B|1"), outbox(dsn)) == (1, 2, [1])
+    assert [e.metadata for e in face.query.current_events_by_persistence_id("B|1")] == [{"m": 1}, {"m": 1}]
+    with pytest.raises(RuntimeError), face.transaction() as tx:
         tx.append("A|1", [{"x": 2}], expected_seq_nr=1)
         tx.connection.execute("INSERT INTO outbox VALUES (2)")
         raise RuntimeError("the caller's own failure")
-    assert (journal.highest_seq_nr("A|1"), outbox(dsn)) == (1, [1])
+    assert (face.highest_seq_nr("A|1"), outbox(dsn)) == (1, [1])
 
 
-def test_a_conflict_raises_at_its_append_and_aborts_the_transaction(journal: Journal, dsn: str) -> None:
+def test_a_conflict_raises_at_its_append_and_aborts_the_transaction(face: Face, dsn: str) -> None:
     make_outbox(dsn)
-    journal.append("A|1", ["a"])
-    with pytest.raises(TransactionAborted) as aborted, journal.transaction() as tx:
+    face.append("A|1", ["a"])
+    with pytest.raises(TransactionAborted) as aborted, face.transaction() as tx:
         tx.append("B|1", ["b"])
         with pytest.raises(ConcurrencyConflict) as conflict:
             tx.append("A|1", ["late"], expected_seq_nr=0)
@@ -59,24 +60,24 @@ def test_a_conflict_raises_at_its_append_and_aborts_the_transaction(journal: Jou
         with pytest.raises(TransactionAborted):
             tx.append("C|1", ["c"])
     assert isinstance(aborted.value.cause, ConcurrencyConflict)
-    assert (journal.highest_seq_nr("A|1"), journal.highest_seq_nr("B|1"), journal.highest_seq_nr("C|1")) == (1, 0, 0)
+    assert (face.highest_seq_nr("A|1"), face.highest_seq_nr("B|1"), face.highest_seq_nr("C|1")) == (1, 0, 0)
     # Every kind of failed append, on both faces, with and without savepoints: tests/write/test_transaction_aborts.py
 
 
-def test_with_savepoints_the_caller_goes_on_after_a_conflict(journal: Journal, dsn: str) -> None:
+def test_with_savepoints_the_caller_goes_on_after_a_conflict(face: Face, dsn: str) -> None:
     make_outbox(dsn)
-    journal.append("A|1", ["a"])
-    with journal.transaction(savepoints=True) as tx:
+    face.append("A|1", ["a"])
+    with face.transaction(savepoints=True) as tx:
         tx.append("B|1", ["b"])
         with pytest.raises(ConcurrencyConflict):
             tx.append("A|1", ["late"], expected_seq_nr=0)
         tx.append("A|1", ["next"], expected_seq_nr=1)
         tx.connection.execute("INSERT INTO outbox VALUES (1)")
-    assert (journal.highest_seq_nr("A|1"), journal.highest_seq_nr("B|1"), outbox(dsn)) == (2, 1, [1])
+    assert (face.highest_seq_nr("A|1"), face.highest_seq_nr("B|1"), outbox(dsn)) == (2, 1, [1])
 
 
-def test_signals_go_out_only_after_the_commit(dsn: str) -> None:
-    with Journal.open(dsn, **FAST) as journal, psycopg.connect(dsn, autocommit=True) as listener:
+def test_signals_go_out_only_after_the_commit(face_kind: Kind, dsn: str) -> None:
+    with open_face(face_kind, dsn, **FAST) as journal, psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
         with journal.transaction() as tx:
             tx.append("Signal|1", ["a"])
@@ -84,27 +85,6 @@ def test_signals_go_out_only_after_the_commit(dsn: str) -> None:
             assert list(listener.notifies(timeout=0.3)) == []
         notes = list(listener.notifies(timeout=5, stop_after=1))
         assert [n.payload for n in notes] == ["Signal"]
-
-
-async def test_asyncio_transaction(dsn: str) -> None:
-    make_outbox(dsn)
-    async with AsyncJournal.open(dsn, **SETTINGS) as journal:
-        async with journal.transaction() as tx:
-            await tx.append("A|1", [1, 2])
-            await tx.append("B|1", [1], tags=["t"])
-            await tx.connection.execute("INSERT INTO outbox VALUES (1)")
-        assert (await journal.highest_seq_nr("A|1"), await journal.highest_seq_nr("B|1")) == (2, 1)
-        with pytest.raises(TransactionAborted):
-            async with journal.transaction() as tx:
-                await tx.connection.execute("INSERT INTO outbox VALUES (2)")
-                with pytest.raises(ConcurrencyConflict):
-                    await tx.append("A|1", [3], expected_seq_nr=1)
-        async with journal.transaction(savepoints=True) as tx:
-            with pytest.raises(ConcurrencyConflict):
-                await tx.append("A|1", [3], expected_seq_nr=1)
-            await tx.append("A|1", [3], expected_seq_nr=2)
-            await tx.connection.execute("INSERT INTO outbox VALUES (3)")
-        assert (await journal.highest_seq_nr("A|1"), outbox(dsn)) == (3, [1, 3])
 
 
 # -- a long transaction, a live consumer all the while, a restart from an offset taken during the wait -------
