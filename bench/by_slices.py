@@ -58,7 +58,7 @@ def _setup(ctx: Context) -> dict[str, Any]:
 
 def _explain(ctx: Context, journal: Journal) -> None:
     """Pages touched by the first page of each of 4 ranges, and by the whole range."""
-    sql = PAGE.format(columns=EVENT_COLUMNS, slices="slice BETWEEN %(min_slice)s AND %(max_slice)s")
+    sql = PAGE.format(columns=EVENT_COLUMNS, slices="slice BETWEEN %(min_slice)s AND %(max_slice)s", tagged="")
     with journal.connection() as conn:
         for lo, hi in [(0, 1023), *slice_ranges(4)]:
             params = {"entity_type": "Cart", "until": datetime.now(UTC), "limit": 1000, "min_slice": lo,

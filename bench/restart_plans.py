@@ -84,7 +84,7 @@ def main() -> None:
         explain(conn, "PIDS_SQL", highest.sql, highest.params)
         start = conn.execute("SELECT now() - interval '150 seconds'").fetchone()[0]
         old_start = conn.execute("SELECT now() - interval '30 days' - interval '130 seconds'").fetchone()[0]
-        page = PAGE.format(columns=EVENT_COLUMNS, slices="slice BETWEEN %(min_slice)s AND %(max_slice)s")
+        page = PAGE.format(columns=EVENT_COLUMNS, slices="slice BETWEEN %(min_slice)s AND %(max_slice)s", tagged="")
         params = {"entity_type": "Cart", "min_slice": 0, "max_slice": 1023, "from_ts": start,
                   "until": conn.execute("SELECT now()").fetchone()[0], "last_seq": 0, "last_pid": "",
                   "seen_pids": [], "seen_seqs": [], "limit": 1000}

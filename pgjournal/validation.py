@@ -74,6 +74,16 @@ def check_tags(tags: Iterable[str] | str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(check_name(tag, "tag") for tag in items))
 
 
+def check_tag_filter(tags: Iterable[str] | str | None) -> tuple[str, ...] | None:
+    """A query's tag filter: ``None`` (every event) or a non-empty collection of tags (events carrying any of them)."""
+    if tags is None:
+        return None
+    checked = check_tags(tags)
+    if not checked:
+        raise InvalidArgument(f"tags must name at least one tag (or be None for every event), got {tags!r}")
+    return checked
+
+
 def check_seq_nr(value: Any, what: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value >= 2**63:
         raise InvalidArgument(f"{what} must be an integer from {minimum} to 2**63-1, got {value!r}")

@@ -85,7 +85,8 @@ class AsyncRangeRunner(RangeLogic):
         return item
 
     def _open_reader(self, offset: Offset) -> None:
-        query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset)
+        query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset,
+                                             tags=self.projection.tags)
         inbox: asyncio.Queue[EventEnvelope | BaseException] = asyncio.Queue(
             maxsize=2 * self.journal.settings.buffer_size)
         self._inbox = inbox

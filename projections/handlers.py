@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pgjournal.errors import InvalidArgument
 from pgjournal.store.timestamp_offsets import OFFSET_TABLE, check_offset_table
-from pgjournal.validation import check_name
+from pgjournal.validation import check_name, check_tag_filter
 
 if TYPE_CHECKING:
     import psycopg
@@ -113,16 +113,21 @@ class ProjectionSettings:
 
 @dataclass(frozen=True)
 class Projection:
-    """A name, an entity type and a handler (with its mode). The slice range is given when it runs."""
+    """A name, an entity type and a handler (with its mode), and perhaps a tag filter. The slice range is given
+    when it runs."""
 
     name: str
     entity_type: str
     handler: Handler
     settings: ProjectionSettings = field(default_factory=ProjectionSettings)
+    #: A tag filter: the projection reads only the events carrying any of these tags (``None``: every event),
+    #: filtered by the database (``events_by_slices(..., tags=...)``).
+    tags: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "projection name")
         check_name(self.entity_type, "entity type")
+        object.__setattr__(self, "tags", check_tag_filter(self.tags))
         if not isinstance(self.handler, ExactlyOnce | Grouped | AtLeastOnce):
             raise InvalidArgument(f"handler must be ExactlyOnce, Grouped or AtLeastOnce, got {self.handler!r}")
 

@@ -204,7 +204,7 @@ class RangeLogic:
     def offset_store(self) -> OffsetStore:
         return OffsetStore(self.journal, self.projection.name, self.projection.entity_type, self.min_slice,
                            self.max_slice, time_window=self.time_window, lookback=self.lookback,
-                           table=self.settings.offset_table)
+                           table=self.settings.offset_table, sparse=self.projection.tags is not None)
 
     def _run_once_step(self) -> Step[None]:
         store = self.offset_store()

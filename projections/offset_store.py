@@ -71,7 +71,7 @@ class OffsetStore:
     """
 
     def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
-                 time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE) -> None:
+                 time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE, sparse: bool = False) -> None:
         check_slice_range(min_slice, max_slice)
         #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
         self.table = check_offset_table(table)
@@ -79,6 +79,9 @@ class OffsetStore:
         self.journal = journal
         self.name = name
         self.entity_type = entity_type
+        #: The projection reads a tag filter's events: a persistence id's numbers have holes (its events without
+        #: the tags), so a higher number is the next one, not a gap (see :meth:`validate_step`).
+        self.sparse = sparse
         self.min_slice, self.max_slice = min_slice, max_slice
         self.key = range_key(min_slice, max_slice)
         self.window = timedelta(seconds=time_window)
@@ -150,6 +153,11 @@ class OffsetStore:
         record = pending.get(env.persistence_id)
         known = record.seq_nr if record is not None else self.gate.last(env.persistence_id)
         after = known if known is not None else (yield from self._unknown_step(env))
+        if self.sparse:
+            # The filtered query delivers a persistence id's tagged events once and in order (its gate), so
+            # only a repeat is refused here; the numbers between belong to events the filter leaves out.
+            repeat = after is Verdict.DUPLICATE or (isinstance(after, int) and env.seq_nr <= after)
+            return Validation(Verdict.DUPLICATE if repeat else Verdict.NEXT)
         verdict = judge(after, env.seq_nr)
         # A rejection's ``after`` is a number: only a verdict of its own (a duplicate) comes back as a Verdict.
         return Validation(verdict, after if verdict is Verdict.REJECTED and isinstance(after, int) else 0)
@@ -161,8 +169,8 @@ class OffsetStore:
         floor = self.floor(env.slice)
         if env.db_timestamp < floor:
             return Verdict.DUPLICATE
-        if env.seq_nr == 1:
-            return 0
+        if env.seq_nr == 1 or self.sparse:
+            return 0  # (sparse: its earlier tagged events in the window would have a record: none was delivered)
         rows = yield statement(self.journal.events.previous(env.persistence_id, env.seq_nr, floor))
         prev_ts, before_floor = rows[0] if rows else (None, 0)
         if prev_ts is None or prev_ts < floor:

@@ -115,7 +115,8 @@ class RangeRunner(RangeLogic):
         return item
 
     def _open_reader(self, offset: Offset) -> None:
-        query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset)
+        query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset,
+                                             tags=self.projection.tags)
         inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
         halt = threading.Event()
         reader = threading.Thread(target=_read, args=(query, inbox, halt), daemon=True,

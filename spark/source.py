@@ -17,7 +17,8 @@ What Spark lets a Python source do (PySpark 4.3): filters on ``entity_type``, ``
 API has no pushdown for stream readers), and slice filters drop whole partitions. The API has no column
 pruning (a reader produces every column of its schema), so the schema is the projection: option
 ``columns`` (or a schema given with ``.schema(...)``) names the columns to return, and a read without the
-payload neither reads nor decodes it.
+payload neither reads nor decodes it. Option ``tags`` keeps the rows carrying any of the tags, filtered by the
+database in every statement of a read (the tagged events' index), a stream's offsets included.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pgjournal.model.offsets import parse_timestamp
 from pgjournal.model.slices import parse_slice_range
 from pgjournal.server.dsn import mask_dsn, resolve_dsn
 from pgjournal.store.export import EVENTS, STATES, TABLES, ExportSQL
+from pgjournal.validation import check_tag_filter
 
 from .arrow import ArrowRows, Columns, stream_rows
 from .decode import REDACTED, PayloadDecoder
@@ -98,6 +100,7 @@ OPTIONS = {
     "portable": "true: the clock minus longest_transaction instead of the writer-lock horizon",
     "startingoffsets": "stream: earliest (default), latest, or a JSON offset",
     "maxeventspertrigger": "stream: at most this many rows per micro-batch",
+    "tags": "only the rows carrying any of these tags, comma-separated (filtered by the database)",
     "path": "ignored (Spark may pass it)",
 }
 
@@ -177,6 +180,8 @@ class SourceOptions:
     #: The PostgresKeyStore's master key and database (``None``: the key store, if any, is the registry's).
     master_key: bytes | None = field(default=None, repr=False)
     key_store_dsn: str | None = field(default=None, repr=False)
+    #: Option tags: only the rows carrying any of these (``None``: every row).
+    tags: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -230,6 +235,7 @@ class SourceOptions:
             max_events=_positive(lowered, "maxeventspertrigger", None),
             master_key=master_key,
             key_store_dsn=resolve_dsn(lowered["keystoredsn"]) if lowered.get("keystoredsn") is not None else None,
+            tags=_tags_option(lowered.get("tags")),
         )
 
     @property
@@ -251,6 +257,16 @@ class SourceOptions:
 
         return Journal.open(self.dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1,
                             serializers=reading_registry(self, serializers))
+
+
+def _tags_option(value: object) -> tuple[str, ...] | None:
+    """Option tags: tags separated by commas, at least one (events carrying any of them)."""
+    if value is None:
+        return None
+    try:
+        return check_tag_filter([tag.strip() for tag in str(value).split(",")])
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"option tags must be tags separated by commas, got {value!r}: {exc}") from None
 
 
 def _master_key(value: object) -> bytes | None:
@@ -317,7 +333,7 @@ def plan(options: SourceOptions, serializers: SerializerRegistry | None = None) 
     read decodes with (the database's stored format read once, here). The caller closes the journal."""
     journal = options.open_journal(serializers)
     try:
-        store = export_store(journal, options.table)
+        store = export_store(journal, options.table).with_tags(options.tags)
         horizon_tracker(journal, options.table)
         with journal.connection() as conn:
             check_entity_type_known(conn, store, options.entity_type, options.dsn)

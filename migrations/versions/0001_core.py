@@ -18,10 +18,13 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
+#: Indexes of the model that later revisions create (0009: the tagged events' index).
+LATER_INDEXES = frozenset({"event_journal_tagged_idx"})
+
 
 def upgrade(dialect: Dialect) -> None:
     for table in CORE_TABLES:
-        for statement in dialect.create_table(table):
+        for statement in dialect.create_table(table, without=LATER_INDEXES):
             op.execute(statement)
 
 

@@ -4,7 +4,7 @@ by-tag stream, the by-persistence-id reads, the gate, the horizon and the live l
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -69,13 +69,14 @@ class AsyncQuery:
     # -- by slices -----------------------------------------------------------------------------------
 
     def slice_query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-                    rows: SliceRows | None = None) -> SliceQuery:
+                    rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> SliceQuery:
         return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,  # type: ignore[arg-type]
-                          serializers=self._serializers)
+                          serializers=self._serializers, tags=tags)
 
-    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                                 ) -> AsyncIterator[EventEnvelope]:
-        return self.run_current(self.slice_query(entity_type, min_slice, max_slice, offset))
+    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                                 *, tags: Iterable[str] | None = None) -> AsyncIterator[EventEnvelope]:
+        """``tags``: only the events carrying any of them (as :meth:`pgjournal.query.Query.events_by_slices`)."""
+        return self.run_current(self.slice_query(entity_type, min_slice, max_slice, offset, tags=tags))
 
     async def run_current(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncIterator[Any]:
         """A current by-slice query (after ``first``, the snapshots of one that starts from them)."""
@@ -85,9 +86,9 @@ class AsyncQuery:
         async for item in adrive(query.current_steps(), self._journal.connection):
             yield item
 
-    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> AsyncLiveQuery[EventEnvelope]:
-        return self.run_live(self.slice_query(entity_type, min_slice, max_slice, offset))
+    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                         *, tags: Iterable[str] | None = None) -> AsyncLiveQuery[EventEnvelope]:
+        return self.run_live(self.slice_query(entity_type, min_slice, max_slice, offset, tags=tags))
 
     def run_live(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncLiveQuery[Any]:
         """A live by-slice query (``first``: items handed out before its first poll)."""

@@ -69,9 +69,11 @@ class Dialect:
 
     # -- DDL -----------------------------------------------------------------------------------------
 
-    def create_table(self, table: Table) -> list[str]:
+    def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
+        """The table and its indexes, but for the indexes named in ``without`` (a later revision's)."""
         return [str(CreateTable(table).compile(dialect=_PG)).strip()] + [
             self.create_index(index) for index in sorted(table.indexes, key=lambda i: i.name or "")
+            if index.name not in without
         ]
 
     def create_index(self, index: Index) -> str:

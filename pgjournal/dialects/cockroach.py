@@ -9,6 +9,8 @@ Keys and indexes (reviewed, not run here):
   seeks to its timestamp and stops after ``n`` matching rows, with the slice filtered inside the index; the
   hash shard keeps appends (always at the newest timestamp) from all landing on the last range of the index,
   Cockroach's advice for sequential keys. ``deleted`` is stored in the index, so the filter needs no lookup.
+* ``event_journal_tagged_idx``: the same key over the tagged events only (a partial index, ``WHERE tags IS NOT
+  NULL``), storing ``tags`` too, so the tag filter of a filtered by-slice page is checked inside the index.
 * ``projection_timestamp_offset_store``: Akka Projection's key, slice first: a slice's rows of a projection
   (``slice = ? AND projection_name = ? AND timestamp_offset >= ?``) are one seek.
 """
@@ -23,6 +25,9 @@ SHARD_BUCKETS = 16
 INDEXES = {
     "event_journal_slice_idx": "CREATE INDEX event_journal_slice_idx ON event_journal (entity_type, db_timestamp, "
                                f"seq_nr, slice) USING HASH WITH (bucket_count = {SHARD_BUCKETS}) STORING (deleted)",
+    "event_journal_tagged_idx": "CREATE INDEX event_journal_tagged_idx ON event_journal (entity_type, db_timestamp, "
+                                f"seq_nr, slice) USING HASH WITH (bucket_count = {SHARD_BUCKETS}) "
+                                "STORING (deleted, tags) WHERE tags IS NOT NULL",
 }
 
 
@@ -35,8 +40,8 @@ class CockroachDialect(Dialect):
         # Filtered inside event_journal_slice_idx, whose order the page reads (see above).
         return "slice = ANY(%(slices)s)", {"slices": list(range(min_slice, max_slice + 1))}
 
-    def create_table(self, table: Table) -> list[str]:
-        statements = super().create_table(table)
+    def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
+        statements = super().create_table(table, without=without)
         if table.name == "event_journal":
             statements[0] = statements[0].replace(
                 "PRIMARY KEY (persistence_id, seq_nr, slice)", "PRIMARY KEY (persistence_id, seq_nr)"

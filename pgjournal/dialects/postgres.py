@@ -32,8 +32,8 @@ class PostgresDialect(Dialect):
         # single-row statement itself (EXPLAIN ANALYZE: planning time above execution time).
         return partition_name(slice_ // SLICES_PER_PARTITION)
 
-    def create_table(self, table: Table) -> list[str]:
-        statements = super().create_table(table)
+    def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
+        statements = super().create_table(table, without=without)
         if table.name != "event_journal":
             return statements
         create, *indexes = statements

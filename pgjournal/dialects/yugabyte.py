@@ -6,7 +6,8 @@ persistence id want a hash (spread writers over tablets), reads by slice range w
 
 * ``event_journal``: ``(persistence_id HASH, seq_nr ASC)``; the slice index ``(slice ASC, entity_type ASC,
   db_timestamp ASC, seq_nr ASC, persistence_id ASC, deleted ASC)`` split at slice boundaries, carrying the
-  page's order and its ``deleted`` filter, as Akka's;
+  page's order and its ``deleted`` filter, as Akka's; ``event_journal_tagged_idx``, the same over the tagged
+  events only (partial, ``WHERE tags IS NOT NULL``), including ``tags`` for the filter of a filtered page;
 * ``projection_timestamp_offset_store``: its key range-sharded, slice first, split at slice boundaries, as
   Akka Projection's (a range's offsets are one scan of neighbouring tablets);
 * ``snapshot``: ``(persistence_id HASH)``, its slice index range-sharded on slice;
@@ -36,6 +37,9 @@ INDEXES = {
     "event_journal_slice_idx": "CREATE INDEX event_journal_slice_idx ON event_journal (slice ASC, entity_type ASC, "
                                "db_timestamp ASC, seq_nr ASC, persistence_id ASC, deleted ASC) "
                                f"SPLIT AT VALUES ({SPLIT_POINTS})",
+    "event_journal_tagged_idx": "CREATE INDEX event_journal_tagged_idx ON event_journal (slice ASC, entity_type ASC, "
+                                "db_timestamp ASC, seq_nr ASC, persistence_id ASC, deleted ASC) INCLUDE (tags) "
+                                f"SPLIT AT VALUES ({SPLIT_POINTS}) WHERE tags IS NOT NULL",
     "snapshot_slice_idx": "CREATE INDEX snapshot_slice_idx ON snapshot (slice ASC, entity_type ASC, db_timestamp ASC, "
                           f"persistence_id ASC) SPLIT AT VALUES ({SPLIT_POINTS})",
 }
@@ -46,8 +50,8 @@ class YugabyteDialect(Dialect):
     supports_notify = False
     supports_visibility_horizon = False
 
-    def create_table(self, table: Table) -> list[str]:
-        statements = super().create_table(table)
+    def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
+        statements = super().create_table(table, without=without)
         key = PRIMARY_KEYS.get(table.name)
         if key is not None:
             columns = ", ".join(c.name for c in table.primary_key.columns)

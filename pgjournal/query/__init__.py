@@ -6,7 +6,7 @@ journal's pool, settings and signals."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -57,17 +57,20 @@ class Query:
         return self._by_pid.load_envelope(persistence_id, seq_nr)
 
     def current_events_by_slices(
-        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        tags: Iterable[str] | None = None,
     ) -> Iterator[EventEnvelope]:
         """Events of ``entity_type`` in slices ``min_slice..max_slice`` after ``offset``, up to the tail seen
-        when the query starts; each once, per persistence id in sequence order."""
-        return self._by_slices.current(entity_type, min_slice, max_slice, offset)
+        when the query starts; each once, per persistence id in sequence order. ``tags``: only the events
+        carrying any of them, filtered by the database (see :mod:`pgjournal.query.by_slices`)."""
+        return self._by_slices.current(entity_type, min_slice, max_slice, offset, tags=tags)
 
     def events_by_slices(
-        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+        tags: Iterable[str] | None = None,
     ) -> LiveQuery[EventEnvelope]:
         """Like :meth:`current_events_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
-        return self._by_slices.live(entity_type, min_slice, max_slice, offset)
+        return self._by_slices.live(entity_type, min_slice, max_slice, offset, tags=tags)
 
     def current_events_by_slices_starting_from_snapshots(
         self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,

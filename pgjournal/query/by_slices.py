@@ -15,11 +15,27 @@ each event exactly once, in sequence order per persistence id, even when transac
 The logic runs no SQL itself: its pages are steps (:mod:`pgjournal.runtime.steps`) that describe their statements,
 run by the blocking driver here and by an asyncio driver alike. A current query is a sequence of steps
 (:meth:`SliceQuery.current_steps`, one connection each), a live poll one step (:meth:`SliceQuery.poll_step`).
+
+**A tag filter** (``tags=``: the events carrying any of the tags, as Akka's ``IncludeTags``) is served by the
+database, by one of two page forms, chosen by whether the main cursor has the visibility horizon:
+
+* with the horizon (PostgreSQL), the page holds only the tagged events (the tagged events' index, so an
+  untagged row is never read). The gate then sees a persistence id's numbers with holes (its untagged events)
+  and judges them as durable state's rows (``contiguous`` false: a number at or below the delivered one is a
+  duplicate, a higher one is delivered): below the horizon nothing commits late, and a persistence id's
+  events commit in number order, so nothing is missed;
+* without it (portable mode, where a late commit below the cursor is normal and the gate's gap fill finds
+  it), the page holds every row, those without the tags as markers (no payload): the gate and the cursors run
+  exactly as unfiltered, and the markers are dropped after the gate, before anything is decoded.
+
+Either way the cursor (and with it the offset of the next delivered envelope) moves past the events
+filtered out: a query resumed from a delivered envelope's offset neither repeats nor misses a tagged event,
+and the filtered-out stretch behind it is not read again (sparse) or read without payloads (portable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,7 +51,7 @@ from pgjournal.query.gate import DUPLICATE, GAP, Gate, Unknown
 from pgjournal.runtime import metrics
 from pgjournal.runtime.live import LiveQuery, Made
 from pgjournal.runtime.steps import Statement, Step, drive, run_pooled, statement
-from pgjournal.validation import check_name, check_persistence_id
+from pgjournal.validation import check_name, check_persistence_id, check_tag_filter
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
@@ -86,15 +102,19 @@ class EventRows:
     """The journal's events (the default rows of a :class:`SliceQuery`), decoded with ``serializers``
     (default: the journal's; a projection passes a lenient registry that does not raise)."""
 
-    contiguous = True
     horizon_relations = None
 
-    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
+    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None, *,
+                 tags: tuple[str, ...] | None = None, sparse: bool = True) -> None:
         self._journal = journal
         self._serializers = serializers if serializers is not None else journal.serializers
+        #: The tag filter (``None``: every event) and its page form (see the module docstring).
+        self.tags, self.sparse = tags, sparse
+        #: Only a sparse page leaves holes in a persistence id's numbers (its untagged events).
+        self.contiguous = tags is None or not sparse
 
     def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
-        return self._journal.events.page_sql(min_slice, max_slice)
+        return self._journal.events.page_sql(min_slice, max_slice, self.tags, sparse=self.sparse)
 
     def envelope(self, row: tuple[Any, ...], offset: TimestampOffset, source: Source) -> EventEnvelope:
         return envelope_from_row(row, self._serializers, offset=offset, source=source)
@@ -141,12 +161,19 @@ class SliceQuery:
     durable state's changes): cursors, the gate, and the steps that read pages through it."""
 
     def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
-                 rows: SliceRows | None = None, *, serializers: SerializerRegistry | None = None) -> None:
+                 rows: SliceRows | None = None, *, serializers: SerializerRegistry | None = None,
+                 tags: Iterable[str] | None = None) -> None:
         self.journal = journal
         self.settings = journal.settings
         self.entity_type = check_name(entity_type, "entity type") if entity_type != "" else ""
         check_slice_range(min_slice, max_slice)
-        self.rows: SliceRows = rows if rows is not None else EventRows(journal, serializers)
+        #: The tag filter: deliver only events carrying one of these (``None``: every event).
+        self.tags = check_tag_filter(tags)
+        if self.tags is not None and rows is not None:
+            raise InvalidArgument(f"a tag filter reads the journal's events, not {type(rows).__name__}")
+        self._wanted = frozenset(self.tags or ())
+        self.rows: SliceRows = rows if rows is not None else EventRows(
+            journal, serializers, tags=self.tags, sparse=journal.capabilities.writer_horizon)
         self.page_sql, self.slice_params = self.rows.page_sql(min_slice, max_slice)
         self.start = _start_offset(offset)
         self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
@@ -339,7 +366,19 @@ class SliceQuery:
                 append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp))
         cursor.ts, cursor.seen = ts_at, seen if seen is not None else {lone_pid: lone_seq}
         cursor.last_seq, cursor.last_pid = seq_nr, pid
-        return out
+        return out if self.tags is None else self._tagged(out)
+
+    def _tagged(self, deliveries: list[Any]) -> list[Any]:
+        """The deliveries whose events carry one of the filter's tags: the markers of a portable page, and the
+        events a gap fill loaded by persistence id, are dropped here, after the gate counted them."""
+        wanted = self._wanted
+        kept = []
+        for delivery in deliveries:
+            row = delivery[0] if delivery[0].__class__ is tuple else delivery
+            tags = row[8]
+            if tags and not wanted.isdisjoint(tags):
+                kept.append(delivery)
+        return kept
 
     def envelope(self, delivery: Delivery) -> Any:
         """The envelope of a delivery; its offset is the main cursor's position when its row was delivered."""
@@ -479,15 +518,15 @@ class BySlices:
         self._serializers = serializers
 
     def query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-              rows: SliceRows | None = None) -> SliceQuery:
+              rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> SliceQuery:
         return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
-                          serializers=self._serializers)
+                          serializers=self._serializers, tags=tags)
 
     def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-                rows: SliceRows | None = None) -> Iterator[Any]:
+                rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> Iterator[Any]:
         """Events (or other ``rows``) up to the safe bound seen when the query starts, then one backtracking
-        pass."""
-        return self.run_current(self.query(entity_type, min_slice, max_slice, offset, rows))
+        pass; with ``tags``, only the events carrying any of them."""
+        return self.run_current(self.query(entity_type, min_slice, max_slice, offset, rows, tags=tags))
 
     def run_current(self, query: SliceQuery) -> Iterator[Any]:
         """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.query.from_snapshots`) by
@@ -496,8 +535,8 @@ class BySlices:
         return drive(query.current_steps(), self._journal.connection)
 
     def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-             rows: SliceRows | None = None) -> LiveQuery[Any]:
-        return self.run_live(self.query(entity_type, min_slice, max_slice, offset, rows))
+             rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> LiveQuery[Any]:
+        return self.run_live(self.query(entity_type, min_slice, max_slice, offset, rows, tags=tags))
 
     def run_live(self, query: SliceQuery) -> LiveQuery[Any]:
         """:meth:`live` of a query built (and perhaps prepared) by the caller."""

@@ -282,16 +282,34 @@ class EventStore:
 
     # -- reads by slice --------------------------------------------------------------------------------
 
-    def page_sql(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, Any]]:
-        """The by-slice page (:data:`PAGE`) for a slice range, and the range's parameters."""
+    def page_sql(self, min_slice: int, max_slice: int, tags: tuple[str, ...] | None = None, *, sparse: bool = True
+                 ) -> tuple[str, dict[str, Any]]:
+        """The by-slice page (:data:`PAGE`) for a slice range, and the range's parameters. With ``tags``: the
+        events carrying any of them; ``sparse``, only those rows (:data:`TAGGED`: the tagged events' index),
+        else every row, those without the tags as markers without payloads (:meth:`marker_columns`)."""
         slices, params = self._dialect.slice_condition(min_slice, max_slice)
-        return PAGE.format(columns=self.columns, slices=slices), params
+        if tags is None:
+            return PAGE.format(columns=self.columns, slices=slices, tagged=""), params
+        params["tags"] = list(tags)
+        if sparse:
+            return PAGE.format(columns=self.columns, slices=slices, tagged=TAGGED), params
+        return PAGE.format(columns=self.marker_columns(), slices=slices, tagged=""), params
+
+    def marker_columns(self) -> str:
+        """:data:`EVENT_COLUMNS` whose payloads are NULL where the row carries none of the ``tags`` parameter."""
+        columns = []
+        for name in EVENT_COLUMNS.split(", "):
+            if name in ("event_payload", "meta_payload"):
+                value = f"convert_to({name}::text, 'UTF8')" if name in self.jsonb else name
+                name = f"CASE WHEN tags && %(tags)s::text[] THEN {value} END AS {name}"
+            columns.append(name)
+        return ", ".join(columns)
 
 
 # Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
 PAGE = """
 SELECT {columns} FROM event_journal
-WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
+WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false{tagged}
   AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
   AND NOT (db_timestamp = %(from_ts)s AND (
         (seq_nr, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
@@ -299,6 +317,9 @@ WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false
                             WHERE s.pid = persistence_id), 0)))
 ORDER BY db_timestamp, seq_nr, persistence_id
 LIMIT %(limit)s"""
+#: A page's filter on tags (any of them): implies ``tags IS NOT NULL``, so the page may walk the tagged events'
+#: index (``event_journal_tagged_idx``, a partial index) in the same order.
+TAGGED = " AND tags && %(tags)s::text[]"
 # One primary-key probe per pid. A plain join over unnest was planned as a hash join over a sequential scan of
 # every partition once the table had statistics (the whole journal read on a restart's first page); so was a
 # bare LATERAL, which the planner flattens into the same join. LIMIT 1 keeps the subquery apart: a nested loop

@@ -13,6 +13,7 @@ does not read it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -87,6 +88,8 @@ class ExportSQL:
             raise InvalidArgument(f"bulk reads know the tables {', '.join(TABLES)}, got {table!r}")
         self._dialect = dialect
         self.table = TABLES[table]
+        #: A tag filter: only rows carrying any of these tags (``None``: every row; see :meth:`with_tags`).
+        self.tags: tuple[str, ...] | None = None
         self._select = {name: expr or (read_payload(name, True) if name in jsonb else name)
                         for name, expr in self.table.columns.items()}
 
@@ -102,11 +105,22 @@ class ExportSQL:
                                   f"{', '.join(columns) or 'none'}")
         return ", ".join(self._select[c] for c in columns)
 
+    def with_tags(self, tags: tuple[str, ...] | None) -> ExportSQL:
+        """These reads of only the rows carrying any of ``tags`` (``None``: every row). Every read, a stream's
+        offsets included, is of the filtered rows: a stream's next offset is its newest tagged row, and the next
+        micro-batch starts after it (on ``event_journal``, through the tagged events' index)."""
+        filtered = copy.copy(self)
+        filtered.tags = tags
+        return filtered
+
     def _base(self, lo: int, hi: int, entity_type: str | None) -> tuple[list[str], dict[str, Any]]:
         slices, params = self._dialect.slice_condition(lo, hi)
         conditions = [slices]
         if self.table.live:
             conditions.append(self.table.live)
+        if self.tags is not None:
+            conditions.append("tags && %(tags)s::text[]")
+            params["tags"] = list(self.tags)
         if entity_type is not None:
             conditions.append("entity_type = %(entity_type)s")
             params["entity_type"] = entity_type

@@ -538,3 +538,35 @@ def test_json_payloads_decode_in_arrow_as_they_would_one_at_a_time() -> None:
     stamped = StructType([StructField("when", TimestampType()), StructField("raw", BinaryType())])
     fast, slow, used = convert(stamped, [(31, b'{"when": "2026-11-01T00:00:00"}')])
     assert used == 0 and fast == slow == [None]
+
+
+def tagged_keys(dsn: str, tag: str) -> set[tuple[str, int]]:
+    with psycopg.connect(dsn) as conn:
+        return set(conn.execute("SELECT persistence_id, seq_nr FROM event_journal WHERE entity_type = %s "
+                                "AND NOT deleted AND %s = ANY(tags)", (ENTITY, tag)).fetchall())
+
+
+def test_option_tags_reads_only_tagged_rows_in_batch_and_stream(spark: Any, journal: Journal, dsn: str) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    fill(journal, pids=40, kinds=(ENTITY,))
+    expected = tagged_keys(dsn, "even")
+    assert 0 < len(expected) < len(journal_keys(dsn))
+    frame = source(spark, dsn, entityType=ENTITY, tags="even, other")
+    assert sorted(keys(frame)) == sorted(expected)
+    assert all("even" in r["tags"] for r in frame.select("tags").collect())
+    reader = stream_reader(spark, dsn, tags="even", maxEventsPerTrigger=7)
+    got, end, _ = drain(reader, reader.initialOffset(), ReadMaxRows(7))
+    assert sorted(got) == sorted(expected)
+    # Untagged events after the stream's offset are not read; the next tagged one is, once.
+    journal.append(f"{ENTITY}|plain", [{"item": "x", "qty": 1}] * 5)
+    journal.append(f"{ENTITY}|0", [{"item": "y", "qty": 2}], tags=["even"])
+
+    def the_new_tagged_event_read() -> bool:
+        return drain(reader, end, ReadAllAvailable())[0] == [(f"{ENTITY}|0", 4)]
+
+    eventually(the_new_tagged_event_read, timeout=30)
+    reader.stop()
+    with pytest.raises(Exception, match=r"InvalidArgument: option tags must be tags separated by commas, got "
+                                        r"'red,,blue'"):
+        source(spark, dsn, tags="red,,blue")

@@ -227,5 +227,11 @@ CREATE TABLE tag_batch_writers (
 
 UPDATE pgjournal_version SET version_num='0008' WHERE pgjournal_version.version_num = '0007';
 
+-- Running upgrade 0008 -> 0009
+
+CREATE INDEX IF NOT EXISTS event_journal_tagged_idx ON event_journal (entity_type, db_timestamp, seq_nr, slice) WHERE tags IS NOT NULL;
+
+UPDATE pgjournal_version SET version_num='0009' WHERE pgjournal_version.version_num = '0008';
+
 COMMIT;
 

@@ -211,5 +211,11 @@ CREATE TABLE tag_batch_writers (
 
 UPDATE pgjournal_version SET version_num='0008' WHERE pgjournal_version.version_num = '0007';
 
+-- Running upgrade 0008 -> 0009
+
+CREATE INDEX IF NOT EXISTS event_journal_tagged_idx ON event_journal (slice ASC, entity_type ASC, db_timestamp ASC, seq_nr ASC, persistence_id ASC, deleted ASC) INCLUDE (tags) SPLIT AT VALUES ((127), (255), (383), (511), (639), (767), (895)) WHERE tags IS NOT NULL;
+
+UPDATE pgjournal_version SET version_num='0009' WHERE pgjournal_version.version_num = '0008';
+
 COMMIT;
 
