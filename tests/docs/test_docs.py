@@ -57,8 +57,7 @@ def test_snippets_use_the_one_namespace(path: Path) -> None:
 @pytest.mark.parametrize("path", DOCS, ids=_ids(DOCS))
 def test_blocks_run(path: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran = _run_file(path, dsn, tmp_path, monkeypatch, spark=False)
-    expected = [block.where for block in blocks(path) if block.marker in ("", "output")]
-    assert ran == expected
+    assert ran == [block.where for block in _runs(blocks(path), spark=False)]
 
 
 @pytest.mark.spark
@@ -70,7 +69,19 @@ def test_blocks_run_with_spark(path: Path, dsn: str, tmp_path: Path, monkeypatch
     if spark_skipped():
         pytest.skip(f"{SKIP_ENV} is set")
     ran = _run_file(path, dsn, tmp_path, monkeypatch, spark=True)
-    assert ran == [block.where for block in blocks(path) if block.marker in ("", "output", "spark")]
+    assert ran == [block.where for block in _runs(blocks(path), spark=True)]
+
+
+def _runs(found: list[Block], *, spark: bool) -> list[Block]:
+    """The blocks a pass runs: unmarked ones, Spark ones in the Spark pass, output blocks with their block."""
+    runs: list[Block] = []
+    for n, block in enumerate(found):
+        if block.marker == "output":
+            if n > 0 and runs and runs[-1] is found[n - 1]:
+                runs.append(block)
+        elif block.marker == "" or (block.marker == "spark" and spark):
+            runs.append(block)
+    return runs
 
 
 def _run_file(path: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, spark: bool) -> list[str]:
@@ -82,9 +93,7 @@ def _run_file(path: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     ran: list[str] = []
     last_output = ""
     try:
-        for block in blocks(path):
-            if block.marker == "not run" or (block.marker == "spark" and not spark):
-                continue
+        for block in _runs(blocks(path), spark=spark):
             if block.marker == "output":
                 assert output_matches(block.code, last_output), (
                     f"{block.where}: the output shown is not what the block above printed:\n{last_output}")
