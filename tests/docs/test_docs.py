@@ -53,7 +53,33 @@ def test_snippets_use_the_one_namespace(path: Path) -> None:
     assert old == [], "use pgjournal.projections / pgjournal.spark, never the top-level names"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.parametrize("path", [*DOCS, ROOT / "ARCHITECTURE.md", ROOT / "tests" / "README.md"],
+                         ids=_ids([*DOCS, ROOT / "ARCHITECTURE.md", ROOT / "tests" / "README.md"]))
+def test_relative_links_resolve(path: Path) -> None:
+    """A link to a file of the repository names one that exists, and its #anchor a heading there."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _prose(path)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+            broken.append(target)
+    assert broken == []
+
+
+def _prose(path: Path) -> str:
+    """The text outside code blocks."""
+    return re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+\s+(.*)$", _prose(path), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", DOCS, ids=_ids(DOCS))
 def test_blocks_run(path: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran = _run_file(path, dsn, tmp_path, monkeypatch, spark=False)
@@ -128,10 +154,7 @@ def _env(dsn: str) -> dict[str, str]:
 
 
 def _run_shell(block: Block, dsn: str, cwd: Path) -> None:
-    if block.language == "sh":
-        steps = [(block.code, "")]
-    else:
-        steps = console_steps(block.code)
+    steps = [(block.code, "")] if block.language == "sh" else console_steps(block.code)
     for command, expected in steps:
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=_env(dsn),
                               capture_output=True, text=True, timeout=120)
