@@ -29,7 +29,7 @@ from support import FAST
 from support.eventually import eventually
 from support.standby import StandbyPair, standby_pair
 
-from pgjournal import ConfigurationError, Journal, Source
+from pgjournal import ConfigurationError, HorizonBlocked, Journal, Source
 from pgjournal.aio import AsyncJournal
 
 #: Backtracking far behind (only the main query could deliver a late event within a test).
@@ -106,6 +106,40 @@ async def test_asyncio_a_standby_reader_does_not_pass_a_writer_open_on_the_prima
             await task
     assert [(e.persistence_id, e.source is Source.BACKTRACKING) for e in got] == [
         ("AOpen|late", False), ("AOpen|early", False)]
+
+
+@contextlib.contextmanager
+def _replay_paused(pair: StandbyPair) -> Iterator[None]:
+    with psycopg.connect(pair.standby_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()")
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_wal_replay_resume()")
+
+
+def test_a_standby_that_has_not_replayed_holds_its_readers_back_and_counts_in_their_lag(pair: StandbyPair) -> None:
+    got: list[Any] = []
+    settings = dict(NO_BACKTRACKING, backtracking_behind_current_time=0.3)  # a one-shot bound waits this long
+    with Journal.open(pair.primary_dsn, **FAST) as writer, \
+            Journal.open(pair.primary_dsn, replica=pair.standby_dsn, **settings) as reader, \
+            reader.query.events_by_slices("Paused", 0, 1023) as live:
+        polls = _counting_reads(reader)
+        thread = threading.Thread(target=lambda: got.extend((e, time.time()) for e in live), daemon=True)
+        thread.start()
+        with _replay_paused(pair):
+            writer.append("Paused|1", [{"n": 1}])
+            with pytest.raises(HorizonBlocked, match="has not replayed"):
+                list(reader.query.current_events_by_slices("Paused", 0, 1023))
+            seen = polls[0]
+            eventually(lambda: polls[0] >= seen + 3, "three polls of the standby reader")
+            assert got == []
+            resumed = time.time()
+        eventually(lambda: len(got) == 1, "the event once the standby replays")
+        live.close()
+    thread.join(5)
+    envelope, delivered_at = got[0]
+    assert envelope.persistence_id == "Paused|1" and delivered_at >= resumed
 
 
 def test_a_replica_that_is_no_standby_is_refused_at_open(pair: StandbyPair) -> None:
