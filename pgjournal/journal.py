@@ -23,6 +23,8 @@ from pgjournal.core.journal_core import (
     opening,
     pool_options,
     registry,
+    replica_of,
+    replica_step,
 )
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.query import Query
@@ -45,13 +47,18 @@ class Journal(JournalCore):
     """An event journal on one database. Thread-safe; open one per process and share it."""
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
-                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
-        super().__init__(dsn, settings, serializers, capabilities, stored)
+                 capabilities: Capabilities, stored: StoredFormat | None = None, replica: str | None = None) -> None:
+        super().__init__(dsn, settings, serializers, capabilities, stored, replica)
         self.signals: Signals | None = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
                                     **pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
         self.connections = PoolFront(self._pool)
+        #: By-slice reads on a hot standby (``replica``): its own pool, the same limits.
+        self._replica_pool = None if replica is None else ConnectionPool(
+            replica, connection_class=limited_connection_class(settings), name="pgjournal-replica",
+            **pool_options(settings))
+        self.replica_connections = None if self._replica_pool is None else PoolFront(self._replica_pool)
         #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
         #: are written in the append's own statement.
         self.tag_writer = TagBatcher(self) if settings.tag_batch_writer else None
@@ -70,20 +77,29 @@ class Journal(JournalCore):
         *,
         serializers: SerializerRegistry | None = None,
         migrate: bool = False,
+        replica: str | None = None,
         **settings: Any,
     ) -> Journal:
         """Connect (to the embedded server when no DSN is given or set) and check the schema.
 
         ``migrate=True`` upgrades the schema first; otherwise an unmigrated database raises
-        :class:`~pgjournal.errors.SchemaNotMigrated`.
+        :class:`~pgjournal.errors.SchemaNotMigrated`. ``replica`` (or ``$PGJOURNAL_REPLICA_DSN``): a hot standby
+        of ``dsn`` that by-slice reads (live and current, projections through them) use; everything else stays on
+        ``dsn`` (see :mod:`pgjournal.core.replica`).
         """
         resolved, loaded = opening(dsn, serializers, migrate, settings)
+        standby = replica_of(replica)
         with connect(resolved, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             capabilities, stored = run(open_step(resolved, loaded), conn)
-        journal = cls(resolved, loaded, registry(serializers, stored), capabilities, stored)
+        if standby is not None:
+            with connect(standby, loaded) as conn:
+                run(replica_step(standby), conn)
+        journal = cls(resolved, loaded, registry(serializers, stored), capabilities, stored, standby)
         journal._pool.open(wait=False)
+        if journal._replica_pool is not None:
+            journal._replica_pool.open(wait=False)
         return journal
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -99,6 +115,9 @@ class Journal(JournalCore):
                 self.signals.close()
             self.connections.close()
             self._pool.close()
+            if self._replica_pool is not None and self.replica_connections is not None:
+                self.replica_connections.close()
+                self._replica_pool.close()
 
     def __enter__(self) -> Journal:
         return self
@@ -106,22 +125,15 @@ class Journal(JournalCore):
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
+    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
         """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
-        try:
-            conn = self.connections.get()
-        except PoolTimeout:
-            raise no_connection(self.dsn, self.settings) from None
-        try:
-            yield conn
-        except psycopg.OperationalError as exc:
-            lost = lost_connection(self.dsn, conn, exc)
-            if lost is None:
-                raise  # the server answered (a serialization failure, a cancelled statement, ...)
-            raise lost from exc
-        finally:
-            self.connections.put(conn)
+        return _borrowed(self.connections, self.dsn, self.settings)
+
+    def read_connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """A connection for by-slice reads: to the replica when the journal has one, else :meth:`connection`."""
+        if self.replica_connections is None or self.replica_dsn is None:
+            return self.connection()
+        return _borrowed(self.replica_connections, self.replica_dsn, self.settings)
 
     def open_connection(self) -> psycopg.Connection:
         """A connection of its own, made as the pool's are (autocommit, pgjournal's limits), for a background
@@ -136,6 +148,8 @@ class Journal(JournalCore):
     def run(self, step: Step[R]) -> R:
         """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool."""
         return run_pooled(step, self.connection)
+
+    run_on_primary = run
 
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
                    ) -> LiveQuery[T]:
@@ -195,3 +209,21 @@ class Journal(JournalCore):
 
     def delete_snapshot(self, persistence_id: str) -> None:
         self.snapshots.delete(persistence_id)
+
+
+@contextlib.contextmanager
+def _borrowed(front: PoolFront, dsn: str, settings: Settings) -> Iterator[psycopg.Connection]:
+    """A connection of ``front`` (the pool of ``dsn``) for a ``with`` block; a lost one is a typed error."""
+    try:
+        conn = front.get()
+    except PoolTimeout:
+        raise no_connection(dsn, settings) from None
+    try:
+        yield conn
+    except psycopg.OperationalError as exc:
+        lost = lost_connection(dsn, conn, exc)
+        if lost is None:
+            raise  # the server answered (a serialization failure, a cancelled statement, ...)
+        raise lost from exc
+    finally:
+        front.put(conn)

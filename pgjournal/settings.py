@@ -46,6 +46,9 @@ class Settings:
     #: With the visibility horizon (PostgreSQL, not portable): the clock margin kept besides the oldest open
     #: transaction, covering the instant between a transaction taking its timestamp and announcing it.
     horizon_margin: float = 0.01
+    #: Readers on a standby (``Journal.open(dsn, replica=...)``): how long a poll waits for the standby to replay
+    #: the primary's newest horizon before it reads below an older one (pgjournal.core.replica).
+    replica_replay_wait: float = 0.1
     backtracking_enabled: bool = True
     #: How far behind the main cursor backtracking re-reads.
     backtracking_window: float = 120.0
@@ -115,7 +118,7 @@ class Settings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigurationError(f"setting {name} must be an integer >= 0, got {value!r}")
         durations = ("connect_timeout", "statement_timeout", "tcp_user_timeout", "refresh_interval",
-                     "behind_current_time", "horizon_margin",
+                     "behind_current_time", "horizon_margin", "replica_replay_wait",
                      "backtracking_window",
                      "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:

@@ -48,17 +48,23 @@ class AsyncJournal(JournalCore):
     use it from the event loop it was opened on."""
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
-                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+                 capabilities: Capabilities, stored: StoredFormat | None = None, replica: str | None = None) -> None:
         if settings.tag_batch_writer:
             raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
                                      "face writes tag view rows in the append's statement (leave it false)")
-        super().__init__(dsn, settings, serializers, capabilities, stored)
+        super().__init__(dsn, settings, serializers, capabilities, stored, replica)
         self.signals: AsyncSignals | None = (AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify
                                              else None)
         self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
                                          name="pgjournal-async", **core.pool_options(settings))
         #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
+        #: By-slice reads on a hot standby (``replica``): its own pool, the same limits.
+        self._replica_pool = None if replica is None else AsyncConnectionPool(
+            replica, connection_class=async_limited_connection_class(settings), name="pgjournal-async-replica",
+            **core.pool_options(settings))
+        self.replica_connections = None if self._replica_pool is None else AsyncPoolFront(
+            self._replica_pool, settings.pool_max_size, settings.connect_timeout)
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
         #: Appends of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention), as threads
@@ -72,20 +78,22 @@ class AsyncJournal(JournalCore):
 
     @classmethod
     def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
-             **settings: Any) -> _Opening:
+             replica: str | None = None, **settings: Any) -> _Opening:
         """Connect (to the embedded server when no DSN is given or set) and check the schema, as
-        :meth:`Journal.open <pgjournal.Journal.open>` does. ``journal = await AsyncJournal.open(...)``, or
-        ``async with AsyncJournal.open(...) as journal:`` (closed when the block ends)."""
-        return _Opening(cls._open(dsn, serializers, migrate, settings))
+        :meth:`Journal.open <pgjournal.Journal.open>` does (``replica``: a hot standby for by-slice reads).
+        ``journal = await AsyncJournal.open(...)``, or ``async with AsyncJournal.open(...) as journal:`` (closed
+        when the block ends)."""
+        return _Opening(cls._open(dsn, serializers, migrate, replica, settings))
 
     @classmethod
     async def _open(cls, dsn: str | None, serializers: SerializerRegistry | None, migrate: bool,
-                    settings: dict[str, Any]) -> AsyncJournal:
+                    replica: str | None, settings: dict[str, Any]) -> AsyncJournal:
         resolved, loaded = core.opening(dsn, serializers, migrate, settings)
-        try:
-            conn = await psycopg.AsyncConnection.connect(resolved, autocommit=True, **connection_kwargs(loaded))
-        except psycopg.OperationalError as exc:
-            raise unreachable(resolved, exc) from None
+        standby = core.replica_of(replica)
+        if standby is not None:
+            async with await _connect(standby, loaded) as conn:
+                await arun(core.replica_step(standby), conn)
+        conn = await _connect(resolved, loaded)
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
@@ -95,8 +103,10 @@ class AsyncJournal(JournalCore):
             # A serializable commit may fail at its Sync, which a pipeline of statements cannot hand to its own
             # append: pipelines only where commits do not fail (READ COMMITTED PostgreSQL).
             loaded = replace(loaded, async_pipeline=False)
-        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored)
+        journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored, standby)
         await journal._pool.open(wait=False)
+        if journal._replica_pool is not None:
+            await journal._replica_pool.open(wait=False)
         return journal
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -107,6 +117,9 @@ class AsyncJournal(JournalCore):
             await self.signals.close()
         await self.connections.close()
         await self._pool.close()
+        if self._replica_pool is not None and self.replica_connections is not None:
+            await self.replica_connections.close()
+            await self._replica_pool.close()
 
     async def __aenter__(self) -> AsyncJournal:
         return self
@@ -117,11 +130,19 @@ class AsyncJournal(JournalCore):
     def connection(self) -> _Borrowed:
         """``async with journal.connection() as conn``: an autocommit connection of the pool (a broken one is
         discarded on return; one returned inside a transaction is rolled back by the pool)."""
-        return _Borrowed(self)
+        return _Borrowed(self.connections, self.dsn, self.settings)
+
+    def read_connection(self) -> _Borrowed:
+        """A connection for by-slice reads: to the replica when the journal has one, else :meth:`connection`."""
+        if self.replica_connections is None or self.replica_dsn is None:
+            return self.connection()
+        return _Borrowed(self.replica_connections, self.replica_dsn, self.settings)
 
     async def run(self, step: Step[T]) -> T:
         """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool (borrowed at its first statement)."""
         return await arun_pooled(step, self.connection)
+
+    run_on_primary = run
 
     def live_query(self, poll: AsyncPoll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
                    first: Iterable[T] = ()) -> AsyncLiveQuery[T]:
@@ -196,25 +217,33 @@ class _Borrowed:
     """A connection of the journal's pool for an ``async with`` block, a lost connection reported as a typed
     error (a class, not a generator-based context manager: this runs once per append)."""
 
-    __slots__ = ("_conn", "_journal")
+    __slots__ = ("_conn", "_dsn", "_front", "_settings")
 
-    def __init__(self, journal: AsyncJournal) -> None:
-        self._journal = journal
+    def __init__(self, front: AsyncPoolFront, dsn: str, settings: Settings) -> None:
+        self._front, self._dsn, self._settings = front, dsn, settings
 
     async def __aenter__(self) -> psycopg.AsyncConnection:
         try:
-            conn: psycopg.AsyncConnection = await self._journal.connections.get()
+            conn: psycopg.AsyncConnection = await self._front.get()
             self._conn = conn
         except PoolTimeout:
-            raise core.no_connection(self._journal.dsn, self._journal.settings) from None
+            raise core.no_connection(self._dsn, self._settings) from None
         return self._conn
 
     async def __aexit__(self, kind: Any, exc: Any, _tb: Any) -> None:
-        await self._journal.connections.put(self._conn)
+        await self._front.put(self._conn)
         if isinstance(exc, psycopg.OperationalError):
-            lost = core.lost_connection(self._journal.dsn, self._conn, exc)
+            lost = core.lost_connection(self._dsn, self._conn, exc)
             if lost is not None:
                 raise lost from exc
+
+
+async def _connect(dsn: str, settings: Settings) -> psycopg.AsyncConnection:
+    """One autocommit connection for opening; an unreachable server is a typed error."""
+    try:
+        return await psycopg.AsyncConnection.connect(dsn, autocommit=True, **connection_kwargs(settings))
+    except psycopg.OperationalError as exc:
+        raise unreachable(dsn, exc) from None
 
 
 class _Opening:

@@ -37,6 +37,10 @@ class AsyncQuery:
     def _run(self, step: Step[Any]) -> Any:
         return arun_pooled(step, self._journal.connection)
 
+    def _read(self, step: Step[Any]) -> Any:
+        """A by-slice step, where by-slice reads go (the replica when the journal has one)."""
+        return arun_pooled(step, self._journal.read_connection)
+
     # -- by persistence id ---------------------------------------------------------------------------
 
     def current_events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1,
@@ -80,10 +84,10 @@ class AsyncQuery:
 
     async def run_current(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncIterator[Any]:
         """A current by-slice query (after ``first``, the snapshots of one that starts from them)."""
-        await self._run(query.settle_step())
+        await self._read(query.settle_step())
         for item in first or ():
             yield item
-        async for item in adrive(query.current_steps(), self._journal.connection):
+        async for item in adrive(query.current_steps(), self._journal.read_connection):
             yield item
 
     def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
@@ -94,7 +98,7 @@ class AsyncQuery:
         """A live by-slice query (``first``: items handed out before its first poll)."""
 
         async def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
-            deliveries, rows = await self._run(query.poll_step(notified))
+            deliveries, rows = await self._read(query.poll_step(notified))
             return Made(deliveries, query.envelope), rows
 
         return self._journal.live_query(poll, entity_types={query.entity_type},

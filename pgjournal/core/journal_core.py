@@ -6,6 +6,7 @@ connections."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from pgjournal.buckets import check_bucket_size_step
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.core.capabilities import Capabilities
 from pgjournal.core.horizon import HorizonTracker
+from pgjournal.core.replica import ReplicaHorizon
 from pgjournal.dialects import Dialect, get_dialect
 from pgjournal.errors import (
     ConfigurationError,
@@ -27,12 +29,16 @@ from pgjournal.errors import (
     JournalError,
 )
 from pgjournal.runtime.live import Schedule
-from pgjournal.runtime.steps import Step
+from pgjournal.runtime.steps import Step, first_of
 from pgjournal.server.connections import ServerSilent, connection_kwargs
-from pgjournal.server.dsn import mask_dsn, redact, resolve_dsn
+from pgjournal.server.dsn import check_dsn, mask_dsn, redact, resolve_dsn
 from pgjournal.settings import Settings
+from pgjournal.store import catalog
 from pgjournal.store.snapshots import SnapshotSQL
 from pgjournal.tags.writer_mode import check_mode_step
+
+#: The environment variable naming a hot standby for by-slice reads (``replica=`` of ``open``).
+REPLICA_ENV = "PGJOURNAL_REPLICA_DSN"
 
 
 class WriteSignals(Protocol):
@@ -51,8 +57,10 @@ class JournalCore:
     signals: WriteSignals | None
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
-                 capabilities: Capabilities, stored: StoredFormat | None = None) -> None:
+                 capabilities: Capabilities, stored: StoredFormat | None = None, replica: str | None = None) -> None:
         self.dsn = dsn
+        #: A hot standby of ``dsn`` that by-slice reads use (pgjournal.core.replica); ``None``: they use ``dsn``.
+        self.replica_dsn = replica
         self.settings = settings
         self.serializers = serializers
         #: How this database's tables were laid out and payloads written (read at open).
@@ -81,6 +89,19 @@ class JournalCore:
         tables whose writers bound it (default: the journal's)."""
         return HorizonTracker(self.capabilities, relations)
 
+    def reader_horizon(self, relations: tuple[int, ...] | None = None) -> HorizonTracker | ReplicaHorizon:
+        """The horizon of a by-slice reader: :meth:`horizon_tracker`, or with a replica the primary's, fenced by
+        the standby's replay (see :mod:`pgjournal.core.replica`); its statements run where the reader reads."""
+        tracker = self.horizon_tracker(relations)
+        if self.replica_dsn is None:
+            return tracker
+        return ReplicaHorizon(tracker, self.run_on_primary, replay_wait=self.settings.replica_replay_wait,
+                              replica=self.replica_dsn)
+
+    def run_on_primary(self, step: Step[Any]) -> Any:
+        """Run ``step`` on a connection to ``dsn`` (the face's ``run``: its result, or an awaitable of it)."""
+        raise NotImplementedError
+
     def schedule(self, settle: float = 0.0) -> Schedule:
         """The decisions of a new live query's loop (:mod:`pgjournal.runtime.live`); ``settle``: how long after a
         signal the new rows may still be hidden from its polls (their margin behind the clock)."""
@@ -107,6 +128,22 @@ def opening(dsn: str | None, serializers: SerializerRegistry | None, migrate: bo
     if not isinstance(migrate, bool):
         raise ConfigurationError(f"migrate must be True or False, got {migrate!r}")
     return resolve_dsn(dsn), loaded
+
+
+def replica_of(replica: str | None) -> str | None:
+    """The standby DSN given, else ``$PGJOURNAL_REPLICA_DSN``, else ``None`` (reads on the primary)."""
+    chosen = replica if replica is not None else os.environ.get(REPLICA_ENV) or None
+    return check_dsn(chosen) if chosen is not None else None
+
+
+def replica_step(replica: str) -> Step[None]:
+    """What opening a journal checks of its replica: a standby (in recovery) with the schema at head."""
+    found = yield from first_of(catalog.replayed())
+    if found is None or found.position is None or not found.recovering:
+        raise ConfigurationError(
+            f"replica {mask_dsn(replica)} is not a standby (pg_is_in_recovery() is false): readers there could not "
+            "tell which of the primary's commits it shows; give the DSN of a hot standby of the primary")
+    yield from migrations.check_schema_step()
 
 
 def open_step(dsn: str, settings: Settings) -> Step[tuple[Capabilities, StoredFormat]]:

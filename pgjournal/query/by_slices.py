@@ -184,7 +184,8 @@ class SliceQuery:
         self.window = timedelta(seconds=self.settings.backtracking_window)
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
         self.use_horizon = journal.capabilities.writer_horizon
-        self.tracker = journal.horizon_tracker(self.rows.horizon_relations)
+        #: The primary's horizon, or on a standby the primary's once replayed (pgjournal.core.replica).
+        self.tracker = journal.reader_horizon(self.rows.horizon_relations)
         self.lag = metrics.LIVE_LAG.labels(self.entity_type, metrics.slices_label(min_slice, max_slice))
         # Backtracking state
         self.backtracking: _Cursor | None = None
@@ -531,8 +532,8 @@ class BySlices:
     def run_current(self, query: SliceQuery) -> Iterator[Any]:
         """:meth:`current` of a query built (and perhaps prepared, see :mod:`pgjournal.query.from_snapshots`) by
         the caller. The bound is settled now, before the first envelope is asked for."""
-        run_pooled(query.settle_step(), self._journal.connection)
-        return drive(query.current_steps(), self._journal.connection)
+        run_pooled(query.settle_step(), self._journal.read_connection)
+        return drive(query.current_steps(), self._journal.read_connection)
 
     def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
              rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> LiveQuery[Any]:
@@ -542,7 +543,7 @@ class BySlices:
         """:meth:`live` of a query built (and perhaps prepared) by the caller."""
 
         def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
-            deliveries, rows = run_pooled(query.poll_step(notified), self._journal.connection)
+            deliveries, rows = run_pooled(query.poll_step(notified), self._journal.read_connection)
             return Made(deliveries, query.envelope), rows
 
         return self._journal.live_query(poll, entity_types={query.entity_type},

@@ -108,6 +108,9 @@ LIVE_LAG = _metric("Gauge", "pgjournal_live_lag_seconds",
                    "visibility horizon)", ("entity_type", "slices"))
 HORIZON_HELD_BACK = _metric("Gauge", "pgjournal_horizon_held_back_seconds",
                             "Database clock minus the visibility horizon at the last reading")
+STANDBY_HORIZON_AGE = _metric("Gauge", "pgjournal_standby_horizon_age_seconds",
+                              "Readers on a standby: seconds since the primary's horizon reading they read below "
+                              "was taken (the standby's replay lag, and the reading's own time)")
 SLOW_WRITERS = _metric("Gauge", "pgjournal_slow_journal_writers",
                        "Journal writers whose transaction is open longer than longest_transaction")
 PROJECTION_LAG = _metric("Gauge", "pgjournal_projection_lag_seconds",

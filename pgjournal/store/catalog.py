@@ -5,6 +5,7 @@ Nothing here touches a pgjournal table's rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pgjournal.store import Read, rows, scalars
 
@@ -35,6 +36,12 @@ FROM (SELECT 1) AS one LEFT JOIN (
       AND l.relation = ANY(%(relations)s::oid[]) AND l.pid IS DISTINCT FROM pg_backend_pid()
 ) AS w ON true"""
 CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
+# The primary's WAL insert position in bytes, read after a horizon reading (pgjournal.core.replica): every commit
+# that reading counted as done was inserted into the WAL before it.
+WAL_INSERTED_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
+# A standby's replayed WAL position in bytes (NULL on a server that never was a standby), and whether it still is
+# one. A statement after this one sees every commit replayed up to that position.
+WAL_REPLAYED_SQL = "SELECT pg_last_wal_replay_lsn() - '0/0'::pg_lsn, pg_is_in_recovery()"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,19 @@ def state_relations() -> Read[int | None]:
 
 def role() -> Read[Role]:
     return rows(Role, SEES_ALL_SESSIONS_SQL)
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """:data:`WAL_REPLAYED_SQL`: a standby's replayed WAL position in bytes (``None``: never a standby), and
+    whether it is in recovery still."""
+
+    position: Any
+    recovering: bool
+
+
+def replayed() -> Read[Replayed]:
+    return rows(Replayed, WAL_REPLAYED_SQL)
 
 
 def current_user() -> Read[str]:
