@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from pgjournal.cli.cleanup import cleanup_app
+from pgjournal.cli.help import PolishedGroup
 from pgjournal.cli.state import state_app
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from pgjournal.cli.tags import tags_app
@@ -30,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=PolishedGroup,
 )
 server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
 
