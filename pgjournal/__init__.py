@@ -52,7 +52,6 @@ from pgjournal.state.snapshots import SelectedSnapshot
 from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
 __all__ = [
-    "__version__",
     "BucketSize",
     "CircuitBreaker",
     "CircuitOpen",
@@ -101,6 +100,7 @@ __all__ = [
     "TimestampOffset",
     "TransactionAborted",
     "WriteOutcomeUnknown",
+    "__version__",
     "entity_type_of",
     "persist",
     "slice_for_persistence_id",
