@@ -47,21 +47,18 @@ class PolishedCommand(TyperCommand):
         return _untyped(super().get_help_option(ctx))
 
 
-class PolishedGroup(TyperGroup):
+class _PolishedSubgroup(TyperGroup):
+    def get_help_option(self, ctx: Context) -> TyperOption | None:
+        return _untyped(super().get_help_option(ctx))
+
+
+class PolishedGroup(_PolishedSubgroup):
     """The root of the command tree: on construction, every command and group below it is polished (their
     help texts, arguments and flags), so add-ons loaded from entry points read like the core's commands."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         polish(self)
-
-    def get_help_option(self, ctx: Context) -> TyperOption | None:
-        return _untyped(super().get_help_option(ctx))
-
-
-class _PolishedSubgroup(TyperGroup):
-    def get_help_option(self, ctx: Context) -> TyperOption | None:
-        return _untyped(super().get_help_option(ctx))
 
 
 def _untyped(option: TyperOption | None) -> TyperOption | None:
