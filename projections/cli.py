@@ -29,12 +29,20 @@ def list_cmd(dsn: DsnOption = None) -> None:
 
 
 @projection_app.command("status")
-def status_cmd(name: str, dsn: DsnOption = None) -> None:
-    """Paused or not, live workers, and per slice range: owner, offsets and lag (consumed - event time)."""
+def status_cmd(
+    name: str,
+    entity_type: Annotated[list[str] | None, typer.Option(
+        "--entity-type", "-e", help="Entity type NAME consumes (repeatable; default: those of the persistence ids "
+                                    "in its offsets).")] = None,
+    dsn: DsnOption = None,
+) -> None:
+    """Running (a worker's heartbeat is live) or stopped, paused or not, and per slice range: owner, offsets and
+    lag. Lag: 0 when nothing is pending (no event of the entity type newer than the range's offsets is visible
+    under the visibility horizon), else the database clock minus the newest event handled, in seconds: the
+    largest over the range's slices. The same number as the workers' pgjournal_projection_lag_seconds."""
     with open_journal(dsn) as journal, reported():
-        state = management.status(journal, name)
-    console.print(f"[bold]{shown(name)}[/]: {'[yellow]paused[/]' if state.paused else 'running'}, "
-                  f"{len(state.workers)} live worker(s)", highlight=False)
+        state = management.status(journal, name, entity_type)
+    console.print(status_line(state), highlight=False)
     table = Table("slices", "owner / key", "oldest offset", "newest offset", "lag (s)")
     for r in state.ranges:
         table.add_row(shown(r.slices), shown(r.owner or r.key or "-"),
@@ -42,6 +50,15 @@ def status_cmd(name: str, dsn: DsnOption = None) -> None:
                       format_timestamp(r.newest_offset) if r.newest_offset else "-",
                       f"{r.lag:.3f}" if r.lag is not None else "-")
     console.print(table)
+
+
+def status_line(state: management.ProjectionStatus) -> str:
+    """``NAME: running, N live worker(s)`` or ``NAME: stopped (no live worker)``, and whether it is paused."""
+    workers = f"running, {len(state.workers)} live worker(s)" if state.running else "stopped (no live worker)"
+    paused = ", [yellow]paused[/]" if state.paused else ""
+    types = f"; entity type(s): {', '.join(shown(t) for t in state.entity_types)}" if state.entity_types else \
+        "; entity type unknown (no offsets yet): pass --entity-type for the lag"
+    return f"[bold]{shown(state.name)}[/]: {workers}{paused}{types}"
 
 
 @projection_app.command("run")
@@ -98,7 +115,8 @@ def reset_cmd(
         lo, hi = parse_slice_range(slices)
         when = parse_timestamp(to, "--to") if to else None
     with open_journal(dsn) as journal, reported():
-        if not management.status(journal, name).paused and management.status(journal, name).workers:
+        state = management.status(journal, name)
+        if state.running and not state.paused:
             fail(f"projection {name!r} has live workers and is not paused: run `pgjournal projection pause "
                  f"{name}` first")
         if when is None:

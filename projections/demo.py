@@ -43,7 +43,7 @@ def _spawn(dsn: str) -> subprocess.Popen[bytes]:
 
 
 def _status_table(journal: Journal, title: str) -> Table:
-    state = management.status(journal, NAME)
+    state = management.status(journal, NAME, [ENTITY_TYPE])
     owners = {owner: f"worker {i + 1}" for i, owner in enumerate(state.workers)}
     table = Table("slices", "owner", "latest offset", "lag (s)", title=f"{title}: {len(state.workers)} live workers")
     for r in state.ranges:
@@ -128,7 +128,7 @@ def _wait_for_workers(journal: Journal, n: int, timeout: float) -> None:
     """Until ``n`` workers are live and the slices are split among them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = management.status(journal, NAME)
+        state = management.status(journal, NAME, [ENTITY_TYPE])
         if len(state.workers) == n and len({r.owner for r in state.ranges if r.owner}) == n:
             return
         time.sleep(0.3)

@@ -84,6 +84,9 @@ class ProjectionSettings:
     delete_interval: float = 30.0
     #: How often a running range checks whether the projection was paused.
     management_interval: float = 1.0
+    #: How often a running range measures its lag for ``pgjournal_projection_lag_seconds`` (as ``pgjournal
+    #: projection status`` does: one index range scan of its entity type's events since its oldest offset).
+    lag_interval: float = 5.0
     #: After an infrastructure error (database gone), wait this long before restarting the range.
     restart_backoff: float = 1.0
     #: Seconds before the stored offset a (re)started range reads again, so late commits the previous run
@@ -100,7 +103,7 @@ class ProjectionSettings:
         check_offset_table(self.offset_table)
         _positive(self.attempts, "attempts", integer=True)
         for name in ("backoff", "backoff_max", "time_window", "delete_interval", "management_interval",
-                     "restart_backoff"):
+                     "restart_backoff", "lag_interval"):
             _positive(getattr(self, name), name, allow_zero=name in ("backoff", "backoff_max"))
         if self.restart_lookback is not None:
             _positive(self.restart_lookback, "restart_lookback", allow_zero=True)

@@ -23,7 +23,6 @@ import random
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
@@ -40,7 +39,7 @@ from pgjournal.runtime.steps import Call, Statement, Step, statement
 
 from .dead_letters import dead_letter_statement, decoded, lenient, serializer_of_step
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
-from .management import is_paused_step
+from .management import is_paused_step, lags_step
 from .offset_store import OffsetStore, Record, range_key
 
 if TYPE_CHECKING:
@@ -142,6 +141,8 @@ class RangeLogic:
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
         #: Why the run ended, when it failed.
         self.failed: BaseException | None = None
+        #: The horizon the lag is measured under, remembered from reading to reading.
+        self._lag_tracker = journal.horizon_tracker()
 
     def stop(self) -> None:
         self._stop.set()
@@ -233,6 +234,7 @@ class RangeLogic:
         now = time.monotonic()
         next_check = now + self.settings.management_interval
         next_delete = now + min(self.settings.delete_interval, self.time_window)
+        next_lag = now
         while not self._stop.is_set():
             self._check_lease()
             item = yield Call(self._next, (0.05 if pending.waiting() else 0.2,))
@@ -250,6 +252,9 @@ class RangeLogic:
                 next_delete = now + self.settings.delete_interval
                 store.evict()
                 yield self._on(self._housekeeping_step(store))
+            if now >= next_lag:
+                next_lag = now + self.settings.lag_interval
+                yield from self._measure_lag_step(store)
 
     def _on_stop_step(self, store: OffsetStore, pending: _Pending) -> Step[None]:
         """What was handled is stored (a group not handled yet is read again); then, best effort, the markers
@@ -267,6 +272,19 @@ class RangeLogic:
         if isinstance(handler, AtLeastOnce):
             return _Unsaved(self, store, handler)
         return _Each(self, store)
+
+    def _measure_lag_step(self, store: OffsetStore) -> Step[None]:
+        """Set the range's lag gauge as ``projection status`` measures it (:func:`~projections.management.slice_lag`
+        over what this run committed and the markers), so both show the same number; a failed reading keeps the
+        last one."""
+        handled = {s: max((t for t in (store.latest.get(s), store.marked.get(s)) if t is not None), default=None)
+                   for s in range(self.min_slice, self.max_slice + 1)}
+        try:
+            lags = yield self._on(lags_step([self.projection.entity_type], handled, self._lag_tracker))
+        except (psycopg.Error, JournalError) as exc:
+            log.info("projection %s %s: lag not measured: %r", self.projection.name, self.key, exc)
+            return
+        self._metrics.lag.set(max(lags.values(), default=0.0))
 
     def _check_lease(self) -> None:
         if self.guard is not None and not self.guard.valid():
@@ -474,13 +492,11 @@ class RangeLogic:
     # -- outcomes ------------------------------------------------------------------------------------
 
     def _handled(self, envelopes: Sequence[EventEnvelope]) -> None:
-        """Count envelopes whose handling committed; the lag is the clock minus the newest one's time."""
+        """Count envelopes whose handling committed (the lag is measured apart: :meth:`_measure_lag_step`)."""
         if not envelopes:
             return
         self.stats.handled += len(envelopes)
         self._metrics.envelopes.inc(len(envelopes))
-        newest = max(e.db_timestamp for e in envelopes)
-        self._metrics.lag.set(max(0.0, (datetime.now(UTC) - newest).total_seconds()))
 
     def _log_dead_letter(self, env: EventEnvelope, exc: BaseException) -> None:
         self._metrics.errors.inc()

@@ -40,8 +40,10 @@ INSTALL_JAR = (
 )
 INSTALL_PYSPARK = "install PySpark: pip install 'pgjournal[spark]' (pyspark and pyarrow)"
 
-# Only errors from Spark and its libraries. The repl logger with its own appender at the root's level keeps
-# PySpark from printing its "Setting default log level" banner.
+# Only errors from Spark and its libraries (warnings such as NativeCodeLoader's "Unable to load native-hadoop
+# library" are not shown). Spark prints its "Setting default log level" banner unless the logger of the class
+# that starts it, PySpark's gateway (the Scala shell's Main for spark-shell), has a configuration of its own at
+# the root's level.
 _LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
@@ -50,6 +52,10 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+logger.gateway.additivity = false
+logger.gateway.appenderRef.stderr.ref = console
 logger.repl.name = org.apache.spark.repl.Main
 logger.repl.level = error
 logger.repl.additivity = false

@@ -13,6 +13,7 @@ from rich.console import Group
 from rich.table import Table
 
 from pgjournal.cli.cleanup import cleanup_app
+from pgjournal.cli.help import PolishedGroup
 from pgjournal.cli.shard import shard_app
 from pgjournal.cli.state import state_app
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
@@ -31,6 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=PolishedGroup,
 )
 server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
 
@@ -82,7 +84,8 @@ def migrate(
     if adopted:
         console.print(f"adopted the Akka R2DBC schema: {sum(s.action != 'keep' for s in adopted)} steps, "
                       f"Akka's tables kept as they are")
-    console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {shown(mask_dsn(resolved))}")
+    console.print(f"schema is at revision [bold]{migrations.head_revision()}[/] on {shown(mask_dsn(resolved))}",
+                  soft_wrap=True)
 
 
 @app.command()
@@ -111,7 +114,9 @@ def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep waiting for new events.")] = False,
     dsn: DsnOption = None,
 ) -> None:
-    """Print the events of one persistence id as JSON lines."""
+    """Print the events of one persistence id as JSON lines; exit 1 (a message on stderr) when it has none in
+    the range asked for."""
+    printed = 0
     with open_journal(dsn) as journal:
         query = journal.query
         stream = (query.events_by_persistence_id if follow else query.current_events_by_persistence_id)(
@@ -120,8 +125,13 @@ def events(
         try:
             for env in stream:
                 print_envelope(env)
+                printed += 1
         except KeyboardInterrupt:
-            pass
+            return
+    if not printed:
+        asked = "" if from_seq_nr <= 1 and to_seq_nr is None else \
+            f" with seq nr {from_seq_nr} to {to_seq_nr if to_seq_nr is not None else 'the last'}"
+        fail(f"persistence id {persistence_id!r} has no events{asked}")
 
 
 def print_envelope(env: Any, *, with_offset: bool = False) -> None:
@@ -193,7 +203,7 @@ def info_view(journal: Journal) -> Group:
         table.add_row(shown(row.entity_type) if row.entity_type else "(none)", f"{row.events:,}",
                       f"{row.persistence_ids:,}", format_timestamp(row.first), format_timestamp(row.last))
     total = sum(per_range.values()) or 1
-    histogram = Table("slices", "events", "", title="Events per slice range")
+    histogram = Table("slices", "events", "share", title="Events per slice range")
     for i, (lo, hi) in enumerate(slice_ranges(INFO_RANGES)):
         count = per_range.get(i, 0)
         histogram.add_row(f"{lo}-{hi}", f"{count:,}", "█" * round(40 * count / total))
@@ -260,10 +270,13 @@ def server_status() -> None:
     from pgjournal.server.embedded import EmbeddedServer
 
     status = EmbeddedServer.default().status()
-    table = Table("running", "pid", "port", "version", "data directory", "dsn")
+    table = Table("running", "pid", "port", "version")
     table.add_row("yes" if status.running else "no", str(status.pid or "-"), str(status.port or "-"),
-                  shown(status.version or "-"), shown(status.data_dir), shown(status.dsn) if status.running else "-")
+                  shown(status.version or "-"))
     console.print(table)
+    # The values a user copies: each on a line of its own, never cut or wrapped to the terminal's width.
+    console.print(f"data directory: {shown(status.data_dir)}", soft_wrap=True, highlight=False)
+    console.print(f"dsn: {shown(status.dsn) if status.running else '-'}", soft_wrap=True, highlight=False)
 
 
 @server_app.command("start")
@@ -273,7 +286,7 @@ def server_start() -> None:
 
     with reported():
         server = EmbeddedServer.default().ensure_running()
-    console.print(f"running: {shown(server.dsn)}")
+    console.print(f"running: {shown(server.dsn)}", soft_wrap=True, highlight=False)
 
 
 @server_app.command("stop")

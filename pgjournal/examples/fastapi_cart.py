@@ -14,19 +14,22 @@ Routes: ``GET /carts/{id}``; ``POST /carts/{id}/items`` (add), ``PUT /carts/{id}
 body that says only what kind of failure it was (the connection string and the driver's message go to the log).
 ``GET /events`` streams ``events_by_slices("cart", min_slice, max_slice)``: each event's SSE ``id`` is its offset,
 so a client that reconnects with ``Last-Event-ID`` (or ``?offset=``) goes on exactly after the last event it
-received.
+received. The feed ends when the server shuts down (:class:`Server`): a deploy's SIGTERM stops the service at
+once instead of waiting for every SSE client to hang up.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
+import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
@@ -110,6 +113,44 @@ def sse(event: Any) -> str:
     return f"id: {event.offset}\nevent: {type(event.event).__name__}\ndata: {json.dumps(payload)}\n\n"
 
 
+T = TypeVar("T")
+
+
+async def until_stopped(source: AsyncIterator[T], stopping: asyncio.Event) -> AsyncIterator[T]:
+    """The items of ``source`` until ``stopping`` is set (the one being awaited then is cancelled)."""
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        while True:
+            item = asyncio.ensure_future(anext(source))
+            await asyncio.wait((item, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():
+                item.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                    await item
+                return
+            try:
+                yield item.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        stop.cancel()
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, telling the app's streams to end before it waits for its connections to close (a
+    graceful shutdown would otherwise wait for every SSE client to disconnect)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        stopping: asyncio.Event | None = getattr(self.app.state, "stopping", None)
+        if stopping is not None:
+            stopping.set()
+        await super().shutdown(sockets)
+
+
 def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
     """The service on the database at ``dsn`` (default: ``PGJOURNAL_DSN``, else the embedded server)."""
 
@@ -117,6 +158,7 @@ def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncJournal.open(dsn, **settings) as journal:
             app.state.journal = journal
+            app.state.stopping = asyncio.Event()  # set by Server.shutdown: the SSE streams end
             app.state.carts = AsyncEntityRepository(journal, ShoppingCart)
             yield
 
@@ -167,7 +209,7 @@ def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
         async def stream() -> AsyncIterator[str]:
             async with live:  # closed when the client goes away (the response task is cancelled)
                 yield ": connected\n\n"
-                async for envelope in live:
+                async for envelope in until_stopped(aiter(live), request.app.state.stopping):
                     yield sse(envelope)
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -176,14 +218,13 @@ def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="The shopping cart over HTTP, with a live SSE feed of events.")
     parser.add_argument("--dsn", help="PostgreSQL DSN (default: PGJOURNAL_DSN, else the embedded server)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(args.dsn), host=args.host, port=args.port)
+    app = create_app(args.dsn)
+    Server(uvicorn.Config(app, host=args.host, port=args.port), app).run()
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ STANDBY_HORIZON_AGE = _metric("Gauge", "pgjournal_standby_horizon_age_seconds",
 SLOW_WRITERS = _metric("Gauge", "pgjournal_slow_journal_writers",
                        "Journal writers whose transaction is open longer than longest_transaction")
 PROJECTION_LAG = _metric("Gauge", "pgjournal_projection_lag_seconds",
-                         "Database clock minus the db_timestamp of the last handled envelope",
+                         "Database clock minus the db_timestamp of the newest event handled, 0 when nothing is "
+                         "pending (as pgjournal projection status shows it; the largest over the range's slices)",
                          ("projection", "slices"))
 PROJECTION_ENVELOPES = _metric("Counter", "pgjournal_projection_envelopes", "Envelopes handled",
                                ("projection", "slices"))

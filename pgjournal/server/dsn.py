@@ -42,7 +42,8 @@ def mask_dsn(text: str) -> str:
     if not text:
         return text
     params = _parsed(text.strip())
-    whole = params is not None or text.strip().lower().startswith(("postgres://", "postgresql://"))
+    whole = params is not None or (text.strip().lower().startswith(("postgres://", "postgresql://"))
+                                   and not _starts_a_message(text.strip()))
     masked = _mask(text, whole=whole)
     if params is not None and any(params.get(key) for key in SECRET_KEYS):
         after = _parsed(masked.strip())
@@ -51,6 +52,13 @@ def mask_dsn(text: str) -> str:
             return psycopg.conninfo.make_conninfo(
                 "", **{k: (MASK if k in SECRET_KEYS else v) for k, v in params.items()})
     return masked
+
+
+def _starts_a_message(text: str) -> bool:
+    """``text`` is a message that opens with a connection string libpq reads, then ``:`` and what it says
+    (``postgresql://h/db?password=x: connection refused``): masked as a message, so what follows the DSN stays."""
+    first, _, rest = text.partition(" ")
+    return first.endswith(":") and bool(rest.strip()) and _parsed(first[:-1]) is not None
 
 
 def _parsed(dsn: str) -> dict[str, str] | None:

@@ -88,3 +88,28 @@ def newest() -> Read[Newest]:
 def snapshots() -> Read[int]:
     """How many snapshots are stored (one per persistence id)."""
     return scalars(f"SELECT count(*) FROM {SNAPSHOT_TABLE}")
+
+
+@dataclass(frozen=True, slots=True)
+class FirstPending:
+    """The oldest event of a slice that a consumer whose offset is ``after`` has still to handle."""
+
+    slice: int
+    db_timestamp: datetime
+
+
+def first_pending(entity_types: list[str], slices: list[int], after: list[datetime | None],
+                  before: datetime) -> Read[FirstPending]:
+    """Per slice of ``slices`` (its offset in ``after``, ``None``: nothing handled), its oldest live event of
+    ``entity_types`` newer than the offset and older than ``before`` (the visibility horizon); slices with none
+    have no row. One range scan of the entity types' index from the oldest offset given."""
+    known = [a for a in after if a is not None]
+    oldest = min(known) if len(known) == len(after) and known else None
+    return rows(FirstPending, """
+SELECT e.slice, min(e.db_timestamp)
+FROM event_journal e
+JOIN unnest(%(slices)s::int[], %(after)s::timestamptz[]) AS o(slice, after) ON o.slice = e.slice
+WHERE e.entity_type = ANY(%(types)s) AND NOT e.deleted AND e.db_timestamp < %(before)s
+  AND (%(oldest)s::timestamptz IS NULL OR e.db_timestamp > %(oldest)s)
+  AND (o.after IS NULL OR e.db_timestamp > o.after)
+GROUP BY e.slice""", {"slices": slices, "after": after, "types": entity_types, "before": before, "oldest": oldest})

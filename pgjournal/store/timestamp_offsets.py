@@ -181,6 +181,13 @@ class Offsets:
         """The newest row of each slice that has one."""
         return rows(LatestRow, self._latest_per_slice, {"name": name})
 
+    def entity_types(self, name: str) -> Read[str]:
+        """The entity types of the persistence ids stored under ``name`` (markers aside): what a projection
+        that does not say which it consumes was seen to handle (:func:`~pgjournal.model.slices.entity_type_of`)."""
+        return scalars(f"SELECT DISTINCT CASE WHEN strpos(persistence_id, '|') > 0 "
+                       f"THEN split_part(persistence_id, '|', 1) ELSE '' END FROM {self.table} "
+                       "WHERE projection_name = %s AND persistence_id <> %s", (name, MARKER_PID))
+
     # -- Spark load watermarks and ledger ----------------------------------------------------------------
 
     def keys(self, names: Sequence[str]) -> Read[str]:

@@ -88,6 +88,15 @@ def test_append_and_events(cli) -> None:
     assert [r["seq_nr"] for r in json_lines(result.output)] == [2, 3]
 
 
+def test_events_of_a_persistence_id_with_none_say_so_and_exit_1(cli) -> None:
+    assert cli("append", "Cart|7", '"a"').exit_code == 0
+    result = cli("events", "Nope|1")
+    assert_clean_failure(result, "persistence id 'Nope|1' has no events")
+    assert result.stdout == ""  # the message is on stderr: a pipe reading JSON lines gets none
+    assert_clean_failure(cli("events", "Cart|7", "--from", "2"),
+                         "persistence id 'Cart|7' has no events with seq nr 2 to the last")
+
+
 def test_append_errors(cli) -> None:
     cli("append", "Cart|7", '"a"')
     assert_clean_failure(cli("append", "Cart|7", '"b"', "--expected-seq-nr", "0"),
@@ -125,6 +134,8 @@ def test_info(cli, dsn: str) -> None:
             for line in out.splitlines() if line.count("│") >= 5 and "-" in line.split("│")[4]}
     assert rows["Cart"] == ["9", "5"] and rows["Order"] == ["1", "1"] and rows["(none)"] == ["1", "1"]
     assert "0-127" in out and "896-1023" in out
+    header = next(line for line in out.splitlines() if "slices" in line and "events" in line)
+    assert [cell.strip() for cell in header.split("┃")[1:-1]] == ["slices", "events", "share"]
     assert "snapshots: 1" in out
 
 

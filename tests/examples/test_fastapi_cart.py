@@ -4,8 +4,13 @@ appended, resumable from the last event id."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,8 +40,9 @@ def free_port() -> int:
 @pytest.fixture
 def service(dsn: str) -> Iterator[str]:
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(dsn, **FAST), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    app = create_app(dsn, **FAST)
+    server = fastapi_cart.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                lifespan="on", timeout_graceful_shutdown=5), app)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     eventually(lambda: server.started or not thread.is_alive(), "uvicorn started")
@@ -214,3 +220,43 @@ def test_an_unreachable_database_is_a_503_without_the_dsn(dsn: str, secret_role:
         finally:
             server.should_exit = True
             thread.join(timeout=15)
+
+
+def test_sigterm_ends_the_sse_streams_and_the_service_at_once(dsn: str) -> None:
+    """A deploy stops the service with SIGTERM: uvicorn's graceful shutdown waits for open connections, and an
+    SSE client never hangs up by itself, so the streams end when the shutdown starts."""
+    port = free_port()
+    env = {**os.environ, **{f"PGJOURNAL_{k.upper()}": str(v) for k, v in FAST.items()}}
+    proc = subprocess.Popen([sys.executable, "-m", "pgjournal.examples.fastapi_cart", "--port", str(port),
+                             "--dsn", dsn], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def serving() -> bool:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                return httpx.get(f"{base}/carts/c1", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        eventually(serving, "the service answers", timeout=60, interval=0.1)
+        # no event comes: after the comment that opens the stream, a read returns only when the server ends it
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=10)) as client, \
+                client.stream("GET", "/events") as feed:
+            lines = feed.iter_lines()
+            assert next(lines).startswith(": connected")
+            proc.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            try:
+                ended = [line for line in lines if line]
+            except httpx.ReadTimeout:
+                pytest.fail("the SSE stream was still open 10 s after SIGTERM")
+            exit_code = proc.wait(timeout=30)
+            took = time.monotonic() - sent
+        assert ended == [], ended
+        assert exit_code in (0, -signal.SIGTERM)  # uvicorn raises the signal again once it has shut down
+        assert took < 1.5, f"{took:.2f} s from SIGTERM to exit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -38,7 +38,7 @@ def test_list_status_pause_resume_reset(dsn: str, journal: Journal) -> None:
     assert result.exit_code == 0 and "shown" in result.output.split()
     result = invoke(dsn, "status", "shown")
     assert result.exit_code == 0, result.output
-    assert "running" in result.output and ("0-511" in result.output or "512-1023" in result.output)
+    assert "stopped (no live worker)" in result.output and ("0-511" in result.output or "512-1023" in result.output)
     assert invoke(dsn, "pause", "shown").exit_code == 0
     assert "paused" in invoke(dsn, "status", "shown").output
     result = invoke(dsn, "reset", "shown", "--to", "2026-01-01T00:00:00Z", "--slices", "0-99")

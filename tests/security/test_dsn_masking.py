@@ -70,6 +70,29 @@ MESSAGES = [
 ]
 
 
+# A message that opens with the DSN: what follows the password (the ':' and the reason) stays, in every form,
+# for passwords holding ':', '@', '/', '?' and '#' (percent-encoded where a URL query needs it).
+OPENING = [
+    ("postgresql://app@127.0.0.1/db?password=secret: connection refused",
+     "postgresql://app@127.0.0.1/db?password=***: connection refused"),
+    ("postgresql://app@127.0.0.1/db?password=se%3Acr%40et%2F%3F%23&sslmode=disable: connection refused",
+     "postgresql://app@127.0.0.1/db?password=***&sslmode=disable: connection refused"),
+    ("postgresql://app:se:cr@et/?#x@127.0.0.1:5432/db: connection refused",
+     "postgresql://app:***@127.0.0.1:5432/db: connection refused"),
+    ("host=127.0.0.1 password=se:cr@et/?# dbname=db: connection refused",
+     "host=127.0.0.1 password=*** dbname=db: connection refused"),
+    ("host=127.0.0.1 dbname=db password='se:cr @et/?#': connection refused",
+     "host=127.0.0.1 dbname=db password=***: connection refused"),
+    ("host=127.0.0.1 password=secret: connection refused", "host=127.0.0.1 password=***: connection refused"),
+]
+
+
+@pytest.mark.parametrize(("message", "masked"), OPENING)
+def test_a_message_that_opens_with_the_dsn_keeps_what_follows(message: str, masked: str) -> None:
+    assert mask_dsn(message) == masked
+    assert mask_dsn(masked) == masked
+
+
 @pytest.mark.parametrize(("dsn", "masked"), FORMS)
 def test_every_form_libpq_reads(dsn: str, masked: str) -> None:
     assert mask_dsn(dsn) == masked
