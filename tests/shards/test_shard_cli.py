@@ -61,3 +61,15 @@ def test_shard_status_shows_each_databases_range_size_and_horizon(shard_database
         assert cells[3].endswith(("kB", "MB")), cells  # 50 events of 1 kB, their indexes, snapshots, states
     assert lines["0-511"][5] == "0" and lines["512-1023"][5] == "1", result.output
     assert float(lines["512-1023"][4].removesuffix(" s")) >= 0.2, result.output
+
+
+def test_projection_run_takes_the_databases_of_a_sharded_journal(shard_databases: Callable[..., list[str]]) -> None:
+    """``pgjournal projection run --shard RANGE=DSN ...`` (the workers themselves: test_projections.py) checks the
+    shards before any worker starts."""
+    first, second = shard_databases(2)
+    run = ["projection", "run", "p", "-e", "Cart"]
+    bad = CliRunner().invoke(app, [*run, "--shard", f"0-600={first}", "--shard", f"512-1023={second}"])
+    assert bad.exit_code == 1 and "shard ranges 0-600 and 512-1023 overlap" in bad.output, bad.output
+    both = CliRunner().invoke(app, [*run, "--dsn", first, "--shard", f"0-511={first}", "--shard",
+                                    f"512-1023={second}"])
+    assert both.exit_code == 1 and "not both" in both.output, both.output
