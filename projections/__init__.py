@@ -7,7 +7,7 @@ from pgjournal.errors import LeaseLost, ProjectionFailed
 from .dead_letters import DeadLetter, Undecodable, list_dead_letters, retry_dead_letters
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .runner import RangeRunner, RunContext, current_context, run_range
-from .workers import Worker, run_workers
+from .workers import ShardedWorker, Worker, run_workers
 
 __all__ = [
     "AtLeastOnce",
@@ -20,6 +20,7 @@ __all__ = [
     "ProjectionSettings",
     "RangeRunner",
     "RunContext",
+    "ShardedWorker",
     "Undecodable",
     "Worker",
     "current_context",

@@ -26,6 +26,7 @@ from .logic import RangeLogic
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
+    from pgjournal.shards import AsyncShardedJournal
 
 log = logging.getLogger("projections")
 
@@ -34,9 +35,10 @@ class AsyncRangeRunner(RangeLogic):
     """One projection over ``min_slice..max_slice`` on an asyncio journal. ``await run()`` until :meth:`stop`
     (or a failure); or :meth:`start` it as a task and ``await join()``."""
 
-    def __init__(self, journal: AsyncJournal, projection: Projection, min_slice: int, max_slice: int) -> None:
+    def __init__(self, journal: AsyncJournal | AsyncShardedJournal, projection: Projection, min_slice: int,
+                 max_slice: int) -> None:
         super().__init__(journal, projection, min_slice, max_slice, guard=None, stop=asyncio.Event())
-        self.reading = AsyncQuery(journal, serializers=self.serializers)
+        self.reading = AsyncQuery(self.journal, serializers=self.serializers)
         self.task: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[EventEnvelope | BaseException] = asyncio.Queue()
         self._reader: tuple[AsyncLiveQuery[EventEnvelope], asyncio.Task[None]] | None = None
@@ -108,8 +110,8 @@ async def _read(query: AsyncLiveQuery[EventEnvelope], inbox: asyncio.Queue[Event
         await inbox.put(exc)
 
 
-def run_range_async(journal: AsyncJournal, projection: Projection, min_slice: int, max_slice: int
-                    ) -> AsyncRangeRunner:
+def run_range_async(journal: AsyncJournal | AsyncShardedJournal, projection: Projection, min_slice: int,
+                    max_slice: int) -> AsyncRangeRunner:
     """Start a runner for one range as a task; ``stop()`` and ``await join()`` it."""
     runner = AsyncRangeRunner(journal, projection, min_slice, max_slice)
     runner.start()

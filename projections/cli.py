@@ -70,18 +70,29 @@ def run_cmd(
     workers: Annotated[int, typer.Option(min=1, max=1024, help="Worker processes to start here.")] = 1,
     lease_duration: Annotated[float, typer.Option(help="Seconds a slice lease lasts unless renewed.")] = 10.0,
     dsn: DsnOption = None,
+    shard: Annotated[list[str] | None, typer.Option(
+        "--shard", help="RANGE=DSN of a sharded journal, once per database (instead of --dsn): each worker "
+                        "joins every database and shares its range there.")] = None,
 ) -> None:
     """Run NAME with N worker processes; they share the slices with any other workers of NAME (leases).
     Ctrl-C stops them cleanly (leases released)."""
+    from pgjournal.shards import ShardSettings
+
     from .workers import load_factory, run_workers, worker_main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
     with reported():
         load_factory(handler)
+        shards = "\n".join(shard) if shard else None
+        if shards is not None:
+            if dsn is not None:
+                fail("give --dsn (one database) or --shard (a sharded journal), not both")
+            ShardSettings.parse(shards)  # bad ranges or DSNs: a message before any worker starts
         if workers == 1:
-            code = worker_main(dsn, name, entity_type, handler, {}, lease_duration, None)
+            code = worker_main(dsn, name, entity_type, handler, {}, lease_duration, None, shards)
         else:
-            code = run_workers(dsn, name, entity_type, handler, workers, lease_duration=lease_duration)
+            code = run_workers(dsn, name, entity_type, handler, workers, lease_duration=lease_duration,
+                               shards=shards)
     if code:
         fail(f"projection {name!r} stopped with a failure (exit code {code}); see the log above")
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument, LeaseLost
-from pgjournal.model.slices import NUMBER_OF_SLICES
+from pgjournal.model.slices import NUMBER_OF_SLICES, check_slice_range
 from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import Step, first_of, run
@@ -41,9 +41,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("projections.leases")
 
 
-def share(index: int, workers: int) -> range:
-    """The contiguous slices worker ``index`` of ``workers`` should own."""
-    return range(index * NUMBER_OF_SLICES // workers, (index + 1) * NUMBER_OF_SLICES // workers)
+ALL_SLICES = range(NUMBER_OF_SLICES)
+
+
+def share(index: int, workers: int, within: range = ALL_SLICES) -> range:
+    """The contiguous slices worker ``index`` of ``workers`` should own, of the slices ``within`` (all, or the
+    range of one database of a sharded journal)."""
+    return within[index * len(within) // workers:(index + 1) * len(within) // workers]
 
 
 def default_owner() -> str:
@@ -54,9 +58,14 @@ class LeaseManager:
     """The leases of one worker process for one projection; also the runners' :class:`LeaseGuard`."""
 
     def __init__(self, journal: Journal, name: str, *, owner: str | None = None, duration: float = 10.0,
-                 renew_interval: float | None = None) -> None:
+                 renew_interval: float | None = None, slices: tuple[int, int] | None = None) -> None:
         self.journal = journal
         self.name = check_name(name, "projection name")
+        #: The slices this projection's workers share in ``journal``'s database: all of them, or the range of one
+        #: database of a sharded journal (its workers heartbeat and lease there, beside the offsets).
+        if slices is not None:
+            check_slice_range(*slices)
+        self.slices = ALL_SLICES if slices is None else range(slices[0], slices[1] + 1)
         self.owner = owner or default_owner()
         self.duration = check_seconds(duration, "lease duration")
         self.renew_interval = (check_seconds(renew_interval, "lease renew_interval") if renew_interval is not None
@@ -105,7 +114,7 @@ class LeaseManager:
                     conn.execute(*sql.ensure_rows(self.name))
                 conn.execute(*sql.heartbeat(self.name, self.owner, self.duration))
                 live = sql.live_workers(self.name).all(conn)
-                target = share(live.index(self.owner), len(live)) if self.owner in live else range(0)
+                target = share(live.index(self.owner), len(live), self.slices) if self.owner in live else range(0)
                 leases = sql.acquire(self.name, self.owner, target, self.duration).all(conn)
                 if len(live) > 1 and sent % 10 < self.renew_interval:
                     conn.execute(*sql.forget_dead(self.name))

@@ -41,6 +41,7 @@ from .dead_letters import dead_letter_statement, decoded, lenient, serializer_of
 from .handlers import AtLeastOnce, ExactlyOnce, Grouped, Projection, ProjectionSettings
 from .management import is_paused_step, lags_step
 from .offset_store import OffsetStore, Record, range_key
+from .shards import range_journal
 
 if TYPE_CHECKING:
     from pgjournal.core.journal_core import JournalCore
@@ -123,7 +124,8 @@ class RangeLogic:
         if not isinstance(projection, Projection):
             raise InvalidArgument(f"projection must be a Projection, got {type(projection).__name__}")
         check_slice_range(min_slice, max_slice)
-        self.journal = journal
+        #: The journal of the range: a sharded journal's database of these slices (offsets stored beside them).
+        self.journal = range_journal(journal, min_slice, max_slice)
         self.projection = projection
         self.settings = projection.settings
         self.min_slice, self.max_slice = min_slice, max_slice
@@ -133,11 +135,11 @@ class RangeLogic:
         self.stats = Stats()
         self._metrics = _RangeMetrics(projection.name, metrics.slices_label(min_slice, max_slice))
         #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
-        self.serializers = lenient(journal)
-        self._replay = ByPersistenceId(journal, self.serializers)
+        self.serializers = lenient(self.journal)
+        self._replay = ByPersistenceId(self.journal, self.serializers)
         #: ``threading.Event`` or ``asyncio.Event``: set by :meth:`stop`.
         self._stop = stop
-        self.lookback = lookback(journal, self.settings)
+        self.lookback = lookback(self.journal, self.settings)
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
         #: Why the run ended, when it failed.
         self.failed: BaseException | None = None

@@ -39,10 +39,13 @@ from pgjournal.runtime.steps import Step, first_of, rows_of, run, statement
 from pgjournal.store.timestamp_offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
 from pgjournal.store.timestamp_offsets import range_key as range_key  # the runner's key of a range
 
+from .shards import range_journal
+
 if TYPE_CHECKING:
     import psycopg
 
     from pgjournal.journal import Journal
+    from pgjournal.shards import ShardedJournal
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +73,15 @@ class OffsetStore:
     current unit of work accepted but has not committed yet.
     """
 
-    def __init__(self, journal: Journal, name: str, entity_type: str, min_slice: int, max_slice: int, *,
-                 time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE, sparse: bool = False) -> None:
+    def __init__(self, journal: Journal | ShardedJournal, name: str, entity_type: str, min_slice: int,
+                 max_slice: int, *, time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE,
+                 sparse: bool = False) -> None:
         check_slice_range(min_slice, max_slice)
         #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
         self.table = check_offset_table(table)
         self.sql = offsets(self.table)
-        self.journal = journal
+        #: A sharded journal's database of the range: the offsets are stored beside the slices.
+        self.journal: Journal = range_journal(journal, min_slice, max_slice)
         self.name = name
         self.entity_type = entity_type
         #: The projection reads a tag filter's events: a persistence id's numbers have holes (its events without

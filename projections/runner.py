@@ -45,6 +45,7 @@ from .offset_store import OffsetStore, Record
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
+    from pgjournal.shards import ShardedJournal
 
 __all__ = ["DEADLOCK_RETRIES", "LeaseGuard", "RangeRunner", "RunContext", "Stats",
            "current_context", "lookback", "run_range"]
@@ -60,10 +61,10 @@ class _ReaderFailed:
 class RangeRunner(RangeLogic):
     """One projection over ``min_slice..max_slice``. ``run()`` blocks until :meth:`stop` (or a failure)."""
 
-    def __init__(self, journal: Journal, projection: Projection, min_slice: int, max_slice: int, *,
-                 guard: LeaseGuard | None = None) -> None:
+    def __init__(self, journal: Journal | ShardedJournal, projection: Projection, min_slice: int, max_slice: int,
+                 *, guard: LeaseGuard | None = None) -> None:
         super().__init__(journal, projection, min_slice, max_slice, guard=guard, stop=threading.Event())
-        self.reading = Query(journal, serializers=self.serializers)
+        self.reading = Query(self.journal, serializers=self.serializers)
         self.thread: threading.Thread | None = None
         self._inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue()
         self._reader: tuple[LiveQuery[EventEnvelope], threading.Thread, threading.Event] | None = None
@@ -149,8 +150,10 @@ def _read(query: object, inbox: queue.Queue[EventEnvelope | _ReaderFailed], halt
             inbox.put(_ReaderFailed(exc))
 
 
-def run_range(journal: Journal, projection: Projection, min_slice: int, max_slice: int) -> RangeRunner:
-    """Start a runner for one range on a daemon thread (no leases); ``stop()`` and ``join()`` it."""
+def run_range(journal: Journal | ShardedJournal, projection: Projection, min_slice: int, max_slice: int
+              ) -> RangeRunner:
+    """Start a runner for one range on a daemon thread (no leases); ``stop()`` and ``join()`` it. A sharded
+    journal runs it on the database of the range (its offsets stored there)."""
     runner = RangeRunner(journal, projection, min_slice, max_slice)
     runner.start()
     return runner

@@ -6,11 +6,18 @@ started directly with ``python -m pgjournal.projections.workers NAME ENTITY_TYPE
 
 ``factory(journal, name, entity_type)`` returns the :class:`~projections.handlers.Projection` to run; it
 is named by ``module:attribute`` so that a fresh process can import it.
+
+Over a journal sharded by slice range (``--shard RANGE=DSN`` per database, docs/sharding.md) a process is a
+:class:`ShardedWorker`: one :class:`Worker` per database, all with one owner name. In each database the live
+workers share that database's range, and lease, read and store offsets there (the factory is called with each
+database's journal, so a read model it keeps lives beside its events); adding processes rebalances every
+database at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -20,11 +27,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import ConfigurationError, ProjectionFailed
+from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed
+from pgjournal.shards import ShardedJournal, ShardSettings
 
 from .handlers import Projection
-from .leases import LeaseManager
+from .leases import LeaseManager, default_owner
 from .runner import RangeRunner
+from .shards import range_journal
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -59,18 +68,18 @@ def contiguous_runs(slices: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-class Worker:
-    """Leases plus runners for one projection in this process. :meth:`run` blocks until ``stop`` is set."""
+class _Balancing:
+    """The loop of a worker: a lease cycle every ``interval`` until ``stop`` or a failed range."""
 
-    def __init__(self, journal: Journal, projection: Projection, *, owner: str | None = None,
-                 lease_duration: float = 10.0, renew_interval: float | None = None) -> None:
-        self.journal = journal
-        self.projection = projection
-        self.leases = LeaseManager(journal, projection.name, owner=owner, duration=lease_duration,
-                                   renew_interval=renew_interval)
-        self.owner = self.leases.owner
-        self.runners: dict[tuple[int, int, tuple[int, ...]], RangeRunner] = {}
-        self.failure: ProjectionFailed | None = None
+    owner: str
+    failure: ProjectionFailed | None
+    interval: float
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
 
     def run(self, stop: threading.Event) -> None:
         """Balance and process until ``stop``; raises :class:`ProjectionFailed` when a range failed."""
@@ -82,11 +91,35 @@ class Worker:
                     if isinstance(exc, ProjectionFailed):
                         raise
                     log.warning("%s: lease cycle failed (%r); runners stop at their deadline", self.owner, exc)
-                stop.wait(self.leases.renew_interval)
+                stop.wait(self.interval)
         finally:
             self.shutdown()
         if self.failure is not None:
             raise self.failure
+
+
+class Worker(_Balancing):
+    """Leases plus runners for one projection in this process. :meth:`run` blocks until ``stop`` is set.
+
+    ``slices``: share only this range with the other workers (a database's range of a sharded journal; the
+    journal may be the sharded one or that database's)."""
+
+    def __init__(self, journal: Journal | ShardedJournal, projection: Projection, *, owner: str | None = None,
+                 lease_duration: float = 10.0, renew_interval: float | None = None,
+                 slices: tuple[int, int] | None = None) -> None:
+        if slices is not None:
+            journal = range_journal(journal, *slices)
+        if isinstance(journal, ShardedJournal):
+            raise InvalidArgument("a Worker over a sharded journal needs the slices of one database "
+                                  "(slices=(lo, hi)); ShardedWorker runs one per database")
+        self.journal = journal
+        self.projection = projection
+        self.leases = LeaseManager(self.journal, projection.name, owner=owner, duration=lease_duration,
+                                   renew_interval=renew_interval, slices=slices)
+        self.owner = self.leases.owner
+        self.interval = self.leases.renew_interval
+        self.runners: dict[tuple[int, int, tuple[int, ...]], RangeRunner] = {}
+        self.failure: ProjectionFailed | None = None
 
     def step(self) -> None:
         held, target = self.leases.cycle()
@@ -127,18 +160,65 @@ class Worker:
             log.warning("%s: could not release leases (%r); they expire", self.owner, exc)
 
 
+class ShardedWorker(_Balancing):
+    """One :class:`Worker` per database of a sharded journal, with one owner name: in each database the live
+    workers share its range, leasing and storing offsets there. ``projection``: one for every database, or a
+    callable giving each database's journal its own (a read model kept beside the events)."""
+
+    def __init__(self, journal: ShardedJournal, projection: Projection | Callable[[Journal], Projection], *,
+                 owner: str | None = None, lease_duration: float = 10.0,
+                 renew_interval: float | None = None) -> None:
+        self.owner = owner or default_owner()
+        self.parts = [Worker(database, projection if isinstance(projection, Projection) else projection(database),
+                             owner=self.owner, lease_duration=lease_duration, renew_interval=renew_interval,
+                             slices=bounds)
+                      for bounds, database in zip(journal.shards.ranges, journal.journals, strict=True)]
+        self.interval = min(part.interval for part in self.parts)
+
+    @property
+    def failure(self) -> ProjectionFailed | None:  # type: ignore[override]
+        return next((part.failure for part in self.parts if part.failure is not None), None)
+
+    @property
+    def runners(self) -> dict[tuple[int, int, tuple[int, ...]], RangeRunner]:
+        return {key: runner for part in self.parts for key, runner in part.runners.items()}
+
+    def step(self) -> None:
+        failures: list[Exception] = []
+        for part in self.parts:  # a database that fails its cycle must not keep the others from theirs
+            try:
+                part.step()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def shutdown(self) -> None:
+        for part in self.parts:
+            part.shutdown()
+
+
 def worker_main(dsn: str | None, name: str, entity_type: str, factory_spec: str, journal_settings: dict[str, Any],
-                lease_duration: float, renew_interval: float | None) -> int:
-    """One worker process: stops cleanly on SIGTERM/SIGINT (leases released), exit code 1 on failure."""
+                lease_duration: float, renew_interval: float | None, shards: str | None = None) -> int:
+    """One worker process: stops cleanly on SIGTERM/SIGINT (leases released), exit code 1 on failure.
+    ``shards``: ``RANGE=DSN`` entries (one per line or ``;``-separated): a worker of every database of that
+    sharded journal instead of ``dsn``'s."""
     from pgjournal.journal import Journal
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     factory = load_factory(factory_spec)
-    with Journal.open(dsn, **journal_settings) as journal:
-        projection = factory(journal, name, entity_type)
-        worker = Worker(journal, projection, lease_duration=lease_duration, renew_interval=renew_interval)
+    with contextlib.ExitStack() as opened:
+        worker: _Balancing
+        if shards is not None:
+            sharded = opened.enter_context(ShardedJournal.open(ShardSettings.parse(shards), **journal_settings))
+            worker = ShardedWorker(sharded, lambda database: factory(database, name, entity_type),
+                                   lease_duration=lease_duration, renew_interval=renew_interval)
+        else:
+            journal = opened.enter_context(Journal.open(dsn, **journal_settings))
+            worker = Worker(journal, factory(journal, name, entity_type), lease_duration=lease_duration,
+                            renew_interval=renew_interval)
         log.info("worker %s started for projection %s", worker.owner, name)
         try:
             worker.run(stop)
@@ -155,12 +235,15 @@ def _child(*args: Any) -> None:
 
 def run_workers(dsn: str | None, name: str, entity_type: str, factory_spec: str, workers: int, *,
                 journal_settings: dict[str, Any] | None = None, lease_duration: float = 10.0,
-                renew_interval: float | None = None, stop: threading.Event | None = None) -> int:
+                renew_interval: float | None = None, stop: threading.Event | None = None,
+                shards: str | None = None) -> int:
     """Start ``workers`` processes and wait; SIGINT/SIGTERM (or ``stop``) stops them cleanly.
-    Returns the highest exit code of the children."""
+    Returns the highest exit code of the children. ``shards``: as :func:`worker_main`'s."""
     load_factory(factory_spec)  # fail here, not in every child
+    if shards is not None:
+        ShardSettings.parse(shards)  # likewise
     ctx = multiprocessing.get_context("spawn")
-    args = (dsn, name, entity_type, factory_spec, journal_settings or {}, lease_duration, renew_interval)
+    args = (dsn, name, entity_type, factory_spec, journal_settings or {}, lease_duration, renew_interval, shards)
     procs = [ctx.Process(target=_child, args=args, name=f"{name}-worker-{i}") for i in range(workers)]
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -186,13 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("entity_type")
     parser.add_argument("--handler", default="pgjournal.projections.examples:counter_projection")
     parser.add_argument("--dsn", default=None)
+    parser.add_argument("--shard", action="append", default=None, metavar="RANGE=DSN",
+                        help="a database of a sharded journal, once per database (instead of --dsn)")
     parser.add_argument("--lease-duration", type=float, default=10.0)
     parser.add_argument("--renew-interval", type=float, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
     # Journal settings come from PGJOURNAL_<NAME> environment variables, as everywhere.
     return worker_main(args.dsn, args.name, args.entity_type, args.handler, {}, args.lease_duration,
-                       args.renew_interval)
+                       args.renew_interval, "\n".join(args.shard) if args.shard else None)
 
 
 if __name__ == "__main__":

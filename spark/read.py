@@ -4,11 +4,17 @@ Each slice range becomes one JDBC query (``slice BETWEEN a AND b ...``). On Post
 is partitioned by slice range (see :mod:`pgjournal.dialects.postgres`), so a range reads only its own
 partitions instead of the whole heap. Spark's JDBC source takes predicates as SQL text, not bound
 parameters: every value placed in them is validated here and quoted by psycopg's literal quoting.
+
+A journal sharded by slice range over several databases (``shards=``, or ``$PGJOURNAL_SHARDS`` when no DSN is
+given; docs/sharding.md) is read as one frame whose partitions are each database's ranges, read in parallel
+from that database: the ranges are cut at the databases' boundaries, and the databases must record the layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import os
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -23,6 +29,7 @@ from pgjournal.model.slices import check_slice_range
 from pgjournal.model.slices import slice_ranges as split_slices
 from pgjournal.server.connections import connect
 from pgjournal.server.dsn import mask_dsn, resolve_dsn
+from pgjournal.shards.layout import SHARDS_ENV, ShardSettings
 from pgjournal.validation import MAX_NAME_LENGTH
 
 from .arrow import KEY_COLUMN
@@ -42,6 +49,38 @@ SERIALIZED = ("event_ser_id", "event_ser_manifest", "event_payload")
 DEFAULT_FETCH_SIZE = 10_000
 
 SliceRanges = int | Sequence[tuple[int, int]]
+Shards = ShardSettings | Mapping[str, str] | Sequence[str]
+
+
+def resolve_shards(dsn: str | None, shards: Shards | None) -> ShardSettings | None:
+    """The databases of a sharded read: ``shards`` (settings, ``{"0-511": dsn, ...}`` or a list of DSNs), else
+    ``$PGJOURNAL_SHARDS`` when ``dsn`` is not given either; ``None``: one database."""
+    if shards is not None:
+        if dsn is not None:
+            raise InvalidArgument("give a dsn (one database) or shards (a sharded journal), not both")
+        return shards if isinstance(shards, ShardSettings) else ShardSettings.of(shards)
+    if dsn is None and os.environ.get(SHARDS_ENV, "").strip():
+        return ShardSettings.from_env()
+    return None
+
+
+def check_recorded_layout(shards: ShardSettings, *, portable: bool | None = None) -> None:
+    """Every database answers and records ``shards``' layout, as
+    :meth:`ShardedJournal.open <pgjournal.shards.ShardedJournal.open>` checks it (else its typed error)."""
+    from pgjournal.shards import ShardedJournal
+
+    ShardedJournal.open(shards, portable=portable, notify=False, pool_min_size=1, pool_max_size=1).close()
+
+
+def ranges_by_database(shards: ShardSettings, ranges: Sequence[tuple[int, int]]
+                       ) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+    """Each database holding some of ``ranges``, with those ranges cut at its boundaries."""
+    held = []
+    for (first, last), dsn in zip(shards.ranges, shards.dsns, strict=True):
+        cut = tuple(sub for lo, hi in ranges for sub in shards.ranges_within(lo, hi) if first <= sub[0] <= last)
+        if cut:
+            held.append((dsn, cut))
+    return held
 
 
 def resolve_slice_ranges(slice_ranges: SliceRanges) -> list[tuple[int, int]]:
@@ -268,6 +307,7 @@ def read_events(
     fetch_size: int = DEFAULT_FETCH_SIZE,
     sampling_ratio: float = 1.0,
     serializers: SerializerRegistry | None = None,
+    shards: Shards | None = None,
 ) -> DataFrame:
     """The journal's events as a DataFrame with one partition per slice range.
 
@@ -276,16 +316,29 @@ def read_events(
     ``event`` and ``redacted``: the payload decoded by ``serializers`` (the journal's registry) as a struct, as
     the native source decodes it (:func:`decode_payloads`). ``since`` is inclusive, ``until`` exclusive.
     ``table`` may name an Akka Persistence R2DBC journal (same columns). ``dsn`` ``None``: ``$PGJOURNAL_DSN``
-    or the embedded server.
+    or the embedded server. ``shards``: the databases of a sharded journal (see the module docstring); one
+    partition per slice range of each database, read from it.
     """
     ranges = resolve_slice_ranges(slice_ranges)
     lower, upper = time_bound(since, "since"), time_bound(until, "until")
     if lower is not None and upper is not None and lower >= upper:
         raise InvalidArgument(f"since ({lower.isoformat()}) must be earlier than until ({upper.isoformat()})")
-    where = predicates(ranges, entity_type=check_entity_type(entity_type), since=lower, until=upper,
-                       include_deleted=include_deleted)
-    frame = jdbc_frame(spark, jdbc_target(dsn), table, where, fetch_size=fetch_size)
+    sharded = resolve_shards(dsn, shards)
+    if sharded is not None:
+        check_recorded_layout(sharded)
+    databases = [(dsn, tuple(ranges))] if sharded is None else ranges_by_database(sharded, ranges)
+    frames = [jdbc_frame(spark, jdbc_target(at), table,
+                         predicates(held, entity_type=check_entity_type(entity_type), since=lower, until=upper,
+                                    include_deleted=include_deleted), fetch_size=fetch_size)
+              for at, held in databases]
+    frame = functools.reduce(lambda left, right: left.union(right), frames)
     if not decode:
         return frame
+    formats = [stored_format(at) for at, _ in databases]
+    if any(f != formats[0] for f in formats):
+        raise ConfigurationError("the databases of the sharded journal store payloads differently ("
+                                 + "; ".join(f"{mask_dsn(str(at))}: {f}" for (at, _), f in zip(databases, formats,
+                                                                                            strict=True))
+                                 + "): read with decode=False, or decode each database's frame alone")
     return decode_payloads(frame, payload_schema, sampling_ratio=sampling_ratio, serializers=serializers,
-                           stored=stored_format(dsn))
+                           stored=formats[0])

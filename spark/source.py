@@ -12,6 +12,12 @@ final set that a later read only adds to. The statements come from the store lay
 ``spark.readStream.format("pgjournal")`` is in :mod:`spark.stream`; both share the options, the schema and
 the row -> Arrow conversion here.
 
+A journal sharded by slice range over several databases (docs/sharding.md) is read with option ``shards``
+(``RANGE=DSN;RANGE=DSN``, the form of ``PGJOURNAL_SHARDS``, which is the default when neither ``dsn`` nor
+``shards`` is given): the databases must record that layout (checked while planning), the read's slice ranges
+are cut at the databases' boundaries, each database's horizon bounds its own partitions, and every partition
+carries its database's DSN, so the databases are read in parallel. Batch reads only, for now.
+
 What Spark lets a Python source do (PySpark 4.3): filters on ``entity_type``, ``slice``,
 ``persistence_id``, ``db_timestamp`` and ``seq_nr`` / ``revision`` are pushed into the SQL (batch reads; the
 API has no pushdown for stream readers), and slice filters drop whole partitions. The API has no column
@@ -38,12 +44,13 @@ from pgjournal.errors import ConfigurationError, InvalidArgument, SchemaNotMigra
 from pgjournal.model.offsets import parse_timestamp
 from pgjournal.model.slices import parse_slice_range
 from pgjournal.server.dsn import mask_dsn, resolve_dsn
+from pgjournal.shards.layout import SHARDS_ENV, ShardSettings
 from pgjournal.store.export import EVENTS, STATES, TABLES, ExportSQL
 from pgjournal.validation import check_tag_filter
 
 from .arrow import ArrowRows, Columns, stream_rows
 from .decode import REDACTED, PayloadDecoder
-from .read import check_entity_type, resolve_slice_ranges
+from .read import check_entity_type, check_recorded_layout, ranges_by_database, resolve_shards, resolve_slice_ranges
 
 try:  # the base classes exist only where PySpark is installed; the option parsing works without it
     from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -84,6 +91,8 @@ DEFAULT_BATCH_ROWS = 100_000
 INFER_SAMPLE = 1_000
 OPTIONS = {
     "dsn": "connection string (default $PGJOURNAL_DSN, else the embedded server)",
+    "shards": f"a journal sharded by slice range: RANGE=DSN entries separated by ';' (default ${SHARDS_ENV} when "
+              "option dsn is not given); each database's ranges are read in parallel, from that database",
     "table": "event_journal (default: events) or durable_state (each persistence id's latest state)",
     "entitytype": "entity type to read (default every entity type)",
     "sliceranges": "a divisor of 1024, or ranges like 0-511,512-1023 (default 4)",
@@ -182,6 +191,8 @@ class SourceOptions:
     key_store_dsn: str | None = field(default=None, repr=False)
     #: Option tags: only the rows carrying any of these (``None``: every row).
     tags: tuple[str, ...] | None = None
+    #: The databases of a sharded journal (``dsn`` is then the first one's); ``None``: one database.
+    shards: ShardSettings | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -218,8 +229,9 @@ class SourceOptions:
         master_key = _master_key(lowered.get("masterkey"))
         if lowered.get("keystoredsn") is not None and master_key is None:
             raise InvalidArgument("option keyStoreDsn needs option masterKey (the key store's master key)")
+        shards = _shards_option(lowered)
         return cls(
-            dsn=resolve_dsn(lowered.get("dsn")),
+            dsn=shards.dsns[0] if shards is not None else resolve_dsn(lowered.get("dsn")),
             table=table,
             entity_type=entity_type,
             ranges=parse_slice_ranges_option(lowered.get("sliceranges")),
@@ -236,7 +248,15 @@ class SourceOptions:
             master_key=master_key,
             key_store_dsn=resolve_dsn(lowered["keystoredsn"]) if lowered.get("keystoredsn") is not None else None,
             tags=_tags_option(lowered.get("tags")),
+            shards=shards,
         )
+
+    def databases(self) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
+        """Each database read, with the read's slice ranges it holds: the ranges of option sliceRanges cut at
+        the databases' boundaries (a sharded journal), or all of them in the one database."""
+        if self.shards is None:
+            return [(self.dsn, self.ranges)]
+        return ranges_by_database(self.shards, self.ranges)
 
     @property
     def decoded(self) -> str:
@@ -253,10 +273,29 @@ class SourceOptions:
         """A one-connection journal for planning (raises :class:`DatabaseUnavailable` when unreachable), whose
         ``serializers`` are the registry the read decodes with (:func:`reading_registry`), as the database
         must be read."""
+        return self.open_journal_at(self.dsn, serializers)
+
+    def open_journal_at(self, dsn: str, serializers: SerializerRegistry | None = None) -> Journal:
+        """:meth:`open_journal` on the database at ``dsn`` (one of a sharded journal's)."""
         from pgjournal import Journal
 
-        return Journal.open(self.dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1,
+        return Journal.open(dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1,
                             serializers=reading_registry(self, serializers))
+
+    def check_layout(self) -> None:
+        """A sharded read: every database answers and records the layout of option shards (as
+        :meth:`ShardedJournal.open <pgjournal.shards.ShardedJournal.open>` checks it); else nothing."""
+        if self.shards is not None:
+            check_recorded_layout(self.shards, portable=self.portable)
+
+
+def _shards_option(options: Mapping[str, str]) -> ShardSettings | None:
+    """Option shards, else ``$PGJOURNAL_SHARDS`` when option dsn is not given either; ``None``: one database."""
+    text = options.get("shards")
+    try:
+        return resolve_shards(options.get("dsn"), ShardSettings.parse(str(text)) if text is not None else None)
+    except (ConfigurationError, InvalidArgument) as exc:
+        raise type(exc)(f"option shards: {exc}") from None
 
 
 def _tags_option(value: object) -> tuple[str, ...] | None:
@@ -327,20 +366,63 @@ def check_entity_type_known(conn: psycopg.Connection, store: ExportSQL, entity_t
         + (", ".join(repr(k) for k in known) if known else f"none ({store.table.name} is empty)"))
 
 
-def plan(options: SourceOptions, serializers: SerializerRegistry | None = None) -> tuple[Journal, ExportSQL]:
-    """The planning journal and the table's store, after the checks that must fail before any task runs
-    (unreachable database, missing schema, unknown entity type). The journal's ``serializers`` are what the
-    read decodes with (the database's stored format read once, here). The caller closes the journal."""
-    journal = options.open_journal(serializers)
+@dataclass
+class PlannedDatabase:
+    """One database of a read, planned: its DSN, the read's slice ranges it holds, its planning journal and the
+    table's store there."""
+
+    dsn: str
+    ranges: tuple[tuple[int, int], ...]
+    journal: Journal
+    store: ExportSQL
+
+
+def plan_databases(options: SourceOptions, serializers: SerializerRegistry | None = None
+                   ) -> list[PlannedDatabase]:
+    """Every database of the read (one, or those of option shards holding its ranges), after the checks that
+    must fail before any task runs: the shard layout agreed, no database unreachable or without schema, the
+    entity type known in one of them. The journals' ``serializers`` are what the read decodes with (the stored
+    format read once, here). The caller closes the journals (:func:`close_planned`)."""
+    options.check_layout()
+    planned: list[PlannedDatabase] = []
     try:
-        store = export_store(journal, options.table).with_tags(options.tags)
-        horizon_tracker(journal, options.table)
-        with journal.connection() as conn:
-            check_entity_type_known(conn, store, options.entity_type, options.dsn)
+        for dsn, ranges in options.databases():
+            journal = options.open_journal_at(dsn, serializers)
+            try:
+                store = export_store(journal, options.table).with_tags(options.tags)
+                horizon_tracker(journal, options.table)
+            except BaseException:
+                journal.close()
+                raise
+            planned.append(PlannedDatabase(dsn, ranges, journal, store))
+        unknown: list[ConfigurationError] = []
+        for database in planned:
+            with database.journal.connection() as conn:
+                try:
+                    check_entity_type_known(conn, database.store, options.entity_type, database.dsn)
+                except ConfigurationError as exc:
+                    unknown.append(exc)
+        if len(unknown) == len(planned) == 1:
+            raise unknown[0]
+        if unknown and len(unknown) == len(planned):
+            raise ConfigurationError(f"in none of the {len(planned)} databases of the sharded journal: {unknown[0]}")
     except BaseException:
-        journal.close()
+        close_planned(planned)
         raise
-    return journal, store
+    return planned
+
+
+def close_planned(planned: Sequence[PlannedDatabase]) -> None:
+    for database in planned:
+        database.journal.close()
+
+
+def plan(options: SourceOptions, serializers: SerializerRegistry | None = None) -> tuple[Journal, ExportSQL]:
+    """:func:`plan_databases`, keeping the first database's journal and store (the only ones of a read of one
+    database). The caller closes the journal."""
+    planned = plan_databases(options, serializers)
+    close_planned(planned[1:])
+    return planned[0].journal, planned[0].store
 
 
 # -- schema ---------------------------------------------------------------------------------------------
@@ -401,11 +483,16 @@ def source_schema(options: SourceOptions, serializers: SerializerRegistry | None
     the database checks happen here too: a bad DSN or entity type fails before any task."""
     columns = options.output_columns()
     decoded_ddl = payload_struct_ddl(options.payload_schema) if options.payload_schema is not None else None
-    journal, store = plan(options, serializers)
-    with journal:
-        if options.decoded in columns and decoded_ddl is None:
-            with journal.connection() as conn:
-                decoded_ddl = infer_payload_ddl(conn, store, options.entity_type, journal.serializers)
+    planned = plan_databases(options, serializers)
+    try:
+        for database in planned:
+            if options.decoded not in columns or decoded_ddl is not None:
+                break
+            with database.journal.connection() as conn:  # a sharded journal: the first database with payloads
+                decoded_ddl = infer_payload_ddl(conn, database.store, options.entity_type,
+                                                database.journal.serializers)
+    finally:
+        close_planned(planned)
     types = {**COLUMN_TYPES[options.table], options.decoded: decoded_ddl, REDACTED: "BOOLEAN"}
     return ", ".join(f"{name} {types[name]}" for name in columns if types[name] is not None)
 
@@ -488,11 +575,13 @@ def _compare(kind: str, left: int, right: int) -> bool:
 
 class RangePartition(InputPartition):
     """One slice range of a read, ``lo..hi``, with the statement its task runs (``(sql, params)`` from the
-    store, built on the driver); ``None`` when every range was filtered out."""
+    store, built on the driver); ``None`` when every range was filtered out. ``dsn``: the database of the range
+    (a sharded journal's; ``None``: the read's one database)."""
 
-    def __init__(self, index: int, lo: int, hi: int, query: tuple[str, dict[str, Any]] | None) -> None:
+    def __init__(self, index: int, lo: int, hi: int, query: tuple[str, dict[str, Any]] | None,
+                 dsn: str | None = None) -> None:
         super().__init__(index)
-        self.lo, self.hi, self.query = lo, hi, query
+        self.lo, self.hi, self.query, self.dsn = lo, hi, query, dsn
 
     def __repr__(self) -> str:
         return f"RangePartition({self.lo}-{self.hi})"
@@ -504,7 +593,7 @@ def read_partition(options: SourceOptions, converter: ArrowRows, partition: Inpu
     if not isinstance(partition, RangePartition) or partition.query is None:
         return iter(())  # every range was filtered out: Spark still runs one (empty) partition
     sql, params = partition.query
-    return stream_rows(options.dsn, sql, params, converter, options.batch_rows)
+    return stream_rows(partition.dsn or options.dsn, sql, params, converter, options.batch_rows)
 
 
 class JournalBatchReader(DataSourceReader):
@@ -515,10 +604,12 @@ class JournalBatchReader(DataSourceReader):
                  ) -> None:
         self.options = options
         self.columns = read_columns(schema, options.table)
-        journal, store = plan(options, serializers)  # fail at planning, before any task runs
-        journal.close()
-        self.converter = ArrowRows(schema, self.columns, journal.serializers)
-        self.pushed = PushedFilters(store)
+        planned = plan_databases(options, serializers)  # fail at planning, before any task runs
+        close_planned(planned)
+        self.converter = ArrowRows(schema, self.columns, planned[0].journal.serializers)
+        #: Each database's DSN, its slice ranges of the read and its store (one unless sharded).
+        self.databases = [(database.dsn, database.ranges, database.store) for database in planned]
+        self.pushed = PushedFilters(planned[0].store)
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         for flt in filters:
@@ -526,15 +617,21 @@ class JournalBatchReader(DataSourceReader):
                 yield flt
 
     def partitions(self) -> list[InputPartition]:
-        with self.options.open_journal() as journal, journal.connection() as conn:
-            bound = horizon_tracker(journal, self.options.table).final_bound(conn)
-        if self.options.until is not None:
-            bound = min(bound, self.options.until)
-        kept = [(lo, hi) for lo, hi in self.options.ranges if self.pushed.slices & set(range(lo, hi + 1))]
-        store = self.pushed.store
-        return [RangePartition(i, lo, hi, store.rows_below(
-            self.columns.read, lo, hi, bound, entity_type=self.options.entity_type, since=self.options.since,
-            pushed=self.pushed.conditions)) for i, (lo, hi) in enumerate(kept)]
+        """One partition per slice range left by the pushed filters; each database's below its own horizon."""
+        partitions: list[InputPartition] = []
+        for dsn, ranges, store in self.databases:
+            kept = [(lo, hi) for lo, hi in ranges if self.pushed.slices & set(range(lo, hi + 1))]
+            if not kept:
+                continue
+            with self.options.open_journal_at(dsn) as journal, journal.connection() as conn:
+                bound = horizon_tracker(journal, self.options.table).final_bound(conn)
+            if self.options.until is not None:
+                bound = min(bound, self.options.until)
+            partitions += [RangePartition(len(partitions) + i, lo, hi, store.rows_below(
+                self.columns.read, lo, hi, bound, entity_type=self.options.entity_type, since=self.options.since,
+                pushed=self.pushed.conditions), dsn if self.options.shards is not None else None)
+                for i, (lo, hi) in enumerate(kept)]
+        return partitions
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, self.converter, partition)

@@ -81,6 +81,9 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions, schema: StructType, serializers: SerializerRegistry | None = None
                  ) -> None:
+        if options.shards is not None:
+            raise InvalidArgument("readStream of a sharded journal is not built yet: stream each database with "
+                                  "option dsn and sliceRanges inside its range, or read it in batches (spark.read)")
         self.options = options
         self.columns = read_columns(schema, options.table)
         self.keys = [_key(lo, hi) for lo, hi in options.ranges]

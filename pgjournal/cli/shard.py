@@ -11,6 +11,7 @@ from pgjournal.cli.support import console, reported, shown
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.layout import Layout, format_range
+from pgjournal.store import stats
 
 shard_app = typer.Typer(
     help="A journal sharded by slice range over several databases, with Akka R2DBC's data-partition layout: "
@@ -44,9 +45,32 @@ def migrate(shard: ShardOption = None) -> None:
 
 @shard_app.command("status")
 def status(shard: ShardOption = None) -> None:
-    """Open every database and check they record the settings' layout."""
+    """Open every database, check they record the settings' layout, and show each with its slice range, the
+    size of its journal tables and its visibility horizon (how far behind its clock, and the journal writers
+    holding it back)."""
     with reported():
         shards = _settings(shard)
-        with ShardedJournal.open(shards) as journal:
+        with ShardedJournal.open(shards, notify=False) as journal:
             layout = journal.layout
-    _print("agreed", shards, layout)
+            rows = []
+            for database in journal.journals:
+                with database.connection() as conn:
+                    size = stats.journal_size().one(conn) or 0
+                    horizon = database.horizon_tracker().read(conn)
+                rows.append((size, horizon))
+    table = Table("slices", "database", "database id", "size", "horizon behind clock", "open writers",
+                  title=f"agreed: layout version {layout.version}")
+    for (bounds, member), dsn, (size, horizon) in zip(layout.members, shards.dsns, rows, strict=True):
+        table.add_row(format_range(bounds), shown(mask_dsn(dsn)), str(member), _size(size),
+                      f"{horizon.held_back:.3f} s", str(len(horizon.writers)))
+    console.print(table)
+
+
+def _size(size: int) -> str:
+    """Bytes in binary units, as PostgreSQL's ``pg_size_pretty`` names them."""
+    value, unit = float(size), "bytes"
+    for larger in ("kB", "MB", "GB", "TB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{size:,} bytes" if unit == "bytes" else f"{value:,.1f} {unit}"

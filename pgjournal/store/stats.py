@@ -85,6 +85,22 @@ def newest() -> Read[Newest]:
     return rows(Newest, "SELECT max(db_timestamp), clock_timestamp() FROM event_journal")
 
 
+#: The tables whose size ``journal_size`` adds up: events, snapshots and durable state.
+SIZED_TABLES = ("event_journal", SNAPSHOT_TABLE, "durable_state")
+# A partitioned table has no storage of its own: its size is its partitions'. (An adopted Akka journal's
+# ``event_journal`` is a view over its data partitions and counts 0.)
+JOURNAL_SIZE_SQL = """
+SELECT coalesce(sum(CASE WHEN c.relkind = 'p'
+                         THEN (SELECT sum(pg_total_relation_size(t.relid)) FROM pg_partition_tree(c.oid) AS t)
+                         ELSE pg_total_relation_size(c.oid) END), 0)::bigint
+FROM pg_class AS c WHERE c.oid IN (SELECT to_regclass(n) FROM unnest(%s::text[]) AS n)"""
+
+
+def journal_size() -> Read[int]:
+    """Bytes on disk of the journal's tables (indexes and TOAST included) in this database."""
+    return scalars(JOURNAL_SIZE_SQL, (list(SIZED_TABLES),))
+
+
 def snapshots() -> Read[int]:
     """How many snapshots are stored (one per persistence id)."""
     return scalars(f"SELECT count(*) FROM {SNAPSHOT_TABLE}")

@@ -192,3 +192,12 @@ def test_the_checker_sees_a_cycle_an_upward_import_and_a_core_import() -> None:
         "pgjournal.store.events": ["pgjournal.write.event_writer"]}
     names = imported_names(ROOT / "pgjournal" / "cli" / "commands.py", "pgjournal.cli.commands")
     assert "pgjournal.cli.support" in names and "importlib.metadata" in names  # function-level imports count
+
+
+def test_test_files_have_unique_names() -> None:
+    # pytest imports a test file of a folder without __init__.py by its bare name: two files of one name in
+    # two folders stop the whole run at collection
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

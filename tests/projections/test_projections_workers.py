@@ -9,8 +9,6 @@ at-least-once handles every event, and re-handles only what was processed after 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import random
 import signal
 import subprocess
@@ -26,6 +24,7 @@ import pytest
 from support import FAST, make_serializable, waits_on_a_lock
 from support.eventually import eventually
 from support.projection_handlers import AUDIT_DDL
+from support.projection_workers import Writers, check_no_overlap, stop_all, worker_env
 
 from pgjournal import Journal
 from pgjournal.projections.examples import counter_mismatches, ensure_table
@@ -37,78 +36,16 @@ SETTINGS = {**FAST, "backtracking_window": 3.0}
 LEASE = ["--lease-duration", "2", "--renew-interval", "0.3"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
-    for key, value in SETTINGS.items():
-        env[f"PGJOURNAL_{key.upper()}"] = str(value)
-    env.update(extra)
-    return env
-
-
 def _spawn(dsn: str, name: str, entity_type: str, handler: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "pgjournal.projections.workers", name, entity_type, "--dsn", dsn, "--handler", handler,
          *LEASE],
-        env=_env(**env), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-class Writers:
-    """Threads appending to a fixed set of entities until stopped."""
-
-    def __init__(self, journal: Journal, entity_type: str, entities: int, threads: int = 3) -> None:
-        self.journal, self.entity_type, self.entities = journal, entity_type, entities
-        self.stop = threading.Event()
-        self.count = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
-
-    def _run(self, index: int) -> None:
-        rng = random.Random(index)
-        while not self.stop.is_set():
-            # Hashed ids: "e1", "e2", ... would land in neighbouring slices and leave most ranges empty.
-            pid = f"{self.entity_type}|{hashlib.sha1(str(rng.randrange(self.entities)).encode()).hexdigest()[:12]}"
-            self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))])
-            self.count += 1
-            time.sleep(0.005)  # the scenario: writers' pace
-
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
+        env=worker_env(SETTINGS, **env), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def leases_held(journal: Journal, name: str) -> bool:
     with journal.connection() as conn:
         return bool(live_leases(name).all(conn))
-
-
-def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def check_no_overlap(dsn: str) -> int:
-    """Per slice, in clock order, epochs never go back and one epoch belongs to one owner. Returns rows."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT slice, at, epoch, owner FROM projection_audit ORDER BY slice, at").fetchall()
-    last: dict[int, int] = {}
-    owners: dict[tuple[int, int], str] = {}
-    for slice_, at, epoch, owner in rows:
-        assert epoch >= last.get(slice_, 0), f"slice {slice_}: epoch {epoch} of {owner} at {at} after a later one"
-        last[slice_] = epoch
-        assert owners.setdefault((slice_, epoch), owner) == owner, f"slice {slice_} epoch {epoch} has two owners"
-    return len(rows)
 
 
 def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
@@ -137,7 +74,7 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
                 procs.append(_spawn(dsn, name, entity_type, handler))
             time.sleep(0.5)  # the scenario: writers go on a while after the last kill
         except BaseException:
-            _stop_all(procs)
+            stop_all(procs)
             raise
     # Writers stopped: the surviving workers must converge on exactly the journal.
     with Journal.open(dsn, **SETTINGS) as journal:
@@ -147,7 +84,7 @@ def run_kill_test(dsn: str, kills: int, workers: int = 4) -> None:
                            interval=0.3)
             assert counter_mismatches(journal, name, entity_type)[:10] == []
         finally:
-            _stop_all(procs)
+            stop_all(procs)
         assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
         assert counter_mismatches(journal, name, entity_type) == []
     audited = check_no_overlap(dsn)
@@ -209,7 +146,7 @@ def test_at_least_once_replays_only_the_unsaved_batch(dsn: str) -> None:
                                         ).fetchone()[0] >= total
             eventually(complete, "every event handled", timeout=30, interval=0.3)
         finally:
-            _stop_all([proc])
+            stop_all([proc])
         with journal.connection() as conn:
             handled = Counter(conn.execute("SELECT persistence_id, seq_nr FROM projection_seen").fetchall())
     assert len(handled) == total  # every event at least once

@@ -1,14 +1,18 @@
-"""``pgjournal shard migrate`` and ``pgjournal shard status``."""
+"""``pgjournal shard migrate`` and ``pgjournal shard status`` (the layout, and each database's range, size and
+horizon)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import psycopg
+from support.held_writes import insert_in
 from test_layout_record import down_dsn
 from typer.testing import CliRunner
 
 from pgjournal.cli.commands import app
-from pgjournal.shards import SHARDS_ENV
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.shards import SHARDS_ENV, ShardedJournal
 
 
 def test_shard_migrate_then_status_show_the_agreed_layout(shard_databases: Callable[..., list[str]]) -> None:
@@ -32,3 +36,40 @@ def test_shard_migrate_refuses_a_database_that_is_down(shard_databases: Callable
     assert "512-1023" in result.output and "hunter2secret" not in result.output
     bad = CliRunner().invoke(app, ["shard", "migrate", "--shard", f"0-600={up}", "--shard", f"512-1023={down}"])
     assert bad.exit_code == 1 and "overlap" in bad.output
+
+
+def test_shard_status_shows_each_databases_range_size_and_horizon(shard_databases: Callable[..., list[str]]) -> None:
+    """One row per database: its range, the size of its journal tables, how far its visibility horizon is behind
+    its clock and how many journal writers hold it back (here a transaction held open in the second one)."""
+    dsns = shard_databases(2)
+    shards = [f"0-511={dsns[0]}", f"512-1023={dsns[1]}"]
+    pid = next(p for p in (f"Busy|{i}" for i in range(100)) if slice_for_persistence_id(p) >= 512)
+    with ShardedJournal.open(dsns, migrate=True) as journal:
+        for i in range(50):
+            journal.append(f"Bulk|{i}", ["x" * 1000])
+    with psycopg.connect(dsns[1]) as held:
+        insert_in(held, pid, 0)
+        held.execute("SELECT pg_sleep(0.2)")  # the writer's transaction is open 0.2 s at least
+        result = CliRunner().invoke(app, ["shard", "status", *(a for s in shards for a in ("--shard", s))],
+                                    terminal_width=200)
+        held.rollback()
+    assert result.exit_code == 0, result.output
+    lines = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[1:-1]]
+             for line in result.output.splitlines() if line.count("│") > 4 and "-" in line.split("│")[1]}
+    assert set(lines) == {"0-511", "512-1023"}, result.output
+    for cells in lines.values():
+        assert cells[3].endswith(("kB", "MB")), cells  # 50 events of 1 kB, their indexes, snapshots, states
+    assert lines["0-511"][5] == "0" and lines["512-1023"][5] == "1", result.output
+    assert float(lines["512-1023"][4].removesuffix(" s")) >= 0.2, result.output
+
+
+def test_projection_run_takes_the_databases_of_a_sharded_journal(shard_databases: Callable[..., list[str]]) -> None:
+    """``pgjournal projection run --shard RANGE=DSN ...`` (the workers themselves: test_projections.py) checks the
+    shards before any worker starts."""
+    first, second = shard_databases(2)
+    run = ["projection", "run", "p", "-e", "Cart"]
+    bad = CliRunner().invoke(app, [*run, "--shard", f"0-600={first}", "--shard", f"512-1023={second}"])
+    assert bad.exit_code == 1 and "shard ranges 0-600 and 512-1023 overlap" in bad.output, bad.output
+    both = CliRunner().invoke(app, [*run, "--dsn", first, "--shard", f"0-511={first}", "--shard",
+                                    f"512-1023={second}"])
+    assert both.exit_code == 1 and "not both" in both.output, both.output

@@ -56,3 +56,17 @@ def passed(consumers: Iterable[Any], pid: str, ts: datetime) -> bool:
     slice_ = slice_for_persistence_id(pid)
     return all(isinstance(c.offset, TimestampOffset) and c.offset.timestamp > ts
                for c in consumers if c.min_slice <= slice_ <= c.max_slice)
+
+
+def check_delivered(consumer: Consumer, wanted: set[tuple[str, int]]) -> None:
+    """``consumer`` got every event of ``wanted`` once, and each persistence id's in sequence order."""
+    assert consumer.error is None, consumer.error
+    label = f"consumer {consumer.min_slice}-{consumer.max_slice}"
+    assert len(consumer.delivered) == len(set(consumer.delivered)), f"{label} got duplicates"
+    missing = wanted - set(consumer.delivered)
+    assert not missing, f"{label} missed {len(missing)} events, e.g. {sorted(missing)[:5]}"
+    assert set(consumer.delivered) == wanted, f"{label} got events of other ranges"
+    last: dict[str, int] = {}
+    for pid, seq_nr in consumer.delivered:
+        assert seq_nr == last.get(pid, 0) + 1, f"{label}: {pid} seq {seq_nr} after {last.get(pid, 0)}"
+        last[pid] = seq_nr
