@@ -45,8 +45,9 @@ _DONE = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 
 
 class Answer(Protocol):
-    """How a member of a group hears its outcome: an ``asyncio.Future`` or a ``concurrent.futures.Future``. The
-    result ``None`` means: not written, run the append on a connection of your own."""
+    """How a member of a group hears its outcome: an ``asyncio.Future``, or a thread's
+    :class:`pgjournal.write.pipelining.Answer`. The result ``None`` means: not written, run the append on a
+    connection of your own."""
 
     def done(self) -> bool: ...
 
