@@ -38,6 +38,21 @@ RAW_INSERT = (
 )
 
 
+def _p99(ctx: Context, name: str, latencies: list[float]) -> None:
+    """Record the round's 99th percentile append latency (ms) of contender ``name`` in the JSON's extra."""
+    if latencies:
+        latencies.sort()
+        p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+        ctx.extra.setdefault("p99_append_ms", {}).setdefault(name, []).append(round(p99, 3))
+
+
+def _grouped(ctx: Context, name: str, journal: Journal) -> None:
+    """Appends per group commit of ``journal``'s pipeline so far (when it has one) in the JSON's extra."""
+    pipeline = getattr(journal, "_pipeline", None)
+    if pipeline is not None and pipeline.pipelines:
+        ctx.extra.setdefault("appends_per_pipeline", {})[name] = round(pipeline.sent / pipeline.pipelines, 2)
+
+
 def _threads(writers: int, per_writer: int, work: Callable[[int, int], None]) -> float:
     """Run ``work(writer, n)`` on ``writers`` threads; return the elapsed seconds."""
     barrier = threading.Barrier(writers + 1)
@@ -69,6 +84,9 @@ def _setup(ctx: Context) -> dict[str, Any]:
 
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
+    for name, value in state.items():
+        if name.startswith("ours_"):
+            value.close()
     state["journal"].close()
     if "portable" in state:
         state["portable"].close()
@@ -76,30 +94,54 @@ def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
         state["app"].close()
 
 
-def ours(writers: int, total: int, batch: int) -> Callable[[Context, Any], float]:
+def ours(writers: int, total: int, batch: int, connections: int = 0) -> Callable[[Context, Any], float]:
+    """``connections``: a journal of its own with that many pool connections (fewer than writers: appends wait
+    for one and ride in group commits), else the scenario's (12: none waits)."""
+
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        journal: Journal = state["journal"]
+        name = f"ours_{connections}_connections" if connections else "ours"
+        if connections and name not in state:
+            state[name] = Journal.open(ctx.dsn, pool_max_size=connections)
+        journal: Journal = state[name if connections else "journal"]
         events = [EVENT] * batch
+        latencies: list[float] = []
 
         def work(w: int, n: int) -> None:
             pid = f"Bench|{uuid.uuid4().hex}"
+            clock = time.perf_counter
+            mine = []
             for i in range(n // batch):
+                started = clock()
                 journal.append(pid, events, expected_seq_nr=i * batch)
+                mine.append(clock() - started)
+            latencies.extend(mine)
 
-        return total / _threads(writers, total // writers, work)
+        rate = total / _threads(writers, total // writers, work)
+        _p99(ctx, name, latencies)
+        _grouped(ctx, name, journal)
+        return rate
 
     return measure
 
 
 def raw_insert(writers: int, total: int) -> Callable[[Context, Any], float]:
     def measure(ctx: Context, _state: Any) -> float:
+        latencies: list[float] = []
+
         def work(w: int, n: int) -> None:
             pid = f"Bench|{uuid.uuid4().hex}"
+            clock = time.perf_counter
+            mine = []
             with psycopg.connect(ctx.dsn, autocommit=True) as conn:
                 for seq in range(1, n + 1):
+                    started = clock()
                     conn.execute(RAW_INSERT, (1, "Bench", pid, seq, "raw", PAYLOAD))
+                    mine.append(clock() - started)
+            latencies.extend(mine)
 
-        return total / _threads(writers, total // writers, work)
+        rate = total / _threads(writers, total // writers, work)
+        _p99(ctx, "raw_insert", latencies)
+        return rate
 
     return measure
 
@@ -289,10 +331,13 @@ def _scenarios() -> list[Scenario]:
         name = "append" if writers == 8 else "append-1"
         out.append(Scenario(
             name=name, metric="events_per_s",
-            description=f"{total:,} events (quick: a tenth), 1 per transaction, {writers} writer(s), one entity each",
+            description=f"{total:,} events (quick: a tenth), 1 per transaction, {writers} writer(s), one entity each; "
+                        "p99 append latency in the extra",
             setup=_setup, teardown=_teardown,
             contenders={
                 "ours": _sized(lambda t, w=writers: ours(w, t, 1), total),
+                **({"ours_4_connections": _sized(lambda t, w=writers: ours(w, t, 1, connections=4), total)}
+                   if writers == 8 else {}),
                 "raw_insert": _sized(lambda t, w=writers: raw_insert(w, t), total),
                 "eventsourcing": _sized(lambda t, w=writers: eventsourcing_app(w, t), total, cap=4_000),
             },

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,8 @@ from pgjournal.state.durable_state import DurableStateStore
 from pgjournal.state.snapshots import SelectedSnapshot, SnapshotStore
 from pgjournal.validation import check_persistence_id, check_seq_nr
 from pgjournal.write.event_writer import EventWriter
+from pgjournal.write.group_commit import allowed_step
+from pgjournal.write.pipelining import AppendPipeline
 from pgjournal.write.tag_batcher import TagBatcher
 from pgjournal.write.transaction import Transaction, transaction
 
@@ -62,7 +65,10 @@ class Journal(JournalCore):
         #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
         #: are written in the append's own statement.
         self.tag_writer = TagBatcher(self) if settings.tag_batch_writer else None
-        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)
+        #: Appends of threads that would wait for a connection ride together (pgjournal.write.pipelining).
+        self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.pipeline)
+        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None,
+                                   pipeline=self._pipeline)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)
         self.snapshots = SnapshotStore(self)
@@ -93,6 +99,8 @@ class Journal(JournalCore):
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
             capabilities, stored = run(open_step(resolved, loaded), conn)
+            if loaded.pipeline and not run(allowed_step(loaded), conn):
+                loaded = replace(loaded, pipeline=False)
         if standby is not None:
             with connect(standby, loaded) as conn:
                 run(replica_step(standby), conn)
@@ -111,6 +119,7 @@ class Journal(JournalCore):
             if self.tag_writer is not None:
                 self.tag_writer.close()
         finally:
+            self._pipeline.close()
             if self.signals is not None:
                 self.signals.close()
             self.connections.close()

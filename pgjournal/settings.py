@@ -66,9 +66,14 @@ class Settings:
     #: (a random pause between half and all of it). Defaults: at most ~1 s of pauses over 10 retries.
     retry_backoff: float = 0.002
     retry_backoff_max: float = 0.25
-    #: AsyncJournal: appends that would wait for a pool connection are sent together in one pipeline, each
-    #: still its own transaction (pgjournal.aio.pipelining); off: each waits for a connection of its own.
+    #: AsyncJournal: appends that would wait for a pool connection are sent together in one pipeline and one
+    #: transaction (group commit, pgjournal.aio.pipelining), each keeping its own outcome; off: each waits for a
+    #: connection of its own.
     async_pipeline: bool = True
+    #: Journal: appends of threads that would wait for a pool connection ride together in one pipeline and one
+    #: transaction (group commit, pgjournal.write.pipelining), each keeping its own outcome; off: each waits for a
+    #: connection of its own.
+    pipeline: bool = True
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
@@ -123,7 +128,8 @@ class Settings:
                      "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:
             _check_seconds(name, getattr(self, name))
-        for name in ("portable", "backtracking_enabled", "notify", "tag_batch_writer"):
+        for name in ("portable", "backtracking_enabled", "notify", "tag_batch_writer", "async_pipeline",
+                     "pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"setting {name} must be true or false, got {getattr(self, name)!r}")
         if self.refresh_interval <= 0:

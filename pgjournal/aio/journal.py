@@ -41,6 +41,7 @@ from pgjournal.state.snapshots import SelectedSnapshot, delete_statement, load_s
 from pgjournal.validation import check_persistence_id, check_seq_nr
 from pgjournal.write.append_steps import append_step
 from pgjournal.write.event_writer import EventWriter
+from pgjournal.write.group_commit import allowed_step
 
 
 class AsyncJournal(JournalCore):
@@ -98,11 +99,8 @@ class AsyncJournal(JournalCore):
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
             capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
-            isolation = (await (await conn.execute("SHOW transaction_isolation")).fetchone() or ("",))[0]
-        if isolation != "read committed" or loaded.portable:
-            # A serializable commit may fail at its Sync, which a pipeline of statements cannot hand to its own
-            # append: pipelines only where commits do not fail (READ COMMITTED PostgreSQL).
-            loaded = replace(loaded, async_pipeline=False)
+            if loaded.async_pipeline and not await arun(allowed_step(loaded), conn):
+                loaded = replace(loaded, async_pipeline=False)
         journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored, standby)
         await journal._pool.open(wait=False)
         if journal._replica_pool is not None:

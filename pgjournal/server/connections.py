@@ -273,6 +273,14 @@ class PoolFront:
             with self._lock:
                 self._waiting -= 1
 
+    def ready(self) -> bool:
+        """Whether a borrow now would be served at once: a connection kept here or idle in the pool, or room in
+        the pool to open one (the group commit, :mod:`pgjournal.write.pipelining`, takes appends that would wait)."""
+        if self._idle:
+            return True
+        stats = self.pool.get_stats()
+        return bool(stats.get("pool_available")) or stats.get("pool_size", 0) < self.pool.max_size
+
     def put(self, conn: psycopg.Connection[Any]) -> None:
         self._returns += 1  # a lost increment under a race only delays a recycle
         if (self._waiting or self._returns % self._recycle_every == 0 or conn.closed

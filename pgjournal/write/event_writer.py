@@ -44,6 +44,7 @@ from pgjournal.write.failures import Failure, classify, refused, server_message,
 if TYPE_CHECKING:
     from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
+    from pgjournal.write.pipelining import AppendPipeline
 
 #: Persistence ids whose append targets a writer keeps (a few hundred bytes each); past it, it starts over.
 TARGETS_KEPT = 50_000
@@ -219,9 +220,12 @@ class EventWriter:
     client's CPU per append is throughput, and a raw single-row INSERT is the yardstick (bench ``append-cpu``).
     """
 
-    def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None) -> None:
+    def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None,
+                 pipeline: AppendPipeline | None = None) -> None:
         self._journal = journal
         self._after_commit = after_commit
+        #: Appends that would wait for a connection ride in a group commit (pgjournal.write.pipelining).
+        self._pipeline = pipeline
         #: Per persistence id (see :class:`_Target`).
         self._targets: dict[str, _Target] = {}
         #: Appends of this process to one persistence id take turns (pgjournal.runtime.contention).
@@ -257,7 +261,7 @@ class EventWriter:
             ticket = batcher.begin(plan.entity_type)
         started = time.perf_counter()
         try:
-            rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp)
+            rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp, plan=plan)
         except BaseException as exc:
             self.failed(plan)
             if batcher is not None:
@@ -299,8 +303,10 @@ class EventWriter:
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
                  before: Callable[[psycopg.Connection], None] | None = None,
-                 stamp: Callable[[dict[str, Any]], None] | None = None) -> list[tuple[int, datetime]]:
-        """Run the append statement (after ``before``, in one transaction with it), retrying what may be.
+                 stamp: Callable[[dict[str, Any]], None] | None = None, *, plan: AppendPlan | None = None
+                 ) -> list[tuple[int, datetime]]:
+        """Run the append statement (after ``before``, in one transaction with it), retrying what may be. ``plan``:
+        its first attempt rides in a group commit where the pipeline takes it (:mod:`pgjournal.write.pipelining`).
         ``stamp`` sets the writer's clock in ``params`` right before each attempt (tagged appends: a TimeUUID
         taken before a wait for a turn or a backoff pause would lag behind the readers' horizon).
 
@@ -312,6 +318,10 @@ class EventWriter:
         attempt = 0
         started = time.monotonic()
         with self._turns[pid]:
+            if plan is not None and self._pipeline is not None:
+                rows = self._pipeline.ride(plan)
+                if rows:
+                    return rows
             while True:
                 attempt += 1
                 try:

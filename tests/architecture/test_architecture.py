@@ -51,8 +51,8 @@ ORDER = (
     "projections/",
     "spark/",
 )
-#: asyncio modules without a blocking twin (the blocking face has no pipeline)
-AIO_ONLY = ("__init__", "pipelining")
+#: asyncio modules without a blocking twin
+AIO_ONLY = ("__init__",)
 
 
 def module_name(path: Path) -> str:

@@ -177,6 +177,8 @@ API: list[tuple[str, Call, type[JournalError], str]] = [
     ("portable given as a string", lambda j: Settings.load(portable="yes"), ConfigurationError,
      "portable must be true or false, got 'yes'"),
     ("notify given as a number", lambda j: Settings.load(notify=3), ConfigurationError, "notify must be true"),
+    ("pipeline given as a string", lambda j: Settings.load(pipeline="off"), ConfigurationError,
+     "pipeline must be true or false, got 'off'"),
     ("serializers not a registry", lambda j: Journal.open(j.dsn, serializers={}), ConfigurationError,
      "serializers must be a SerializerRegistry, got dict"),
     ("migrate given as a string", lambda j: Journal.open(j.dsn, migrate="yes"), ConfigurationError,

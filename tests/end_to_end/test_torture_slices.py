@@ -51,6 +51,7 @@ def gap_writer(journal: Journal, stop: threading.Event, consumers: list[Consumer
 def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
     restarts = settings.pop("restarts", True)
     gaps = settings.pop("gaps", False)
+    grouped = settings.pop("grouped", False)
     made = [0]
     config = {**FAST, "buffer_size": 50, **settings}
     with Journal.open(dsn, **config) as journal:
@@ -77,6 +78,8 @@ def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
         stop_writers.set()
         for t in threads[len(consumers):]:
             t.join(10)
+        if grouped:
+            assert journal._pipeline.pipelines > 0 and journal._pipeline.sent > journal._pipeline.pipelines
         with psycopg.connect(dsn) as conn:
             written = conn.execute("SELECT persistence_id, seq_nr FROM event_journal WHERE entity_type = %s",
                                    (ENTITY,)).fetchall()
@@ -111,6 +114,12 @@ def test_torture_default_mode(dsn: str) -> None:
     """PostgreSQL: the visibility horizon keeps the main cursor behind every open transaction (shorter than
     backtracking_behind_current_time), so restarts from an offset are exact."""
     run_torture(dsn, 8, backtracking_behind_current_time=3.0)
+
+
+def test_torture_group_commit(dsn: str) -> None:
+    """The writers outnumber the pool's connections, so their appends ride in group commits (one transaction per
+    group, each append stamped while its statement holds the write lock): the horizon rule holds for them."""
+    run_torture(dsn, 8, backtracking_behind_current_time=3.0, pool_max_size=4, grouped=True)
 
 
 def test_torture_portable_mode(dsn: str) -> None:
