@@ -144,7 +144,7 @@ class RangeLogic:
         #: Why the run ended, when it failed.
         self.failed: BaseException | None = None
         #: The horizon the lag is measured under, remembered from reading to reading.
-        self._lag_tracker = journal.horizon_tracker()
+        self._lag_tracker = self.journal.horizon_tracker()
 
     def stop(self) -> None:
         self._stop.set()

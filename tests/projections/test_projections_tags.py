@@ -3,16 +3,13 @@ once, across rescaling 4 -> 8 -> 2 with writers running, in default and portable
 
 from __future__ import annotations
 
-import hashlib
-import random
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import pytest
 from support.projection_handlers import FAST_PROJECTION
+from support.projection_workers import Writers
 from test_projections import run_until
 
 from pgjournal import InvalidArgument, Journal, slice_ranges
@@ -21,35 +18,6 @@ from pgjournal.projections.examples import ensure_table
 from pgjournal.projections.handlers import ExactlyOnce, Grouped, Projection
 
 SEEN_DDL = "CREATE TABLE IF NOT EXISTS tagged_seen (persistence_id TEXT NOT NULL, seq_nr BIGINT NOT NULL)"
-
-
-class TaggedWriters:
-    """Threads appending to a set of entities until stopped; one append in three tagged ``red``."""
-
-    def __init__(self, journal: Journal, entity_type: str, entities: int, threads: int = 3) -> None:
-        self.journal, self.entity_type, self.entities = journal, entity_type, entities
-        self.stop = threading.Event()
-        self.count = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
-
-    def _run(self, index: int) -> None:
-        rng = random.Random(index)
-        while not self.stop.is_set():
-            pid = f"{self.entity_type}|{hashlib.sha1(str(rng.randrange(self.entities)).encode()).hexdigest()[:12]}"
-            tags = ["red"] if rng.randrange(3) == 0 else []
-            self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))], tags=tags)
-            self.count += 1
-            time.sleep(0.005)
-
-    def __enter__(self) -> TaggedWriters:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 def record(conn: psycopg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
@@ -75,7 +43,7 @@ def test_a_tag_filtered_projection_rescaled_processes_each_tagged_event_once(mod
         ExactlyOnce(lambda conn, env: record(conn, [env]))
     projection = Projection("reds", "Acct", handler, FAST_PROJECTION, tags=("red",))
     rejected = 0
-    with TaggedWriters(journal, "Acct", entities=60) as writers:
+    with Writers(journal, "Acct", entities=60, red_every=3) as writers:
         for n in (4, 8, 2):
             runners = run_until(journal, projection, slice_ranges(n), lambda: False, timeout=2.0)
             assert not any(r.failed for r in runners)

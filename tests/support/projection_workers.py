@@ -44,10 +44,12 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 class Writers:
-    """Threads appending to a fixed set of entities until stopped."""
+    """Threads appending to a fixed set of entities until stopped; with ``red_every=n``, one append in n (at
+    random) tagged ``red``."""
 
-    def __init__(self, journal: Any, entity_type: str, entities: int, threads: int = 3) -> None:
+    def __init__(self, journal: Any, entity_type: str, entities: int, threads: int = 3, red_every: int = 0) -> None:
         self.journal, self.entity_type, self.entities = journal, entity_type, entities
+        self.red_every = red_every
         self.stop = threading.Event()
         self.count = 0
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
@@ -57,7 +59,8 @@ class Writers:
         while not self.stop.is_set():
             # Hashed ids: "e1", "e2", ... would land in neighbouring slices and leave most ranges empty.
             pid = f"{self.entity_type}|{hashlib.sha1(str(rng.randrange(self.entities)).encode()).hexdigest()[:12]}"
-            self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))])
+            tags = ["red"] if self.red_every and rng.randrange(self.red_every) == 0 else []
+            self.journal.append(pid, [{"n": k} for k in range(rng.randint(1, 3))], tags=tags)
             self.count += 1
             time.sleep(0.005)  # the scenario: writers' pace
 
