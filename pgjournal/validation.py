@@ -84,6 +84,29 @@ def check_tag_filter(tags: Iterable[str] | str | None) -> tuple[str, ...] | None
     return checked
 
 
+#: Tag tuples that passed :func:`check_tags`, as it returned them (appends tag their events with a few fixed
+#: tuples: checking one again is client CPU on every tagged append).
+_CHECKED_TAGS: dict[tuple[str, ...], tuple[str, ...]] = {}
+_CHECKED_TAGS_KEPT = 1024
+
+
+def checked_tags(tags: Iterable[str] | str) -> tuple[str, ...]:
+    """:func:`check_tags`, remembered for tuples of strings."""
+    if tags.__class__ is not tuple:
+        return check_tags(tags)
+    try:
+        return _CHECKED_TAGS[tags]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable element: check_tags names it
+        return check_tags(tags)
+    checked = check_tags(tags)
+    if len(_CHECKED_TAGS) >= _CHECKED_TAGS_KEPT:
+        _CHECKED_TAGS.clear()
+    _CHECKED_TAGS[tags] = checked
+    return checked
+
+
 def check_seq_nr(value: Any, what: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value >= 2**63:
         raise InvalidArgument(f"{what} must be an integer from {minimum} to 2**63-1, got {value!r}")

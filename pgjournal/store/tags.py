@@ -11,7 +11,16 @@ from typing import Any
 
 from pgjournal.model.timeuuid import UUID_EPOCH_OFFSET
 from pgjournal.store import Query, Read, rows, scalars
-from pgjournal.store.events import BYTEA_PAYLOADS, INSERT, MANY_EVENTS, ONE_EVENT, PREVIOUS, TAGS_META, text_array
+from pgjournal.store.events import (
+    BYTEA_PAYLOADS,
+    INSERT,
+    MANY_EVENTS,
+    ONE_EVENT,
+    PREVIOUS,
+    TAGS_META,
+    insert_sql,
+    text_array,
+)
 
 # The event's TimeUUID is assembled in SQL from its ticks and this process's low bytes, because the ticks
 # are raised above the persistence id's last ones (``tag_write_progress.ts_time``): with concurrent appends
@@ -69,6 +78,41 @@ progress AS ({_PROGRESS_INSERT}
        FROM prev CROSS JOIN uu WHERE uu.ord = %(tv_count)s
        {_PROGRESS_UPDATE})
 SELECT seq_nr, db_timestamp FROM ins"""
+
+
+# One event with one tag (the common tagged append): the journal's own single-event INSERT (its ``RETURNING``
+# feeds the tag row and the progress, so neither is written when it inserts nothing) and one aggregate read of
+# the progress (always one row), with the event's values taken from the parameters rather than from CTE scans:
+# fewer plan nodes and parameters for the server to bind and run on every append (``python -m bench.tag_waits``).
+_ONE_EVENT_ONE_TAG = f"""
+WITH ins AS ({{insert}}),
+p AS (SELECT COALESCE(max(tag_pid_sequence_nr), 0) + 1 AS tag_seq_nr,
+             GREATEST(%(tv_time)s::bigint, max(ts_time) + 1) AS ticks
+      FROM tag_write_progress WHERE persistence_id = %(pid)s AND tag = %(tv_tag)s),
+u AS (SELECT u.tag_seq_nr, u.ticks, {{uuid}} AS stamp, (u.ticks - {{epoch}}) / 10000 AS ms FROM p AS u),
+tv AS ({_TAG_VIEW_INSERT}
+       SELECT %(tv_tag)s, u.ms - mod(u.ms, {{bucket_ms}}), u.ticks, {{lsb}}, u.stamp, %(pid)s, u.tag_seq_nr, ins.seq_nr,
+           %(writer)s, %(ser_id)s, %(manifest)s, '', %(payload)s::bytea, {{meta}}
+       FROM ins CROSS JOIN u),
+progress AS ({_PROGRESS_INSERT}
+       SELECT %(pid)s, %(tv_tag)s, ins.seq_nr, u.tag_seq_nr, u.stamp, u.ticks FROM ins CROSS JOIN u
+       {_PROGRESS_UPDATE})
+SELECT seq_nr, db_timestamp FROM ins"""
+_NO_META = "NULL::int, NULL::text, NULL::bytea"
+_META_VALUES = "%(meta_ser_id)s, %(meta_manifest)s, %(meta_payload)s::bytea"
+
+
+@functools.cache
+def one_tagged_event_sql(table: str, *, after: str, meta: bool, bucket_ms: int, lsb: int, lsb_bytes: int,
+                         payload: str = BYTEA_PAYLOADS["payload"],
+                         meta_payload: str = BYTEA_PAYLOADS["meta_payload"]) -> str:
+    """The append statement of one event with one tag (``tv_tag``) for ``table``: the same rows as
+    :func:`tagged_insert_sql` (``meta``: the event has metadata, parameters ``meta_*``)."""
+    insert = insert_sql(table, single=True, after=after, payload=payload, meta_payload=meta_payload, tags=True,
+                        meta=meta).strip()
+    return _ONE_EVENT_ONE_TAG.format(insert=insert, uuid=_UUID.format(lsb_hex=f"{lsb_bytes:016x}"),
+                                     epoch=UUID_EPOCH_OFFSET, bucket_ms=int(bucket_ms), lsb=int(lsb),
+                                     meta=_META_VALUES if meta else _NO_META)
 
 
 @functools.cache

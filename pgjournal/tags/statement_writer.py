@@ -24,7 +24,7 @@ from pgjournal.model.timeuuid import GENERATOR
 from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import run
 from pgjournal.store.events import text_array
-from pgjournal.store.tags import tagged_insert_sql
+from pgjournal.store.tags import one_tagged_event_sql, tagged_insert_sql
 from pgjournal.tags.writer_mode import ensure_mode_step
 
 if TYPE_CHECKING:
@@ -81,19 +81,32 @@ def stamp_time(params: dict[str, Any]) -> None:
     params["tv_time"] = GENERATOR.next_ticks(params["tv_count"])
 
 
+def statement_key(after: str, single: bool, tags: int, meta: bool) -> tuple[Any, ...]:
+    """What a tagged statement depends on besides its table, for a writer's cache of them: its shape, and this
+    process's TimeUUID low bytes written into it (new after a fork)."""
+    return after, single, 2 if tags == 1 else 3, meta, GENERATOR.lsb_bytes
+
+
 def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
-            after_latest: bool = False, after: str | None = None) -> str:
-    """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement. The bucket
-    size is the journal's setting, checked against the recorded one when the journal opened; the writer
+            after_latest: bool = False, after: str | None = None, statement: str | None = None) -> str:
+    """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement
+    (``statement``: the one this function returned for an append of the same shape, which it returns again). The
+    bucket size is the journal's setting, checked against the recorded one when the journal opened; the writer
     records it with the first tagged append (:func:`record_bucket_size`)."""
-    size = _bucket_sizes.get(journal) or BucketSize.parse(journal.settings.tag_bucket_size)
     params["tv_count"] = count
     stamp_time(params)  # the write path stamps again right before each attempt
     if len(tags) == 1:
         params["tv_tag"] = tags[0]
     else:
         params["tv_tags"] = text_array(sorted(tags))  # sorted: racing appends lock progress rows in one order
-    return tagged_insert_sql(journal.events.table(params["slice"]), after_latest=after_latest, after=after,
-                             single=count == 1,
+    if statement is not None:
+        return statement
+    size = _bucket_sizes.get(journal) or BucketSize.parse(journal.settings.tag_bucket_size)
+    table = journal.events.table(params["slice"])
+    if len(tags) == 1 and count == 1:  # the common tagged append: its own leaner statement
+        return one_tagged_event_sql(table, after=after or ("latest" if after_latest else "expected"),
+                                    meta=params.get("meta_payload") is not None, bucket_ms=size.millis,
+                                    lsb=GENERATOR.lsb, lsb_bytes=GENERATOR.lsb_bytes, **journal.events.payload_sql)
+    return tagged_insert_sql(table, after_latest=after_latest, after=after, single=count == 1,
                              one_tag=len(tags) == 1, bucket_ms=size.millis, lsb=GENERATOR.lsb,
                              lsb_bytes=GENERATOR.lsb_bytes, **journal.events.payload_sql)

@@ -37,8 +37,14 @@ from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.store.events import text_array
-from pgjournal.tags.statement_writer import bucket_size_recorded, prepare, record_bucket_size, stamp_time
-from pgjournal.validation import check_persistence_id, check_seq_nr, check_tags
+from pgjournal.tags.statement_writer import (
+    bucket_size_recorded,
+    prepare,
+    record_bucket_size,
+    stamp_time,
+    statement_key,
+)
+from pgjournal.validation import check_persistence_id, check_seq_nr, checked_tags
 from pgjournal.write.failures import Failure, classify, refused, server_message, unknown
 
 if TYPE_CHECKING:
@@ -65,8 +71,9 @@ class _Target:
         self.counts = counts
         self.last_seq: int | None = None
         self.last_ts: datetime | None = None
-        #: (after, single, tags, metadata) -> the append statement (untagged, or the batched tag writer's)
-        self.statements: dict[tuple[str, bool, bool, bool], str] = {}
+        #: (after, single, tags, metadata) -> the append statement; tags: 0 none, 1 the tags column alone (the
+        #: batched tag writer's); the statements with tag view rows: pgjournal.tags.statement_writer.statement_key
+        self.statements: dict[tuple[Any, ...], str] = {}
 
 
 @dataclass(slots=True)
@@ -134,7 +141,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     pid = target.pid
     if expected_seq_nr is not None and (expected_seq_nr.__class__ is not int or not 0 <= expected_seq_nr < 1 << 63):
         check_seq_nr(expected_seq_nr, "expected_seq_nr")
-    tag_list = () if tags.__class__ is tuple and not tags else check_tags(tags)
+    tag_list = () if tags.__class__ is tuple and not tags else checked_tags(tags)
     if events.__class__ is not list:
         if isinstance(events, str | bytes | dict):
             raise InvalidArgument(f"events must be a list of events, got a single {type(events).__name__}; "
@@ -161,7 +168,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     in_statement = bool(tag_list) and not journal.settings.tag_batch_writer  # tag view rows in the same statement
     if tag_list:
         params["tags"] = text_array(tag_list)
-    if meta is not None or in_statement:
+    if meta is not None or (in_statement and not (single and len(tag_list) == 1)):
         params.update(meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
                       meta_payload=meta.payload if meta else None)
     if single:
@@ -180,13 +187,17 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
         after = "expected"
     stamp = None
     if in_statement:  # pgjournal.tags.statement_writer
-        sql = prepare(journal, params, tag_list, len(encoded), after=after)  # type: ignore[arg-type]
+        tagged = statement_key(after, single, len(tag_list), meta is not None)
+        known = target.statements.get(tagged)
+        sql = prepare(journal, params, tag_list, len(encoded), after=after, statement=known)  # type: ignore[arg-type]
+        if known is None:
+            target.statements[tagged] = sql
         stamp = stamp_time
     else:  # untagged, or the batched tag writer's (pgjournal.write.tag_batcher): the events alone, tags column set
-        key = (after, single, bool(tag_list), meta is not None)
+        key = (after, single, 1 if tag_list else 0, meta is not None)
         sql = target.statements.get(key)  # type: ignore[assignment]
         if sql is None:
-            sql = target.statements[key] = store.append(target.slice, after=after, single=single, tags=key[2],
+            sql = target.statements[key] = store.append(target.slice, after=after, single=single, tags=bool(key[2]),
                                                         meta=key[3])
     return AppendPlan(target, event_list, tag_list, metadata, sql, params, stamp)
 
@@ -231,6 +242,8 @@ class EventWriter:
         #: Appends of this process to one persistence id take turns (pgjournal.runtime.contention).
         self._turns = KeyedLocks()
         self._retry = RetryPolicy.of(journal.settings)
+        #: A tagged append of this writer committed (so the bucket size is recorded, see :meth:`count`).
+        self._tags_recorded = False
 
     def _target(self, persistence_id: Any) -> _Target:
         pid = check_persistence_id(persistence_id)
@@ -297,8 +310,9 @@ class EventWriter:
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
-        if plan.tags and not self._journal.settings.tag_batch_writer:
+        if plan.tags and not self._tags_recorded and not self._journal.settings.tag_batch_writer:
             bucket_size_recorded(self._journal)
+            self._tags_recorded = True
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],

@@ -116,6 +116,42 @@ def test_failed_tagged_append_writes_nothing_anywhere(tj: Journal) -> None:
     assert tag_rows(tj, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2)]
 
 
+def test_one_tagged_event_rows_for_every_predecessor_form_and_metadata(dsn: str, tj: Journal) -> None:
+    """One event with one tag has a statement of its own: after the latest, after a stated expected_seq_nr this
+    writer has not appended (looked up), after its own last append (not looked up), with and without
+    metadata, its tag view row carries the event and metadata as the journal holds them, numbered on from the
+    progress, which moves with it; an append that writes no event (a stale expectation) writes no tag row."""
+    tj.append("Cart|m", [{"n": 1}], tags=["x"])  # after the latest (none)
+    with Journal.open(dsn, **TAGS) as other:  # knows nothing of Cart|m: looks the predecessor up
+        other.append("Cart|m", [{"n": 2}], expected_seq_nr=1, tags=["x"], metadata={"m": 2})
+    tj.append("Cart|m", [{"n": 3}], expected_seq_nr=2, tags=["x"])  # looked up (tj's last append was 1)
+    tj.append("Cart|m", [{"n": 4}], expected_seq_nr=3, tags=["x"], metadata={"m": 4})  # its own last: known
+    tj.append("Cart|m", [{"n": 5}], tags=["y"])
+    with pytest.raises(ConcurrencyConflict):
+        tj.append("Cart|m", [{"n": 6}], expected_seq_nr=7, tags=["x"])
+    with pytest.raises(ConcurrencyConflict):
+        tj.append("Cart|m", [{"n": 6}], expected_seq_nr=3, tags=["x"])
+    assert tag_rows(tj, "x") == [("Cart|m", 1, 1), ("Cart|m", 2, 2), ("Cart|m", 3, 3), ("Cart|m", 4, 4)]
+    assert tag_rows(tj, "y") == [("Cart|m", 5, 1)]
+    assert progress(tj) == {("Cart|m", "x"): (4, 4), ("Cart|m", "y"): (5, 1)}
+    with tj.connection() as conn:
+        mismatched = conn.execute("""
+            SELECT t.sequence_nr FROM tag_views AS t JOIN event_journal AS e
+                ON e.persistence_id = t.persistence_id AND e.seq_nr = t.sequence_nr
+            WHERE t.writer_uuid IS DISTINCT FROM e.writer OR t.ser_id IS DISTINCT FROM e.event_ser_id
+               OR t.ser_manifest IS DISTINCT FROM e.event_ser_manifest OR t.event IS DISTINCT FROM e.event_payload
+               OR t.meta_ser_id IS DISTINCT FROM e.meta_ser_id
+               OR t.meta_ser_manifest IS DISTINCT FROM e.meta_ser_manifest
+               OR t.meta_payload IS DISTINCT FROM e.meta_payload""").fetchall()
+        with_meta = conn.execute("SELECT sequence_nr FROM tag_views WHERE meta_payload IS NOT NULL "
+                                 "ORDER BY sequence_nr").fetchall()
+    assert mismatched == [] and with_meta == [(2,), (4,)]
+    settle(tj)
+    envs = list(tj.query.current_events_by_tag("x"))
+    assert [(e.seq_nr, e.event) for e in envs] == [(n, {"n": n}) for n in range(1, 5)]
+    assert [order_key(e.offset.value) for e in envs] == sorted(order_key(e.offset.value) for e in envs)
+
+
 def test_new_timeuuid_low_bytes_reach_the_cached_statement(tj: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tagged statement is cached with this process's TimeUUID low bytes written into it: new low bytes
     (drawn after fork) must give a new statement, not the cached one with the old bytes."""
