@@ -9,6 +9,7 @@ registry a read decodes with travels as a class attribute of the registered clas
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, ClassVar
 
 from .shipping import shipped
@@ -70,5 +71,9 @@ def register(spark: SparkSession, *, serializers: SerializerRegistry | None = No
     ``InMemoryKeyStore`` makes later, are not seen until ``register`` is called again.
     """
     spark.conf.set(PUSHDOWN_CONF, "true")
+    # The source reads its defaults (PGJOURNAL_DSN and the other settings) in Spark's Python workers, whose
+    # environment is the one the JVM started with, not the driver's now: the registration carries the driver's
+    # PGJOURNAL_* variables to them, as of this call (their options still win).
+    spark.sparkContext.environment.update({k: v for k, v in os.environ.items() if k.startswith("PGJOURNAL_")})
     with shipped(serializers, "spark.dataSource.register"):
         spark.dataSource.register(source_class(serializers))

@@ -72,6 +72,20 @@ def source(spark: Any, dsn: str, **options: Any) -> Any:
 # -- batch ----------------------------------------------------------------------------------------------
 
 
+def test_without_a_dsn_option_the_source_reads_the_drivers_pgjournal_dsn_as_of_register(
+        spark: Any, journal: Journal, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The session's JVM (and so its Python workers) started before this test set PGJOURNAL_DSN: the registration
+    # carries the driver's value to the workers, else they would read another database.
+    from pgjournal.spark import register
+
+    fill(journal, pids=4, per_pid=2, kinds=(ENTITY,))
+    monkeypatch.setenv("PGJOURNAL_DSN", dsn)
+    register(spark)
+    assert sorted(keys(spark.read.format("pgjournal").option("entityType", ENTITY).load())) == \
+        sorted(journal_keys(dsn))
+
+
+
 @pytest.mark.floor
 def test_batch_read_equals_the_journal_one_partition_per_range(spark: Any, journal: Journal, dsn: str) -> None:
     fill(journal)
