@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typer._click.core import Command, Context, Parameter
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+if TYPE_CHECKING:  # annotations only: recent typer vendors click as typer._click, older ones use click itself
+    from typer._click.core import Command, Context, Parameter
 
 _LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 
