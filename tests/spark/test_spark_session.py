@@ -11,6 +11,8 @@ import pytest
 
 from pgjournal.spark.system import SKIP_ENV, spark_skipped
 
+pytestmark = pytest.mark.spark
+
 if spark_skipped():
     pytest.skip(f"{SKIP_ENV} is set", allow_module_level=True)
 
