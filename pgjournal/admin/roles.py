@@ -22,7 +22,7 @@ migrations then run as the *owner* role the script creates. The script:
   write a projection's offsets. Every other role sees every row, as without row-level security (the owner
   and superusers bypass it).
 
-The refusals, role by role, are in docs/SECURITY.md and tested in ``tests/security/test_role_boundaries.py``.
+The refusals, role by role, are in SECURITY.md and tested in ``tests/security/test_role_boundaries.py``.
 
 No password is in the script (set them with ``\\password`` or ``ALTER ROLE ... PASSWORD``). PUBLIC loses
 every privilege on the database and CREATE on the schema, so only these roles (and superusers) get in.

@@ -4,7 +4,7 @@ The server lives in ``$PGJOURNAL_HOME`` (default: the user's data directory), li
 free port (Spark's JDBC driver needs TCP) and outlives the process that started it, so the next process
 finds it running instead of starting another. A file lock keeps two processes from starting it at once.
 
-Private means private (docs/SECURITY.md): the server admits only its owner. Its one host rule is
+Private means private (SECURITY.md): the server admits only its owner. Its one host rule is
 ``scram-sha-256`` on loopback TCP (Unix sockets are off), and the superuser's password is a random secret
 kept in ``<home>/pgpass`` (libpq's password-file format, mode 0600). The DSN the project builds names that
 file (``passfile=``) instead of carrying the secret, so a DSN can be printed, logged or copied into ``psql``

@@ -32,7 +32,7 @@ from support.doc_blocks import Block, blocks, console_steps, output_matches, pro
 from pgjournal import Journal
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 SPARK_DOCS = [path for path in DOCS if any(block.marker == "spark" for block in blocks(path))]
 _OLD_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:projections|spark|migrations)\b|python -m (?:spark|projections)\b",
                          re.MULTILINE)

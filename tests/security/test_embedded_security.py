@@ -1,4 +1,4 @@
-"""The embedded default admits only its owner (docs/SECURITY.md): a password for TCP, files no one else can plant
+"""The embedded default admits only its owner (SECURITY.md): a password for TCP, files no one else can plant
 or read, no folder outside pgjournal's own chmodded, the server without root's groups, and homes of earlier
 versions (trust, root's data inside the home) secured on their next start. Each test runs a private server."""
 

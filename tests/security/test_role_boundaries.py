@@ -1,4 +1,4 @@
-"""Role boundaries: each role of ``pgjournal roles`` tried with SQL beyond its line, as that role (docs/SECURITY.md,
+"""Role boundaries: each role of ``pgjournal roles`` tried with SQL beyond its line, as that role (SECURITY.md,
 "Roles"): the loader writes only the Spark load's watermark rows, never a projection's offsets; the wrapped
 data keys are not the reader's."""
 
