@@ -101,7 +101,8 @@ class AsyncPoolFront:
 
     async def put(self, conn: Any) -> None:
         self._returns += 1
-        if conn.closed or conn.pgconn.transaction_status != _IDLE or self._returns % self._recycle_every == 0:
+        if (self._closed or conn.closed or conn.pgconn.transaction_status != _IDLE
+                or self._returns % self._recycle_every == 0):
             self._held -= 1
             await self.pool.putconn(conn)  # reset (rolled back) or replaced by the pool
             if self._waiters and self._held < self._size:  # a waiter takes its connection from the pool

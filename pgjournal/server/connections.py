@@ -251,10 +251,13 @@ class PoolFront:
         self._lock = threading.Lock()
         self._returns = 0
         self._recycle_every = recycle_every
+        self._closed = False
 
     def get(self) -> psycopg.Connection[Any]:
         """An idle connection (raises ``PoolTimeout`` as the pool does when none comes in time, and
         :class:`~pgjournal.errors.JournalClosed` once closed)."""
+        if self._closed:
+            raise closed_journal(self.pool)
         try:
             return self._idle.pop()
         except IndexError:
@@ -283,13 +286,15 @@ class PoolFront:
 
     def put(self, conn: psycopg.Connection[Any]) -> None:
         self._returns += 1  # a lost increment under a race only delays a recycle
-        if (self._waiting or self._returns % self._recycle_every == 0 or conn.closed
+        if (self._closed or self._waiting or self._returns % self._recycle_every == 0 or conn.closed
                 or conn.pgconn.transaction_status != _IDLE):
             self.pool.putconn(conn)
             return
         self._idle.append(conn)
         if self._waiting:  # a borrower started waiting meanwhile: let the pool hand it a connection
             self._hand_back()
+        if self._closed:  # returned by a borrower that had it when the journal closed: the pool closes it
+            self.close()
 
     def _hand_back(self) -> bool:
         """Give one kept connection to the pool; ``False`` when none is kept."""
@@ -301,7 +306,10 @@ class PoolFront:
         return True
 
     def close(self) -> None:
-        """Hand every kept connection back (before the pool closes)."""
+        """Hand every kept connection back (before the pool closes); later borrows raise
+        :class:`~pgjournal.errors.JournalClosed`, and a connection returned later goes to the pool, which closes it
+        (kept here, it would serve a borrower that outlived the close, such as a live query, forever)."""
+        self._closed = True
         while self._hand_back():
             pass
 
