@@ -86,9 +86,13 @@ def _catalog(conn: psycopg.Connection) -> tuple[dict[str, str], dict[str, dict[s
     return kinds, columns
 
 
-def inspect(conn: psycopg.Connection, version_table: str) -> AkkaSchema | None:
+def inspect(conn: psycopg.Connection, version_table: str, shard: tuple[int, int] | None = None) -> AkkaSchema | None:
     """Akka's journal tables on ``conn``, or ``None`` when this is not an Akka database to adopt (it has a
-    pgjournal schema already, or no journal table at all)."""
+    pgjournal schema already, or no journal table at all).
+
+    ``shard``: ``(i, n)`` when this is database ``i`` of ``n`` of a sharded journal (:mod:`pgjournal.shards`).
+    Akka spreads its ``P`` data partitions over its ``n`` databases in order, ``P / n`` each, so database ``i``
+    holds ``event_journal_<i*P/n> .. <(i+1)*P/n - 1>``: ``P`` is the count found here times ``n``."""
     kinds, columns = _catalog(conn)
     if version_table in kinds:
         return None
@@ -103,11 +107,11 @@ def inspect(conn: psycopg.Connection, version_table: str) -> AkkaSchema | None:
         problems.append("event_journal is not an ordinary table (a partitioned table or a view): it was not "
                         "created by Akka's DDL, and the database has no pgjournal_version either")
     if numbered:
-        partitions = len(numbered)
         tables = [f"event_journal_{i}" for i in numbered]
-        if numbered != list(range(partitions)) or NUMBER_OF_SLICES % partitions:
-            problems.append(f"Akka's data partition tables must be event_journal_0 .. event_journal_<n-1> with n "
-                            f"dividing {NUMBER_OF_SLICES}, found {', '.join(tables)}")
+        problem = _partitions_problem(numbered, shard)
+        if problem:
+            problems.append(f"{problem}, found {', '.join(tables)}")
+        partitions = len(numbered) * (shard[1] if shard else 1)
     else:
         partitions, tables = 1, ["event_journal"]
     schema = AkkaSchema(tables, partitions, tables=kinds)
@@ -132,6 +136,25 @@ def inspect(conn: psycopg.Connection, version_table: str) -> AkkaSchema | None:
             schema.jsonb.append("snapshot.snapshot")
     schema.problems = problems
     return schema
+
+
+def _partitions_problem(numbered: list[int], shard: tuple[int, int] | None) -> str:
+    """What is wrong with the data partition numbers ``numbered`` found in database ``shard`` (``(i, n)``), or
+    ``""``: one database holds ``event_journal_0 .. <P-1>``; database ``i`` of ``n``, its ``P / n`` in order."""
+    index, databases = shard or (0, 1)
+    here = len(numbered)
+    total = here * databases
+    first = index * here
+    if numbered == list(range(first, first + here)) and NUMBER_OF_SLICES % total == 0:
+        return ""
+    if shard is None:
+        if numbered[0] != 0 and numbered == list(range(numbered[0], numbered[0] + here)):
+            return ("these are a later run of an Akka journal's data partitions, spread over several databases: "
+                    "adopt every database at once with `pgjournal shard migrate` (it knows each database's place)")
+        return (f"Akka's data partition tables must be event_journal_0 .. event_journal_<n-1> with n dividing "
+                f"{NUMBER_OF_SLICES}")
+    return (f"database {index} of {databases} must hold Akka's data partitions event_journal_{first} .. "
+            f"event_journal_{first + here - 1} (its {here} of {total}, in order, {total} dividing {NUMBER_OF_SLICES})")
 
 
 def _view_sql(schema: AkkaSchema) -> str:

@@ -50,16 +50,17 @@ def migration_dialect() -> Dialect:
     return get_dialect(name)
 
 
-def upgrade(dsn: str, dialect: str = "postgres") -> list[adoption.Step]:
+def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = None) -> list[adoption.Step]:
     """Bring the database at ``dsn`` to the newest schema (idempotent). A database with Akka R2DBC's tables
-    and no pgjournal schema is adopted first (:mod:`pgjournal.admin.adopt`); the adoption's steps are returned.
+    and no pgjournal schema is adopted first (:mod:`pgjournal.admin.adopt`; ``shard``: ``(i, n)`` for database
+    ``i`` of ``n`` of a sharded journal); the adoption's steps are returned.
 
     Raises :class:`DatabaseUnavailable` when the server cannot be reached and :class:`SchemaNotMigrated`
     when the migration fails (the database's revision is unknown, or a statement is refused).
     """
     chosen = get_dialect(dialect)
     try:
-        adopted = _adopt_akka(dsn, chosen)
+        adopted = _adopt_akka(dsn, chosen, shard)
         command.upgrade(alembic_config(dsn, dialect), "head")
     except sqlalchemy.exc.DBAPIError as exc:
         reason = mask_dsn(" ".join(str(exc.orig).split()) or exc.__class__.__name__)
@@ -77,10 +78,10 @@ def _connect(dsn: str) -> psycopg.Connection:
     return connect(dsn, doing="migrate")  # no statement timeout: DDL may wait for locks
 
 
-def _adopt_akka(dsn: str, dialect: Dialect) -> list[adoption.Step]:
+def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> list[adoption.Step]:
     """Adopt Akka's tables when the database has them and no pgjournal schema (see :mod:`pgjournal.admin.adopt`)."""
     with _connect(dsn) as conn:
-        schema = adoption.inspect(conn, VERSION_TABLE)
+        schema = adoption.inspect(conn, VERSION_TABLE, shard)
         if schema is None:
             return []
         if schema.problems:
@@ -93,13 +94,13 @@ def _adopt_akka(dsn: str, dialect: Dialect) -> list[adoption.Step]:
                                     f"changed): {mask_dsn(' '.join(str(exc).split()))}") from None
 
 
-def plan(dsn: str, dialect: str = "postgres") -> list[adoption.Step]:
+def plan(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = None) -> list[adoption.Step]:
     """What ``upgrade`` would do to the database at ``dsn``, step by step, without doing it: the adoption of
     an Akka R2DBC schema (with ``problems`` as ``refuse`` steps), then the Alembic revisions to run."""
     chosen = get_dialect(dialect)
     steps: list[adoption.Step] = []
     with _connect(dsn) as conn:
-        schema = adoption.inspect(conn, VERSION_TABLE)
+        schema = adoption.inspect(conn, VERSION_TABLE, shard)
         if schema is not None:
             if schema.problems:
                 return [adoption.Step("refuse", "event_journal", problem) for problem in schema.problems]

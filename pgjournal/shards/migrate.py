@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from pgjournal.admin import migrate as migrations
-from pgjournal.errors import ConfigurationError, DatabaseUnavailable, ShardLayoutMismatch
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.runtime.steps import run
 from pgjournal.server.connections import connect
 from pgjournal.settings import Settings
@@ -17,6 +17,8 @@ from pgjournal.store import shard_layout as sql
 
 def migrate_all(shards: ShardSettings, settings: Settings | None = None) -> Layout:
     """Migrate every database (in range order), then record the layout where it is not recorded; the layout.
+    Databases that Akka R2DBC's data partitions spread its journal over are adopted, each with its run of
+    ``event_journal_<p>`` tables (:func:`pgjournal.admin.adopt.inspect`).
 
     Every database must answer before anything changes (:class:`DatabaseUnavailable` naming it). A database
     holding rows outside its range refuses the first recording (:class:`ConfigurationError`: move them
@@ -30,8 +32,15 @@ def migrate_all(shards: ShardSettings, settings: Settings | None = None) -> Layo
         except DatabaseUnavailable as exc:
             raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}; nothing was "
                             "migrated") from None
-    for dsn in shards.dsns:
-        migrations.upgrade(dsn, loaded.dialect)
+    count = len(shards.dsns)
+    for index, dsn in enumerate(shards.dsns):  # every Akka schema adoptable before any database changes
+        refused = [step.detail for step in migrations.plan(dsn, loaded.dialect, (index, count))
+                   if step.action == "refuse"]
+        if refused:
+            raise SchemaNotMigrated(f"the database of {shards.where(index)} cannot be migrated: "
+                                    f"{'; '.join(refused)}; nothing was migrated")
+    for index, dsn in enumerate(shards.dsns):
+        migrations.upgrade(dsn, loaded.dialect, (index, count))
     records: list[Record | None] = []
     for dsn in shards.dsns:
         with connect(dsn, loaded, doing="migrate") as conn:

@@ -38,11 +38,15 @@ def _journal_table(name: str, dialect: str, payload: str) -> list[str]:
 
 
 def akka_ddl(dialect: str = "postgres", *, payload: str = "BYTEA", partitions: int = 1,
-             old_journal: bool = False, projections: bool = True) -> list[str]:
+             old_journal: bool = False, projections: bool = True, database: tuple[int, int] = (0, 1)) -> list[str]:
     """Akka's tables: the journal (one table, or ``event_journal_0..n-1``), snapshots, durable state and,
     with ``projections``, Akka Projection's offset and management tables. ``old_journal``: the journal of
-    Akka R2DBC 1.0 (no ``tags`` column), which pgjournal must refuse."""
-    names = ["event_journal"] if partitions == 1 else [f"event_journal_{i}" for i in range(partitions)]
+    Akka R2DBC 1.0 (no ``tags`` column), which pgjournal must refuse. ``database``: ``(i, n)``, database ``i``
+    of Akka's ``number-of-databases = n``, which holds the ``i``-th run of ``partitions / n`` data partitions."""
+    index, databases = database
+    per = partitions // databases
+    names = (["event_journal"] if partitions == 1 else
+             [f"event_journal_{i}" for i in range(index * per, (index + 1) * per)])
     statements = [s for name in names for s in _journal_table(name, dialect, payload)]
     if old_journal:
         statements = [s.replace("  tags TEXT ARRAY,", " ") for s in statements]
