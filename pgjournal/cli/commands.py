@@ -14,7 +14,7 @@ from rich.table import Table
 
 from pgjournal.cli.cleanup import cleanup_app
 from pgjournal.cli.help import PolishedGroup
-from pgjournal.cli.shard import shard_app
+from pgjournal.cli.shard import ShardOption, shard_app
 from pgjournal.cli.state import state_app
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from pgjournal.cli.tags import tags_app
@@ -167,9 +167,16 @@ def info(
         help="Refresh every this many seconds until Ctrl-C.", min=0.1, max=3600)] = None,
     metrics_port: Annotated[int | None, typer.Option(
         help="With --watch: also serve Prometheus metrics on 127.0.0.1:PORT (needs pgjournal[metrics]).")] = None,
+    shard: ShardOption = None,
 ) -> None:
     """Counts per entity type, a histogram of events over 8 slice ranges, and what holds the visibility
-    horizon back (journal writers with an open transaction)."""
+    horizon back (journal writers with an open transaction). With --shard: the layout with each database's
+    range, size and horizon, then this view of each database."""
+    if shard:
+        if dsn is not None or watch is not None:
+            fail("--shard shows every database of a sharded journal once: give it without --dsn and --watch")
+        _sharded_info(shard)
+        return
     with open_journal(dsn) as journal:
         if watch is None:
             console.print(info_view(journal))
@@ -185,6 +192,18 @@ def info(
             while True:
                 time.sleep(watch)
                 live.update(info_view(journal), refresh=True)
+
+
+def _sharded_info(shard: list[str]) -> None:
+    from pgjournal.cli import shard as shard_cli
+    from pgjournal.shards import ShardedJournal, ShardSettings
+
+    shard_cli.status(shard)
+    with reported(), ShardedJournal.open(ShardSettings.parse("\n".join(shard)), notify=False) as journal:
+        views = [info_view(database) for database in journal.journals]
+    for (low, high), view in zip(journal.shards.ranges, views, strict=True):
+        console.rule(f"slices {low}-{high}")
+        console.print(view)
 
 
 #: ``pgjournal info``'s histogram: events over this many slice ranges.

@@ -73,3 +73,21 @@ def test_projection_run_takes_the_databases_of_a_sharded_journal(shard_databases
     both = CliRunner().invoke(app, [*run, "--dsn", first, "--shard", f"0-511={first}", "--shard",
                                     f"512-1023={second}"])
     assert both.exit_code == 1 and "not both" in both.output, both.output
+
+
+def test_info_of_a_sharded_journal_shows_the_layout_then_each_database(
+        shard_databases: Callable[..., list[str]]) -> None:
+    dsns = shard_databases(2)
+    shards = [a for s in (f"0-511={dsns[0]}", f"512-1023={dsns[1]}") for a in ("--shard", s)]
+    low = next(p for p in (f"Cart|{i}" for i in range(1000)) if slice_for_persistence_id(p) < 512)
+    with ShardedJournal.open(dsns, migrate=True) as journal:
+        journal.append(low, ["a", "b", "c"])
+    result = CliRunner().invoke(app, ["info", *shards], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "agreed: layout version 1" in result.output
+    first, second = result.output.split("slices 0-511", 1)[1].split("slices 512-1023", 1)
+    cart = [line for line in first.splitlines() if "│ Cart " in line]
+    assert len(cart) == 1 and cart[0].split("│")[2].strip() == "3", first  # its 3 events, in the first database
+    assert "Cart" not in second and second.count("Events per entity type") == 1
+    both = CliRunner().invoke(app, ["info", "--dsn", dsns[0], *shards], terminal_width=200)
+    assert both.exit_code == 1 and "without --dsn and --watch" in " ".join(both.output.split()), both.output
