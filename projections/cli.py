@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from pgjournal.cli.shard import ShardOption
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, reported, shown
+from pgjournal.journal import Journal
 from pgjournal.model.offsets import format_timestamp, parse_timestamp
 from pgjournal.model.slices import parse_slice_range
+from pgjournal.server.dsn import mask_dsn
 
 from . import dead_letters, management
 
@@ -20,12 +25,36 @@ projection_app = typer.Typer(help="Projections by slice range: run workers, paus
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range A-B (default: all).")]
 
 
+@contextlib.contextmanager
+def databases(dsn: str | None, shard: list[str] | None) -> Iterator[list[tuple[tuple[int, int], Journal]]]:
+    """The journal of each database a command acts on, with the slices it holds: the one of ``--dsn`` (all
+    slices), or with ``--shard`` each database of the sharded journal (its offsets, leases and pause flag live
+    beside its slices, docs/sharding.md)."""
+    if not shard:
+        with open_journal(dsn) as journal:
+            yield [((0, 1023), journal)]
+        return
+    from pgjournal.shards import ShardedJournal, ShardSettings
+
+    if dsn is not None:
+        fail("give --dsn (one database) or --shard (a sharded journal), not both")
+    with reported(), ShardedJournal.open(ShardSettings.parse("\n".join(shard)), notify=False) as sharded:
+        yield list(zip(sharded.shards.ranges, sharded.journals, strict=True))
+
+
+def heading(bounds: tuple[int, int], journal: Journal, count: int) -> None:
+    """With several databases, which one the lines below are of."""
+    if count > 1:
+        console.rule(f"slices {bounds[0]}-{bounds[1]}: {shown(mask_dsn(journal.dsn))}")
+
+
 @projection_app.command("list")
-def list_cmd(dsn: DsnOption = None) -> None:
-    """Names of the projections with offsets, workers or management rows."""
-    with open_journal(dsn) as journal:
-        for name in management.list_projections(journal):
-            console.print(shown(name), highlight=False)
+def list_cmd(dsn: DsnOption = None, shard: ShardOption = None) -> None:
+    """Names of the projections with offsets, workers or management rows (in any database, with --shard)."""
+    with databases(dsn, shard) as found:
+        names = sorted({name for _, journal in found for name in management.list_projections(journal)})
+    for name in names:
+        console.print(shown(name), highlight=False)
 
 
 @projection_app.command("status")
@@ -35,21 +64,25 @@ def status_cmd(
         "--entity-type", "-e", help="Entity type NAME consumes (repeatable; default: those of the persistence ids "
                                     "in its offsets).")] = None,
     dsn: DsnOption = None,
+    shard: ShardOption = None,
 ) -> None:
     """Running (a worker's heartbeat is live) or stopped, paused or not, and per slice range: owner, offsets and
     lag. Lag: 0 when nothing is pending (no event of the entity type newer than the range's offsets is visible
     under the visibility horizon), else the database clock minus the newest event handled, in seconds: the
-    largest over the range's slices. The same number as the workers' pgjournal_projection_lag_seconds."""
-    with open_journal(dsn) as journal, reported():
-        state = management.status(journal, name, entity_type)
-    console.print(status_line(state), highlight=False)
-    table = Table("slices", "owner / key", "oldest offset", "newest offset", "lag (s)")
-    for r in state.ranges:
-        table.add_row(shown(r.slices), shown(r.owner or r.key or "-"),
-                      format_timestamp(r.oldest_offset) if r.oldest_offset else "-",
-                      format_timestamp(r.newest_offset) if r.newest_offset else "-",
-                      f"{r.lag:.3f}" if r.lag is not None else "-")
-    console.print(table)
+    largest over the range's slices. The same number as the workers' pgjournal_projection_lag_seconds. With
+    --shard: the same for each database."""
+    with databases(dsn, shard) as found, reported():
+        states = [(bounds, journal, management.status(journal, name, entity_type)) for bounds, journal in found]
+        for bounds, journal, state in states:
+            heading(bounds, journal, len(states))
+            console.print(status_line(state), highlight=False)
+            table = Table("slices", "owner / key", "oldest offset", "newest offset", "lag (s)")
+            for r in state.ranges:
+                table.add_row(shown(r.slices), shown(r.owner or r.key or "-"),
+                              format_timestamp(r.oldest_offset) if r.oldest_offset else "-",
+                              format_timestamp(r.newest_offset) if r.newest_offset else "-",
+                              f"{r.lag:.3f}" if r.lag is not None else "-")
+            console.print(table)
 
 
 def status_line(state: management.ProjectionStatus) -> str:
@@ -98,19 +131,22 @@ def run_cmd(
 
 
 @projection_app.command("pause")
-def pause_cmd(name: str, dsn: DsnOption = None) -> None:
-    """Running workers store what they handled and stop consuming until resumed."""
-    with open_journal(dsn) as journal, reported():
-        management.pause(journal, name)
-    console.print(f"{shown(name)}: paused")
+def pause_cmd(name: str, dsn: DsnOption = None, shard: ShardOption = None) -> None:
+    """Running workers store what they handled and stop consuming until resumed (in every database, with
+    --shard)."""
+    with databases(dsn, shard) as found, reported():
+        for _, journal in found:
+            management.pause(journal, name)
+    console.print(f"{shown(name)}: paused" + (f" in {len(found)} databases" if len(found) > 1 else ""))
 
 
 @projection_app.command("resume")
-def resume_cmd(name: str, dsn: DsnOption = None) -> None:
-    """Workers continue from the stored offsets."""
-    with open_journal(dsn) as journal, reported():
-        management.resume(journal, name)
-    console.print(f"{shown(name)}: resumed")
+def resume_cmd(name: str, dsn: DsnOption = None, shard: ShardOption = None) -> None:
+    """Workers continue from the stored offsets (in every database, with --shard)."""
+    with databases(dsn, shard) as found, reported():
+        for _, journal in found:
+            management.resume(journal, name)
+    console.print(f"{shown(name)}: resumed" + (f" in {len(found)} databases" if len(found) > 1 else ""))
 
 
 @projection_app.command("reset")
@@ -120,22 +156,27 @@ def reset_cmd(
                                     "(default: clear, process everything again).")] = "",
     slices: SlicesOption = "0-1023",
     dsn: DsnOption = None,
+    shard: ShardOption = None,
 ) -> None:
-    """Clear the offsets (or set them to a time). Pause the projection first, resume afterwards."""
+    """Clear the offsets (or set them to a time). Pause the projection first, resume afterwards. With --shard,
+    each database's part of --slices, once every database has been checked."""
     with reported():
         lo, hi = parse_slice_range(slices)
         when = parse_timestamp(to, "--to") if to else None
-    with open_journal(dsn) as journal, reported():
-        state = management.status(journal, name)
-        if state.running and not state.paused:
-            fail(f"projection {name!r} has live workers and is not paused: run `pgjournal projection pause "
-                 f"{name}` first")
-        if when is None:
-            deleted = management.clear_offset(journal, name, lo, hi)
-            console.print(f"{shown(name)}: cleared {deleted} offset row(s) of slices {lo}-{hi}")
-        else:
-            management.set_offset(journal, name, when, lo, hi)
-            console.print(f"{shown(name)}: slices {lo}-{hi} start after {format_timestamp(when)}")
+    with databases(dsn, shard) as found, reported():
+        parts = [((max(lo, a), min(hi, b)), journal) for (a, b), journal in found if a <= hi and lo <= b]
+        for _, journal in parts:
+            state = management.status(journal, name)
+            if state.running and not state.paused:
+                fail(f"projection {name!r} has live workers and is not paused: run `pgjournal projection pause "
+                     f"{name}` first")
+        for (low, high), journal in parts:
+            if when is None:
+                deleted = management.clear_offset(journal, name, low, high)
+                console.print(f"{shown(name)}: cleared {deleted} offset row(s) of slices {low}-{high}")
+            else:
+                management.set_offset(journal, name, when, low, high)
+                console.print(f"{shown(name)}: slices {low}-{high} start after {format_timestamp(when)}")
 
 
 @projection_app.command("dead-letters")

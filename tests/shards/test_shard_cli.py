@@ -1,5 +1,5 @@
 """``pgjournal shard migrate`` and ``pgjournal shard status`` (the layout, and each database's range, size and
-horizon)."""
+horizon), ``pgjournal info`` and the projection commands over every database of a sharded journal."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from pgjournal.cli.commands import app
 from pgjournal.model.slices import slice_for_persistence_id
-from pgjournal.shards import SHARDS_ENV, ShardedJournal
+from pgjournal.projections import management
+from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
 
 
 def test_shard_migrate_then_status_show_the_agreed_layout(shard_databases: Callable[..., list[str]]) -> None:
@@ -91,3 +92,40 @@ def test_info_of_a_sharded_journal_shows_the_layout_then_each_database(
     assert "Cart" not in second and second.count("Events per entity type") == 1
     both = CliRunner().invoke(app, ["info", "--dsn", dsns[0], *shards], terminal_width=200)
     assert both.exit_code == 1 and "without --dsn and --watch" in " ".join(both.output.split()), both.output
+
+
+def test_projection_management_acts_on_every_database_of_a_sharded_journal(
+        shard_databases: Callable[..., list[str]]) -> None:
+    """A projection's offsets and pause flag live in the database of their slices: ``projection reset|status|
+    pause|resume|list --shard ...`` act on each database, ``reset --slices`` on each one's part of the range."""
+    dsns = shard_databases(2)
+    migrate_all(ShardSettings.of(dsns))
+    shards = [a for s in (f"0-511={dsns[0]}", f"512-1023={dsns[1]}") for a in ("--shard", s)]
+    runner = CliRunner()
+
+    def invoke(*args: str) -> str:
+        result = runner.invoke(app, ["projection", *args, *shards], terminal_width=200)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def offset_slices(dsn: str) -> set[int]:
+        with psycopg.connect(dsn) as conn:
+            return {s for (s,) in conn.execute("SELECT DISTINCT slice FROM projection_timestamp_offset_store "
+                                               "WHERE projection_name = 'p'")}
+
+    assert "slices 0-511 start after" in invoke("reset", "p", "--to", "2020-01-01T00:00:00Z")
+    assert offset_slices(dsns[0]) == set(range(512)) and offset_slices(dsns[1]) == set(range(512, 1024))
+    assert invoke("list").split() == ["p"]
+    status = invoke("status", "p", "-e", "Cart")
+    assert status.count("p: stopped") == 2 and "│ 0-511 " in status and "│ 512-1023 " in status, status
+    assert "paused in 2 databases" in invoke("pause", "p")
+    for dsn in dsns:
+        with psycopg.connect(dsn) as conn:
+            assert management.is_paused(conn, "p")
+    assert invoke("status", "p").count("paused") == 2
+    cleared = invoke("reset", "p", "--slices", "500-600")
+    assert "cleared 12 offset row(s) of slices 500-511" in cleared and "of slices 512-600" in cleared, cleared
+    assert offset_slices(dsns[0]) == set(range(500)) and offset_slices(dsns[1]) == set(range(601, 1024))
+    assert "resumed in 2 databases" in invoke("resume", "p")
+    both = runner.invoke(app, ["projection", "list", "--dsn", dsns[0], *shards])
+    assert both.exit_code == 1 and "not both" in both.output
