@@ -18,13 +18,15 @@ persistence id's latest revision in it, and a state overwritten before its micro
 at its newer revision, in a later one (the changes semantics of ``changes_by_slices``).
 
 Offsets are per slice range, so a checkpoint is tied to the query's ``sliceRanges``: a restart with other
-ranges raises :class:`SliceRangesChanged` naming both.
+ranges raises :class:`SliceRangesChanged` naming both. Of a sharded journal (option ``shards``), the ranges are
+``sliceRanges`` cut at the databases' boundaries, each read from its database below that database's horizon.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +39,7 @@ from .source import (
     SourceOptions,
     describe_ranges,
     horizon_tracker,
-    plan,
+    plan_databases,
     read_columns,
     read_partition,
 )
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
 
     from pgjournal import Journal
     from pgjournal.codec.serialization import SerializerRegistry
+    from pgjournal.store.export import ExportSQL
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -75,40 +78,59 @@ def _key(lo: int, hi: int) -> str:
     return f"{lo}-{hi}"
 
 
+@dataclass
+class _Database:
+    """One database of a stream (the one, or each of a sharded journal's), on the driver: its DSN, the stream's
+    slice ranges it holds, its store, and its journal and horizon tracker (opened again after pickling)."""
+
+    dsn: str
+    ranges: tuple[tuple[int, int], ...]
+    store: ExportSQL
+    journal: Journal | None = None
+    tracker: Any = None
+
+    def connection(self, options: SourceOptions) -> Any:
+        if self.journal is None:
+            self.journal = options.open_journal_at(self.dsn)
+            self.tracker = horizon_tracker(self.journal, options.table)
+        return self.journal.connection()
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+
+
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the journal per slice range, bounded by the visibility horizon; decodes with
-    ``serializers`` (see :func:`spark.source.reading_registry`)."""
+    ``serializers`` (see :func:`spark.source.reading_registry`). Of a sharded journal, each database's ranges
+    (``sliceRanges`` cut at the databases' boundaries) are bounded by that database's own horizon and read from it."""
 
     def __init__(self, options: SourceOptions, schema: StructType, serializers: SerializerRegistry | None = None
                  ) -> None:
-        if options.shards is not None:
-            raise InvalidArgument("readStream of a sharded journal is not built yet: stream each database with "
-                                  "option dsn and sliceRanges inside its range, or read it in batches (spark.read)")
         self.options = options
         self.columns = read_columns(schema, options.table)
-        self.keys = [_key(lo, hi) for lo, hi in options.ranges]
         #: Trigger.AvailableNow: the offset the query stops at (taken when it starts).
         self._cap: dict[str, str] | None = None
-        # fail before any task: unreachable, unmigrated, unknown type; the planning journal is kept
-        self._journal: Journal | None
-        self._journal, self.store = plan(options, serializers)
-        self.converter = ArrowRows(schema, self.columns, self._journal.serializers)
-        self._tracker: Any = horizon_tracker(self._journal, options.table)
+        # fail before any task: unreachable, unmigrated, unknown type; the planning journals are kept
+        planned = plan_databases(options, serializers)
+        self._databases = [_Database(d.dsn, d.ranges, d.store, d.journal, horizon_tracker(d.journal, options.table))
+                           for d in planned]
+        self.converter = ArrowRows(schema, self.columns, planned[0].journal.serializers)
+        self.ranges = [r for database in self._databases for r in database.ranges]
+        self.keys = [_key(lo, hi) for lo, hi in self.ranges]
         self._starting: dict[str, str] | None = None
         if options.starting_offsets.startswith("{"):
             self._starting = self.check_offset(_json_offset(options.starting_offsets))
 
     def __getstate__(self) -> dict[str, Any]:
         # Tasks get a copy for read(): no connection pool, no horizon readings.
-        return {**self.__dict__, "_journal": None, "_tracker": None}
+        return {**self.__dict__, "_databases": [replace(d, journal=None, tracker=None) for d in self._databases]}
 
     # -- driver side ---------------------------------------------------------------------------------
 
-    def _connection(self) -> Any:
-        if self._journal is None:
-            self._journal = self.options.open_journal()
-            self._tracker = horizon_tracker(self._journal, self.options.table)
-        return self._journal.connection()
+    def _keyed(self, database: _Database) -> list[tuple[str, int, int]]:
+        return [(_key(lo, hi), lo, hi) for lo, hi in database.ranges]
 
     def check_offset(self, offset: Mapping[str, Any]) -> dict[str, str]:
         """``offset`` parsed and normalised; raise :class:`SliceRangesChanged` for other ranges."""
@@ -118,7 +140,7 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if sorted(offset) != sorted(self.keys):
             ranges = sorted(offset, key=lambda k: int(k.split("-")[0]) if k.split("-")[0].isdigit() else -1)
             raise SliceRangesChanged(f"{len(ranges)} ({','.join(ranges)})",
-                                     f"{len(self.keys)} ({describe_ranges(self.options.ranges)})")
+                                     f"{len(self.keys)} ({describe_ranges(self.ranges)})")
         return {k: str(TimestampOffset.parse(offset[k])) for k in self.keys}
 
     def initialOffset(self) -> dict[str, str]:
@@ -143,42 +165,45 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, str], limit: ReadLimit) -> dict[str, str]:
         starts = {k: TimestampOffset.parse(v) for k, v in self.check_offset(start).items()}
         caps = {k: TimestampOffset.parse(v) for k, v in self._cap.items()} if self._cap is not None else None
-        with self._connection() as conn:
-            assert self._journal is not None
-            bound = self._tracker.final_bound(conn, settle=False)
-            if isinstance(limit, ReadMaxRows):
-                ends = self._limited(conn, starts, caps, bound, limit.max_rows)
-            else:
-                ends = {k: self._newest(conn, k, lo, hi, starts[k], caps[k] if caps else None, bound)
-                        for k, (lo, hi) in zip(self.keys, self.options.ranges, strict=True)}
+        ends: dict[str, TimestampOffset] = {}
+        keyed: list[tuple[datetime, int, str, str]] = []  # with a row limit: the first rows of every range
+        for database in self._databases:
+            with database.connection(self.options) as conn:
+                bound = database.tracker.final_bound(conn, settle=False)
+                for key, lo, hi in self._keyed(database):
+                    cap = caps[key] if caps else None
+                    if isinstance(limit, ReadMaxRows):
+                        keyed += [(ts, number, pid, key) for ts, number, pid in conn.execute(
+                            *database.store.first_after(lo, hi, starts[key], bound, limit.max_rows,
+                                                        entity_type=self.options.entity_type, cap=cap),
+                            prepare=False).fetchall()]
+                    else:
+                        ends[key] = self._newest(conn, database.store, lo, hi, starts[key], cap, bound)
+        if isinstance(limit, ReadMaxRows):
+            ends = self._limited(starts, keyed, limit.max_rows)
         return {k: str(ends[k]) for k in self.keys}
 
-    def _newest(self, conn: psycopg.Connection, key: str, lo: int, hi: int, start: TimestampOffset,
+    def _newest(self, conn: psycopg.Connection, store: ExportSQL, lo: int, hi: int, start: TimestampOffset,
                 cap: TimestampOffset | None, bound: datetime) -> TimestampOffset:
         """Everything committed after ``start``: the newest timestamp and every pid at it."""
         entity_type = self.options.entity_type
-        row = conn.execute(*self.store.newest_after(lo, hi, start, bound, entity_type=entity_type, cap=cap),
+        row = conn.execute(*store.newest_after(lo, hi, start, bound, entity_type=entity_type, cap=cap),
                            prepare=False).fetchone()
         newest = row[0] if row else None
         if newest is None:
             return start
         # An offset's position (what was consumed at one timestamp), not the gate's rule (each pid once, in order).
         seen = dict(start.seen) if newest == start.timestamp else {}
-        rows = conn.execute(*self.store.numbers_at(lo, hi, start, bound, newest, entity_type=entity_type, cap=cap),
+        rows = conn.execute(*store.numbers_at(lo, hi, start, bound, newest, entity_type=entity_type, cap=cap),
                             prepare=False).fetchall()
         for pid, number in rows:
             seen[pid] = max(number, seen.get(pid, 0))
         return TimestampOffset(newest, seen=seen)
 
-    def _limited(self, conn: psycopg.Connection, starts: dict[str, TimestampOffset],
-                 caps: dict[str, TimestampOffset] | None, bound: datetime, limit: int) -> dict[str, TimestampOffset]:
-        """The first ``limit`` rows after the starts, over all ranges in (db_timestamp, number, pid) order."""
-        keyed: list[tuple[datetime, int, str, str]] = []
-        for key, (lo, hi) in zip(self.keys, self.options.ranges, strict=True):
-            rows = conn.execute(*self.store.first_after(lo, hi, starts[key], bound, limit,
-                                                        entity_type=self.options.entity_type,
-                                                        cap=caps[key] if caps else None), prepare=False).fetchall()
-            keyed.extend((ts, number, pid, key) for ts, number, pid in rows)
+    @staticmethod
+    def _limited(starts: dict[str, TimestampOffset], keyed: list[tuple[datetime, int, str, str]], limit: int
+                 ) -> dict[str, TimestampOffset]:
+        """The first ``limit`` of the ranges' first rows (``keyed``) in (db_timestamp, number, pid) order."""
         keyed.sort()
         ends = dict(starts)
         for ts, number, pid, key in keyed[:limit]:
@@ -191,19 +216,23 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[InputPartition]:
         starts, ends = self.check_offset(start), self.check_offset(end)
-        return [RangePartition(i, lo, hi, self.store.rows_between(
-                    self.columns.read, lo, hi, TimestampOffset.parse(starts[k]), TimestampOffset.parse(ends[k]),
-                    entity_type=self.options.entity_type))
-                for i, (k, (lo, hi)) in enumerate(zip(self.keys, self.options.ranges, strict=True))
-                if starts[k] != ends[k]]
+        sharded = self.options.shards is not None
+        partitions: list[InputPartition] = []
+        for database in self._databases:
+            partitions += [RangePartition(len(partitions) + i, lo, hi, database.store.rows_between(
+                               self.columns.read, lo, hi, TimestampOffset.parse(starts[k]),
+                               TimestampOffset.parse(ends[k]), entity_type=self.options.entity_type),
+                               database.dsn if sharded else None)
+                           for i, (k, lo, hi) in enumerate(
+                               (k, lo, hi) for k, lo, hi in self._keyed(database) if starts[k] != ends[k])]
+        return partitions
 
     def commit(self, end: dict[str, str]) -> None:
         """Nothing to release: offsets live in Spark's checkpoint."""
 
     def stop(self) -> None:
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
+        for database in self._databases:
+            database.close()
 
     # -- tasks ---------------------------------------------------------------------------------------
 

@@ -1,18 +1,22 @@
 """The Spark readers over a sharded journal: the native ``format("pgjournal")`` source (option ``shards``) and
 the JDBC reader (``read_events(shards=...)``) read each database's slice ranges as their own partitions, from
-that database; the layout must agree; the stream reader refuses a sharded journal (not built yet)."""
+that database; the layout must agree; the stream reads each database below its own horizon, exactly once."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from support import FAST
+from support.eventually import eventually
+from support.held_writes import insert_in
 
 from pgjournal.errors import ConfigurationError, InvalidArgument, ShardLayoutMismatch
+from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import ShardedJournal
 from pgjournal.spark.session import check_spark_available
 from pgjournal.spark.source import SourceOptions, source_schema
@@ -110,11 +114,43 @@ def test_a_sharded_read_checks_the_recorded_layout_and_its_options(sharded: list
         source_schema(options)
 
 
-def test_a_stream_of_a_sharded_journal_is_refused(sharded: list[str]) -> None:
-    from pyspark.sql.types import StructType
+def test_a_stream_of_a_sharded_journal_delivers_each_event_once_across_runs(
+        spark: Any, sharded: list[str], tmp_path: Path) -> None:
+    """readStream over two databases: the ranges cut at their boundary, each read from its database below its own
+    horizon; micro-batches of at most 7 events taken across both; a second run from the checkpoint delivers only
+    the events appended since, and a transaction held open in one database holds back only that database."""
+    shards = f"0-511={sharded[0]};512-1023={sharded[1]}"
 
-    from pgjournal.spark.stream import JournalStreamReader
+    def run() -> Any:
+        query = (spark.readStream.format("pgjournal").option("shards", shards).option("entityType", "Cart")
+                 .option("sliceRanges", "0-1023").option("maxEventsPerTrigger", 7).load()
+                 .select("persistence_id", "seq_nr").writeStream.format("parquet")
+                 .option("path", str(tmp_path / "data")).option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        return query
 
-    options = SourceOptions.parse({"shards": f"0-511={sharded[0]};512-1023={sharded[1]}"})
-    with pytest.raises(InvalidArgument, match="readStream of a sharded journal is not built yet"):
-        JournalStreamReader(options, StructType.fromDDL("slice INT"))
+    def delivered() -> list[tuple[str, int]]:
+        frame = spark.read.schema("persistence_id STRING, seq_nr BIGINT").parquet(str(tmp_path / "data"))
+        return [(r["persistence_id"], r["seq_nr"]) for r in frame.collect()]
+
+    first = run()
+    got = delivered()
+    assert len(got) == len(set(got)) and set(got) == rows(sharded[0], "Cart") | rows(sharded[1], "Cart")
+    assert len(first.recentProgress) >= 90 // 7  # 90 events, at most 7 per micro-batch over both databases
+
+    low = next(p for p in (f"Cart|low{i}" for i in range(1000)) if slice_for_persistence_id(p) < 512)
+    high = next(p for p in (f"Cart|high{i}" for i in range(1000)) if slice_for_persistence_id(p) >= 512)
+    late = next(p for p in (f"Cart|late{i}" for i in range(1000)) if slice_for_persistence_id(p) < 512)
+    with ShardedJournal.open(sharded, **FAST) as journal, psycopg.connect(sharded[0]) as held:
+        insert_in(held, late, 0)  # an append held open in the first database
+        journal.append(low, ["a", "b"])
+        journal.append(high, ["c"])
+        eventually(lambda: (run(), (high, 1) in set(delivered()))[1], "the second database's new event",
+                   timeout=120, interval=0.5)
+        assert (low, 1) not in set(delivered()), "the held transaction bounds its own database"
+        held.commit()
+    run()
+    got = delivered()
+    assert len(got) == len(set(got)) and set(got) == rows(sharded[0], "Cart") | rows(sharded[1], "Cart")
+    assert {(low, 1), (low, 2), (high, 1), (late, 1)} <= set(got)
