@@ -20,7 +20,8 @@ from .report import plot_all, write_report
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
                     "bench.spark_load", "bench.spark_source", "bench.projection", "bench.restart",
-                    "bench.firehose", "bench.transcoding", "bench.async_append", "bench.tags_filter"]
+                    "bench.firehose", "bench.transcoding", "bench.async_append", "bench.tags_filter",
+                    "bench.scale_out"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
