@@ -3,9 +3,10 @@ sharded over 1, 2 and 4 databases (docs/sharding.md), each database on a private
 ("N servers") or all N on one ("N databases, 1 server"), so the report separates more servers from more
 databases.
 
-* append: W = 8 writer threads per database (8, 16, 32), one ``ShardedJournal`` (pool W + 2 per database),
-  1 event per transaction after an expected sequence number; each writer cycles over 8 persistence ids and the
-  writers' ids together cover all slices evenly, so every writer writes to every database. References: one
+* append: W = 8 writer threads per database (8, 16, 32), one ``ShardedJournal`` per layout (kept open across
+  rounds, pools of 34 per database), 1 event per transaction after an expected sequence number; each writer
+  cycles over 4 persistence ids, one in each quarter of the slices (so in every database), and all writers'
+  ids together cover the slices evenly. References: one
   database with 8 writers, and with as many writers as the 4 databases (so more writers alone is not taken for
   scaling);
 * catch-up: ``current_events_by_slices`` of each database's range in parallel, one thread per range (one
@@ -26,6 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -41,7 +44,7 @@ from .servers import database, postmaster, private_servers
 
 SERVERS = 4
 WRITERS_PER_DATABASE = 8
-PIDS_PER_WRITER = 8
+PIDS_PER_WRITER = 4
 ENTITY = "Cart"
 #: Contender → (databases, servers): "ours" is the widest layout, the references one database.
 PLACEMENTS = {"ours": (4, 4), "ours_2_servers": (2, 2), "ours_4_databases_1_server": (4, 1),
@@ -55,46 +58,49 @@ class Cluster:
     shards: dict[str, ShardSettings]
     postmasters: list[int]
     rows: int = 0
-    close: Callable[[], None] = lambda: None
     rates: dict[str, list[float]] = field(default_factory=dict)
+    journals: dict[str, ShardedJournal] = field(default_factory=dict)
+
+    def journal(self, placement: str, **settings: Any) -> ShardedJournal:
+        """The placement's journal, opened by its first round and kept (its pools stay warm) until teardown."""
+        if placement not in self.journals:
+            self.journals[placement] = ShardedJournal.open(self.shards[placement], **settings)
+        return self.journals[placement]
 
 
 def _setup(ctx: Context, *, load: bool) -> Cluster:
-    servers_cm = private_servers(SERVERS)
-    servers = servers_cm.__enter__()
-    try:
-        wanted = [(name, i, i if on == count else 0) for name, (count, on) in PLACEMENTS.items() for i in range(count)]
+    """Every placement's databases, migrated and recorded, on the run's private servers (started by the first
+    scale-out scenario of the run, stopped and deleted when the run ends); with ``load``, pre-filled."""
+    servers = ctx.shared.get("scale-out servers", lambda: private_servers(SERVERS))
+    tag = uuid.uuid4().hex[:8]
+    wanted = [(name, i, i if on == count else 0) for name, (count, on) in PLACEMENTS.items() for i in range(count)]
 
-        def make(server: int) -> dict[tuple[str, int], str]:
-            return {(name, i): database(servers[server], f"scaleout_{name}_{i}") for name, i, on in wanted
-                    if on == server}
+    def make(server: int) -> dict[tuple[str, int], str]:
+        return {(name, i): database(servers[server], f"scaleout_{tag}_{name}_{i}") for name, i, on in wanted
+                if on == server}
 
-        made: dict[tuple[str, int], str] = {}
-        with ThreadPoolExecutor(SERVERS) as pool:  # one thread per server: its databases one after the other
-            for part in pool.map(make, range(SERVERS)):
-                made.update(part)
-        shards: dict[str, ShardSettings] = {}
-        for name, (count, _on) in PLACEMENTS.items():
-            shards[name] = ShardSettings.of([made[(name, i)] for i in range(count)])
-            migrate_all(shards[name])
-        cluster = Cluster(servers, shards, [postmaster(s) for s in servers],
-                          close=lambda: servers_cm.__exit__(None, None, None))
-        if load:
-            cluster.rows = 20_000 if ctx.quick else 200_000
-            _load(cluster, cluster.rows)
-        ctx.note(f"{SERVERS} private embedded servers (PostgreSQL {servers[0].status().version}), "
-                 f"{sum(s.count for s in shards.values())} databases")
-        return cluster
-    except BaseException:
-        servers_cm.__exit__(None, None, None)
-        raise
+    made: dict[tuple[str, int], str] = {}
+    with ThreadPoolExecutor(SERVERS) as pool:  # one thread per server: its databases one after the other
+        for part in pool.map(make, range(SERVERS)):
+            made.update(part)
+    # Nothing is dropped afterwards: DROP DATABASE waits for a checkpoint (seconds each on a busy disk); the
+    # servers and all their databases go together when the run ends.
+    cluster = Cluster(servers, {}, [postmaster(s) for s in servers])
+    for name, (count, _on) in PLACEMENTS.items():
+        cluster.shards[name] = ShardSettings.of([made[(name, i)] for i in range(count)])
+        migrate_all(cluster.shards[name])
+    if load:
+        cluster.rows = 20_000 if ctx.quick else 200_000
+        _load(cluster, cluster.rows)
+    ctx.note(f"{SERVERS} private embedded servers (PostgreSQL {servers[0].status().version}), "
+             f"{len(wanted)} databases")
+    return cluster
 
 
 def _teardown(ctx: Context, cluster: Cluster) -> None:
-    try:
-        _read_cpu(ctx, cluster)
-    finally:
-        cluster.close()
+    for journal in cluster.journals.values():
+        journal.close()
+    _read_cpu(ctx, cluster)
 
 
 # -- append --------------------------------------------------------------------------------------------------
@@ -123,23 +129,25 @@ def append_rate(placement: str, writers_per_database: int = WRITERS_PER_DATABASE
     def measure(ctx: Context, cluster: Cluster) -> float:
         shards = cluster.shards[placement]
         count = writers or writers_per_database * shards.count
-        per_writer = (1_600 if ctx.quick else 16_000) // count
+        per_writer = (800 if ctx.quick else 16_000) // count
         pids = _spread_pids(count)
-        with ShardedJournal.open(shards, pool_max_size=count + 2) as journal:
-            def prepare(w: int) -> list[int]:
-                for pid in pids[w]:  # every writer's connection and prepared statements, in every database
-                    journal.append(pid, [EVENT], expected_seq_nr=0)
-                return [1] * len(pids[w])
+        # every database's pool can serve every writer at once (the widest count of writers, plus 2)
+        journal = cluster.journal(placement, pool_max_size=WRITERS_PER_DATABASE * SERVERS + 2)
 
-            def work(w: int, seqs: list[int]) -> None:
-                mine = pids[w]
-                for i in range(per_writer):
-                    k = i % len(mine)
-                    journal.append(mine[k], [EVENT], expected_seq_nr=seqs[k])
-                    seqs[k] += 1
+        def prepare(w: int) -> list[int]:
+            for pid in pids[w]:  # the pools grow to the writers' concurrency in every database before the clock
+                journal.append(pid, [EVENT], expected_seq_nr=0)
+            return [1] * len(pids[w])
 
-            result = measure_servers(cluster.postmasters, per_writer * count,
-                                     _cpu_threads(count, prepare, work, lambda _s: None))
+        def work(w: int, seqs: list[int]) -> None:
+            mine = pids[w]
+            for i in range(per_writer):
+                k = i % len(mine)
+                journal.append(mine[k], [EVENT], expected_seq_nr=seqs[k])
+                seqs[k] += 1
+
+        result = measure_servers(cluster.postmasters, per_writer * count,
+                                 _cpu_threads(count, prepare, work, lambda _s: None))
         return _record(ctx, cluster, label or placement, result, per_writer * count)
 
     return measure
@@ -172,8 +180,8 @@ def _load(cluster: Cluster, rows: int) -> None:
                         if lo <= row[0] <= hi:
                             copy.write_row(row)
                 conn.commit()
-                conn.execute("ANALYZE event_journal")
-                conn.commit()
+            with psycopg.connect(dsn, autocommit=True) as conn:  # hint bits and statistics now, not in round 1
+                conn.execute("VACUUM (ANALYZE) event_journal")
 
 
 def catchup_rate(placement: str, ranges: int | None = None, *, label: str | None = None
@@ -185,18 +193,19 @@ def catchup_rate(placement: str, ranges: int | None = None, *, label: str | None
         shards = cluster.shards[placement]
         parts = list(shards.ranges) if ranges is None else slice_ranges(ranges)
         counts = [0] * len(parts)
-        with ShardedJournal.open(shards, pool_max_size=len(parts) + 1, notify=False) as journal:
-            def prepare(i: int) -> tuple[int, int]:
-                lo, hi = parts[i]
-                with journal.journal_for_slices(lo, hi).connection() as conn:
-                    conn.execute("SELECT 1")  # the pool's connection is open before the clock starts
-                return lo, hi
+        journal = cluster.journal(placement, pool_max_size=SERVERS + 1, notify=False)
 
-            def work(i: int, part: tuple[int, int]) -> None:
-                counts[i] = sum(1 for _ in journal.query.current_events_by_slices(ENTITY, *part))
+        def prepare(i: int) -> tuple[int, int]:
+            lo, hi = parts[i]
+            with journal.journal_for_slices(lo, hi).connection() as conn:
+                conn.execute("SELECT 1")  # the pool's connection is open before the clock starts
+            return lo, hi
 
-            result = measure_servers(cluster.postmasters, cluster.rows,
-                                     _cpu_threads(len(parts), prepare, work, lambda _s: None))
+        def work(i: int, part: tuple[int, int]) -> None:
+            counts[i] = sum(1 for _ in journal.query.current_events_by_slices(ENTITY, *part))
+
+        result = measure_servers(cluster.postmasters, cluster.rows,
+                                 _cpu_threads(len(parts), prepare, work, lambda _s: None))
         assert sum(counts) == cluster.rows, (counts, cluster.rows)
         return _record(ctx, cluster, label or placement, result, cluster.rows)
 
@@ -228,6 +237,7 @@ def _read_cpu(ctx: Context, cluster: Cluster) -> None:
     med = {name: {k: statistics.median(v) for k, v in split.items()} for name, split in cpu.items()}
     base = statistics.median(cluster.rates["one_database"]) if "one_database" in cluster.rates else None
     ctx.extra["cpu_us_per_event_median"] = med
+    ctx.extra["rates"] = {name: [round(r, 1) for r in rates] for name, rates in cluster.rates.items()}
     if base:
         ctx.extra["speedup_vs_one_database"] = {name: round(statistics.median(r) / base, 2)
                                                 for name, r in cluster.rates.items()}
@@ -254,14 +264,66 @@ def _read_cpu(ctx: Context, cluster: Cluster) -> None:
              "client processes (each on its own core)")
 
 
+def plot(summaries: list[dict[str, Any]], path: str | Path) -> None:
+    """A row per scale-out summary (its JSON, so a saved line can be drawn again): the rate by number of
+    databases, on as many servers and on one (whiskers: min-max of the rounds; the references at their own
+    places), and the CPU per event split into client and servers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(summaries), 2, figsize=(11, 4 * len(summaries)), squeeze=False)
+    for (left, right), summary in zip(axes, summaries, strict=True):
+        rates, cpu = summary["extra"]["rates"], summary["extra"]["cpu_us_per_event_median"]
+        unit = "events/s" if summary["metric"] == "events_per_s" else "rows/s"
+        for line, names, style in (("N servers, 1 database each", ("one_database", "ours_2_servers", "ours"), "o-"),
+                                   ("N databases on 1 server", ("one_database", "ours_2_databases_1_server",
+                                                                "ours_4_databases_1_server"), "s--")):
+            medians = [statistics.median(rates[n]) for n in names]
+            spread = [[m - min(rates[n]) for m, n in zip(medians, names, strict=True)],
+                      [max(rates[n]) - m for m, n in zip(medians, names, strict=True)]]
+            left.errorbar([1, 2, 4], medians, yerr=spread, fmt=style, capsize=4, label=line)
+        for name in rates:
+            if name.startswith("one_database_"):
+                left.errorbar([4], [statistics.median(rates[name])], yerr=[[statistics.median(rates[name])
+                              - min(rates[name])], [max(rates[name]) - statistics.median(rates[name])]],
+                              fmt="x", color="gray", capsize=4, label=f"{name.replace('_', ' ')} (reference)")
+        left.set_xscale("log", base=2)
+        left.set_xticks([1, 2, 4], ["1", "2", "4"])
+        left.set_xlabel("databases")
+        left.set_ylabel(unit)
+        left.set_ylim(bottom=0)
+        left.set_title(f"{summary['scenario']} (2 shared cores: CPU-bound)", fontsize=10)
+        left.grid(alpha=0.3)
+        left.legend(fontsize=7)
+        names = list(cpu)
+        client = [cpu[n]["client"] for n in names]
+        right.bar(names, client, color="tab:blue", label="client (this process)")
+        right.bar(names, [cpu[n]["servers"] for n in names], bottom=client, color="tab:orange",
+                  label="servers (every process)")
+        right.set_ylabel("CPU µs per event (median)")
+        right.set_title("CPU per event: client and servers", fontsize=10)
+        right.tick_params(axis="x", rotation=25, labelsize=7)
+        right.set_ylim(top=1.25 * max(c["client"] + c["servers"] for c in cpu.values()))
+        right.legend(fontsize=7, loc="upper left")
+    calibration = summaries[0].get("calibration") or {}
+    if calibration:
+        fig.text(0.01, 0.005, "machine: " + ", ".join(f"{k} {v:,.1f}" for k, v in calibration.items()), fontsize=7)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _scenarios() -> list[Scenario]:
     return [
         Scenario(
             name="scale-out-append", metric="events_per_s",
-            description="16,000 appends (quick: 1,600), 1 per transaction, 8 writer threads per database, over 4 "
+            description="16,000 appends (quick: 800), 1 per transaction, 8 writer threads per database, over 4 "
                         "databases on 4 private servers (ours), 2 servers, 4 or 2 databases on 1 server; "
                         "references: 1 database with 8 and with 32 writers; CPU per event in the extra",
-            setup=lambda ctx: _setup(ctx, load=False), teardown=_teardown,
+            setup=lambda ctx: _setup(ctx, load=False), teardown=_teardown, chart=plot,
             contenders={
                 "ours": append_rate("ours"),
                 "ours_2_servers": append_rate("ours_2_servers"),
@@ -276,7 +338,7 @@ def _scenarios() -> list[Scenario]:
             description="catch-up of 200,000 events (quick: 20,000) by each database's range in parallel (one "
                         "thread each) over 4 databases on 4 private servers (ours), 2 servers, 4 or 2 databases on "
                         "1 server; references: 1 database as 1 range and as 4 ranges; CPU per row in the extra",
-            setup=lambda ctx: _setup(ctx, load=True), teardown=_teardown,
+            setup=lambda ctx: _setup(ctx, load=True), teardown=_teardown, chart=plot,
             contenders={
                 "ours": catchup_rate("ours"),
                 "ours_2_servers": catchup_rate("ours_2_servers"),
