@@ -294,7 +294,7 @@ def plot(summaries: list[dict[str, Any]], path: str | Path) -> None:
         left.set_xlabel("databases")
         left.set_ylabel(unit)
         left.set_ylim(bottom=0)
-        left.set_title(f"{summary['scenario']} (2 shared cores: CPU-bound)", fontsize=10)
+        left.set_title(f"{summary['scenario']} (every server on the same 2 cores)", fontsize=10)
         left.grid(alpha=0.3)
         left.legend(fontsize=7)
         names = list(cpu)
