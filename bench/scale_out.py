@@ -131,7 +131,8 @@ def append_rate(placement: str, writers_per_database: int = WRITERS_PER_DATABASE
         count = writers or writers_per_database * shards.count
         per_writer = (800 if ctx.quick else 16_000) // count
         pids = _spread_pids(count)
-        # every database's pool can serve every writer at once (the widest count of writers, plus 2)
+        # every database's pool can serve every writer at once (the widest count of writers, plus 2); pools grow
+        # only to the writers' concurrency, so all layouts' pools on the first server stay under its 300 connections
         journal = cluster.journal(placement, pool_max_size=WRITERS_PER_DATABASE * SERVERS + 2)
 
         def prepare(w: int) -> list[int]:
