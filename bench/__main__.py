@@ -14,13 +14,14 @@ from rich.table import Table
 from pgjournal.server.dsn import mask_dsn, resolve_dsn
 
 from .calibration import measure as measure_calibration
-from .harness import Outcome, Scenario, run_scenario
+from .harness import Outcome, Scenario, Shared, run_scenario
 from .report import plot_all, write_report
 
 # Each module defines SCENARIOS: list[Scenario]. A module whose optional peers are missing is skipped.
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
                     "bench.spark_load", "bench.spark_source", "bench.projection", "bench.restart",
-                    "bench.firehose", "bench.transcoding", "bench.async_append", "bench.tags_filter"]
+                    "bench.firehose", "bench.transcoding", "bench.async_append", "bench.tags_filter",
+                    "bench.scale_out"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
@@ -55,7 +56,10 @@ def render(outcome: Outcome, console: Console) -> None:
 def main(argv: list[str] | None = None) -> int:
     scenarios = load_scenarios()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", nargs="+", help=f"one of: all, {', '.join(scenarios)}")
+    parser.add_argument("scenario", nargs="+",
+                        help=f"one of: all, {', '.join(scenarios)}; a prefix runs each scenario it names, e.g. "
+                             "scale-out: scale-out-append and scale-out-catchup over 1, 2, 4 databases on private "
+                             "embedded servers (started for the run, deleted after)")
     parser.add_argument("--quick", action="store_true", help="small data, 3 rounds: a smoke run under a minute")
     parser.add_argument("--dsn", help="server to run on (default: the embedded PostgreSQL)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per contender (default 3)")
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.json)
     console.print(f"[dim]server: {mask_dsn(dsn)}; {'quick' if args.quick else 'full'} mode; {args.rounds} rounds[/]")
     outcomes = []
-    with console.status("starting") as status:
+    with console.status("starting") as status, Shared() as shared:
         calibration: dict[str, float] = {}
         if not args.no_calibration:
             status.update("calibration: raw INSERT and ordered scan rates")
@@ -93,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"load average {calibration['load_average']:.1f}[/]")
         for name in names:
             outcome = run_scenario(scenarios[name], dsn, quick=args.quick, rounds=args.rounds,
-                                   progress=lambda m: status.update(m), calibration=calibration)
+                                   progress=lambda m: status.update(m), calibration=calibration,
+                                   shared=shared)
             render(outcome, console)
             outcomes.append(outcome)
         summaries: list[dict[str, Any]] = [o.summary() for o in outcomes]

@@ -13,10 +13,10 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.conninfo
@@ -26,6 +26,31 @@ from pgjournal.admin.migrate import upgrade
 RESULTS_DIR = Path(__file__).parent / "results"
 
 Contender = Callable[["Context", Any], float]
+T = TypeVar("T")
+
+
+class Shared:
+    """What the scenarios of one run share, made by the first that asks and closed when the run ends (the
+    ``scale-out`` scenarios' private servers: started once for both)."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._made: dict[str, Any] = {}
+
+    def get(self, key: str, make: Callable[[], AbstractContextManager[T]]) -> T:
+        if key not in self._made:
+            self._made[key] = self._stack.enter_context(make())
+        return self._made[key]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._stack.close()
+        self._made.clear()
+
+    def __enter__(self) -> Shared:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 @dataclass
@@ -40,6 +65,9 @@ class Scenario:
     lower_is_better: bool = False
     #: Called after the rounds (drop helper tables, close pools).
     teardown: Callable[[Context, Any], None] | None = None
+    #: A chart of its own beside the bars, drawn from summaries (Outcome.summary, or saved JSON lines) into a
+    #: PNG: ``--report`` writes it as ``<name>-detail.png``.
+    chart: Callable[[list[dict[str, Any]], Path], None] | None = None
 
 
 @dataclass
@@ -51,6 +79,8 @@ class Context:
     server_dsn: str = ""
     #: Figures beside the contenders' (Outcome.extra, in the JSON summary).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Resources shared with the run's other scenarios (alone: closed after this scenario).
+    shared: Shared = field(default_factory=Shared)
 
     def note(self, text: str) -> None:
         """Something worth printing beside the figures (a plan, a page count)."""
@@ -116,11 +146,13 @@ class Outcome:
 
 def run_scenario(scenario: Scenario, server_dsn: str, *, quick: bool, rounds: int,
                  progress: Callable[[str], None] = lambda _m: None,
-                 calibration: dict[str, float] | None = None) -> Outcome:
+                 calibration: dict[str, float] | None = None, shared: Shared | None = None) -> Outcome:
+    """Run ``scenario``'s rounds; ``shared``: what it may share with the run's other scenarios (the caller
+    closes it), else its own, closed at the end."""
     values: dict[str, list[float]] = {name: [] for name in scenario.contenders}
     calibration = calibration or {}
-    with scratch_database(server_dsn) as dsn:
-        ctx = Context(dsn, quick, server_dsn=server_dsn)
+    with scratch_database(server_dsn) as dsn, Shared() as own:
+        ctx = Context(dsn, quick, server_dsn=server_dsn, shared=shared or own)
         state = scenario.setup(ctx)
         try:
             for round_no in range(1, rounds + 1):

@@ -61,12 +61,16 @@ def write_report(outcomes: list[Outcome], directory: str | Path) -> Path:
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         fig.savefig(out / f"{outcome.scenario.name}.png", dpi=110)
         plt.close(fig)
+        if outcome.scenario.chart is not None:
+            outcome.scenario.chart([outcome.summary()], out / f"{outcome.scenario.name}-detail.png")
     plot_all(outcomes, out / "all.png")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = "\n".join(
         f"<h2>{html.escape(o.scenario.name)}</h2><p>{html.escape(o.scenario.description)}</p>"
         f'<img src="{html.escape(o.scenario.name)}.png" alt="{html.escape(o.scenario.name)}">'
-        f"<pre>{html.escape(json.dumps(o.summary(), indent=1))}</pre>"
+        + (f'<img src="{html.escape(o.scenario.name)}-detail.png" alt="{html.escape(o.scenario.name)} detail">'
+           if o.scenario.chart is not None else "")
+        + f"<pre>{html.escape(json.dumps(o.summary(), indent=1))}</pre>"
         for o in outcomes)
     index = out / "index.html"
     index.write_text(f"<!doctype html><meta charset=utf-8><title>pgjournal benchmarks</title>"
