@@ -5,6 +5,7 @@ step (old layout or new, never a mix; resumed or rolled back), and a stale journ
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable
 
 import psycopg
@@ -17,6 +18,8 @@ from pgjournal.errors import ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.aio import AsyncShardedJournal
+from pgjournal.shards.move import Mover
+from pgjournal.shards.move_plan import Action
 from pgjournal.store.shard_guard import GUARD
 
 Databases = Callable[..., list[str]]
@@ -62,3 +65,71 @@ async def test_the_asyncio_face_maps_a_guard_refusal_the_same_way(shard_database
             await journal.durable_state.upsert(stray, 1, "s")
     async with AsyncShardedJournal.open([a, b], **FAST) as sharded:
         await sharded.append(stray, ["routed"])
+
+
+def layouts(*dsns: str) -> list[tuple[int, str, str | None]]:
+    """Each database's (version, layout, move step)."""
+    found = []
+    for dsn in dsns:
+        with psycopg.connect(dsn) as conn:
+            step = conn.execute("SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = "
+                                "'pgjournal_shard_layout' AND column_name = 'move_step')").fetchone()
+            has_step = bool(step and step[0])
+            row = conn.execute("SELECT version, layout, " + ("move_step" if has_step else "NULL")
+                               + " FROM pgjournal_shard_layout").fetchone()
+            found.append(row)
+    return found
+
+
+def count(dsn: str, table: str, lo: int, hi: int) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table} WHERE slice BETWEEN %s AND %s", (lo, hi)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def seed(journal: ShardedJournal, n: int = 60) -> dict[str, int]:
+    """``n`` entities over every slice, with events, a snapshot and a durable state each."""
+    written = {}
+    for i in range(n):
+        pid = f"acct|{uuid.uuid5(uuid.NAMESPACE_OID, str(i))}"
+        journal.append(pid, [f"e{k}" for k in range(3)], expected_seq_nr=0)
+        journal.save_snapshot(pid, 3, "snap")
+        journal.durable_state.upsert(pid, 1, "state")
+        written[pid] = 3
+    return written
+
+
+def test_a_move_copies_the_range_switches_every_record_and_a_stale_journal_is_refused_until_reopened(
+        shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    migrate_all(ShardSettings.of([a, b]))
+    with ShardedJournal.open([a, b], **FAST) as stale:
+        written = seed(stale)
+        moved_pid = next(p for p in written if 512 <= slice_for_persistence_id(p) <= 767)
+        with psycopg.connect(b) as conn:  # a projection's offset of a moved slice goes with it
+            conn.execute("INSERT INTO projection_timestamp_offset_store VALUES ('proj', '512-767', %s, %s, 3, "
+                         "now(), now())", (slice_for_persistence_id(moved_pid), moved_pid))
+        before = {t: count(b, t, 512, 767) for t in ("event_journal", "snapshot", "durable_state",
+                                                     "projection_timestamp_offset_store")}
+        with Mover(ShardSettings.of([a, b]), (512, 767), c, keep=0) as mover:
+            assert mover.status().next is Action.PLAN
+            mover.run()
+        new_layout = layouts(a, b, c)
+        assert len(set(new_layout)) == 1 and new_layout[0][0] == 2 and new_layout[0][2] is None
+        assert {t: count(c, t, 512, 767) for t in before} == before
+        assert {t: count(b, t, 0, 1023) for t in before}["event_journal"] == count(b, "event_journal", 768, 1023)
+        assert count(b, "event_journal", 512, 767) == 0  # cleaned up (keep=0)
+        with pytest.raises(ShardLayoutMismatch, match=rf"slice {slice_for_persistence_id(moved_pid)} is not held"):
+            stale.append(moved_pid, ["late"])
+        with pytest.raises(ShardLayoutMismatch, match="the databases record 0-511, 512-767, 768-1023 \\(version 2\\)"):
+            stale.check_layout()
+        stale.append(pid_in(768, 1023, "acct|q"), ["other ranges carry on"])
+    moved = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    with ShardedJournal.open(moved, **FAST) as fresh:
+        fresh.append(moved_pid, ["after"], expected_seq_nr=3)
+        assert [e.event for e in fresh.query.current_events_by_persistence_id(moved_pid)] == ["e0", "e1", "e2",
+                                                                                               "after"]
+        for pid in written:
+            assert fresh.highest_seq_nr(pid) == 3 or pid == moved_pid
+    with Mover(moved, (512, 767), c) as again:  # a finished move run again is done
+        assert again.status().next is Action.DONE
