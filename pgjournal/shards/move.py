@@ -135,9 +135,9 @@ class Mover:
         if target.row is not None and target.row.database_id in self._databases:
             conn.close()
             target = self._databases[target.row.database_id]
-        if not conn.execute("SELECT pg_try_advisory_lock(hashtext('pgjournal shard move'))").fetchone()[0]:  # type: ignore[index]
-            raise JournalError(f"another `pgjournal shard move` is running on {mask_dsn(self.target_dsn)}")
         self._target = target
+        if not target.conn.execute("SELECT pg_try_advisory_lock(hashtext('pgjournal shard move'))").fetchone()[0]:  # type: ignore[index]
+            raise JournalError(f"another `pgjournal shard move` is running on {mask_dsn(self.target_dsn)}")
 
     # -- where the move stands ---------------------------------------------------------------------------
 
