@@ -139,6 +139,14 @@ class Mover:
         if not target.conn.execute("SELECT pg_try_advisory_lock(hashtext('pgjournal shard move'))").fetchone()[0]:  # type: ignore[index]
             raise JournalError(f"another `pgjournal shard move` is running on {mask_dsn(self.target_dsn)}")
 
+    def dsn_of(self, member: uuid.UUID) -> str | None:
+        """The DSN given for the database with id ``member``."""
+        found = self._databases.get(member)
+        if found is None and self._target is not None and self._target.row is not None \
+                and self._target.row.database_id == member:
+            found = self._target
+        return found.dsn if found is not None else None
+
     # -- where the move stands ---------------------------------------------------------------------------
 
     def status(self) -> MoveStatus:

@@ -5,20 +5,27 @@ step (old layout or new, never a mix; resumed or rolled back), and a stale journ
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 import pytest
 from support import FAST
+from typer.testing import CliRunner
 
 from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
+from pgjournal.cli.commands import app
 from pgjournal.errors import ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.aio import AsyncShardedJournal
-from pgjournal.shards.move import Mover
+from pgjournal.shards.move import KILL_AFTER_ENV, Mover
 from pgjournal.shards.move_plan import Action
 from pgjournal.store.shard_guard import GUARD
 
@@ -133,3 +140,95 @@ def test_a_move_copies_the_range_switches_every_record_and_a_stale_journal_is_re
             assert fresh.highest_seq_nr(pid) == 3 or pid == moved_pid
     with Mover(moved, (512, 767), c) as again:  # a finished move run again is done
         assert again.status().next is Action.DONE
+
+
+# -- kill -9 of the mover after each step ----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE_SEAL = ("plan:target", "plan", "copy:chunk", "copy", "catch up")
+SEALED = ("seal", "verify", "switch:target")  # the target's record switched, the others' not yet
+SWITCHED = ("switch", "clean up:rows")
+
+
+def move_cli(a: str, b: str, c: str, *extra: str, kill_after: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop(KILL_AFTER_ENV, None)
+    if kill_after is not None:
+        env[KILL_AFTER_ENV] = kill_after
+    return subprocess.run([sys.executable, "-m", "pgjournal", "shard", "move", "--slices", "512-767", "--to", c,
+                           "--shard", f"0-511={a}", "--shard", f"512-1023={b}", *extra],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def opens(settings: ShardSettings) -> bool:
+    try:
+        ShardedJournal.open(settings, **FAST).close()
+    except ShardLayoutMismatch:
+        return False
+    return True
+
+
+def admits(dsn: str, pid: str) -> bool:
+    """Whether the database at ``dsn`` takes an event of ``pid`` (a stale process's write, through no layout)."""
+    try:
+        with Journal.open(dsn, **FAST) as journal:
+            journal.append(pid, ["probe"])
+    except ShardLayoutMismatch:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("point", [*BEFORE_SEAL, *SEALED, *SWITCHED])
+def test_a_mover_killed_after_each_step_leaves_one_layout_and_resumes(shard_databases: Databases, point: str) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    migrate_all(old)
+    with ShardedJournal.open(old, **FAST) as journal:
+        written = seed(journal, 40)
+    killed = move_cli(a, b, c, kill_after=point)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    moved_pid = pid_in(512, 767, "acct|k")
+    # Old layout or new, never both: a process opens with one set of settings at most, and one database at most
+    # takes a write of the moved range (none between the seal and the switch: the bounded pause).
+    assert (opens(old), opens(new)) == ((True, False) if point in BEFORE_SEAL + SEALED else (False, True))
+    assert admits(b, moved_pid) is (point in BEFORE_SEAL)
+    probes = 1 if point in BEFORE_SEAL else 0
+    status = CliRunner().invoke(app, ["shard", "status", "--shard", f"0-511={a}", "--shard", f"512-1023={b}"])
+    if point in BEFORE_SEAL + SEALED:
+        assert "moving slices 512-767" in status.output or point == "plan:target", status.output
+    refused = move_cli(a, b, c)
+    assert refused.returncode == 1 and "run with --resume or --rollback" in refused.stderr, refused.stderr
+    resumed = move_cli(a, b, c, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "512-767=" in resumed.stdout and "secret" not in resumed.stdout
+    assert (opens(old), opens(new)) == (False, True)
+    assert not admits(b, moved_pid) and admits(c, moved_pid)
+    with ShardedJournal.open(new, **FAST) as journal:
+        for pid, highest in written.items():
+            assert journal.highest_seq_nr(pid) == highest
+        assert [e.event for e in journal.query.current_events_by_persistence_id(moved_pid)] == [
+            "probe"] * (probes + 1)
+    assert count(b, "event_journal", 512, 767) == 0
+
+
+def test_a_sealed_move_rolls_back_to_the_old_layout(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    with ShardedJournal.open(old, **FAST) as journal:
+        written = seed(journal, 40)
+    assert move_cli(a, b, c, kill_after="verify").returncode == -signal.SIGKILL
+    moved_pid = pid_in(512, 767, "acct|r")
+    assert not admits(b, moved_pid)
+    rolled = move_cli(a, b, c, "--rollback")
+    assert rolled.returncode == 0 and "rolled back" in rolled.stdout, rolled.stdout + rolled.stderr
+    assert opens(old) and admits(b, moved_pid)
+    assert count(c, "event_journal", 0, 1023) == 0 and guards(c) == {}
+    with psycopg.connect(c) as conn:
+        assert conn.execute("SELECT count(*) FROM pgjournal_shard_layout").fetchone() == (0,)
+    with ShardedJournal.open(old, **FAST) as journal:
+        assert all(journal.highest_seq_nr(pid) == n for pid, n in written.items())
+    again = move_cli(a, b, c)  # and the move can start over
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert opens(ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}"))
