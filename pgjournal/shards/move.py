@@ -72,7 +72,8 @@ class Mover:
     ``shards`` (the settings before the move or after it: databases are told apart by their recorded ids)."""
 
     def __init__(self, shards: ShardSettings, moved: SliceRange, target_dsn: str, settings: Settings | None = None,
-                 *, keep: float = 0.0, chunk_slices: int = 32, catch_up_rows: int = 200, seal_timeout: float = 0.2,
+                 *, keep: float = 0.0, chunk_slices: int = 32, catch_up_rows: int = 200, catch_up_passes: int = 10,
+                 seal_timeout: float = 0.2,
                  seal_attempts: int = 50, progress: Progressed | None = None) -> None:
         self.shards = shards
         self.moved = moved
@@ -81,6 +82,10 @@ class Mover:
         self.keep = keep
         self.chunk_slices = chunk_slices
         self.catch_up_rows = catch_up_rows
+        #: After this many passes the range is sealed anyway: writers faster than a pass copies would never let
+        #: it catch up, and the seal's final copy takes what is left (a longer pause, not a lost row).
+        self.catch_up_passes = catch_up_passes
+        self._passes = 0
         self.seal_timeout = seal_timeout
         self.seal_attempts = seal_attempts
         self.progress = progress or (lambda _what, _rows: None)
@@ -285,7 +290,8 @@ class Mover:
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
                          for table in self._tables(target))
-            done = copied < self.catch_up_rows
+            self._passes += 1
+            done = copied < self.catch_up_rows or self._passes >= self.catch_up_passes
             target.conn.execute(*self._record(target, move, MoveStep.CAUGHT_UP if done else MoveStep.COPIED,
                                               rows=copied, mark=started))
         self.progress(f"caught up {copied} rows", self._rows() + copied)

@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,13 +18,16 @@ from pathlib import Path
 import psycopg
 import pytest
 from support import FAST
+from support.eventually import eventually
 from typer.testing import CliRunner
 
 from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
 from pgjournal.cli.commands import app
 from pgjournal.errors import ShardLayoutMismatch
+from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.settings import Settings
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.aio import AsyncShardedJournal
 from pgjournal.shards.move import KILL_AFTER_ENV, Mover
@@ -232,3 +237,154 @@ def test_a_sealed_move_rolls_back_to_the_old_layout(shard_databases: Databases) 
     again = move_cli(a, b, c)  # and the move can start over
     assert again.returncode == 0, again.stdout + again.stderr
     assert opens(ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}"))
+
+
+# -- a move under load -----------------------------------------------------------------------------------------
+
+class Writer(threading.Thread):
+    """Appends to its entities (over every slice) until stopped; on ShardLayoutMismatch it reopens the journal
+    with the new layout (retrying while the records disagree) and appends again: the moved range's pause is the
+    time from a refusal to the next append that succeeds."""
+
+    def __init__(self, old: ShardSettings, new: ShardSettings, pids: list[str], stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.old, self.new, self.pids, self.stop = old, new, pids, stop
+        self.written = dict.fromkeys(pids, 0)
+        self.pauses: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            journal = ShardedJournal.open(self.old, **FAST)
+            for pid in itertools.cycle(self.pids):
+                if self.stop.is_set():
+                    break
+                refused_at = None
+                while True:
+                    try:
+                        journal.append(pid, [f"{pid}:{self.written[pid] + 1}"], expected_seq_nr=self.written[pid])
+                        break
+                    except ShardLayoutMismatch:
+                        refused_at = refused_at or time.monotonic()
+                        journal = self._reopen(journal)
+                if refused_at is not None:
+                    self.pauses.append(time.monotonic() - refused_at)
+                self.written[pid] += 1
+                time.sleep(0.002)  # pacing: 2 cores are shared with the mover, the consumer and the server
+            journal.close()
+        except BaseException as exc:
+            self.error = exc
+
+    def _reopen(self, journal: ShardedJournal) -> ShardedJournal:
+        while True:
+            try:
+                fresh = ShardedJournal.open(self.new, **FAST)
+            except ShardLayoutMismatch:  # not switched everywhere yet
+                time.sleep(0.005)
+                continue
+            journal.close()
+            return fresh
+
+
+class RangeConsumer(threading.Thread):
+    """Reads slices 512-767 from its offset, pass after pass; when the layout changed it reads the old database
+    to its end (sealed: complete) and reopens on the new layout, from the same offset."""
+
+    def __init__(self, old: ShardSettings, new: ShardSettings, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.old, self.new, self.stop = old, new, stop
+        self.seen: list[tuple[str, int]] = []
+        self.reopened = False
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            journal = ShardedJournal.open(self.old, **FAST)
+            offset: Offset = NoOffset
+            while True:
+                stopping = self.stop.is_set()
+                for envelope in journal.query.current_events_by_slices("acct", 512, 767, offset):
+                    self.seen.append((envelope.persistence_id, envelope.seq_nr))
+                    offset = envelope.offset
+                if not self.reopened:
+                    try:
+                        journal.check_layout()
+                    except ShardLayoutMismatch:
+                        for envelope in journal.query.current_events_by_slices("acct", 512, 767, offset):
+                            self.seen.append((envelope.persistence_id, envelope.seq_nr))
+                            offset = envelope.offset
+                        journal.close()
+                        journal = eventually_open(self.new)
+                        self.reopened = True
+                        continue
+                if stopping:
+                    break
+            journal.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+def eventually_open(settings: ShardSettings) -> ShardedJournal:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return ShardedJournal.open(settings, **FAST)
+        except ShardLayoutMismatch:
+            assert time.monotonic() < deadline, "the new layout never opened"
+            time.sleep(0.01)
+
+
+def test_a_move_under_load_loses_repeats_and_reorders_nothing_and_pauses_the_range_briefly(
+        shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    migrate_all(old)
+    with ShardedJournal.open(old, **FAST) as journal:
+        seed(journal, 200)  # rows for the bulk copy
+    pids = [f"acct|{uuid.uuid5(uuid.NAMESPACE_DNS, str(i))}" for i in range(48)]
+    assert {journal_index(new, p) for p in pids} == {0, 1, 2}
+    stop, stop_reading = threading.Event(), threading.Event()
+    writers = [Writer(old, new, pids[i::4], stop) for i in range(4)]
+    consumer = RangeConsumer(old, new, stop_reading)
+    for thread in [*writers, consumer]:
+        thread.start()
+    eventually(lambda: all(sum(w.written.values()) > 20 for w in writers), timeout=30)
+    with Mover(old, (512, 767), c, Settings.load(backtracking_window=2.0), chunk_slices=16, catch_up_rows=50,
+               catch_up_passes=6) as mover:
+        mover.run()
+        seals = mover.seal_seconds
+    written_then = sum(sum(w.written.values()) for w in writers)
+    eventually(lambda: sum(sum(w.written.values()) for w in writers) > written_then + 100, timeout=60)
+    stop.set()
+    for writer in writers:
+        writer.join(60)
+        assert writer.error is None, repr(writer.error)
+    moved = [p for p in pids if 512 <= slice_for_persistence_id(p) <= 767]
+    total = sum(w.written[p] for w in writers for p in moved if p in w.written)
+    eventually(lambda: sum(1 for pid, _ in list(consumer.seen) if pid in moved) >= total or consumer.error,
+               "the consumer reads every event of the moved range", timeout=30)
+    stop_reading.set()
+    consumer.join(60)
+    assert consumer.error is None, repr(consumer.error)
+    assert consumer.reopened
+    pauses = [p for w in writers for p in w.pauses]
+    print(f"\nseal attempts {[round(s, 3) for s in seals]} s; writers' pauses: {len(pauses)}, longest "
+          f"{max(pauses):.3f} s")
+    assert pauses and max(pauses) <= 5.0
+    written = {pid: n for w in writers for pid, n in w.written.items()}
+    with ShardedJournal.open(new, **FAST) as journal:
+        for pid, n in written.items():
+            events = [(e.seq_nr, e.event) for e in journal.query.current_events_by_persistence_id(pid)]
+            assert events == [(k, f"{pid}:{k}") for k in range(1, n + 1)], pid
+    by_pid: dict[str, list[int]] = {}
+    for pid, seq_nr in consumer.seen:
+        by_pid.setdefault(pid, []).append(seq_nr)
+    seeded = {pid: seqs for pid, seqs in by_pid.items() if pid not in written}
+    assert all(seqs == [1, 2, 3] for seqs in seeded.values())
+    for pid in moved:
+        assert by_pid.get(pid) == list(range(1, written[pid] + 1)), pid  # once each, in order, none lost
+
+
+def journal_index(settings: ShardSettings, pid: str) -> int:
+    return settings.index_of(slice_for_persistence_id(pid))
