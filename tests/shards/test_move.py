@@ -61,6 +61,8 @@ def test_migrate_all_guards_each_database_and_a_misplaced_write_is_a_layout_mism
             journal.append(stray, ["x"])
         with pytest.raises(ShardLayoutMismatch, match=rf"slice {slice_for_persistence_id(stray)} is not held"):
             journal.durable_state.upsert(stray, 1, "s")
+        with pytest.raises(ShardLayoutMismatch, match=r"saving a snapshot .* is not held"):
+            journal.save_snapshot(stray, 1, "snap")
         journal.append(pid_in(0, 511), ["fine"])
     with psycopg.connect(a) as conn:
         assert conn.execute("SELECT count(*) FROM event_journal WHERE slice > 511").fetchone() == (0,)
@@ -75,6 +77,8 @@ async def test_the_asyncio_face_maps_a_guard_refusal_the_same_way(shard_database
             await journal.append(stray, ["x"])
         with pytest.raises(ShardLayoutMismatch, match="is not held"):
             await journal.durable_state.upsert(stray, 1, "s")
+        with pytest.raises(ShardLayoutMismatch, match="is not held"):
+            await journal.save_snapshot(stray, 1, "snap")
     async with AsyncShardedJournal.open([a, b], **FAST) as sharded:
         await sharded.append(stray, ["routed"])
 
