@@ -173,6 +173,8 @@ class Mover:
                 member = target.row.database_id  # a finished move: nothing left to tell but where the range is
                 move = Move(self.moved, member, member, self.moved, layouts[0], layouts[0])
                 return MoveStatus(move, Progress(None, None, True), Action.DONE, 0, None)
+            if target.row.database_id in {member for _, member in layouts[0].members}:
+                plan_move(layouts[0], self.moved, target.row.database_id)  # refused, naming what it holds
             raise InvalidArgument(f"the target database {mask_dsn(self.target_dsn)} already records a shard "
                                   f"layout (version {target.row.version}, database id {target.row.database_id}): "
                                   "move to a database that holds no journal's layout")

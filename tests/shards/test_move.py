@@ -14,11 +14,13 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from support import FAST
 from support.eventually import eventually
+from test_layout_record import down_dsn
 from typer.testing import CliRunner
 
 from pgjournal import Journal
@@ -392,3 +394,34 @@ def test_a_move_under_load_loses_repeats_and_reorders_nothing_and_pauses_the_ran
 
 def journal_index(settings: ShardSettings, pid: str) -> int:
     return settings.index_of(slice_for_persistence_id(pid))
+
+
+def test_the_move_command_refuses_bad_input_by_name_and_a_dry_run_changes_nothing(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    bare = shard_databases(1, migrated=False)[0]
+    migrate_all(ShardSettings.of([a, b]))
+    runner = CliRunner()
+
+    def move(slices: str, to: str, *extra: str) -> Any:
+        result = runner.invoke(app, ["shard", "move", "--slices", slices, "--to", to, "--shard", f"0-511={a}",
+                                     "--shard", f"512-1023={b}", *extra])
+        result.text = " ".join(result.output.split())  # as read, not as wrapped
+        return result
+
+    for slices, named in [("500-767", "slice range 500-767 (268 slices) is not aligned"),
+                          ("256-767", "is not aligned"),
+                          ("0-1023", "is not held by one database"),
+                          ("640-767", "would leave its database 512-639, 768-1023")]:
+        result = move(slices, c)
+        assert result.exit_code == 1 and named in result.text, result.output
+    down = move("512-767", down_dsn())
+    assert down.exit_code == 1 and "target database" in down.text and "hunter2secret" not in down.output
+    unmigrated = move("512-767", bare)
+    assert unmigrated.exit_code == 1 and "is not migrated" in unmigrated.text, unmigrated.output
+    inside = move("512-767", a)
+    assert inside.exit_code == 1 and "already holds slices 0-511" in inside.text, inside.output
+    dry = move("512-767", c, "--dry-run")
+    assert dry.exit_code == 0 and "next step: plan" in dry.text and "768-1023" in dry.text, dry.output
+    assert layouts(a, b) == [(1, layouts(a)[0][1], None)] * 2
+    with psycopg.connect(c) as conn:
+        assert conn.execute("SELECT to_regclass('pgjournal_shard_layout')").fetchone() == (None,)
