@@ -37,7 +37,7 @@ from pgjournal.runtime.live import T
 from pgjournal.runtime.steps import Step, arun, arun_pooled, first_of, statement
 from pgjournal.server.connections import connection_kwargs, unreachable
 from pgjournal.settings import Settings
-from pgjournal.state.snapshots import SelectedSnapshot, delete_statement, load_step, save_statement
+from pgjournal.state.snapshots import SelectedSnapshot, delete_statement, load_step, save_statement, save_step
 from pgjournal.validation import check_persistence_id, check_seq_nr
 from pgjournal.write.append_steps import append_step
 from pgjournal.write.event_writer import EventWriter
@@ -195,8 +195,8 @@ class AsyncJournal(JournalCore):
 
     async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                             tags: Iterable[str] = ()) -> None:
-        await self.run(_statement_step(save_statement(self, persistence_id, seq_nr, snapshot, metadata=metadata,
-                                                      tags=tags)))
+        await self.run(save_step(save_statement(self, persistence_id, seq_nr, snapshot, metadata=metadata,
+                                                tags=tags), persistence_id))
 
     async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                             max_timestamp: datetime | None = None) -> SelectedSnapshot | None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgjournal.cli.support import console, reported, shown
+from pgjournal.errors import InvalidArgument
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.layout import Layout, format_range
-from pgjournal.store import stats
+from pgjournal.shards.move import Mover, MoveStatus
+from pgjournal.shards.move_plan import Action, parse_moved_range
+from pgjournal.store import shard_guard, stats
+from pgjournal.store.shard_layout import layout_table_exists
 
 shard_app = typer.Typer(
     help="A journal sharded by slice range over several databases, with Akka R2DBC's data-partition layout: "
@@ -52,11 +57,13 @@ def status(shard: ShardOption = None) -> None:
         shards = _settings(shard)
         with ShardedJournal.open(shards, notify=False) as journal:
             layout = journal.layout
-            rows = []
+            rows, moves = [], []
             for database in journal.journals:
                 with database.connection() as conn:
                     size = stats.journal_size().one(conn) or 0
                     horizon = database.horizon_tracker().read(conn)
+                    if layout_table_exists().one(conn) and shard_guard.has_move_columns().one(conn):
+                        moves.append(shard_guard.move_record().one(conn))
                 rows.append((size, horizon))
     table = Table("slices", "database", "database id", "size", "horizon behind clock", "open writers",
                   title=f"agreed: layout version {layout.version}")
@@ -64,6 +71,74 @@ def status(shard: ShardOption = None) -> None:
         table.add_row(format_range(bounds), shown(mask_dsn(dsn)), str(member), _size(size),
                       f"{horizon.held_back:.3f} s", str(len(horizon.writers)))
     console.print(table)
+    for move in moves:
+        if move is not None and move.move_step is not None:
+            console.print(f"moving slices {move.move_range} from database {move.move_source} to {move.move_target}: "
+                          f"the source's step {move.move_step}; `pgjournal shard move --resume` shows the target's "
+                          "progress (rows copied)")
+
+
+KeepOption = Annotated[float, typer.Option(
+    "--keep", help="Seconds the source keeps the moved rows after the switch before they are deleted.")]
+
+
+@shard_app.command("move")
+def move(slices: Annotated[str, typer.Option("--slices", help="The range to move, aligned: e.g. 512-767.")],
+         to: Annotated[str, typer.Option("--to", help="DSN of the target database (migrated, outside the layout).")],
+         shard: ShardOption = None,
+         dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the move and its next step; change nothing.")]
+         = False,
+         resume: Annotated[bool, typer.Option("--resume", help="Continue the move the records hold.")] = False,
+         rollback: Annotated[bool, typer.Option("--rollback", help="Undo the move the records hold (until its "
+                                                                    "switch).")] = False,
+         keep: KeepOption = 0.0) -> None:
+    """Move a slice range to another database while writers and projections run (docs/sharding.md, section 6):
+    the range's writers pause only between its seal and the switch; every step is recorded in the databases, so a
+    move that was killed is resumed (--resume) or rolled back (--rollback)."""
+    with reported():
+        moved = parse_moved_range(slices)
+        shards = _settings(shard)
+        if keep < 0:
+            raise InvalidArgument(f"--keep must be at least 0 seconds, got {keep}")
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[rows]:,} rows"),
+                      TimeElapsedColumn(), console=console, transient=True, disable=dry_run) as bar:
+            task = bar.add_task("opening", rows=0)
+            with Mover(shards, moved, to, keep=keep,
+                       progress=lambda what, rows: bar.update(task, description=what, rows=rows)) as mover:
+                status = mover.status()
+                recorded = status.progress.source is not None or status.progress.target is not None
+                if dry_run:
+                    _print_move(status, "dry run (nothing changed)")
+                    return
+                if rollback:
+                    mover.roll_back()
+                    console.print(f"rolled back: slices {format_range(moved)} stay in layout version "
+                                  f"{status.move.before.version}")
+                    return
+                if recorded and not resume:
+                    raise InvalidArgument(f"a move of {format_range(moved)} is recorded (next step: "
+                                          f"{status.next.value}): run with --resume or --rollback")
+                final = mover.run()
+                seals = mover.seal_seconds
+                settings = [(bounds, mover.dsn_of(member)) for bounds, member in final.move.after.members]
+    _print_move(final, "moved")
+    if seals:
+        console.print(f"seal: {len(seals)} attempt(s), the last took {seals[-1] * 1000:.0f} ms")
+    console.print("the settings from now on (--shard, " + SHARDS_ENV + "): " + "; ".join(
+        f"{format_range(bounds)}={shown(mask_dsn(dsn or '?'))}" for bounds, dsn in settings))
+
+
+def _print_move(status: MoveStatus, title: str) -> None:
+    move = status.move
+    table = Table("slices", f"database in layout version {move.before.version}",
+                  f"database in layout version {move.after.version}",
+                  title=f"{title}: slices {format_range(move.moved)}, next step: {status.next.value}")
+    for bounds, member in move.after.members:
+        was = next((m for b, m in move.before.members if b[0] <= bounds[0] and bounds[1] <= b[1]), "")
+        table.add_row(format_range(bounds), str(was), str(member))
+    console.print(table)
+    if status.next is not Action.DONE and status.rows:
+        console.print(f"{status.rows:,} rows copied so far")
 
 
 def _size(size: int) -> str:

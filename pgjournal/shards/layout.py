@@ -8,6 +8,7 @@ of two, so it is ``slice / (1024 / databases)``: it depends on the number of dat
 
 from __future__ import annotations
 
+import bisect
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -40,9 +41,23 @@ def _power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
+def aligned(bounds: SliceRange) -> bool:
+    """A range a layout may hold: a power-of-two number of slices, starting at a multiple of that number (so
+    every layout, before and after any move of such a range, is a tiling of aligned ranges)."""
+    size = bounds[1] - bounds[0] + 1
+    return _power_of_two(size) and bounds[0] % size == 0
+
+
+def akka_compatible(ranges: Sequence[SliceRange]) -> bool:
+    """Akka R2DBC can follow the layout: ``slice_ranges(n)``, n equal ranges in order (a move of part of a
+    range makes layouts Akka's data partitions cannot express)."""
+    return _power_of_two(len(ranges)) and list(ranges) == slice_ranges(len(ranges))
+
+
 def check_ranges(ranges: Sequence[SliceRange]) -> tuple[SliceRange, ...]:
-    """``ranges`` sorted, or :class:`ConfigurationError` naming the overlap, the gap, a count that is not a
-    power of two, or a range that is not Akka's ``slice_ranges(n)``."""
+    """``ranges`` sorted, or :class:`ConfigurationError` naming the overlap, the gap, or a range that is not
+    aligned (see :func:`aligned`). Akka's layouts (:func:`akka_compatible`) are the aligned tilings of equal
+    ranges; the others are the layouts a move of part of a range leaves."""
     ordered = sorted(ranges)
     if not ordered:
         raise ConfigurationError("a sharded journal needs at least one database (RANGE=DSN), got none")
@@ -59,17 +74,12 @@ def check_ranges(ranges: Sequence[SliceRange]) -> tuple[SliceRange, ...]:
     if expected < NUMBER_OF_SLICES:
         raise ConfigurationError(f"slices {format_range((expected, NUMBER_OF_SLICES - 1))} are in no shard range; "
                                  f"the ranges must cover 0-{NUMBER_OF_SLICES - 1}")
-    count = len(ordered)
-    if not _power_of_two(count):
-        raise ConfigurationError(
-            f"{count} databases: the number of databases must be a power of two dividing {NUMBER_OF_SLICES} "
-            "(Akka R2DBC's data-partition.number-of-databases), e.g. 1, 2, 4, 8")
-    akka = slice_ranges(count)
-    if ordered != akka:
-        wrong = next(r for r, a in zip(ordered, akka, strict=True) if r != a)
-        raise ConfigurationError(
-            f"shard range {format_range(wrong)} is not Akka R2DBC's: {count} databases hold "
-            f"{', '.join(map(format_range, akka))} (equal ranges, in order)")
+    for bounds in ordered:
+        if not aligned(bounds):
+            raise ConfigurationError(
+                f"shard range {format_range(bounds)} is not aligned: a range holds a power-of-two number of "
+                "slices and starts at a multiple of it (e.g. 0-511, 512-767, 768-1023; Akka R2DBC's layouts are "
+                "n equal ranges)")
     return tuple(ordered)
 
 
@@ -145,9 +155,15 @@ class ShardSettings:
     def count(self) -> int:
         return len(self.ranges)
 
+    @property
+    def akka_compatible(self) -> bool:
+        return akka_compatible(self.ranges)
+
     def index_of(self, slice_: int) -> int:
-        """The database holding ``slice_`` (Akka's formula)."""
-        return akka_database_index(slice_, self.count)
+        """The database holding ``slice_`` (Akka's formula when the layout is Akka's)."""
+        if self.akka_compatible:
+            return akka_database_index(slice_, self.count)
+        return bisect.bisect_right(self.ranges, (slice_, NUMBER_OF_SLICES)) - 1
 
     def index_of_range(self, min_slice: int, max_slice: int) -> int:
         """The one database holding ``min_slice..max_slice``; :class:`InvalidArgument` for a range across

@@ -10,15 +10,18 @@ from pgjournal.errors import ConfigurationError, DatabaseUnavailable, SchemaNotM
 from pgjournal.runtime.steps import run
 from pgjournal.server.connections import connect
 from pgjournal.settings import Settings
+from pgjournal.shards.guards import install_guards
 from pgjournal.shards.layout import Layout, Record, ShardSettings, agreed_layout, format_range
+from pgjournal.shards.move_plan import owned
 from pgjournal.shards.record import first_layout, read_record_step, write_first_record_step
 from pgjournal.store import shard_layout as sql
 
 
 def migrate_all(shards: ShardSettings, settings: Settings | None = None) -> Layout:
-    """Migrate every database (in range order), then record the layout where it is not recorded; the layout.
-    Databases that Akka R2DBC's data partitions spread its journal over are adopted, each with its run of
-    ``event_journal_<p>`` tables (:func:`pgjournal.admin.adopt.inspect`).
+    """Migrate every database (in range order), record the layout where it is not recorded, and give every
+    database the guards of its ranges (section 6); the layout. Databases that Akka R2DBC's data partitions spread
+    its journal over are adopted, each with its run of ``event_journal_<p>`` tables
+    (:func:`pgjournal.admin.adopt.inspect`).
 
     Every database must answer before anything changes (:class:`DatabaseUnavailable` naming it). A database
     holding rows outside its range refuses the first recording (:class:`ConfigurationError`: move them
@@ -57,7 +60,11 @@ def migrate_all(shards: ShardSettings, settings: Settings | None = None) -> Layo
             raise ShardLayoutMismatch(f"another process recorded a different layout in {shards.where(index)} "
                                       "meanwhile; run the migration again")
         records[index] = written
-    return agreed_layout(shards, records)
+    layout = agreed_layout(shards, records)
+    for index, dsn in enumerate(shards.dsns):  # after the records: a guard follows the recorded layout
+        with connect(dsn, loaded, doing="migrate") as conn, conn.transaction():
+            install_guards(conn, owned(layout, layout.members[index][1]))
+    return layout
 
 
 def _check_no_stray_rows(shards: ShardSettings, index: int, conn: psycopg.Connection) -> None:

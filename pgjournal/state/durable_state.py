@@ -171,7 +171,7 @@ class DurableStateRules:
                 raise unknown(what, "it", "Retrying with the same revision is safe: it writes, or raises "
                               "RevisionConflict.", error) from error
             if failure is Failure.REFUSED:
-                raise refused(what, error) from error
+                raise refused(what, error, pid) from error
             pause = self._retry.next_pause(attempt, error.sqlstate)
             if pause is None:
                 raise RetriesExhausted(f"writing revision {revision} of the durable state of {pid!r} failed "

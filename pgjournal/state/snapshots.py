@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import psycopg.errors
+
 from pgjournal.errors import InvalidArgument
-from pgjournal.runtime.steps import Step, first_of, run_pooled
+from pgjournal.runtime.steps import Step, first_of, run_pooled, statement
 from pgjournal.store import Query
 from pgjournal.validation import check_persistence_id, check_seq_nr, check_tags
+from pgjournal.write.failures import guard_refusal
 
 if TYPE_CHECKING:
     from pgjournal.core.journal_core import JournalCore
@@ -43,9 +46,8 @@ class SnapshotStore:
 
     def save(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
              tags: Iterable[str] = ()) -> None:
-        save = save_statement(self._journal, persistence_id, seq_nr, snapshot, metadata=metadata, tags=tags)
-        with self._journal.connection() as conn:
-            conn.execute(*save)
+        run_pooled(save_step(save_statement(self._journal, persistence_id, seq_nr, snapshot, metadata=metadata,
+                                            tags=tags), persistence_id), self._journal.connection)
 
     def load(self, persistence_id: str, *, max_seq_nr: int | None = None,
              max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
@@ -59,6 +61,17 @@ class SnapshotStore:
         delete = delete_statement(self._journal, persistence_id)
         with self._journal.connection() as conn:
             conn.execute(*delete)
+
+
+def save_step(save: tuple[str, Any], persistence_id: str) -> Step[None]:
+    """Run ``save``; a row the shard guard refuses is ``ShardLayoutMismatch`` (the write path's rule)."""
+    try:
+        yield statement(save)
+    except psycopg.errors.CheckViolation as exc:
+        misplaced = guard_refusal(f"saving a snapshot of {persistence_id!r}", exc, persistence_id)
+        if misplaced is None:
+            raise
+        raise misplaced from exc
 
 
 def save_statement(journal: JournalCore, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,

@@ -207,7 +207,7 @@ def failed(pid: str, failure: Failure, exc: psycopg.Error) -> JournalError:
     (:mod:`pgjournal.write.failures`)."""
     if failure is Failure.UNKNOWN:
         return unknown(f"appending to {pid!r}", "the events", "Retrying with the same expected_seq_nr is safe.", exc)
-    return refused(f"appending to {pid!r}", exc)
+    return refused(f"appending to {pid!r}", exc, pid)
 
 
 def conflict(pid: str, expected: int | None, actual: int | None) -> ConcurrencyConflict:

@@ -16,8 +16,10 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from pgjournal.errors import ConfigurationError, JournalError, WriteOutcomeUnknown
+from pgjournal.errors import ConfigurationError, JournalError, ShardLayoutMismatch, WriteOutcomeUnknown
+from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.runtime.contention import TRANSIENT_ERRORS
+from pgjournal.store.shard_guard import GUARD
 
 
 class Failure(enum.Enum):
@@ -59,12 +61,28 @@ def classify(error: BaseException | None, *, retryable: Collection[str] = (), cl
     return Failure.REFUSED
 
 
-def refused(what: str, exc: psycopg.Error) -> JournalError:
+def refused(what: str, exc: psycopg.Error, persistence_id: str | None = None) -> JournalError:
     """The error of a :attr:`Failure.REFUSED` write; ``what`` says what was written (``"appending to 'A|1'"``).
-    A missing privilege is a :class:`~pgjournal.errors.ConfigurationError`."""
+    A missing privilege is a :class:`~pgjournal.errors.ConfigurationError`; a row the database's shard guard
+    refuses (its slice is not this database's any more) is :class:`~pgjournal.errors.ShardLayoutMismatch`."""
+    misplaced = guard_refusal(what, exc, persistence_id)
+    if misplaced is not None:
+        return misplaced
     kind = ConfigurationError if isinstance(exc, psycopg.errors.InsufficientPrivilege) else JournalError
     return kind(f"{what} was refused by the database: SQLSTATE {exc.sqlstate} ({server_message(exc)}); "
                 "nothing was written")
+
+
+def guard_refusal(what: str, exc: BaseException, persistence_id: str | None = None) -> ShardLayoutMismatch | None:
+    """The error of a row refused by the database's shard guard (:mod:`pgjournal.store.shard_guard`: its slice is
+    not this database's any more); ``None`` for any other error."""
+    if not (isinstance(exc, psycopg.errors.CheckViolation) and exc.diag.constraint_name == GUARD):
+        return None
+    where = f"slice {slice_for_persistence_id(persistence_id)}" if persistence_id is not None else "its slice"
+    return ShardLayoutMismatch(
+        f"{what} was refused by the database: {where} is not held by this database any more (its shard guard "
+        f"{GUARD} refused the row; the range moved or is moving); nothing was written: reopen the journal with "
+        "the layout the databases record, and retry")
 
 
 def unknown(what: str, written: str, retry: str, exc: BaseException) -> WriteOutcomeUnknown:

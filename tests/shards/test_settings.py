@@ -71,13 +71,14 @@ def test_a_list_of_dsns_takes_akkas_ranges_in_order_and_a_mapping_is_sorted() ->
     ({"0-511": A, "600-1023": B}, "slices 512-599 are in no shard range"),
     ({"0-511": A, "512-1000": B}, "slices 1001-1023 are in no shard range"),
     ({"1-511": A, "512-1023": B}, "slices 0-0 are in no shard range"),
-    ({"0-340": A, "341-681": B, "682-1023": C}, "3 databases: the number of databases must be a power of two"),
+    ({"0-340": A, "341-681": B, "682-1023": C}, "shard range 0-340 is not aligned"),
     ([A, B, C], "3 databases: the number of databases must be a power of two"),
-    ({"0-255": A, "256-1023": B}, "shard range 0-255 is not Akka R2DBC's: 2 databases hold 0-511, 512-1023"),
+    ({"0-255": A, "256-1023": B}, "shard range 256-1023 is not aligned"),
     ({"0-511": A, "512-1023": A}, "name the same DSN"),
     ({"0-5x": A}, "shard range '0-5x'"),
     ({"0-1023": ""}, "DSN must be a non-empty connection string"),
     ([], "0 databases: the number of databases must be a power of two"),
+    ({}, "needs at least one database"),
     ("postgresql://u:secret@h/db", "got the string"),
 ])
 def test_bad_settings_are_refused_naming_the_value(databases: object, named: str) -> None:
@@ -108,3 +109,12 @@ def test_a_range_across_databases_is_refused_and_can_be_cut() -> None:
     assert four.ranges_within(200, 600) == [(200, 255), (256, 511), (512, 600)]
     with pytest.raises(InvalidArgument, match="max_slice"):
         four.index_of_range(0, 1024)
+
+
+def test_a_layout_after_a_move_routes_each_slice_to_its_range() -> None:
+    moved = ShardSettings.parse(f"0-511={A};512-767={C};768-1023={B}")
+    assert not moved.akka_compatible and ShardSettings.of([A, B]).akka_compatible
+    assert [moved.index_of(s) for s in (0, 511, 512, 767, 768, 1023)] == [0, 0, 1, 1, 2, 2]
+    assert moved.index_of_range(600, 700) == 1
+    with pytest.raises(InvalidArgument, match="spans 2 databases"):
+        moved.index_of_range(700, 800)
