@@ -265,6 +265,8 @@ def test_live_changes_under_concurrent_upserts(mode_face: Face) -> None:
             return {c.persistence_id for c in list(got) if c.revision == revisions} == set(pids)
 
         eventually(every_last_revision_arrived, timeout=20)
+    reader.join(10)  # closed by the with: its pending read ends (before teardown stops an asyncio face's loop)
+    assert not reader.is_alive()
     by_pid: dict[str, list[int]] = {}
     for change in got:
         assert change.value == {"pid": change.persistence_id, "revision": change.revision}
@@ -387,6 +389,8 @@ def test_a_late_commit_reaches_live_changes(mode_face: Face, dsn: str) -> None:
                 assert got == []  # held back by the open writer, not by the clock
             held.commit()
         eventually(lambda: len(got) == 2, timeout=15)
+    reader.join(10)  # closed by the with: its pending read ends (before teardown stops an asyncio face's loop)
+    assert not reader.is_alive()
     assert [c.persistence_id for c in got] == (["Account|B", "Account|A"] if portable else ["Account|A", "Account|B"])
     late = next(c for c in got if c.persistence_id == "Account|A")
     assert late.value == "late"
