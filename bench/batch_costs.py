@@ -182,12 +182,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.batch_costs")
     parser.add_argument("--dsn", required=True, help="a server of your own (WAL and pg_stat_statements are global)")
     parser.add_argument("--events", type=int, default=40_000)
+    parser.add_argument("--cpu-only", action="store_true", help="only the 8 writers' CPU per event")
     args = parser.parse_args()
     with scratch_database(args.dsn) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"CREATE TABLE {RAW_TABLE} (LIKE event_journal INCLUDING DEFAULTS INCLUDING INDEXES)")
         with Journal.open(dsn, pool_max_size=12) as journal:
             print("cpu, 8 writers:", cpu_split(dsn, journal, args.events))
+            if args.cpu_only:
+                return
             print("client stages, 1 writer:", stages(journal, args.events // 4))
             print("statements, 1 writer:", statements(dsn, journal, args.events // 4))
             print(explain(journal))
