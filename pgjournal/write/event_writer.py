@@ -36,6 +36,7 @@ from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
 from pgjournal.server.dsn import mask_dsn
+from pgjournal.store.binary_arrays import bytea_array
 from pgjournal.store.events import text_array
 from pgjournal.tags.statement_writer import (
     bucket_size_recorded,
@@ -175,8 +176,11 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
         first = encoded[0]
         params["ser_id"], params["manifest"], params["payload"] = first.ser_id, first.manifest, first.payload
     else:
-        params.update(ser_ids=[e.ser_id for e in encoded], manifests=[e.manifest for e in encoded],
-                      payloads=[e.payload for e in encoded])
+        # Packed here rather than as lists: psycopg's list dumpers adapt element by element, and a bytea[] in
+        # text form is hex both ways (pgjournal.store.binary_arrays).
+        params.update(ser_ids="{" + ",".join([str(e.ser_id) for e in encoded]) + "}",
+                      manifests=text_array([e.manifest for e in encoded]),
+                      payloads=bytea_array([e.payload for e in encoded]))
     if expected_seq_nr is None:
         after = "latest"
     elif expected_seq_nr == 0 or expected_seq_nr == target.last_seq:

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from support import FAST
 from support.aio import SETTINGS, take
+from support.raw_events import MIXED_BATCH, expected_batch, raw_registry, stored_batch
 
 from pgjournal import (
     ConcurrencyConflict,
@@ -113,6 +114,15 @@ async def test_tags_and_metadata_round_trip(aj: AsyncJournal, dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT tag_name, tag_pid_sequence_nr FROM tag_views ORDER BY tag_name").fetchall() == [
             ("blue", 1), ("red", 1)]
+
+
+async def test_a_batch_stores_every_payload_byte_and_manifest_as_given(dsn: str) -> None:
+    registry = raw_registry()
+    async with AsyncJournal.open(dsn, serializers=registry, **SETTINGS) as journal:
+        written = await journal.append(PID, MIXED_BATCH, expected_seq_nr=0)
+        written += await journal.append(PID, MIXED_BATCH[::-1], expected_seq_nr=None)
+    assert [e.event for e in written] == MIXED_BATCH + MIXED_BATCH[::-1]
+    assert stored_batch(dsn, PID) == expected_batch(registry, MIXED_BATCH + MIXED_BATCH[::-1])
 
 
 # -- reads by persistence id and lookups ----------------------------------------------------------------

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from support.raw_events import MIXED_BATCH, Raw, expected_batch, raw_registry, stored_batch
 
 from pgjournal import ConcurrencyConflict, Journal, slice_for_persistence_id
 from pgjournal.runtime.signals import CHANNEL
@@ -215,6 +216,26 @@ def test_tags_with_array_syntax_characters_are_stored_as_given(journal: Journal,
     with psycopg.connect(dsn) as conn:
         stored = {r[0] for r in conn.execute("SELECT tag_name FROM tag_views WHERE persistence_id = %s", (PID,))}
     assert stored == set(tags)
+
+
+def test_a_batch_stores_every_payload_byte_and_manifest_as_given(dsn: str) -> None:
+    """After none, after the writer's own last append, after the latest and inside a transaction: one batch
+    statement each way, the same rows."""
+    registry = raw_registry()
+    n = len(MIXED_BATCH)
+    with Journal.open(dsn, serializers=registry) as journal:
+        written = journal.append(PID, MIXED_BATCH, expected_seq_nr=0)
+        written += journal.append(PID, MIXED_BATCH[::-1], expected_seq_nr=n)
+        written += journal.append(PID, MIXED_BATCH, expected_seq_nr=None)
+        with journal.transaction() as tx:
+            written += tx.append(PID, MIXED_BATCH[::-1], expected_seq_nr=3 * n)
+        read = list(journal.query.current_events_by_persistence_id(PID))
+    batches = [MIXED_BATCH, MIXED_BATCH[::-1]] * 2
+    assert [e.seq_nr for e in written] == list(range(1, 4 * n + 1))
+    assert [e.event for e in written] == [event for batch in batches for event in batch]
+    assert stored_batch(dsn, PID) == [row for batch in batches for row in expected_batch(registry, batch)]
+    assert [(e.event.manifest, e.event.payload) if isinstance(e.event, Raw) else e.event for e in read] == [
+        (e.manifest, e.payload) if isinstance(e, Raw) else e for batch in batches for e in batch]
 
 
 def test_insert_statement_has_no_notify_and_no_lock() -> None:
