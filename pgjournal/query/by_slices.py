@@ -208,10 +208,11 @@ class SliceQuery:
     def page(self, cursor: _Cursor, until: datetime, limit: int | None = None) -> Statement:
         """The statement of one page after ``cursor`` below ``until``. Never a generic plan: it cannot prune
         partitions or use the bounds, and runs many times slower (``python -m bench by-slices`` notes the plan
-        and pages of a page)."""
+        and pages of a page). Its timestamps are UTC datetimes (:func:`~pgjournal.runtime.steps.utc_timestamps`),
+        as are those of the events a gap fill loads: one query's envelopes all carry the same ``tzinfo``."""
         params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
-        return Statement(self.page_sql, params, binary=True, prepare=False)
+        return Statement(self.page_sql, params, binary=True, prepare=False, utc=True)
 
     def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
         """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
@@ -435,7 +436,7 @@ class SliceQuery:
         """Load and deliver the events of ``pid`` between what was delivered and ``before`` (``after`` None:
         all of them since the query's start, or since the gate forgot)."""
         floor = EPOCH if after is not None else max(self.start.timestamp, self.gate.forgotten_before)
-        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor))
+        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor), binary=True, utc=True)
         out: list[Delivery] = []
         for row in rows:
             seq_nr, ts = row[3], row[4]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import psycopg
@@ -272,3 +272,27 @@ def test_catch_up_decodes_each_payload_as_deserialize_does(face: Face, dsn: str)
     assert [next(read).event for _ in range(2)] == [{"n": 1}, Added("sku-2")]
     with pytest.raises(SerializationError, match=r"'Cart\|1'.* 3"):
         next(read)
+
+
+def test_envelopes_carry_utc_timestamps_whatever_the_session_time_zone(face_kind: Kind, dsn: str) -> None:
+    """A by-slice page's timestamps are made in UTC (psycopg would make them in the session's zone, at a cost per
+    row), the events a gap fill loads too: the instants are those stored, every envelope's ``tzinfo`` is UTC."""
+    with psycopg.connect(dsn, autocommit=True) as conn:  # every new session of this database in +05:30
+        name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        conn.execute(f'ALTER DATABASE "{name}" SET TimeZone = \'Asia/Kolkata\'')
+    with open_face(face_kind, dsn, **FAST) as journal:
+        with journal.connection() as conn:
+            assert conn.execute("SHOW TimeZone").fetchone()[0] == "Asia/Kolkata"
+        for i in range(6):
+            journal.append(f"Cart|{i % 3}", [{"n": i}])
+        with psycopg.connect(dsn) as conn:  # a hole: Cart|0's first event is older than the query's first page
+            conn.execute("UPDATE event_journal SET db_timestamp = db_timestamp + interval '1 hour' "
+                         "WHERE persistence_id = 'Cart|0' AND seq_nr = 1")
+            stored = dict(((pid, seq), ts) for pid, seq, ts in conn.execute(
+                "SELECT persistence_id, seq_nr, db_timestamp FROM event_journal"))
+        time.sleep(0.05)
+        envelopes = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+        assert sorted(keys(envelopes)) == sorted(stored)
+        assert Source.BACKTRACKING in {e.source for e in envelopes}
+        assert {e.db_timestamp.tzinfo for e in envelopes} == {UTC}
+        assert all(e.db_timestamp == stored[e.persistence_id, e.seq_nr] for e in envelopes)
