@@ -1,5 +1,6 @@
 """by-slices: catch-up read of one entity type by 1, 2 and 4 slice ranges in parallel, beside an ordered
-binary scan of the same rows; with the pages each range reads (EXPLAIN (ANALYZE, BUFFERS))."""
+binary scan of the same rows; with the pages each range reads (EXPLAIN (ANALYZE, BUFFERS)) and where a row's
+client CPU goes (:func:`cpu_per_row`, in the JSON line's ``extra``)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from typing import Any
 import psycopg
 
 from pgjournal import Journal, slice_for_persistence_id, slice_ranges
+from pgjournal.codec.akka_formats import scan_json
 from pgjournal.model.envelope import EVENT_COLUMNS
 from pgjournal.query.by_slices import EPOCH
+from pgjournal.query.gate import Gate
+from pgjournal.runtime.steps import Statement, _SyncFetch, run_pooled
 from pgjournal.store.events import PAGE
 
+from .cpu import backend_cpu
 from .harness import Context, Scenario
 
 ENTITY_TYPES = ("Cart", "Order", "Payment", "Shipment", "Invoice")
@@ -53,7 +58,98 @@ def _setup(ctx: Context) -> dict[str, Any]:
     journal = Journal.open(ctx.dsn, pool_max_size=8, notify=False)
     state = {"journal": journal, "rows": events // 5}
     _explain(ctx, journal)
+    ctx.extra.update(cpu_per_row(ctx.dsn, journal, state["rows"]))
     return state
+
+
+def cpu_per_row(dsn: str, journal: Journal, expected: int, passes: int = 3) -> dict[str, Any]:
+    """Where a row's CPU goes, in µs per row (each figure the best of ``passes``, the rows of all slices read by
+    one process; client: ``time.process_time()``, server: the backends' ``/proc`` CPU).
+
+    * ``read``: the whole current query, iterated as a consumer does (nothing instrumented);
+    * ``fetch``, ``page_loop``, ``envelopes``: the same query with its steps run by a driver that times them:
+      psycopg's execute and fetch (rows built), the steps' own code (the page loop, ``sift_step``, with the gate
+      and the cursor), and taking the envelopes (made as they are taken: decoding, offsets, envelopes);
+    * ``gate`` and ``decode``: the gate's calls (``Gate.take_next``) and the payloads' decoding (the plain-JSON
+      path of ``EventRows.envelopes``), replayed alone over that pass's rows;
+    * ``scan_*``: the reference, one ordered binary scan of the same rows.
+    """
+    pt = time.process_time
+    read = server = scan = scan_server = float("inf")
+    for _ in range(passes):
+        s0, c0 = backend_cpu(dsn), pt()
+        rows = sum(1 for _ in journal.query.current_events_by_slices("Cart", 0, 1023))
+        c1, s1 = pt(), backend_cpu(dsn)
+        assert rows == expected, (rows, expected)
+        read, server = min(read, c1 - c0), min(server, _server_seconds(s0, s1))
+        with psycopg.connect(dsn) as conn:
+            s0, c0 = backend_cpu(dsn), pt()
+            with conn.cursor(name="scan", binary=True) as cur:
+                cur.itersize = 5000
+                cur.execute(SCAN, ("Cart",))
+                for _ in cur:
+                    pass
+            c1, s1 = pt(), backend_cpu(dsn)
+        scan, scan_server = min(scan, c1 - c0), min(scan_server, _server_seconds(s0, s1))
+    split = min((_timed_pass(journal, expected) for _ in range(passes)), key=lambda parts: sum(parts.values()))
+    per_row = {"read": read, **split}
+    return {"client_cpu_us_per_row": {k: round(v * 1e6 / expected, 3) for k, v in per_row.items()},
+            "server_cpu_us_per_row": round(server * 1e6 / expected, 3),
+            "scan_client_cpu_us_per_row": round(scan * 1e6 / expected, 3),
+            "scan_server_cpu_us_per_row": round(scan_server * 1e6 / expected, 3)}
+
+
+def _server_seconds(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU the backends used between two readings, per backend (one that ended in between, such as the previous
+    pass's scan connection, would otherwise take its whole CPU off the sum)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+
+
+def _timed_pass(journal: Journal, expected: int) -> dict[str, float]:
+    """CPU seconds of one current query's parts (see :func:`cpu_per_row`)."""
+    pt = time.process_time
+    query = journal.by_slices.query("Cart", 0, 1023)
+    run_pooled(query.settle_step(), journal.read_connection)
+    fetch = code = envelopes = 0.0
+    page_rows: list[tuple[Any, ...]] = []
+    taken = 0
+    for step in query.current_steps():
+        with journal.read_connection() as conn:
+            fetcher = _SyncFetch(conn)
+            c0 = pt()
+            request = next(step)
+            code += pt() - c0
+            while True:
+                assert isinstance(request, Statement), request
+                c0 = pt()
+                answer = fetcher.answer(request)
+                fetch += pt() - c0
+                if request.sql is query.page_sql:
+                    page_rows.extend(answer)
+                c0 = pt()
+                try:
+                    request = step.send(answer)
+                except StopIteration as done:
+                    code += pt() - c0
+                    items = done.value
+                    break
+                code += pt() - c0
+        c0 = pt()
+        for _ in items:
+            taken += 1
+        envelopes += pt() - c0
+    assert taken == expected, (taken, expected)
+    gate: Gate[Any] = Gate()
+    take_next = gate.take_next
+    c0 = pt()
+    for row in page_rows:
+        take_next(row[2], row[3], row[4])
+    gate_cpu = pt() - c0
+    c0 = pt()
+    for row in page_rows:
+        scan_json(row[7].decode(), 0)
+    decode = pt() - c0
+    return {"fetch": fetch, "page_loop": code, "envelopes": envelopes, "gate": gate_cpu, "decode": decode}
 
 
 def _explain(ctx: Context, journal: Journal) -> None:

@@ -1,6 +1,6 @@
 """events_by_slices: the events of one entity type in a slice range, in (db_timestamp, seq_nr) order.
 
-The *main* cursor pages forward by ``(db_timestamp, seq_nr, persistence_id)`` up to a safe bound: on
+The *main* cursor pages forward in ``(db_timestamp, seq_nr)`` order up to a safe bound: on
 PostgreSQL the visibility horizon (derived from the transactions that hold a write lock on the journal,
 see :mod:`pgjournal.core.horizon`), so it never passes a transaction that may still commit; in portable mode the clock
 minus
@@ -67,17 +67,17 @@ Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime]
 
 @dataclass
 class _Cursor:
-    """A position in (db_timestamp, seq_nr, persistence_id) order, plus what the offset says was consumed
-    at exactly ``ts``."""
+    """A position: a timestamp, and per persistence id the highest number read (or, from an offset,
+    consumed) at exactly that timestamp. A page reads the rows after it in ``(db_timestamp, number)`` order,
+    the order of the journal's time index, so the database sorts nothing; rows that share a timestamp and a
+    number come in no particular order, and a page may end among them: ``seen`` holds every row read at ``ts``,
+    so the next page skips exactly those."""
 
     ts: datetime
     seen: dict[str, int] = field(default_factory=dict)
-    last_seq: int = 0
-    last_pid: str = ""
 
     def params(self) -> dict[str, Any]:
-        return {"from_ts": self.ts, "last_seq": self.last_seq, "last_pid": self.last_pid,
-                "seen_pids": list(self.seen), "seen_seqs": list(self.seen.values())}
+        return {"from_ts": self.ts, "seen_pids": list(self.seen), "seen_seqs": list(self.seen.values())}
 
 
 class SliceRows(Protocol):
@@ -208,10 +208,11 @@ class SliceQuery:
     def page(self, cursor: _Cursor, until: datetime, limit: int | None = None) -> Statement:
         """The statement of one page after ``cursor`` below ``until``. Never a generic plan: it cannot prune
         partitions or use the bounds, and runs many times slower (``python -m bench by-slices`` notes the plan
-        and pages of a page)."""
+        and pages of a page). Its timestamps are UTC datetimes (:func:`~pgjournal.runtime.steps.utc_timestamps`),
+        as are those of the events a gap fill loads: one query's envelopes all carry the same ``tzinfo``."""
         params = {"entity_type": self.entity_type, "until": until, "limit": limit or self.settings.buffer_size,
                   **self.slice_params, **cursor.params()}
-        return Statement(self.page_sql, params, binary=True, prepare=False)
+        return Statement(self.page_sql, params, binary=True, prepare=False, utc=True)
 
     def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
         """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
@@ -321,7 +322,8 @@ class SliceQuery:
         # tzinfo (a comparison across tzinfo objects calls utcoffset on both), lookups hoisted, the gate's
         # common case (the next number of a persistence id, or 1) in one call, the cursor written back once a
         # page (and before a gap is filled, which reads it), and the seen map of a timestamp made only when a
-        # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``).
+        # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``). Both cursors keep it (the next page
+        # skips what it holds, see :class:`_Cursor`); only the main cursor's goes into offsets.
         start = self.start
         start_ts = start.timestamp.astimezone(rows[0][4].tzinfo)
         take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
@@ -331,7 +333,6 @@ class SliceQuery:
         lone_pid, lone_seq = "", 0
         # A backtracking delivery's offset is the main cursor's position (unchanged by a backtracking page).
         main_ts, main_seen = self.main.ts, self.main.seen
-        pid, seq_nr = cursor.last_pid, cursor.last_seq
         append = out.append
         for row in rows:
             pid, seq_nr, ts = row[2], row[3], row[4]
@@ -339,11 +340,8 @@ class SliceQuery:
             # the offset's position at one timestamp; the gate below holds the rule "each pid once, in order".)
             if ts != ts_at:
                 ts_at = ts
-                if main:
-                    seen, lone_pid, lone_seq = None, pid, seq_nr
-                else:
-                    seen = {}
-            elif main:
+                seen, lone_pid, lone_seq = None, pid, seq_nr
+            else:
                 if seen is None:
                     seen = {lone_pid: lone_seq}
                 seen = {**seen, pid: max(seq_nr, seen.get(pid, 0))}
@@ -356,7 +354,7 @@ class SliceQuery:
                 if verdict is GAP and contiguous:
                     if seen is None:
                         seen = {lone_pid: lone_seq}
-                    cursor.ts, cursor.seen, cursor.last_seq, cursor.last_pid = ts_at, seen, seq_nr, pid
+                    cursor.ts, cursor.seen = ts_at, seen
                     out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
                 deliver(pid, seq_nr, ts)
             if not main:
@@ -366,7 +364,6 @@ class SliceQuery:
             else:
                 append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp))
         cursor.ts, cursor.seen = ts_at, seen if seen is not None else {lone_pid: lone_seq}
-        cursor.last_seq, cursor.last_pid = seq_nr, pid
         return out if self.tags is None else self._tagged(out)
 
     def _tagged(self, deliveries: list[Any]) -> list[Any]:
@@ -435,7 +432,7 @@ class SliceQuery:
         """Load and deliver the events of ``pid`` between what was delivered and ``before`` (``after`` None:
         all of them since the query's start, or since the gate forgot)."""
         floor = EPOCH if after is not None else max(self.start.timestamp, self.gate.forgotten_before)
-        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor))
+        rows = yield statement(self.journal.events.between(pid, after or 0, before, floor), binary=True, utc=True)
         out: list[Delivery] = []
         for row in rows:
             seq_nr, ts = row[3], row[4]
@@ -491,7 +488,7 @@ def _next(_pid: str, seq_nr: int) -> int:
 
 
 def _clone(cursor: _Cursor | None) -> _Cursor | None:
-    return None if cursor is None else _Cursor(cursor.ts, dict(cursor.seen), cursor.last_seq, cursor.last_pid)
+    return None if cursor is None else _Cursor(cursor.ts, dict(cursor.seen))
 
 
 def _start_offset(offset: Offset) -> TimestampOffset:

@@ -45,17 +45,15 @@ UPDATE {TABLE} SET revision = %(revision)s::bigint,
 WHERE persistence_id = %(pid)s::varchar AND revision = %(revision)s::bigint - 1
 RETURNING db_timestamp"""
 
-# Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed: the
-# journal's by-slice page (pgjournal.store.events.PAGE) over this table, with the revision as the number.
+# The journal's by-slice page (pgjournal.store.events.PAGE) over this table, with the revision as the number.
 PAGE = f"""
 SELECT {STATE_COLUMNS} FROM {TABLE}
 WHERE entity_type = %(entity_type)s AND {{slices}}
   AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
-  AND NOT (db_timestamp = %(from_ts)s AND (
-        (revision, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
-     OR revision <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[]) AS s(pid, seq)
-                             WHERE s.pid = persistence_id), 0)))
-ORDER BY db_timestamp, revision, persistence_id
+  AND NOT (db_timestamp = %(from_ts)s
+           AND revision <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[])
+                                     AS s(pid, seq) WHERE s.pid = persistence_id), 0))
+ORDER BY db_timestamp, revision
 LIMIT %(limit)s"""
 
 

@@ -306,16 +306,19 @@ class EventStore:
         return ", ".join(columns)
 
 
-# Rows after the key (from_ts, last_seq, last_pid), skipping those the offset's seen map marks consumed.
+# Rows from from_ts on, skipping those at from_ts that the cursor's seen map holds (read by the previous page, or
+# consumed before the offset), in the order of the time index (entity_type, db_timestamp, seq_nr, ...): no sort
+# node (a tie-breaker column the index lacks made the server sort every page, incrementally: a large part of its
+# work per row). Rows that share a timestamp and a number come in no particular order; the seen map, not a key
+# position, says which of them were read (see pgjournal.query.by_slices).
 PAGE = """
 SELECT {columns} FROM event_journal
 WHERE entity_type = %(entity_type)s AND {slices} AND deleted = false{tagged}
   AND db_timestamp >= %(from_ts)s AND db_timestamp < %(until)s
-  AND NOT (db_timestamp = %(from_ts)s AND (
-        (seq_nr, persistence_id) <= (%(last_seq)s::bigint, %(last_pid)s::varchar)
-     OR seq_nr <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[]) AS s(pid, seq)
-                            WHERE s.pid = persistence_id), 0)))
-ORDER BY db_timestamp, seq_nr, persistence_id
+  AND NOT (db_timestamp = %(from_ts)s
+           AND seq_nr <= COALESCE((SELECT s.seq FROM unnest(%(seen_pids)s::text[], %(seen_seqs)s::bigint[])
+                                   AS s(pid, seq) WHERE s.pid = persistence_id), 0))
+ORDER BY db_timestamp, seq_nr
 LIMIT %(limit)s"""
 #: A page's filter on tags (any of them): implies ``tags IS NOT NULL``, so the page may walk the tagged events'
 #: index (``event_journal_tagged_idx``, a partial index) in the same order.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import psycopg
@@ -100,6 +100,30 @@ def test_more_events_at_one_timestamp_than_the_buffer(face_kind: Kind, dsn: str)
         assert keys(envelopes) == [("Cart|big", n) for n in range(1, 26)] + [("Cart|small", 1)]
         resumed = list(journal.query.current_events_by_slices("Cart", 0, 1023, envelopes[10].offset))
         assert keys(resumed) == keys(envelopes[11:])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_pages_may_end_among_events_sharing_timestamp_and_number(face_kind: Kind, dsn: str, portable: bool) -> None:
+    """30 persistence ids' first events share one timestamp and number (writers in one microsecond, imported
+    data), in no particular order: pages of 4 end among them. Each is delivered once (portable: the backtracking
+    pass pages through them too, and must get past them); a query resumed from any of them delivers the rest."""
+    options = {**FAST, "buffer_size": 4, "catchup_buffer_size": 4}
+    with open_face(face_kind, dsn, portable=portable, **options) as journal:
+        pids = [f"Cart|tie{i}" for i in range(30)]
+        for pid in pids:
+            journal.append(pid, [{"n": 1}])
+        journal.append("Cart|after", [{"n": 1}])
+        with psycopg.connect(dsn) as conn:
+            conn.execute("UPDATE event_journal SET db_timestamp = date_trunc('second', now()) - interval '5 seconds' "
+                         "WHERE persistence_id = ANY(%s)", (pids,))
+        time.sleep(0.15)  # past behind_current_time in portable mode
+        envelopes = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+        assert sorted(keys(envelopes[:30])) == [(p, 1) for p in sorted(pids)]
+        assert keys(envelopes[30:]) == [("Cart|after", 1)]
+        for cut in (0, 3, 4, 17, 29):
+            resumed = list(journal.query.current_events_by_slices("Cart", 0, 1023, envelopes[cut].offset))
+            assert sorted(keys(resumed)) == sorted(keys(envelopes[cut + 1:]))
 
 
 def test_deleted_events_are_skipped(face: Face) -> None:
@@ -272,3 +296,27 @@ def test_catch_up_decodes_each_payload_as_deserialize_does(face: Face, dsn: str)
     assert [next(read).event for _ in range(2)] == [{"n": 1}, Added("sku-2")]
     with pytest.raises(SerializationError, match=r"'Cart\|1'.* 3"):
         next(read)
+
+
+def test_envelopes_carry_utc_timestamps_whatever_the_session_time_zone(face_kind: Kind, dsn: str) -> None:
+    """A by-slice page's timestamps are made in UTC (psycopg would make them in the session's zone, at a cost per
+    row), the events a gap fill loads too: the instants are those stored, every envelope's ``tzinfo`` is UTC."""
+    with psycopg.connect(dsn, autocommit=True) as conn:  # every new session of this database in +05:30
+        name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        conn.execute(f'ALTER DATABASE "{name}" SET TimeZone = \'Asia/Kolkata\'')
+    with open_face(face_kind, dsn, **FAST) as journal:
+        with journal.connection() as conn:
+            assert conn.execute("SHOW TimeZone").fetchone()[0] == "Asia/Kolkata"
+        for i in range(6):
+            journal.append(f"Cart|{i % 3}", [{"n": i}])
+        with psycopg.connect(dsn) as conn:  # a hole: Cart|0's first event is older than the query's first page
+            conn.execute("UPDATE event_journal SET db_timestamp = db_timestamp + interval '1 hour' "
+                         "WHERE persistence_id = 'Cart|0' AND seq_nr = 1")
+            stored = dict(((pid, seq), ts) for pid, seq, ts in conn.execute(
+                "SELECT persistence_id, seq_nr, db_timestamp FROM event_journal"))
+        time.sleep(0.05)
+        envelopes = list(journal.query.current_events_by_slices("Cart", 0, 1023))
+        assert sorted(keys(envelopes)) == sorted(stored)
+        assert Source.BACKTRACKING in {e.source for e in envelopes}
+        assert {e.db_timestamp.tzinfo for e in envelopes} == {UTC}
+        assert all(e.db_timestamp == stored[e.persistence_id, e.seq_nr] for e in envelopes)
