@@ -54,13 +54,13 @@ class Journal(JournalCore):
         super().__init__(dsn, settings, serializers, capabilities, stored, replica)
         self.signals: Signals | None = Signals(dsn, connection_kwargs(settings)) if capabilities.notify else None
         self._pool = ConnectionPool(dsn, connection_class=limited_connection_class(settings), name="pgjournal",
-                                    **pool_options(settings))
+                                    **pool_options(settings, dsn))
         #: Every borrowing of a pool connection goes through this front (a list pop in the common case).
         self.connections = PoolFront(self._pool)
         #: By-slice reads on a hot standby (``replica``): its own pool, the same limits.
         self._replica_pool = None if replica is None else ConnectionPool(
             replica, connection_class=limited_connection_class(settings), name="pgjournal-replica",
-            **pool_options(settings))
+            **pool_options(settings, replica))
         self.replica_connections = None if self._replica_pool is None else PoolFront(self._replica_pool)
         #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
         #: are written in the append's own statement.
@@ -148,7 +148,7 @@ class Journal(JournalCore):
         """A connection of its own, made as the pool's are (autocommit, pgjournal's limits), for a background
         writer that runs one heavy statement over and over (:mod:`pgjournal.write.tag_batcher`). The caller closes
         it."""
-        options = pool_options(self.settings)
+        options = pool_options(self.settings, self.dsn)
         try:
             return limited_connection_class(self.settings).connect(self.dsn, **options["kwargs"])
         except psycopg.OperationalError as exc:

@@ -154,7 +154,8 @@ class PostgresKeyStore:
         self._cache: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ConnectionPool(self.dsn, min_size=1, max_size=max(1, pool_max_size),
-                                    kwargs={"autocommit": True, **connection_kwargs(loaded, statement_timeout=True)},
+                                    kwargs={"autocommit": True, **connection_kwargs(loaded, statement_timeout=True,
+                                                                                       dsn=self.dsn)},
                                     timeout=loaded.connect_timeout, name="pgjournal-keys", open=False)
         self._pool.open(wait=False)
 

@@ -57,13 +57,13 @@ class AsyncJournal(JournalCore):
         self.signals: AsyncSignals | None = (AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify
                                              else None)
         self._pool = AsyncConnectionPool(dsn, connection_class=async_limited_connection_class(settings),
-                                         name="pgjournal-async", **core.pool_options(settings))
+                                         name="pgjournal-async", **core.pool_options(settings, dsn))
         #: Every borrowing of a pool connection goes through this front (see AsyncPoolFront).
         self.connections = AsyncPoolFront(self._pool, settings.pool_max_size, settings.connect_timeout)
         #: By-slice reads on a hot standby (``replica``): its own pool, the same limits.
         self._replica_pool = None if replica is None else AsyncConnectionPool(
             replica, connection_class=async_limited_connection_class(settings), name="pgjournal-async-replica",
-            **core.pool_options(settings))
+            **core.pool_options(settings, replica))
         self.replica_connections = None if self._replica_pool is None else AsyncPoolFront(
             self._replica_pool, settings.pool_max_size, settings.connect_timeout)
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.

@@ -112,10 +112,11 @@ class JournalCore:
         return f"{type(self).__name__}({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
 
 
-def pool_options(settings: Settings) -> dict[str, Any]:
-    """What both faces' connection pools are made with (autocommit, pgjournal's limits, sizes, timeout)."""
+def pool_options(settings: Settings, dsn: str) -> dict[str, Any]:
+    """What both faces' connection pools of ``dsn`` are made with (autocommit, pgjournal's limits, sizes,
+    timeout)."""
     return {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size,
-            "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True)},
+            "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True, dsn=dsn)},
             "timeout": settings.connect_timeout, "open": False}
 
 

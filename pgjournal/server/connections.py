@@ -125,12 +125,15 @@ def _whole_seconds(value: float) -> int:
     return max(1, math.ceil(value))
 
 
-def connection_kwargs(settings: Settings, *, statement_timeout: bool = False) -> dict[str, Any]:
+def connection_kwargs(settings: Settings, *, statement_timeout: bool = False, dsn: str | None = None
+                      ) -> dict[str, Any]:
     """libpq keywords for one connection: connect timeout, keepalives, ``tcp_user_timeout`` and, for
     pgjournal's own statements only (``statement_timeout=True``), the server-side statement timeout.
 
     Keepalives start after a third of ``tcp_user_timeout`` idle and give up after three unanswered probes,
-    so an idle connection to a vanished server is noticed within about ``tcp_user_timeout`` too.
+    so an idle connection to a vanished server is noticed within about ``tcp_user_timeout`` too. The timeout
+    goes in libpq's ``options``, which replaces the ``options`` of the DSN (``dsn``) or of ``PGOPTIONS``: those
+    are kept in front of it (a user's ``-c TimeZone=...`` or ``-c search_path=...`` still applies).
     """
     kwargs: dict[str, Any] = {"connect_timeout": _whole_seconds(settings.connect_timeout)}
     user_timeout = settings.tcp_user_timeout
@@ -141,8 +144,20 @@ def connection_kwargs(settings: Settings, *, statement_timeout: bool = False) ->
     else:
         kwargs.update(keepalives=1)
     if statement_timeout and settings.statement_timeout > 0:
-        kwargs["options"] = f"-c statement_timeout={max(1, round(settings.statement_timeout * 1000))}"
+        given = _given_options(dsn)
+        ours = f"-c statement_timeout={max(1, round(settings.statement_timeout * 1000))}"
+        kwargs["options"] = f"{given} {ours}" if given else ours
     return kwargs
+
+
+def _given_options(dsn: str | None) -> str:
+    """The ``options`` a connection to ``dsn`` would have without pgjournal's: the DSN's, else ``PGOPTIONS``."""
+    if dsn:
+        with contextlib.suppress(psycopg.ProgrammingError):
+            given = psycopg.conninfo.conninfo_to_dict(dsn).get("options")
+            if given:
+                return str(given)
+    return os.environ.get("PGOPTIONS", "")
 
 
 def unreachable(dsn: str, exc: psycopg.OperationalError, doing: str = "connect to") -> DatabaseUnavailable:
@@ -156,7 +171,7 @@ def connect(dsn: str, settings: Settings | None = None, *, statement_timeout: bo
     """One autocommit connection outside the pools, with the project's limits (:func:`connection_kwargs`); an
     unreachable server is :class:`DatabaseUnavailable` saying what could not be done (``doing``)."""
     try:
-        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings.load(),
+        return psycopg.connect(dsn, autocommit=True, **connection_kwargs(settings or Settings.load(), dsn=dsn,
                                                                         statement_timeout=statement_timeout))
     except psycopg.OperationalError as exc:
         raise unreachable(dsn, exc, doing) from None
