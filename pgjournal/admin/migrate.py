@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 
@@ -130,12 +131,16 @@ def upgrade_sql(dialect: str = "postgres") -> str:
     return buffer.getvalue()
 
 
+@functools.cache
 def head_revision() -> str:
+    """The newest revision this pgjournal ships (read once per process: every journal's open checks it, and
+    Alembic parses every script to answer)."""
     return ScriptDirectory.from_config(alembic_config()).get_current_head() or ""
 
 
-def known_revisions() -> set[str]:
-    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    return frozenset(script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions())
 
 
 def _unknown_hint() -> str:
