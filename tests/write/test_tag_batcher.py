@@ -1,7 +1,8 @@
 """The batched tag writer (``tag_batch_writer=True``, pgjournal.write.tag_batcher) on a real PostgreSQL: its rows are
 the in-statement path's rows (exactly once, tag sequence order = TimeUUID order), readers never pass rows it
 still owes (concurrent writers, a held append, a writer SIGKILLed with rows pending), recovery by another
-writer or ``pgjournal tags recover``, close() flushes, and the faces that refuse it."""
+writer (either face) or ``pgjournal tags recover``, close() flushes, tagged appends in transactions (both
+faces), and the asyncio face's writer."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import psycopg.conninfo
 import pytest
 from support import make_serializable, waits_on_a_lock
 from support.eventually import eventually
+from support.faces import KINDS, Kind, open_face
 from support.tags import TAGS, collect, progress, tag_rows
 from typer.testing import CliRunner
 
-from pgjournal import ConfigurationError, Journal, Source
+from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, Source
 from pgjournal.aio import AsyncJournal
 from pgjournal.buckets import BucketSize
 from pgjournal.cli.commands import app
@@ -316,7 +318,21 @@ def append_and_close(dsn: str, pid: str) -> None:
         writer.append(pid, [0], tags=["x"])
 
 
-@pytest.mark.parametrize("by", ["writer", "cli"])
+async def _recover_with_an_asyncio_writer(dsn: str, dead: Any) -> None:
+    async with AsyncJournal.open(dsn, **BATCHED) as other:
+        await other.append("Cart|other", [0], tags=["y"])
+        deadline = time.monotonic() + 30
+        while dead in writer_rows_of(dsn):
+            assert time.monotonic() < deadline, "the dead writer recovered by the asyncio writer"
+            await asyncio.sleep(0.05)
+
+
+def writer_rows_of(dsn: str) -> list[tuple[str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT id, writer FROM tag_batch_writers ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("by", ["writer", "asyncio writer", "cli"])
 def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) -> None:
     count = 40
     with Journal.open(dsn, **READER) as reader, reader.query.events_by_tag("x") as stream:
@@ -343,6 +359,8 @@ def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) ->
                 other.append("Cart|other", [0], tags=["y"])
                 eventually(lambda: dead[0] not in writer_rows(reader), "the dead writer recovered", timeout=30)
                 assert len(tag_rows(reader, "dead")) == count
+        elif by == "asyncio writer":
+            asyncio.run(_recover_with_an_asyncio_writer(dsn, dead[0]))
         else:
             result = CliRunner().invoke(app, ["tags", "recover", "--silent-for", "0", "--dsn", dsn],
                                         env={"PGJOURNAL_TAG_BUCKET_SIZE": "Minute"})
@@ -356,24 +374,75 @@ def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) ->
                             "Cart|after": [1]}
 
 
-# -- faces that refuse it -------------------------------------------------------------------------------------
+# -- transactions and the asyncio face -------------------------------------------------------------------------
 
 
-def test_tagged_appends_in_a_transaction_are_refused_and_nothing_is_written(bj: Journal) -> None:
-    with bj.transaction() as tx:
-        tx.append("Cart|t", [1])  # untagged is fine
-        with pytest.raises(ConfigurationError, match="tag_batch_writer"):
-            tx.append("Cart|t", [2], tags=["x"])
-        tx.append("Cart|t", [2])  # the transaction goes on
-    assert [e.seq_nr for e in bj.query.current_events_by_persistence_id("Cart|t")] == [1, 2]
-    assert tagged_in_journal(bj, "x") == {}
+def watermark(dsn: str) -> Any:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT min(complete_before) FROM tag_batch_writers").fetchone()[0]  # type: ignore[index]
 
 
-def test_the_asyncio_face_refuses_the_setting(dsn: str) -> None:
+def db_clock(dsn: str) -> Any:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tagged_appends_in_a_transaction_hold_the_watermark_until_the_commit(dsn: str, kind: Kind) -> None:
+    """While a transaction with a tagged append is open, the writer flushes other events but its watermark
+    stays below the transaction's event; after the commit its rows are written like any append's."""
+    with open_face(kind, dsn, **HOLDING) as journal:
+        with journal.transaction() as tx:
+            tx.append("Cart|t", [1])  # untagged
+            tx.append("Cart|t", [2, 3], tags=["x"])
+            stamped = tx.connection.execute("SELECT min(db_timestamp) FROM event_journal WHERE "
+                                            "persistence_id = 'Cart|t' AND tags IS NOT NULL").fetchone()[0]
+            journal.append("Cart|o", [1], tags=["x"])  # outside, committed and flushed first
+            journal.tag_writer.flush()
+            assert tag_rows(journal, "x") == [("Cart|o", 1, 1)]
+            assert watermark(dsn) <= stamped, "the watermark passed an event of the open transaction"
+        journal.tag_writer.flush()
+        assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|t", 2, 1), ("Cart|t", 3, 2)]
+        assert watermark(dsn) > stamped
+        envs = eventually(lambda: (e := [(e.persistence_id, e.tag_pid_sequence_nr)
+                                          for e in journal.query.current_events_by_tag("x")]) and len(e) == 3 and e,
+                          "the rows readable")
+        assert envs == [("Cart|t", 1), ("Cart|t", 2), ("Cart|o", 1)]  # TimeUUID order: the transaction's first
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rolled_back_or_failed_tagged_append_in_a_transaction_is_forgotten(dsn: str, kind: Kind) -> None:
+    """Rolled back, or failed in a savepoint: the writer no longer waits for it (its watermark moves on) and
+    writes no row for it."""
+    with open_face(kind, dsn, **HOLDING) as journal:
+        journal.append("Cart|c", [0], tags=["x"])
+        with pytest.raises(RuntimeError), journal.transaction() as tx:
+            tx.append("Cart|r", [1], tags=["x"])
+            raise RuntimeError("the caller gives up")
+        with journal.transaction(savepoints=True) as tx:
+            with pytest.raises(ConcurrencyConflict):
+                tx.append("Cart|c", [1], tags=["x"], expected_seq_nr=0)
+            tx.append("Cart|c", [1], tags=["y"], expected_seq_nr=1)
+        after = db_clock(dsn)
+        journal.tag_writer.flush()
+        assert journal.tag_writer.batch.idle()
+        assert watermark(dsn) > after
+        assert tag_rows(journal, "x") == [("Cart|c", 1, 1)] and tag_rows(journal, "y") == [("Cart|c", 2, 1)]
+        assert tagged_in_journal(journal, "x") == {"Cart|c": 1}  # type: ignore[arg-type]
+
+
+def test_the_asyncio_face_writes_pending_rows_when_it_closes(dsn: str) -> None:
     async def main() -> None:
-        with pytest.raises(ConfigurationError, match="tag_batch_writer"):
-            await AsyncJournal.open(dsn, **BATCHED)
+        async with AsyncJournal.open(dsn, **HOLDING) as journal:
+            await journal.append("Cart|a", [1, 2], tags=["x"])
+            await journal.append("Cart|b", [1], tags=["x", "y"])
+            assert journal.tag_writer is not None and journal.tag_writer.batch.events == 3
     asyncio.run(main())
+    with Journal.open(dsn, **READER) as reader:
+        assert tag_rows(reader, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|b", 1, 1)]
+        assert tag_rows(reader, "y") == [("Cart|b", 1, 1)]
+        assert writer_rows(reader) == []
+        assert_timeuuid_order_is_tag_order(reader)
 
 
 def test_bad_settings_are_named() -> None:
