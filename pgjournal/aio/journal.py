@@ -65,7 +65,7 @@ class AsyncJournal(JournalCore):
             self._replica_pool, settings.pool_max_size, settings.connect_timeout)
         #: The batched tag writer (see :mod:`pgjournal.aio.tag_batcher`); None: tag rows are written in the
         #: append's own statement.
-        self.tag_writer = AsyncTagBatcher(self) if settings.tag_batch_writer else None
+        self.tag_writer = AsyncTagBatcher(self) if settings.batched_tags else None
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
         #: Appends of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention), as threads
@@ -98,7 +98,7 @@ class AsyncJournal(JournalCore):
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
-            capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
+            capabilities, stored, loaded = await arun(core.open_step(resolved, loaded), conn)
             if loaded.async_pipeline and not await arun(allowed_step(loaded), conn):
                 loaded = replace(loaded, async_pipeline=False)
         journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored, standby)

@@ -295,6 +295,13 @@ WHERE e.entity_type = ANY(%s) AND e.db_timestamp >= %s AND e.writer = %s
 GROUP BY e.persistence_id, e.slice ORDER BY e.persistence_id""", (entity_types, since, writer))
 
 
+def unrecorded_writer() -> Read[str]:
+    """For a database that records no tag writer: ``in-statement`` when tag rows exist and no batched writer has
+    a row (versions that recorded nothing wrote them, their default was in-statement), else ``batched``."""
+    return scalars("SELECT CASE WHEN EXISTS (SELECT 1 FROM tag_write_progress) AND NOT EXISTS "
+                   "(SELECT 1 FROM tag_batch_writers) THEN 'in-statement' ELSE 'batched' END", ())
+
+
 @dataclass(frozen=True, slots=True)
 class Watermark:
     """How far every batched writer's tag rows are complete (None: no batched writer), and the writers that

@@ -652,6 +652,13 @@ class TagBatcher(TagWriterRules):
             return self._do(self._recover_work(self._timeout if silent_for is None else silent_for))
 
 
+def flushed_before_reading() -> contextlib.AbstractContextManager[None]:
+    """Around the flush a current tag query makes before it reads (read-your-writes in the process): a flush
+    that fails (logged and counted already) does not fail the read; the watermark keeps it from passing the
+    events whose rows are still pending."""
+    return contextlib.suppress(TagFlushFailed)
+
+
 def _tag_settings_step(settings: Settings) -> Step[BucketSize]:
     """Record the bucket size and the batched tag writer unless recorded, and check them."""
     size = yield from ensure_bucket_size_step(settings.tag_bucket_size)
