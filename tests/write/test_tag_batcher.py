@@ -119,7 +119,9 @@ def test_rows_are_written_later_and_match_the_in_statement_path(dsn: str) -> Non
         journal.append("Cart|a", [{"n": 5}], tags=["y"])
         journal.append("Cart|b", [{"n": 2}, {"n": 3}], tags=["y"])
         assert tag_rows(journal, "x") == [] and tag_rows(journal, "y") == []  # pending: not written yet
-        assert list(journal.query.current_events_by_tag("y")) == []  # and readers wait for them
+        with Journal.open(dsn, **READER) as reader:  # and readers wait for them
+            time.sleep(reader.settings.tag_eventual_consistency_delay + 0.05)
+            assert list(reader.query.current_events_by_tag("y")) == []
         journal.tag_writer.flush()  # type: ignore[union-attr]
         assert tag_rows(journal, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 3, 3)]
         assert tag_rows(journal, "y") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 5, 3), ("Cart|b", 1, 1),
@@ -429,6 +431,29 @@ def test_a_rolled_back_or_failed_tagged_append_in_a_transaction_is_forgotten(dsn
         assert watermark(dsn) > after
         assert tag_rows(journal, "x") == [("Cart|c", 1, 1)] and tag_rows(journal, "y") == [("Cart|c", 2, 1)]
         assert tagged_in_journal(journal, "x") == {"Cart|c": 1}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_current_tag_query_reads_this_journals_own_pending_appends(dsn: str, kind: Kind) -> None:
+    """Read-your-writes in the process: the current query first has the journal's writer write what it has
+    pending (another process sees the events once the watermark passed them), and a query with nothing
+    pending writes nothing."""
+    with open_face(kind, dsn, **HOLDING) as journal, Journal.open(dsn, **READER) as other:
+        journal.append("Cart|r", [1, 2], tags=["x"])
+        time.sleep(journal.settings.tag_eventual_consistency_delay + 0.05)
+        assert list(other.query.current_events_by_tag("x")) == []  # pending in the writer
+        assert not journal.tag_writer.batch.caught_up()
+        assert [e.seq_nr for e in journal.query.current_events_by_tag("x")] == [1, 2]
+        assert journal.tag_writer.batch.caught_up()
+        assert [e.seq_nr for e in other.query.current_events_by_tag("x")] == [1, 2]
+        before = writer_heartbeats(dsn)
+        assert [e.seq_nr for e in journal.query.current_events_by_tag("x")] == [1, 2]
+        assert writer_heartbeats(dsn) == before  # nothing to write: no statement
+
+
+def writer_heartbeats(dsn: str) -> list[Any]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT heartbeat FROM tag_batch_writers ORDER BY id").fetchall()
 
 
 def test_the_asyncio_face_writes_pending_rows_when_it_closes(dsn: str) -> None:
