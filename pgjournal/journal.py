@@ -62,8 +62,8 @@ class Journal(JournalCore):
             replica, connection_class=limited_connection_class(settings), name="pgjournal-replica",
             **pool_options(settings))
         self.replica_connections = None if self._replica_pool is None else PoolFront(self._replica_pool)
-        #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
-        #: are written in the append's own statement.
+        #: The batched tag writer (``tag_batch_writer`` resolved True, see :mod:`pgjournal.write.tag_batcher`); None:
+        #: tag rows are written in the append's own statement.
         self.tag_writer = TagBatcher(self) if settings.batched_tags else None
         #: Appends of threads that would wait for a connection ride together (pgjournal.write.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.pipeline)

@@ -131,7 +131,7 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 
 
 
-# -- the batched tag writer (opt-in, pgjournal.write.tag_batcher) -----------------------------------------
+# -- the batched tag writer (the default, pgjournal.write.tag_batcher) -------------------------------------
 # A tagged append writes its event alone; these statements write its tag view rows later, from the journal,
 # so whoever writes them (the appending process, another process flushing the same persistence id, the
 # recovery of a writer that died) writes the same rows:

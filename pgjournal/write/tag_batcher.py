@@ -1,5 +1,6 @@
-"""The batched tag writer (opt-in, ``tag_batch_writer=True``): a tagged append writes its events alone (their
-``tags`` column), and a thread of the journal writes their tag view rows and ``tag_write_progress`` later,
+"""The batched tag writer (the default tag writer, see ``Settings.tag_batch_writer``): a tagged append writes its
+events alone (their ``tags`` column), and a thread of the journal (a task on the asyncio face,
+:mod:`pgjournal.aio.tag_batcher`) writes their tag view rows and ``tag_write_progress`` later,
 many (persistence id, tag) pairs per statement, every ``tag_flush_interval`` or at ``tag_batch_size`` pending
 events, as the Cassandra plugin's tag writers do.
 
@@ -42,9 +43,14 @@ its own. Why is not established: the statement is prepared once and after five r
 (on the pool, every backend planned it five times), but planning is a small part of a batch's execution, too
 little to explain the difference.
 
-The logic is :class:`TagBatch` (no I/O) and statement steps (:mod:`pgjournal.runtime.steps`); :class:`TagBatcher` is
-the blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and
-the retries.
+**Transactions.** A tagged append in ``journal.transaction()`` counts as under way from before its insert (so the
+watermark cannot pass it while the transaction is open); its events are handed over after the commit and
+forgotten on a rollback (:class:`pgjournal.write.transaction.TransactionRules`).
+
+The logic is :class:`TagBatch` (no I/O), statement steps (:mod:`pgjournal.runtime.steps`) and the work of each
+operation (:class:`TagWriterRules`: generators that yield a step per statement); :class:`TagBatcher` is the
+blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and the
+driver that runs the work with retries.
 """
 
 from __future__ import annotations
