@@ -266,12 +266,10 @@ class EventWriter:
         if plan is None:
             return []
         batcher = self._journal.tag_writer if plan.tags else None
-        if batcher is None:
-            before = record_bucket_size(self._journal) if plan.tags else None
-            ticket = 0
-        else:  # the batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher)
-            before = None
-            ticket = batcher.begin(plan.entity_type)
+        # The first tagged append records the bucket size and tag writer in its own transaction.
+        before = record_bucket_size(self._journal) if plan.tags else None
+        # The batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher).
+        ticket = batcher.begin(plan.entity_type) if batcher is not None else 0
         started = time.perf_counter()
         try:
             rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp, plan=plan)
@@ -310,7 +308,7 @@ class EventWriter:
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
-        if plan.tags and not self._tags_recorded and not self._journal.settings.batched_tags:
+        if plan.tags and not self._tags_recorded:
             bucket_size_recorded(self._journal)
             self._tags_recorded = True
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)

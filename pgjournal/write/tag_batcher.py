@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from pgjournal.buckets import BucketSize, ensure_bucket_size_step
+from pgjournal.buckets import BucketSize, check_bucket_size_step
 from pgjournal.core.journal_core import lost_connection
 from pgjournal.errors import DatabaseUnavailable, JournalError, TagFlushFailed, WriteOutcomeUnknown
 from pgjournal.model.timeuuid import lsb_key
@@ -78,8 +78,7 @@ from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import Step, run_pooled, statement
 from pgjournal.store import tags as store
 from pgjournal.store.tags import NO_UPTO, BatchPair
-from pgjournal.tags.statement_writer import bucket_size_recorded
-from pgjournal.tags.writer_mode import ensure_mode_step
+from pgjournal.tags.writer_mode import check_mode_step
 
 if TYPE_CHECKING:
     from pgjournal.core.journal_core import JournalCore
@@ -395,11 +394,11 @@ class TagWriterRules:
         self._last_write = time.monotonic()
 
     def _prepare_work(self) -> Work[None]:
-        """Record (or check) the tag view's bucket size and this tag writer before this writer's first row, as a
-        tagged append of the in-statement path does."""
+        """Check the tag view's bucket size and the tag writer recorded in the database before this writer's row
+        (a database of the in-statement writer refuses the append before its event). The first tagged append
+        records them in its own transaction, as on the in-statement path (a failed one records nothing)."""
         if not self.batch.bucket_ms:
             size: BucketSize = yield functools.partial(_tag_settings_step, self._journal.settings)
-            bucket_size_recorded(self._journal)  # type: ignore[arg-type]
             self.batch.bucket_ms = size.millis
 
     def _register_work(self, entity_type: str) -> Work[None]:
@@ -666,9 +665,9 @@ def flushed_before_reading() -> contextlib.AbstractContextManager[None]:
 
 
 def _tag_settings_step(settings: Settings) -> Step[BucketSize]:
-    """Record the bucket size and the batched tag writer unless recorded, and check them."""
-    size = yield from ensure_bucket_size_step(settings.tag_bucket_size)
-    yield from ensure_mode_step(True)
+    """Check the bucket size and the tag writer against what is recorded (nothing recorded: fine)."""
+    size = yield from check_bucket_size_step(settings.tag_bucket_size)
+    yield from check_mode_step(True)
     return size
 
 

@@ -26,7 +26,7 @@ TAGS: dict[str, Any] = dict(
 IN_STATEMENT: dict[str, Any] = dict(TAGS, tag_batch_writer=False)
 
 
-def written(journal: Any) -> None:
+def tags_written(journal: Any) -> None:
     """The tag rows of ``journal``'s (a Journal or a test Face) tagged appends written now: its batched tag writer
     flushes (the in-statement path wrote them with the appends)."""
     if journal.tag_writer is not None:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from support import PORTABLE
 from support.faces import Face, Kind, open_face
-from support.tags import IN_STATEMENT, TAGS, collect, progress, tag_rows, written
+from support.tags import IN_STATEMENT, TAGS, collect, progress, tag_rows, tags_written
 
 from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
 from pgjournal.buckets import BucketSize
@@ -251,7 +251,7 @@ def test_live_events_by_tag_follows_new_events_and_resumes(tface: Face) -> None:
 
 def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn: str) -> None:
     tface.append("Cart|g", [1, 2, 3, 4], tags=["x"])
-    written(tface)
+    tags_written(tface)
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr IN (2, 3)")
     settle(tface)
     started = time.monotonic()
@@ -265,7 +265,7 @@ def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn
 
 def test_first_event_missing_from_no_offset_is_a_gap(tface: Face, dsn: str) -> None:
     tface.append("Cart|g", [1, 2], tags=["x"])
-    written(tface)
+    tags_written(tface)
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 1")
     settle(tface)
     with pytest.raises(MissingTaggedEventsError) as failure:
@@ -281,7 +281,7 @@ def test_gap_filled_before_the_timeout_is_delivered_in_order(tface: Face, dsn: s
     tface.append("Cart|g", [1, 2, 3], tags=["x"])
     tface.append("Cart|h", [1, 2, 3, 4], tags=["x"])
     tface.append("Cart|g", [4, 5], tags=["x"])
-    written(tface)
+    tags_written(tface)
     saved = sql(dsn, "SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
     settle(tface)

@@ -394,22 +394,26 @@ def test_tagged_appends_in_a_transaction_hold_the_watermark_until_the_commit(dsn
     """While a transaction with a tagged append is open, the writer flushes other events but its watermark
     stays below the transaction's event; after the commit its rows are written like any append's."""
     with open_face(kind, dsn, **HOLDING) as journal:
+        # The first tagged write records the tag settings in its transaction: before the test's transaction, so
+        # the append outside it does not wait for its commit.
+        journal.append("Cart|o", [0], tags=["x"])
         with journal.transaction() as tx:
             tx.append("Cart|t", [1])  # untagged
             tx.append("Cart|t", [2, 3], tags=["x"])
             stamped = tx.connection.execute("SELECT min(db_timestamp) FROM event_journal WHERE "
                                             "persistence_id = 'Cart|t' AND tags IS NOT NULL").fetchone()[0]
-            journal.append("Cart|o", [1], tags=["x"])  # outside, committed and flushed first
+            journal.append("Cart|o", [1], tags=["x"], expected_seq_nr=1)  # outside, committed and flushed first
             journal.tag_writer.flush()
-            assert tag_rows(journal, "x") == [("Cart|o", 1, 1)]
+            assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|o", 2, 2)]
             assert watermark(dsn) <= stamped, "the watermark passed an event of the open transaction"
         journal.tag_writer.flush()
-        assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|t", 2, 1), ("Cart|t", 3, 2)]
+        assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|o", 2, 2), ("Cart|t", 2, 1), ("Cart|t", 3, 2)]
         assert watermark(dsn) > stamped
         envs = eventually(lambda: (e := [(e.persistence_id, e.tag_pid_sequence_nr)
-                                          for e in journal.query.current_events_by_tag("x")]) and len(e) == 3 and e,
+                                          for e in journal.query.current_events_by_tag("x")]) and len(e) == 4 and e,
                           "the rows readable")
-        assert envs == [("Cart|t", 1), ("Cart|t", 2), ("Cart|o", 1)]  # TimeUUID order: the transaction's first
+        # TimeUUID order: the transaction's events before the later append outside it
+        assert envs == [("Cart|o", 1), ("Cart|t", 1), ("Cart|t", 2), ("Cart|o", 2)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
