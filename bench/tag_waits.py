@@ -122,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--total", type=int, default=20_000)
-    parser.add_argument("--contenders", default="ours,untagged,batched,tag_rows_floor")
+    parser.add_argument("--contenders", default="ours,untagged,in_statement,tag_rows_floor")
     args = parser.parse_args(argv)
     server = resolve_dsn(None)
     events = args.total // 10 if args.quick else args.total
     contenders = {
         "ours": append_with(("bench",), args.writers, args.total),
         "untagged": append_with((), args.writers, args.total),
-        "batched": append_with(("bench",), args.writers, args.total, batched=True),
+        "in_statement": append_with(("bench",), args.writers, args.total, journal_key="in_statement"),
         "tag_rows_floor": tag_rows_floor(args.writers, args.total),
     }
     chosen = args.contenders.split(",")
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for _round in range(args.rounds):
                 for name in chosen:
-                    # The batched contender writes on a database of its own (see bench.tags._append_setup).
-                    where = state["batched_dsn"] if name == "batched" else dsn
+                    # The in-statement contender writes on a database of its own (see bench.tags._append_setup).
+                    where = state["in_statement_dsn"] if name == "in_statement" else dsn
                     result = measure_round(ctx, state, name, contenders[name], where, events)
                     results[name].append(result)
                     sys.stdout.write(json.dumps(result) + "\n")

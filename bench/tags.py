@@ -1,13 +1,15 @@
 """tags-append and tags-catchup: the Cassandra-compatible tag path.
 
 ``tags-append`` (8 writers) and ``tags-append-1`` (1 writer): 1 event per transaction, one entity per
-writer, with 1 tag ("ours": the tag rows and progress in the append's own statement) beside the same append
-untagged, with 3 tags, and with 1 tag through the batched tag writer (``batched``: ``tag_batch_writer=True``;
-the round ends when its tag rows are written: :meth:`TagBatcher.flush` is inside the measured time), and the
-physical floor of a tag view (``tag_rows_floor``): the untagged appends, and a thread that copies their rows into
-``tag_views`` every 0.1 s with one bare ``INSERT ... SELECT`` (no progress, watermark, TimeUUIDs or numbering:
-the least a second copy of each event costs; its last rows are inside the measured time too). The
-``*-cpu`` variants report client + server CPU µs per append of the same contenders but the 3 tags.
+writer, with 1 tag through the default tag path ("ours": a journal opened without ``tag_batch_writer`` on a new
+database, so the batched tag writer; the round ends when its tag rows are written: :meth:`TagBatcher.flush` is
+inside the measured time) beside the same append untagged, with 3 tags (the default path), with 1 tag through
+the in-statement writer (``in_statement``: ``tag_batch_writer=False``, the tag rows and progress in the
+append's own statement, on a database of its own), and the physical floor of a tag view (``tag_rows_floor``):
+the untagged appends, and a thread that copies their rows into ``tag_views`` every 0.1 s with one bare
+``INSERT ... SELECT`` (no progress, watermark, TimeUUIDs or numbering: the least a second copy of each event
+costs; its last rows are inside the measured time too). The ``*-cpu`` variants report client + server CPU µs
+per append of the same contenders but the 3 tags.
 ``tags-catchup``: ``current_events_by_tag`` over a tag view loaded beforehand (1,000,000 events; quick:
 50,000), events decoded, beside a bare keyset SELECT of the same rows (no decoding, no stream logic).
 """
@@ -37,24 +39,28 @@ CATCHUP_PIDS = 1000
 
 
 def _append_setup(ctx: Context) -> dict[str, Any]:
-    """The in-statement journal on the scenario's database, the batched one on a database of its own (a database
+    """The default journal on the scenario's database, the in-statement one on a database of its own (a database
     records one tag writer, see pgjournal.tags.writer_mode)."""
     stack = contextlib.ExitStack()
-    batched_dsn = stack.enter_context(scratch_database(ctx.server_dsn))
-    return {"journal": Journal.open(ctx.dsn, pool_max_size=12), "stack": stack, "batched_dsn": batched_dsn,
-            "batched": Journal.open(batched_dsn, pool_max_size=12, tag_batch_writer=True)}
+    in_statement_dsn = stack.enter_context(scratch_database(ctx.server_dsn))
+    journal = Journal.open(ctx.dsn, pool_max_size=12)
+    ctx.note(f"default tag path: {'batched' if journal.settings.tag_batch_writer else 'in-statement'} writer")
+    return {"journal": journal, "stack": stack, "in_statement_dsn": in_statement_dsn,
+            "in_statement": Journal.open(in_statement_dsn, pool_max_size=12, tag_batch_writer=False)}
 
 
 def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
     state["journal"].close()
-    if "batched" in state:
-        state["batched"].close()
+    if "in_statement" in state:
+        state["in_statement"].close()
         state["stack"].close()
 
 
-def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000, *, batched: bool = False) -> Any:
+def append_with(tags: tuple[str, ...], writers: int = WRITERS, total: int = 20_000, *, journal_key: str = "journal"
+                ) -> Any:
+    """Appends with ``tags`` through ``state[journal_key]`` (the default journal, or ``in_statement``)."""
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        journal: Journal = state["batched" if batched else "journal"]
+        journal: Journal = state[journal_key]
         n = total // 10 if ctx.quick else total
 
         def work(_w: int, count: int) -> None:
@@ -185,16 +191,20 @@ def _timed(action: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def cpu_batched(writers: int, total: int) -> Any:
-    """Client + server CPU µs per tagged append through the batched tag writer, its thread and its tag view
-    statements included (they are written before the second reading)."""
+def cpu_tagged(writers: int, total: int, *, journal_key: str = "journal", dsn_key: str | None = None,
+               label: str = "ours") -> Any:
+    """Client + server CPU µs per tagged append through ``state[journal_key]`` (on ``state[dsn_key]``, default the
+    scenario's database); with the batched tag writer, its thread and its tag view statements included (they are
+    written before the second reading)."""
     per_writer = total // writers
     warm = 20
 
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        journal: Journal = state["batched"]
-        writer = journal.tag_writer
-        assert writer is not None
+        journal: Journal = state[journal_key]
+
+        def flush() -> None:
+            if journal.tag_writer is not None:
+                journal.tag_writer.flush()
 
         def prepare(_w: int) -> str:
             pid = f"Bench|{uuid.uuid4().hex}"
@@ -210,16 +220,17 @@ def cpu_batched(writers: int, total: int) -> Any:
 
         def run(start: Callable[[], None], stop: Callable[[], None]) -> None:
             def started() -> None:
-                writer.flush()  # the warm-up's rows are not this round's
+                flush()  # the warm-up's rows are not this round's
                 start()
 
             def stopped() -> None:
-                writer.flush()
+                flush()
                 stop()
 
             threads(started, stopped)
 
-        return _record_cpu(ctx, "batched", measure_cpu(state["batched_dsn"], per_writer * writers, run))
+        dsn = state[dsn_key] if dsn_key else ctx.dsn
+        return _record_cpu(ctx, label, measure_cpu(dsn, per_writer * writers, run))
 
     return measure
 
@@ -286,41 +297,43 @@ def catchup_raw_select(ctx: Context, state: dict[str, Any]) -> float:
 SCENARIOS = [
     Scenario(
         name="tags-append", metric="events_per_s",
-        description=f"20,000 events (quick: 2,000), 1 per transaction, {WRITERS} writers, with 1 tag (ours), "
-                    "untagged, and with 3 tags",
+        description=f"20,000 events (quick: 2,000), 1 per transaction, {WRITERS} writers, with 1 tag (ours: the "
+                    "default tag path), untagged, with 3 tags, and with 1 tag in-statement",
         setup=_append_setup, teardown=_teardown,
         contenders={
             "ours": append_with(("bench",)),
             "untagged": append_with(()),
             "3_tags": append_with(("bench", "bench-b", "bench-c")),
-            "batched": append_with(("bench",), batched=True),
+            "in_statement": append_with(("bench",), journal_key="in_statement"),
             "tag_rows_floor": tag_rows_floor(),
         },
     ),
     Scenario(
         name="tags-append-1", metric="events_per_s",
         description="3,000 events (quick: 300), 1 per transaction, 1 writer (the commit flush dominates), with 1 "
-                    "tag (ours), untagged, and with 3 tags",
+                    "tag (ours: the default tag path), untagged, with 3 tags, and with 1 tag in-statement",
         setup=_append_setup, teardown=_teardown,
         contenders={
             "ours": append_with(("bench",), 1, 3_000),
             "untagged": append_with((), 1, 3_000),
             "3_tags": append_with(("bench", "bench-b", "bench-c"), 1, 3_000),
-            "batched": append_with(("bench",), 1, 3_000, batched=True),
+            "in_statement": append_with(("bench",), 1, 3_000, journal_key="in_statement"),
             "tag_rows_floor": tag_rows_floor(1, 3_000),
         },
     ),
     *[Scenario(
         name=name, metric="cpu_us_per_event", lower_is_better=True,
         description=f"client + server CPU µs per event (split in extra), {total:,} events (quick: a tenth), 1 per "
-                    f"transaction, {writers} writer(s), with 1 tag (ours) beside untagged and the batched tag writer",
+                    f"transaction, {writers} writer(s), with 1 tag (ours: the default tag path) beside untagged and "
+                    "the in-statement writer",
         setup=_append_setup, teardown=_teardown,
         contenders={
-            "ours": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t, ("bench",))(
-                ctx, state),
+            "ours": lambda ctx, state, w=writers, t=total: cpu_tagged(w, t // 10 if ctx.quick else t)(ctx, state),
             "untagged": lambda ctx, state, w=writers, t=total: cpu_ours(w, t // 10 if ctx.quick else t,
                                                                          label="untagged")(ctx, state),
-            "batched": lambda ctx, state, w=writers, t=total: cpu_batched(w, t // 10 if ctx.quick else t)(ctx, state),
+            "in_statement": lambda ctx, state, w=writers, t=total: cpu_tagged(
+                w, t // 10 if ctx.quick else t, journal_key="in_statement", dsn_key="in_statement_dsn",
+                label="in_statement")(ctx, state),
             "tag_rows_floor": lambda ctx, state, w=writers, t=total: cpu_floor(w, t // 10 if ctx.quick else t)(
                 ctx, state),
         },

@@ -165,6 +165,8 @@ class JournalCleanup:
              before: datetime | None = None, reset: bool = False, snapshots: bool = False) -> CleanupReport:
         report = CleanupReport(operation, self.dry_run)
         counts = report.counts
+        if self.journal.tag_writer is not None:  # this journal's pending tag rows first: deleted with their events
+            self.journal.tag_writer.flush()
         touched: dict[tuple[str, int], datetime] = {}
         execute = not self.dry_run
         for pids in pages:

@@ -62,9 +62,9 @@ class Journal(JournalCore):
             replica, connection_class=limited_connection_class(settings), name="pgjournal-replica",
             **pool_options(settings, replica))
         self.replica_connections = None if self._replica_pool is None else PoolFront(self._replica_pool)
-        #: The batched tag writer (``tag_batch_writer=True``, see :mod:`pgjournal.write.tag_batcher`); None: tag rows
-        #: are written in the append's own statement.
-        self.tag_writer = TagBatcher(self) if settings.tag_batch_writer else None
+        #: The batched tag writer (``tag_batch_writer`` resolved True, see :mod:`pgjournal.write.tag_batcher`); None:
+        #: tag rows are written in the append's own statement.
+        self.tag_writer = TagBatcher(self) if settings.batched_tags else None
         #: Appends of threads that would wait for a connection ride together (pgjournal.write.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.pipeline)
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None,
@@ -98,7 +98,7 @@ class Journal(JournalCore):
         with connect(resolved, loaded) as conn:
             if migrate:
                 migrations.upgrade(resolved, loaded.dialect)
-            capabilities, stored = run(open_step(resolved, loaded), conn)
+            capabilities, stored, loaded = run(open_step(resolved, loaded), conn)
             if loaded.pipeline and not run(allowed_step(loaded), conn):
                 loaded = replace(loaded, pipeline=False)
         if standby is not None:

@@ -93,10 +93,13 @@ class Settings:
     #: of the previous bucket).
     tag_back_track_long_interval: float = 120.0
     tag_back_track_long_period: float | str = "max"
-    #: Opt-in batched tag writer (pgjournal.write.tag_batcher): a tagged append writes only its event (the ``tags``
-    #: column); a thread of the journal writes the tag view rows and progress, many per statement, from the
-    #: journal. Off: the tag rows go in the append's own statement.
-    tag_batch_writer: bool = False
+    #: Which tag writer writes the tag view rows (pgjournal.write.tag_batcher, docs/tags.md). True: the batched tag
+    #: writer (a tagged append writes only its event, the ``tags`` column; a thread or task of the journal writes
+    #: the tag view rows and progress later, many per statement, from the journal). False: the in-statement
+    #: writer (the tag rows in the append's own statement). None (the default): what the database records
+    #: (``tag_settings`` ``tag_writer``); with nothing recorded, in-statement if tag rows exist (written by a
+    #: version that recorded nothing, whose default was in-statement), else batched. Opening resolves it.
+    tag_batch_writer: bool | None = None
     #: The batched tag writer writes what is pending at least this often (seconds).
     tag_flush_interval: float = 0.1
     #: At most this many events per tag view statement of the batched writer; this many pending start a write.
@@ -128,10 +131,12 @@ class Settings:
                      "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:
             _check_seconds(name, getattr(self, name))
-        for name in ("portable", "backtracking_enabled", "notify", "tag_batch_writer", "async_pipeline",
-                     "pipeline"):
+        for name in ("portable", "backtracking_enabled", "notify", "async_pipeline", "pipeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(f"setting {name} must be true or false, got {getattr(self, name)!r}")
+        if self.tag_batch_writer is not None and not isinstance(self.tag_batch_writer, bool):
+            raise ConfigurationError("setting tag_batch_writer must be true, false or None (follow the database), "
+                                     f"got {self.tag_batch_writer!r}")
         if self.refresh_interval <= 0:
             raise ConfigurationError(f"setting refresh_interval must be > 0 seconds, got {self.refresh_interval!r}")
         self._check_tag_settings()
@@ -159,6 +164,12 @@ class Settings:
                 and self.tag_back_track_long_period.strip().lower() == "max"):
             raise ConfigurationError(f"setting tag_back_track_long_period must be a number of seconds >= 0 or "
                                      f"'max', got {self.tag_back_track_long_period!r}")
+
+    @property
+    def batched_tags(self) -> bool:
+        """Whether the batched tag writer writes this journal's tag rows (``tag_batch_writer``, which opening
+        resolves; unresolved None is the default, batched)."""
+        return self.tag_batch_writer is not False
 
     @property
     def tag_heartbeat_interval(self) -> float:
@@ -219,10 +230,12 @@ def _check_seconds(name: str, value: Any) -> None:
 def _parse(name: str, type_name: Any, raw: str) -> Any:
     kind = str(type_name)
     try:
-        if kind == "bool":
+        if kind in ("bool", "bool | None"):
             lowered = raw.strip().lower()
             if lowered in _TRUE | _FALSE:
                 return lowered in _TRUE
+            if kind == "bool | None" and lowered in ("", "none", "auto"):
+                return None
             raise ValueError
         if kind == "int":
             return int(raw)

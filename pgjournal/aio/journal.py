@@ -25,12 +25,12 @@ from pgjournal.aio.live import AsyncLiveQuery, AsyncPoll
 from pgjournal.aio.pipelining import AppendPipeline
 from pgjournal.aio.query import AsyncQuery
 from pgjournal.aio.signals import AsyncSignals
+from pgjournal.aio.tag_batcher import AsyncTagBatcher
 from pgjournal.aio.transaction import AsyncTransaction, transaction
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.core import journal_core as core
 from pgjournal.core.capabilities import Capabilities
 from pgjournal.core.journal_core import JournalCore
-from pgjournal.errors import ConfigurationError
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.runtime.contention import KeyedLocks
 from pgjournal.runtime.live import T
@@ -50,9 +50,6 @@ class AsyncJournal(JournalCore):
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
                  capabilities: Capabilities, stored: StoredFormat | None = None, replica: str | None = None) -> None:
-        if settings.tag_batch_writer:
-            raise ConfigurationError("setting tag_batch_writer=True is for the blocking Journal only: the asyncio "
-                                     "face writes tag view rows in the append's statement (leave it false)")
         super().__init__(dsn, settings, serializers, capabilities, stored, replica)
         self.signals: AsyncSignals | None = (AsyncSignals(dsn, connection_kwargs(settings)) if capabilities.notify
                                              else None)
@@ -66,6 +63,9 @@ class AsyncJournal(JournalCore):
             **core.pool_options(settings, replica))
         self.replica_connections = None if self._replica_pool is None else AsyncPoolFront(
             self._replica_pool, settings.pool_max_size, settings.connect_timeout)
+        #: The batched tag writer (see :mod:`pgjournal.aio.tag_batcher`); None: tag rows are written in the
+        #: append's own statement.
+        self.tag_writer = AsyncTagBatcher(self) if settings.batched_tags else None
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
         #: Appends of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention), as threads
@@ -98,7 +98,7 @@ class AsyncJournal(JournalCore):
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
                 await asyncio.to_thread(migrations.upgrade, resolved, loaded.dialect)
-            capabilities, stored = await arun(core.open_step(resolved, loaded), conn)
+            capabilities, stored, loaded = await arun(core.open_step(resolved, loaded), conn)
             if loaded.async_pipeline and not await arun(allowed_step(loaded), conn):
                 loaded = replace(loaded, async_pipeline=False)
         journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored, standby)
@@ -110,14 +110,20 @@ class AsyncJournal(JournalCore):
     # -- lifecycle -----------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        await self._pipeline.close()
-        if self.signals is not None:
-            await self.signals.close()
-        await self.connections.close()
-        await self._pool.close()
-        if self._replica_pool is not None and self.replica_connections is not None:
-            await self.replica_connections.close()
-            await self._replica_pool.close()
+        """Close the journal; the batched tag writer first writes what is pending (else raises
+        :class:`~pgjournal.errors.TagFlushFailed`, after closing the rest)."""
+        try:
+            if self.tag_writer is not None:
+                await self.tag_writer.close()
+        finally:
+            await self._pipeline.close()
+            if self.signals is not None:
+                await self.signals.close()
+            await self.connections.close()
+            await self._pool.close()
+            if self._replica_pool is not None and self.replica_connections is not None:
+                await self.replica_connections.close()
+                await self._replica_pool.close()
 
     async def __aenter__(self) -> AsyncJournal:
         return self
@@ -164,6 +170,9 @@ class AsyncJournal(JournalCore):
         plan = self._writer.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
+        batcher = self.tag_writer if plan.tags else None
+        # The batched tag writer writes the tag view rows later (pgjournal.aio.tag_batcher).
+        ticket = await batcher.begin(plan.entity_type) if batcher is not None else 0
         started = time.perf_counter()
         try:
             async with self._turns[plan.pid]:
@@ -171,9 +180,13 @@ class AsyncJournal(JournalCore):
                 if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
                     async with self.connection() as conn:
                         rows = await arun(append_step(self, plan), conn)
-        except BaseException:
+        except BaseException as exc:
             self._writer.failed(plan)
+            if batcher is not None:
+                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
             raise
+        if batcher is not None:
+            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
         return self._writer.committed(plan, rows, time.perf_counter() - started)
 
     def transaction(self, *, savepoints: bool = False) -> contextlib.AbstractAsyncContextManager[AsyncTransaction]:

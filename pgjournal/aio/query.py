@@ -19,6 +19,7 @@ from pgjournal.query.by_tag import TagEnvelope, TagStream
 from pgjournal.query.from_snapshots import Transform, snapshots_step
 from pgjournal.runtime.live import Made
 from pgjournal.runtime.steps import Step, adrive, arun_pooled
+from pgjournal.write.tag_batcher import flushed_before_reading
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal
@@ -134,6 +135,10 @@ class AsyncQuery:
                          size=size)
 
     async def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncIterator[TagEnvelope]:
+        """This journal's own tagged appends are written first, as on the blocking face."""
+        if self._journal.tag_writer is not None:
+            with flushed_before_reading():
+                await self._journal.tag_writer.flush()
         stream = await self._tag_stream(tag, offset, live=False)
         async for item in adrive(stream.current_steps(), self._journal.connection):
             yield item

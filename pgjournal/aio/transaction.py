@@ -25,16 +25,25 @@ class AsyncTransaction(TransactionRules):
                      tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
         """Like :meth:`AsyncJournal.append`, inside this transaction: visible to others once it commits."""
         plan = self._plan(persistence_id, events, expected_seq_nr, tags, metadata)
-        return [] if plan is None else await arun(self._append_step(plan), self.connection)
+        if plan is None:
+            return []
+        ticket = await self.tag_writer.begin(plan.entity_type) if self._batched(plan) else None
+        return await arun(self._append_step(plan, ticket), self.connection)
 
 
 @contextlib.asynccontextmanager
 async def transaction(journal: AsyncJournal, *, savepoints: bool = False) -> AsyncIterator[AsyncTransaction]:
     async with journal.connection() as conn:
-        async with conn.transaction(), user_statements(conn):
-            tx = AsyncTransaction(journal, conn, savepoints=savepoints)
-            yield tx
-            tx.check()
+        tx = AsyncTransaction(journal, conn, savepoints=savepoints)
+        committing = False
+        try:
+            async with conn.transaction(), user_statements(conn):
+                yield tx
+                tx.check()
+                committing = True
+        except BaseException:
+            tx.ended(committing=committing)
+            raise
         tx.committed(journal._writer.count)
 
 

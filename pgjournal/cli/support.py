@@ -3,7 +3,6 @@ errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -16,8 +15,6 @@ from pgjournal.errors import JournalError
 from pgjournal.journal import Journal
 from pgjournal.model.printable import printable
 from pgjournal.server.dsn import mask_dsn
-from pgjournal.settings import ENV_PREFIX
-from pgjournal.tags.writer_mode import BATCHED, recorded_mode
 from pgjournal.validation import load_json
 
 # No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
@@ -71,10 +68,7 @@ def reported() -> Iterator[None]:
 
 @contextmanager
 def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
-    """The journal of a command, with the tag writer the database records unless the command or
-    ``PGJOURNAL_TAG_BATCH_WRITER`` sets one (a command that reads or repairs the tag view works on either)."""
-    with reported():
-        if "tag_batch_writer" not in settings and ENV_PREFIX + "TAG_BATCH_WRITER" not in os.environ:
-            settings["tag_batch_writer"] = recorded_mode(dsn) == BATCHED
-        with Journal.open(dsn, **settings) as journal:
-            yield journal
+    """The journal of a command, with the tag writer the database records (``tag_batch_writer`` unset follows it)
+    unless the command or ``PGJOURNAL_TAG_BATCH_WRITER`` sets one."""
+    with reported(), Journal.open(dsn, **settings) as journal:
+        yield journal

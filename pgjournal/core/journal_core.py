@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
@@ -35,7 +36,7 @@ from pgjournal.server.dsn import check_dsn, mask_dsn, redact, resolve_dsn
 from pgjournal.settings import Settings
 from pgjournal.store import catalog
 from pgjournal.store.snapshots import SnapshotSQL
-from pgjournal.tags.writer_mode import check_mode_step
+from pgjournal.tags.writer_mode import resolve_mode_step
 
 #: The environment variable naming a hot standby for by-slice reads (``replica=`` of ``open``).
 REPLICA_ENV = "PGJOURNAL_REPLICA_DSN"
@@ -147,20 +148,23 @@ def replica_step(replica: str) -> Step[None]:
     yield from migrations.check_schema_step()
 
 
-def open_step(dsn: str, settings: Settings) -> Step[tuple[Capabilities, StoredFormat]]:
+def open_step(dsn: str, settings: Settings) -> Step[tuple[Capabilities, StoredFormat, Settings]]:
     """What opening a journal reads (after any migration): the schema is at head, the tag bucket size and tag
-    writer agree, the capabilities and the stored format."""
+    writer agree, the capabilities and the stored format; ``settings`` with the tag writer resolved
+    (:func:`pgjournal.tags.writer_mode.resolve_mode_step`)."""
     try:
         yield from migrations.check_schema_step()
         yield from check_bucket_size_step(settings.tag_bucket_size)
-        yield from check_mode_step(settings.tag_batch_writer)
+        batched = yield from resolve_mode_step(settings.tag_batch_writer)
+        if batched is not settings.tag_batch_writer:
+            settings = replace(settings, tag_batch_writer=batched)
         capabilities = yield from Capabilities.resolve_step(settings)
         stored = yield from read_stored_format_step()
     except psycopg.errors.InsufficientPrivilege as exc:
         raise InsufficientPrivilege(
             f"the role of {mask_dsn(dsn)} may not read pgjournal's tables ({str(exc).splitlines()[0]}); "
             "connect as one of the roles `pgjournal roles` sets up, or grant SELECT on them") from None
-    return capabilities, stored
+    return capabilities, stored, settings
 
 
 def registry(serializers: SerializerRegistry | None, stored: StoredFormat) -> SerializerRegistry:

@@ -98,9 +98,15 @@ class Query:
 
     def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events tagged ``tag`` after ``offset`` (a :class:`~pgjournal.model.offsets.TimeBasedUUID` or ``NoOffset``:
-        from ``tag_first_time_bucket``) up to now minus ``tag_eventual_consistency_delay``; Cassandra semantics."""
+        from ``tag_first_time_bucket``) up to now minus ``tag_eventual_consistency_delay``; Cassandra semantics.
+        With the batched tag writer, this journal's own tagged appends are written first (read-your-writes in
+        the process); other processes' are read once their writer's watermark passed them."""
         from pgjournal.query.by_tag import ByTag
+        from pgjournal.write.tag_batcher import flushed_before_reading
 
+        if self._journal.tag_writer is not None:
+            with flushed_before_reading():
+                self._journal.tag_writer.flush()
         return ByTag(self._journal, self._serializers).current(tag, offset)
 
     def events_by_tag(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:

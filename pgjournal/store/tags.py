@@ -131,7 +131,7 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 
 
 
-# -- the batched tag writer (opt-in, pgjournal.write.tag_batcher) -----------------------------------------
+# -- the batched tag writer (the default, pgjournal.write.tag_batcher) -------------------------------------
 # A tagged append writes its event alone; these statements write its tag view rows later, from the journal,
 # so whoever writes them (the appending process, another process flushing the same persistence id, the
 # recovery of a writer that died) writes the same rows:
@@ -293,6 +293,13 @@ SELECT e.persistence_id, e.slice, array_agg(DISTINCT t.tag ORDER BY t.tag)
 FROM event_journal AS e CROSS JOIN LATERAL unnest(e.tags) AS t(tag)
 WHERE e.entity_type = ANY(%s) AND e.db_timestamp >= %s AND e.writer = %s
 GROUP BY e.persistence_id, e.slice ORDER BY e.persistence_id""", (entity_types, since, writer))
+
+
+def unrecorded_writer() -> Read[str]:
+    """For a database that records no tag writer: ``in-statement`` when tag rows exist and no batched writer has
+    a row (versions that recorded nothing wrote them, their default was in-statement), else ``batched``."""
+    return scalars("SELECT CASE WHEN EXISTS (SELECT 1 FROM tag_write_progress) AND NOT EXISTS "
+                   "(SELECT 1 FROM tag_batch_writers) THEN 'in-statement' ELSE 'batched' END", ())
 
 
 @dataclass(frozen=True, slots=True)

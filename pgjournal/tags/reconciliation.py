@@ -131,6 +131,8 @@ class Cleanup:
         self.dry_run = dry_run
 
     def _run(self, pid: str, what: str, count: Query, delete: Query) -> CleanupResult:
+        if self._journal.tag_writer is not None:  # this journal's pending tag rows first: deleted with their events
+            self._journal.tag_writer.flush()
         with self._journal.connection() as conn:
             if self.dry_run:
                 row = conn.execute(*count).fetchone()

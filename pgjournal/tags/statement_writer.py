@@ -48,7 +48,7 @@ def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
         # Writers starting together insert the same settings rows: under SERIALIZABLE all but one fail 40001.
         with journal.connection() as conn:
             recorded = ensure_bucket_size(conn, journal.settings.tag_bucket_size)
-            run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
+            run(ensure_mode_step(journal.settings.batched_tags), conn)
             return recorded
 
     size = _bucket_sizes[journal] = RetryPolicy.of(journal.settings).run(ensure, journal.dialect.retryable_sqlstates)
@@ -63,7 +63,7 @@ def record_bucket_size(journal: Journal) -> Callable[[psycopg.Connection], None]
 
     def record(conn: psycopg.Connection) -> None:
         ensure_bucket_size(conn, journal.settings.tag_bucket_size)
-        run(ensure_mode_step(journal.settings.tag_batch_writer), conn)
+        run(ensure_mode_step(journal.settings.batched_tags), conn)
 
     return record
 

@@ -8,6 +8,11 @@ batched writer's first row), and a journal with the other setting is refused: wh
 its own first tagged write (a journal that opened before the mode was recorded). Readers are checked too, as
 for the bucket size: every process of a database uses one setting.
 
+A journal opened without the setting (``tag_batch_writer=None``, the default) follows what the database records;
+with nothing recorded it takes the batched writer, unless tag rows exist and no batched writer has a row: those
+were written by a version that recorded nothing, whose only default was the in-statement writer, so the journal
+stays with it (:func:`resolve_mode_step`).
+
 Changing it: stop every writer, then ``pgjournal tags writer --set batched|in-statement`` (refused while a
 batched writer still owes tag rows).
 """
@@ -60,6 +65,19 @@ def check_mode_step(batched: bool) -> Step[None]:
     recorded = yield from first_of(sql.tag_setting(SETTING))
     if recorded is not None and recorded != mode_of(batched):
         raise _mismatch(recorded, batched)
+
+
+def resolve_mode_step(batched: bool | None) -> Step[bool]:
+    """What a journal opening with ``tag_batch_writer=batched`` uses: the setting when it agrees with what is
+    recorded (else :class:`ConfigurationError`); None: the recorded writer, else the one the tag rows imply."""
+    recorded = yield from first_of(sql.tag_setting(SETTING))
+    if batched is None:
+        if recorded is None:
+            recorded = yield from first_of(tags.unrecorded_writer())
+        return bool(recorded == BATCHED)
+    if recorded is not None and recorded != mode_of(batched):
+        raise _mismatch(recorded, batched)
+    return batched
 
 
 def ensure_mode_step(batched: bool) -> Step[None]:

@@ -52,7 +52,7 @@ def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: boo
     try:
         if record:
             yield from ensure_bucket_size_step(journal.settings.tag_bucket_size)
-            yield from ensure_mode_step(journal.settings.tag_batch_writer)
+            yield from ensure_mode_step(journal.settings.batched_tags)
         rows: Rows = yield Statement(plan.sql, plan.params, prepare=True)
     except psycopg.Error:
         if wrapped:

@@ -166,7 +166,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
         "slice": target.slice, "entity_type": target.entity_type, "pid": pid, "writer": journal.writer_id,
         "expected": expected_seq_nr}
     # The tags and metadata parameters only when there are any (the statement leaves their columns out).
-    in_statement = bool(tag_list) and not journal.settings.tag_batch_writer  # tag view rows in the same statement
+    in_statement = bool(tag_list) and not journal.settings.batched_tags  # tag view rows in the same statement
     if tag_list:
         params["tags"] = text_array(tag_list)
     if meta is not None or (in_statement and not (single and len(tag_list) == 1)):
@@ -270,12 +270,10 @@ class EventWriter:
         if plan is None:
             return []
         batcher = self._journal.tag_writer if plan.tags else None
-        if batcher is None:
-            before = record_bucket_size(self._journal) if plan.tags else None
-            ticket = 0
-        else:  # the batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher)
-            before = None
-            ticket = batcher.begin(plan.entity_type)
+        # The first tagged append records the bucket size and tag writer in its own transaction.
+        before = record_bucket_size(self._journal) if plan.tags else None
+        # The batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher).
+        ticket = batcher.begin(plan.entity_type) if batcher is not None else 0
         started = time.perf_counter()
         try:
             rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp, plan=plan)
@@ -314,7 +312,7 @@ class EventWriter:
 
     def count(self, plan: AppendPlan, rows: list[tuple[int, datetime]], seconds: float = 0.0) -> None:
         """Count a committed append (and note that its tagged events recorded the bucket size)."""
-        if plan.tags and not self._tags_recorded and not self._journal.settings.tag_batch_writer:
+        if plan.tags and not self._tags_recorded:
             bucket_size_recorded(self._journal)
             self._tags_recorded = True
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)

@@ -1,5 +1,6 @@
-"""The batched tag writer (opt-in, ``tag_batch_writer=True``): a tagged append writes its events alone (their
-``tags`` column), and a thread of the journal writes their tag view rows and ``tag_write_progress`` later,
+"""The batched tag writer (the default tag writer, see ``Settings.tag_batch_writer``): a tagged append writes its
+events alone (their ``tags`` column), and a thread of the journal (a task on the asyncio face,
+:mod:`pgjournal.aio.tag_batcher`) writes their tag view rows and ``tag_write_progress`` later,
 many (persistence id, tag) pairs per statement, every ``tag_flush_interval`` or at ``tag_batch_size`` pending
 events, as the Cassandra plugin's tag writers do.
 
@@ -42,9 +43,14 @@ its own. Why is not established: the statement is prepared once and after five r
 (on the pool, every backend planned it five times), but planning is a small part of a batch's execution, too
 little to explain the difference.
 
-The logic is :class:`TagBatch` (no I/O) and statement steps (:mod:`pgjournal.runtime.steps`); :class:`TagBatcher` is
-the blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and
-the retries.
+**Transactions.** A tagged append in ``journal.transaction()`` counts as under way from before its insert (so the
+watermark cannot pass it while the transaction is open); its events are handed over after the commit and
+forgotten on a rollback (:class:`pgjournal.write.transaction.TransactionRules`).
+
+The logic is :class:`TagBatch` (no I/O), statement steps (:mod:`pgjournal.runtime.steps`) and the work of each
+operation (:class:`TagWriterRules`: generators that yield a step per statement); :class:`TagBatcher` is the
+blocking face: a thread, a lock that keeps this writer's statements one at a time (on its connection), and the
+driver that runs the work with retries.
 """
 
 from __future__ import annotations
@@ -56,13 +62,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from pgjournal.buckets import BucketSize, check_bucket_size_step
 from pgjournal.core.journal_core import lost_connection
 from pgjournal.errors import DatabaseUnavailable, JournalError, TagFlushFailed, WriteOutcomeUnknown
 from pgjournal.model.timeuuid import lsb_key
@@ -71,9 +78,10 @@ from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import Step, run_pooled, statement
 from pgjournal.store import tags as store
 from pgjournal.store.tags import NO_UPTO, BatchPair
-from pgjournal.tags.statement_writer import bucket_size
+from pgjournal.tags.writer_mode import check_mode_step
 
 if TYPE_CHECKING:
+    from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
     from pgjournal.settings import Settings
 
@@ -140,6 +148,10 @@ class TagBatch:
         self._queued = 0
         #: The tag view's bucket size in ms (set by the face from the database before the first write).
         self.bucket_ms = 0
+        #: The newest db_timestamp of the events reported written, and the watermark this writer's last
+        #: statement wrote (at most: pairs left incomplete bound it lower, but they are taken, so not caught up).
+        self._newest: datetime | None = None
+        self._mark: datetime | None = None
 
     # -- what the appends report -------------------------------------------------------------------------
 
@@ -167,8 +179,11 @@ class TagBatch:
             upto, since = rows[0]
         else:
             upto, since = max(r[0] for r in rows), min(r[1] for r in rows)
+        newest = max(r[1] for r in rows) if len(rows) > 1 else rows[0][1]
         with self._lock:
             self._running.pop(ticket, None)
+            if self._newest is None or newest > self._newest:
+                self._newest = newest
             before = self._queued
             self._add(pid, slice_, tags, upto, since, len(rows))
             return before < self.limit <= self._queued
@@ -202,6 +217,14 @@ class TagBatch:
         """Nothing pending and no append under way."""
         with self._lock:
             return not (self._pending or self._taken or self._running)
+
+    def caught_up(self) -> bool:
+        """Every event reported written has its tag rows and is below this writer's watermark (as its last
+        statement wrote it): a flush has nothing to do."""
+        with self._lock:
+            if self._pending or self._taken:
+                return False
+            return self._newest is None or (self._mark is not None and self._mark > self._newest)
 
     def take(self) -> list[_Pending]:
         """Everything pending, for a write (it counts as pending until :meth:`finished` or :meth:`give_back`)."""
@@ -242,11 +265,13 @@ class TagBatch:
                 times.append(self.clock)
         return min(times) if times else None
 
-    def saw_clock(self, clock: datetime) -> None:
-        """A statement of this writer read the database clock ``clock``."""
+    def saw_clock(self, clock: datetime, bound: datetime | None = None) -> None:
+        """A statement of this writer read the database clock ``clock``; it wrote the watermark ``bound`` (None:
+        its clock)."""
         with self._lock:
             if self.clock is None or clock > self.clock:
                 self.clock = clock
+            self._mark = clock if bound is None else min(bound, clock)
 
     def finished(self, entries: list[_Pending], rows: list[tuple[Any, ...]]) -> list[_Pending]:
         """A statement for ``entries`` committed with ``rows`` (heartbeat, pid, tag, rows written): the entries
@@ -280,7 +305,7 @@ class TagBatch:
 
     # -- statements ----------------------------------------------------------------------------------------
 
-    def write_step(self, journal: Journal, pairs: list[BatchPair], bound: datetime | None
+    def write_step(self, journal: JournalCore, pairs: list[BatchPair], bound: datetime | None
                    ) -> Step[list[tuple[Any, ...]]]:
         """Write ``pairs`` (none: only this writer's row, a heartbeat) and this writer's row with its watermark
         bounded by ``bound``; returns the rows (heartbeat, pid, tag, rows written), the clock noted."""
@@ -290,7 +315,7 @@ class TagBatch:
         rows: list[tuple[Any, ...]] = yield statement((sql, params), prepare=True)
         if not pairs:
             rows = [(rows[0][0], None, None, 0)]
-        self.saw_clock(rows[0][0])
+        self.saw_clock(rows[0][0], bound)
         return rows
 
 
@@ -321,10 +346,18 @@ class Recovered:
     rows: int
 
 
-class TagBatcher:
-    """The blocking face: the journal's batched tag writer, a thread that starts with the first tagged append."""
+#: The orchestration of a writer's statements, for both faces: a generator that yields a factory of a fresh step
+#: for each statement (the face runs it on the writer's own connection, retrying transient failures, and sends
+#: back its result or throws its error in) and returns what the work returns.
+Work = Generator[Callable[[], Step[Any]], Any, R]
 
-    def __init__(self, journal: Journal) -> None:
+
+class TagWriterRules:
+    """What both faces of the batched writer do (the blocking :class:`TagBatcher` thread, the asyncio
+    :class:`pgjournal.aio.tag_batcher.AsyncTagBatcher` task): the work of each operation as :data:`Work`, the
+    retry rule, the reports. A face adds its lock, its connection, its timer and the driver of the work."""
+
+    def __init__(self, journal: JournalCore) -> None:
         self._journal = journal
         settings = journal.settings
         self.batch = TagBatch(uuid.uuid4().hex, journal.writer_id, settings.tag_batch_size)
@@ -333,29 +366,17 @@ class TagBatcher:
         self._interval = settings.tag_flush_interval
         self._heartbeat = settings.tag_heartbeat_interval
         self._timeout = settings.tag_writer_timeout
-        #: This writer's statements, one at a time (the thread's, and a caller's flush or registration), on its
-        #: own connection (opened at the first statement and again after a loss).
-        self._io = threading.Lock()
-        self._conn: psycopg.Connection | None = None
-        self._wake = threading.Event()
         self._closing = False
-        self._thread: threading.Thread | None = None
         self._registered = False
         self._last_write = 0.0
+        self._next_recovery = 0.0
 
-    # -- the append path --------------------------------------------------------------------------------
-
-    def begin(self, entity_type: str) -> int:
-        """Before a tagged append runs (see :meth:`TagBatch.begin`); the first one of an entity type first
-        records it in this writer's row (recovery finds the writer's events by entity type)."""
-        if not self.batch.knows(entity_type):
-            self._register(entity_type)
-        return self.batch.begin()
+    # -- the append path (no I/O) -----------------------------------------------------------------------
 
     def written(self, ticket: int, pid: str, slice_: int, tags: Iterable[str], rows: list[tuple[int, datetime]]
                 ) -> None:
         if self.batch.written(ticket, pid, slice_, tags, rows):
-            self._wake.set()
+            self._wake()
 
     def failed(self, ticket: int, pid: str, slice_: int, tags: Iterable[str], error: BaseException) -> None:
         """The append raised ``error``: the write path's errors say nothing was written, except
@@ -363,56 +384,201 @@ class TagBatcher:
         unknown = isinstance(error, WriteOutcomeUnknown) or not isinstance(error, JournalError)
         self.batch.failed(ticket, pid, slice_, tags, unknown=unknown)
 
-    def _register(self, entity_type: str) -> None:
-        with self._io:
-            if self._closing:
-                raise TagFlushFailed("the journal is closed: its batched tag writer takes no more appends")
-            self._prepare()
-            self.batch.add_type(entity_type)
-            self._run(lambda: self.batch.write_step(self._journal, [], self.batch.bound()))
-            self._registered = True
-            self._last_write = time.monotonic()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="pgjournal-tag-writer", daemon=True)
-                self._thread.start()
+    def _wake(self) -> None:
+        raise NotImplementedError
 
-    def _prepare(self) -> None:
-        """Record (or check) the tag view's bucket size before this writer's first row, as a tagged append of
-        the default path does."""
+    # -- the work ---------------------------------------------------------------------------------------
+
+    def _heartbeat_work(self) -> Work[None]:
+        yield lambda: self.batch.write_step(self._journal, [], self.batch.bound())
+        self._last_write = time.monotonic()
+
+    def _prepare_work(self) -> Work[None]:
+        """Check the tag view's bucket size and the tag writer recorded in the database before this writer's row
+        (a database of the in-statement writer refuses the append before its event). The first tagged append
+        records them in its own transaction, as on the in-statement path (a failed one records nothing)."""
         if not self.batch.bucket_ms:
-            self.batch.bucket_ms = bucket_size(self._journal).millis
+            size: BucketSize = yield functools.partial(_tag_settings_step, self._journal.settings)
+            self.batch.bucket_ms = size.millis
 
-    # -- writing ----------------------------------------------------------------------------------------
+    def _register_work(self, entity_type: str) -> Work[None]:
+        """This writer's row, naming ``entity_type`` (recovery finds the writer's events by entity type)."""
+        if self._closing:
+            raise TagFlushFailed("the journal is closed: its batched tag writer takes no more appends")
+        yield from self._prepare_work()
+        self.batch.add_type(entity_type)
+        yield from self._heartbeat_work()
+        self._registered = True
 
-    def flush(self) -> None:
-        """Write everything pending now and move the watermark past it: afterwards ``events_by_tag`` reads
-        every tagged event this journal appended before the call. Raises :class:`TagFlushFailed`."""
-        if not self._registered:
-            return
-        with self._io:
-            try:
-                self._write_pending()
-                self._run(lambda: self.batch.write_step(self._journal, [], self.batch.bound()))
-            except Exception as exc:
-                raise self._report(exc) from exc
-
-    def _write_pending(self) -> None:
+    def _write_pending_work(self) -> Work[None]:
         """Write what is pending now, statement by statement (each with the watermark)."""
         entries = self.batch.take()
         try:
             while entries:
                 chosen, pairs = self.batch.next_statement(entries)
                 bound = self.batch.bound(excluding=chosen)
-                rows = self._run(functools.partial(self.batch.write_step, self._journal, pairs, bound))
+                rows = yield functools.partial(self.batch.write_step, self._journal, pairs, bound)
                 entries = self.batch.finished(chosen, rows) + entries[len(chosen):]
                 self._last_write = time.monotonic()
         except BaseException:
             self.batch.give_back(entries)
             raise
 
+    def _flush_work(self) -> Work[None]:
+        """Write everything pending and move the watermark past it (nothing to do when it is past already)."""
+        if not self._registered or self.batch.caught_up():
+            return
+        yield from self._write_pending_work()
+        yield from self._heartbeat_work()
+
+    def _round_work(self) -> Work[None]:
+        """One round of the timer: write what is pending, else a heartbeat when due; look for dead writers every
+        half ``tag_writer_timeout``."""
+        if self.batch.pending():
+            yield from self._write_pending_work()
+        elif time.monotonic() - self._last_write >= self._heartbeat:
+            yield from self._heartbeat_work()
+        if time.monotonic() >= self._next_recovery:
+            self._next_recovery = time.monotonic() + self._timeout / 2
+            yield from self._recover_work(self._timeout)
+
+    def _close_work(self) -> Work[None]:
+        """Write what is pending and drop this writer's row (readers stop waiting for it)."""
+        if not self._registered:
+            return
+        yield from self._write_pending_work()
+        if self.batch.idle():
+            yield lambda: _execute(store.drop_batch_writer(self.batch.key))
+            self._registered = False
+        else:
+            log.warning("batched tag writer %s closed with appends still running: its row stays for recovery",
+                        self.batch.key)
+
+    def _recover_work(self, silent_for: float) -> Work[list[Recovered]]:
+        yield from self._prepare_work()
+        done = []
+        writers = yield lambda: _rows(store.batch_writers(silent_for))
+        for writer in writers:
+            if writer.id == self.batch.key:
+                continue
+            claimed = yield functools.partial(_rows, store.claim_batch_writer(writer.id, writer.heartbeat))
+            if not claimed:
+                continue  # another process took it, or it came back
+            found = yield functools.partial(
+                _rows, store.tagged_since(writer.writer, writer.entity_types, writer.complete_before))
+            entries = [_Pending(t.persistence_id, t.slice, set(t.tags), NO_UPTO, writer.complete_before, 1)
+                       for t in found]
+            rows = 0
+            while entries:
+                chosen, pairs = self.batch.next_statement(entries, own=False)
+                # Bounded by this writer's watermark as it is at each try.
+                result = yield functools.partial(self._write_adopted, pairs)
+                written = {(pid, tag): n for _, pid, tag, n in result if pid is not None}
+                rows += sum(written.values())
+                for entry in chosen:
+                    entry.tags = {t for t in entry.tags if written.get((entry.pid, t), 0) >= self.batch.limit}
+                entries = [e for e in chosen if e.tags] + entries[len(chosen):]
+            yield functools.partial(_execute, store.drop_batch_writer(writer.id, claimed[0]))
+            self._registered = True
+            log.warning("batched tag writer %s (writer %s) was silent for more than %g s: wrote %d tag view row(s) "
+                        "of %d persistence id(s) it had appended to, and dropped its row", writer.id, writer.writer,
+                        silent_for, rows, len(found))
+            done.append(Recovered(writer.id, writer.writer, len(found), rows))
+        return done
+
     def _write_adopted(self, pairs: list[BatchPair]) -> Step[list[tuple[Any, ...]]]:
-        """A statement of another writer's leftovers, bounded by this writer's watermark as it is at each try."""
         return self.batch.write_step(self._journal, pairs, self.batch.bound())
+
+    # -- rules --------------------------------------------------------------------------------------------
+
+    def _pause(self, attempt: int, exc: BaseException) -> float | None:
+        """After failed attempt ``attempt`` of a statement with ``exc``: the pause before trying again, or None
+        to give up (raise it)."""
+        if isinstance(exc, DatabaseUnavailable):  # lost or no connection: the statement may be retried as it is
+            pause = self._retry.next_pause(attempt, "08006")
+            if pause is not None:
+                log.debug("batched tag writer: %s; retrying", exc)
+            return pause
+        if not isinstance(exc, psycopg.Error):
+            return None
+        # 23505: another writer wrote the same tag rows first (see pgjournal.store.tags): the next attempt
+        # reads its progress and writes what is left.
+        transient = exc.sqlstate in self._retryable or exc.sqlstate == "23505" or (
+            isinstance(exc, psycopg.OperationalError) and exc.sqlstate not in (None, "42501"))
+        return self._retry.next_pause(attempt, exc.sqlstate) if transient else None
+
+    def _wait(self, failures: int) -> float:
+        """How long the timer waits before its next round (longer after failed rounds)."""
+        return self._interval if not failures else min(self._timeout / 4, self._interval * 2 ** failures)
+
+    def _report(self, exc: BaseException) -> TagFlushFailed:
+        metrics.TAG_FLUSH_FAILURES.inc()
+        reason = " ".join(str(exc).split()) or exc.__class__.__name__
+        log.error("batched tag writer %s could not write tag view rows (%s): %d event(s) stay pending and are "
+                  "written by the next round (or by recovery if this process ends)", self.batch.key, reason,
+                  self.batch.events)
+        return TagFlushFailed(f"the batched tag writer could not write the tag view rows of {self.batch.events} "
+                              f"pending event(s): {reason}; they stay in the journal and are written by recovery "
+                              "(`pgjournal tags recover`, or any batched writer after tag_writer_timeout)")
+
+
+class TagBatcher(TagWriterRules):
+    """The blocking face: the journal's batched tag writer, a thread that starts with the first tagged append."""
+
+    _journal: Journal
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal)
+        #: This writer's statements, one at a time (the thread's, and a caller's flush or registration), on its
+        #: own connection (opened at the first statement and again after a loss).
+        self._io = threading.Lock()
+        self._conn: psycopg.Connection | None = None
+        self._event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the append path --------------------------------------------------------------------------------
+
+    def begin(self, entity_type: str) -> int:
+        """Before a tagged append runs (see :meth:`TagBatch.begin`); the first one of an entity type first
+        records it in this writer's row (recovery finds the writer's events by entity type)."""
+        if not self.batch.knows(entity_type):
+            with self._io:
+                self._do(self._register_work(entity_type))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="pgjournal-tag-writer", daemon=True)
+                    self._thread.start()
+        return self.batch.begin()
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    # -- writing ----------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write everything pending now and move the watermark past it: afterwards ``events_by_tag`` reads
+        every tagged event this journal appended before the call (cheap when that is so already). Raises
+        :class:`TagFlushFailed`."""
+        if not self._registered or self.batch.caught_up():
+            return
+        with self._io:
+            try:
+                self._do(self._flush_work())
+            except Exception as exc:
+                raise self._report(exc) from exc
+
+    def _do(self, work: Work[R]) -> R:
+        """Drive ``work``: each statement it asks for run with :meth:`_run` (the caller holds ``_io``)."""
+        result: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                factory = work.throw(error) if error is not None else work.send(result)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            try:
+                result, error = self._run(factory), None
+            except Exception as exc:
+                result, error = None, exc
 
     def _run(self, step: Callable[[], Step[R]]) -> R:
         """Run a fresh ``step()`` on this writer's connection, retrying transient failures under the retry policy."""
@@ -421,17 +587,11 @@ class TagBatcher:
             attempt += 1
             try:
                 return run_pooled(step(), self._connection)
-            except DatabaseUnavailable as exc:  # lost or no connection: the statement may be retried as it is
-                if not self._retry.should_retry(attempt, "08006"):
+            except (DatabaseUnavailable, psycopg.Error) as exc:
+                pause = self._pause(attempt, exc)
+                if pause is None:
                     raise
-                log.debug("batched tag writer: %s; retrying", exc)
-            except psycopg.Error as exc:
-                # 23505: another writer wrote the same tag rows first (see pgjournal.store.tags): the next attempt
-                # reads its progress and writes what is left.
-                transient = exc.sqlstate in self._retryable or exc.sqlstate == "23505" or (
-                    isinstance(exc, psycopg.OperationalError) and exc.sqlstate not in (None, "42501"))
-                if not transient or not self._retry.should_retry(attempt, exc.sqlstate):
-                    raise
+                time.sleep(pause)
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:
@@ -454,38 +614,20 @@ class TagBatcher:
             self._conn.close()
             self._conn = None
 
-    def _report(self, exc: BaseException) -> TagFlushFailed:
-        metrics.TAG_FLUSH_FAILURES.inc()
-        reason = " ".join(str(exc).split()) or exc.__class__.__name__
-        log.error("batched tag writer %s could not write tag view rows (%s): %d event(s) stay pending and are "
-                  "written by the next round (or by recovery if this process ends)", self.batch.key, reason,
-                  self.batch.events)
-        return TagFlushFailed(f"the batched tag writer could not write the tag view rows of {self.batch.events} "
-                              f"pending event(s): {reason}; they stay in the journal and are written by recovery "
-                              "(`pgjournal tags recover`, or any batched writer after tag_writer_timeout)")
-
     # -- the thread ---------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        next_recovery = 0.0
         failures = 0
         while not self._closing:
-            self._wake.wait(self._interval if not failures else min(self._timeout / 4, self._interval * 2 ** failures))
-            self._wake.clear()
+            self._event.wait(self._wait(failures))
+            self._event.clear()
             if self._closing:
                 return
             try:
                 with self._io:
                     if self._closing:
                         return
-                    if self.batch.pending():
-                        self._write_pending()
-                    elif time.monotonic() - self._last_write >= self._heartbeat:
-                        self._run(lambda: self.batch.write_step(self._journal, [], self.batch.bound()))
-                        self._last_write = time.monotonic()
-                    if time.monotonic() >= next_recovery:
-                        next_recovery = time.monotonic() + self._timeout / 2
-                        self._recover(self._timeout)
+                    self._do(self._round_work())
                 failures = 0
             except Exception as exc:  # reported; nothing pending is dropped, the next round tries again
                 failures += 1
@@ -495,20 +637,12 @@ class TagBatcher:
         """Stop the thread, write what is pending and drop this writer's row (readers stop waiting for it).
         Raises :class:`TagFlushFailed` when the rows cannot be written: the row stays, so they are recovered."""
         self._closing = True
-        self._wake.set()
+        self._event.set()
         if self._thread is not None:
             self._thread.join()
         with self._io:
             try:
-                if not self._registered:
-                    return
-                self._write_pending()
-                if self.batch.idle():
-                    self._run(lambda: _execute(store.drop_batch_writer(self.batch.key)))
-                    self._registered = False
-                else:
-                    log.warning("batched tag writer %s closed with appends still running: its row stays for "
-                                "recovery", self.batch.key)
+                self._do(self._close_work())
             except Exception as exc:
                 raise self._report(exc) from exc
             finally:
@@ -520,37 +654,21 @@ class TagBatcher:
         """Write the tag rows of the batched writers silent for ``silent_for`` seconds (default
         ``tag_writer_timeout``; 0: every writer but this one) and drop their rows."""
         with self._io:
-            return self._recover(self._timeout if silent_for is None else silent_for)
+            return self._do(self._recover_work(self._timeout if silent_for is None else silent_for))
 
-    def _recover(self, silent_for: float) -> list[Recovered]:
-        self._prepare()
-        done = []
-        for writer in self._run(lambda: _rows(store.batch_writers(silent_for))):
-            if writer.id == self.batch.key:
-                continue
-            claimed = self._run(functools.partial(_rows, store.claim_batch_writer(writer.id, writer.heartbeat)))
-            if not claimed:
-                continue  # another process took it, or it came back
-            found = self._run(functools.partial(
-                _rows, store.tagged_since(writer.writer, writer.entity_types, writer.complete_before)))
-            entries = [_Pending(t.persistence_id, t.slice, set(t.tags), NO_UPTO, writer.complete_before, 1)
-                       for t in found]
-            rows = 0
-            while entries:
-                chosen, pairs = self.batch.next_statement(entries, own=False)
-                result = self._run(functools.partial(self._write_adopted, pairs))
-                written = {(pid, tag): n for _, pid, tag, n in result if pid is not None}
-                rows += sum(written.values())
-                for entry in chosen:
-                    entry.tags = {t for t in entry.tags if written.get((entry.pid, t), 0) >= self.batch.limit}
-                entries = [e for e in chosen if e.tags] + entries[len(chosen):]
-            self._run(functools.partial(_execute, store.drop_batch_writer(writer.id, claimed[0])))
-            self._registered = True
-            log.warning("batched tag writer %s (writer %s) was silent for more than %g s: wrote %d tag view row(s) "
-                        "of %d persistence id(s) it had appended to, and dropped its row", writer.id, writer.writer,
-                        silent_for, rows, len(found))
-            done.append(Recovered(writer.id, writer.writer, len(found), rows))
-        return done
+
+def flushed_before_reading() -> contextlib.AbstractContextManager[None]:
+    """Around the flush a current tag query makes before it reads (read-your-writes in the process): a flush
+    that fails (logged and counted already) does not fail the read; the watermark keeps it from passing the
+    events whose rows are still pending."""
+    return contextlib.suppress(TagFlushFailed)
+
+
+def _tag_settings_step(settings: Settings) -> Step[BucketSize]:
+    """Check the bucket size and the tag writer against what is recorded (nothing recorded: fine)."""
+    size = yield from check_bucket_size_step(settings.tag_bucket_size)
+    yield from check_mode_step(True)
+    return size
 
 
 def _rows(query: Any) -> Step[list[Any]]:

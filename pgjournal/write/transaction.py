@@ -19,7 +19,11 @@ Rules (the same on both faces, written once in :class:`TransactionRules`):
   lock, and the visibility horizon stays below the start of every open transaction holding that lock, so a
   transaction that waits between appends never lets a reader pass its events (portable mode: readers stay
   ``behind_current_time`` behind the clock, which must exceed the longest such transaction; see README);
-* pgjournal's ``statement_timeout`` does not apply to the caller's statements in the transaction.
+* pgjournal's ``statement_timeout`` does not apply to the caller's statements in the transaction;
+* with the batched tag writer (:mod:`pgjournal.write.tag_batcher`), a tagged append counts as in flight for it
+  from before its insert (its watermark cannot pass the events while the transaction is open), its events are
+  handed to the writer after the commit, and forgotten when the transaction rolls back (a commit whose outcome
+  is unknown hands over whatever the journal holds of their persistence ids).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from pgjournal.errors import ConfigurationError, TransactionAborted
+from pgjournal.errors import TransactionAborted
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.runtime.steps import Step, run
 from pgjournal.server.connections import user_statements
@@ -53,19 +57,31 @@ class TransactionRules:
         self.savepoints = bool(savepoints)
         self._appended: list[tuple[AppendPlan, Rows]] = []
         self._aborted: TransactionAborted | None = None
+        #: The batched tag writer (None: tag rows in the append's statement), and the tickets of this
+        #: transaction's tagged appends that wrote their events (pgjournal.write.tag_batcher).
+        self.tag_writer: Any = getattr(journal, "tag_writer", None)
+        self._tickets: list[tuple[int, AppendPlan, Rows]] = []
 
     def _plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
               metadata: Any) -> AppendPlan | None:
         self.check()
-        plan = plan_append(self.journal, persistence_id, events, expected_seq_nr, tags, metadata)
-        if plan is not None and plan.tags and self.journal.settings.tag_batch_writer:
-            raise ConfigurationError(
-                f"tagged append to {plan.pid!r} in journal.transaction() with tag_batch_writer=True: the batched "
-                "tag writer takes only Journal.append's tagged events; append them outside the transaction, or "
-                "open the journal without tag_batch_writer. Nothing was written")
-        return plan
+        return plan_append(self.journal, persistence_id, events, expected_seq_nr, tags, metadata)
 
-    def _append_step(self, plan: AppendPlan) -> Step[list[EventEnvelope]]:
+    def _batched(self, plan: AppendPlan) -> bool:
+        """Whether the batched tag writer writes ``plan``'s tag rows (the face calls its ``begin`` first)."""
+        return bool(plan.tags) and self.tag_writer is not None
+
+    def _append_step(self, plan: AppendPlan, ticket: int | None = None) -> Step[list[EventEnvelope]]:
+        """The append; ``ticket``: the batched tag writer's for it (forgotten if the append fails: nothing of it
+        can commit)."""
+        try:
+            return (yield from self._attempt_step(plan, ticket))
+        except BaseException:
+            if ticket is not None:
+                self.tag_writer.batch.failed(ticket, plan.pid, plan.slice, plan.tags, unknown=False)
+            raise
+
+    def _attempt_step(self, plan: AppendPlan, ticket: int | None) -> Step[list[EventEnvelope]]:
         error: psycopg.Error | None
         try:
             rows = yield from attempt_step(self.journal, plan, own_transaction=False, savepoint=self.savepoints)
@@ -74,6 +90,8 @@ class TransactionRules:
         else:
             if rows:
                 self._appended.append((plan, rows))
+                if ticket is not None:
+                    self._tickets.append((ticket, plan, rows))
                 return plan.envelopes(rows)
             failure, error = classify(None), None  # expected_seq_nr is above the highest: nothing was written
         # Every failure aborts the transaction, also one where no statement failed (no row written).
@@ -95,8 +113,19 @@ class TransactionRules:
         if self._aborted is not None:
             raise self._aborted
 
+    def ended(self, *, committing: bool) -> None:
+        """The transaction did not commit: the batched tag writer forgets its tagged appends, unless the commit
+        was under way (``committing``: its outcome is unknown), then it writes whatever the journal holds."""
+        tickets, self._tickets = self._tickets, []
+        for ticket, plan, _ in tickets:
+            self.tag_writer.batch.failed(ticket, plan.pid, plan.slice, plan.tags, unknown=committing)
+
     def committed(self, count: Any) -> None:
-        """After the commit: count the appends (``count(plan, rows)``) and signal live queries."""
+        """After the commit: hand the tagged appends to the batched tag writer, count the appends
+        (``count(plan, rows)``) and signal live queries."""
+        tickets, self._tickets = self._tickets, []
+        for ticket, plan, rows in tickets:
+            self.tag_writer.written(ticket, plan.pid, plan.slice, plan.tags, rows)
         signals = getattr(self.journal, "signals", None)
         for plan, rows in self._appended:
             count(plan, rows)
@@ -114,15 +143,24 @@ class Transaction(TransactionRules):
                tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
         """Like :meth:`Journal.append`, inside this transaction: visible to others once it commits."""
         plan = self._plan(persistence_id, events, expected_seq_nr, tags, metadata)
-        return [] if plan is None else run(self._append_step(plan), self.connection)
+        if plan is None:
+            return []
+        ticket = self.tag_writer.begin(plan.entity_type) if self._batched(plan) else None
+        return run(self._append_step(plan, ticket), self.connection)
 
 
 @contextlib.contextmanager
 def transaction(journal: Journal, *, savepoints: bool = False) -> Iterator[Transaction]:
     """:meth:`Journal.transaction`."""
     with journal.connection() as conn:
-        with conn.transaction(), user_statements(conn):
-            tx = Transaction(journal, conn, savepoints=savepoints)
-            yield tx
-            tx.check()
+        tx = Transaction(journal, conn, savepoints=savepoints)
+        committing = False
+        try:
+            with conn.transaction(), user_statements(conn):
+                yield tx
+                tx.check()
+                committing = True
+        except BaseException:
+            tx.ended(committing=committing)
+            raise
         tx.committed(journal._writer.count)

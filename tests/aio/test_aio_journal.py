@@ -109,6 +109,8 @@ async def test_many_tasks_with_expectations_one_winner_per_seq_nr(aj: AsyncJourn
 
 async def test_tags_and_metadata_round_trip(aj: AsyncJournal, dsn: str) -> None:
     await aj.append(PID, [{"a": 1}], tags=["blue", "red"], metadata={"by": "me"})
+    if aj.tag_writer is not None:
+        await aj.tag_writer.flush()
     envelope = await aj.query.load_envelope(PID, 1)
     assert (envelope.event, envelope.metadata, sorted(envelope.tags)) == ({"a": 1}, {"by": "me"}, ["blue", "red"])
     with psycopg.connect(dsn) as conn:
@@ -193,6 +195,8 @@ async def test_from_snapshots(aj: AsyncJournal, dsn: str) -> None:
 async def test_by_tag_current_and_live_match_the_blocking_face(aj: AsyncJournal, dsn: str) -> None:
     for i in range(10):
         await aj.append(f"Cart|{i % 3}", [{"n": i}], tags=["t"] if i % 2 else ["t", "u"])
+    if aj.tag_writer is not None:  # another journal reads them once they are written
+        await aj.tag_writer.flush()
     await asyncio.sleep(0.15)
     with Journal.open(dsn, **SETTINGS, **TAGS) as sync:
         expected = list(sync.query.current_events_by_tag("t"))

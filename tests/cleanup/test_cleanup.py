@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from support.tags import tags_written
 from typer.testing import CliRunner
 
 from pgjournal import Journal, slice_for_persistence_id
@@ -29,6 +30,7 @@ def seed(journal: Journal) -> None:
     for i in range(3):
         journal.append(f"Cart|{i}", [{"n": k} for k in range(5)], tags=["cart"])
     journal.append("User|1", ["a", "b", "c"], tags=["user"])
+    tags_written(journal)  # the batched tag writer's rows, before a cleanup
     journal.save_snapshot("Cart|0", 3, {"upto": 3})
     journal.save_snapshot("Cart|1", 5, {"upto": 5})
     journal.save_snapshot("User|1", 2, {"upto": 2})

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from support import FAST
+from support.tags import tags_written
 
 from pgjournal import Journal, MissingTaggedEventsError, NoOffset, SerializationError, Source, slice_for_persistence_id
 from pgjournal.query.by_slices import SliceQuery
@@ -99,6 +100,7 @@ def test_a_tag_gap_is_reported_alike_through_asyncio(tj: Journal, dsn: str) -> N
     """From NoOffset a persistence id must start at 1: its first tag row missing is a gap, searched for
     ``tag_gap_timeout`` (sleeping between searches) and then reported, by both drivers."""
     tj.append("Cart|a", [1, 2, 3], tags=["x"])
+    tags_written(tj)
     with tj.connection() as conn:
         conn.execute("DELETE FROM tag_views WHERE persistence_id = 'Cart|a' AND tag_pid_sequence_nr = 1")
     time.sleep(0.15)

@@ -16,6 +16,7 @@ import pytest
 from support import FAST, SECRET, Roles, create_login_role, role_dsn
 from support.eventually import eventually
 from support.faultproxy import fault_proxy
+from support.tags import tags_written
 from typer.testing import CliRunner
 
 from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, JournalError
@@ -69,6 +70,7 @@ def test_injection_strings_are_stored_and_read_back_verbatim(journal: Journal, d
     assert pid in list(journal.query.current_persistence_ids(after=hostile[:1] if hostile else None, limit=1000))
     assert journal.highest_seq_nr(pid) == 2
     assert journal.load_snapshot(pid).snapshot == {"s": hostile}  # type: ignore[union-attr]
+    tags_written(journal)
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT persistence_id, entity_type, tags FROM event_journal WHERE seq_nr = 1").fetchone()
         tag_rows = conn.execute("SELECT tag_name FROM tag_views ORDER BY tag_name").fetchall()
@@ -276,6 +278,7 @@ def test_the_writer_writes_but_cannot_change_the_schema_or_rewrite_history(dsn: 
         # the current query ends a few ms behind the clock
         eventually(lambda: [e.event for e in journal.query.current_events_by_slices("Cart", 0, 1023)]
                    == ["a", "b", "y", "c"], "the events read by slice")
+        tags_written(journal)  # the batched tag writer writes as the writer role too
         report = verify(journal)
         assert report.ok, report
     assert _denied(writer_dsn, WRITER_FORBIDDEN) == []

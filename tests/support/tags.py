@@ -22,6 +22,17 @@ TAGS: dict[str, Any] = dict(
 )
 
 
+#: The in-statement tag writer (tag rows in the append's statement), for tests about that path.
+IN_STATEMENT: dict[str, Any] = dict(TAGS, tag_batch_writer=False)
+
+
+def tags_written(journal: Any) -> None:
+    """The tag rows of ``journal``'s (a Journal or a test Face) tagged appends written now: its batched tag writer
+    flushes (the in-statement path wrote them with the appends)."""
+    if journal.tag_writer is not None:
+        journal.tag_writer.flush()
+
+
 def tag_rows(journal: Journal, tag: str) -> list[tuple[str, int, int]]:
     with journal.connection() as conn:
         return conn.execute("SELECT persistence_id, sequence_nr, tag_pid_sequence_nr FROM tag_views "

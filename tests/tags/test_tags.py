@@ -1,6 +1,7 @@
-"""The tag path on a real PostgreSQL: tagged appends (same transaction), events_by_tag current and live,
-restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed bucket size. The reads run on
-both faces (``tface``, ``mode_tface``: the ``face`` fixture with the tag settings)."""
+"""The tag path on a real PostgreSQL: tagged appends of the in-statement writer (same transaction; ``tj``),
+events_by_tag current and live, restart from offsets, gap timeout, delayed commits, bucket boundaries, the fixed
+bucket size. The reads run on both faces with the default tag writer (``tface``: the ``face`` fixture with the
+tag settings); the tests that fake the writer's clock or hold its progress row pin the in-statement writer."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 from support import PORTABLE
 from support.faces import Face, Kind, open_face
-from support.tags import TAGS, collect, progress, tag_rows
+from support.tags import IN_STATEMENT, TAGS, collect, progress, tag_rows, tags_written
 
 from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
 from pgjournal.buckets import BucketSize
@@ -26,13 +27,8 @@ from pgjournal.tags import statement_writer as tag_write_module
 
 @pytest.fixture
 def tj(dsn: str) -> Iterator[Journal]:
-    with Journal.open(dsn, **TAGS) as opened:
-        yield opened
-
-
-@pytest.fixture(params=["default", "portable"])
-def mode_tj(request: pytest.FixtureRequest, dsn: str) -> Iterator[Journal]:
-    with Journal.open(dsn, portable=request.param == "portable", **TAGS) as opened:
+    """A journal of the in-statement tag writer."""
+    with Journal.open(dsn, **IN_STATEMENT) as opened:
         yield opened
 
 
@@ -45,8 +41,8 @@ def tface(face_kind: Kind, dsn: str) -> Iterator[Face]:
 
 @pytest.fixture(params=["default", "portable"])
 def mode_tface(request: pytest.FixtureRequest, face_kind: Kind, dsn: str) -> Iterator[Face]:
-    """``mode_tj`` on each face."""
-    with open_face(face_kind, dsn, portable=request.param == "portable", **TAGS) as opened:
+    """The in-statement writer (its progress row is what a test holds), in each mode, on each face."""
+    with open_face(face_kind, dsn, portable=request.param == "portable", **IN_STATEMENT) as opened:
         yield opened
 
 
@@ -122,7 +118,7 @@ def test_one_tagged_event_rows_for_every_predecessor_form_and_metadata(dsn: str,
     metadata, its tag view row carries the event and metadata as the journal holds them, numbered on from the
     progress, which moves with it; an append that writes no event (a stale expectation) writes no tag row."""
     tj.append("Cart|m", [{"n": 1}], tags=["x"])  # after the latest (none)
-    with Journal.open(dsn, **TAGS) as other:  # knows nothing of Cart|m: looks the predecessor up
+    with Journal.open(dsn, **IN_STATEMENT) as other:  # knows nothing of Cart|m: looks the predecessor up
         other.append("Cart|m", [{"n": 2}], expected_seq_nr=1, tags=["x"], metadata={"m": 2})
     tj.append("Cart|m", [{"n": 3}], expected_seq_nr=2, tags=["x"])  # looked up (tj's last append was 1)
     tj.append("Cart|m", [{"n": 4}], expected_seq_nr=3, tags=["x"], metadata={"m": 4})  # its own last: known
@@ -255,6 +251,7 @@ def test_live_events_by_tag_follows_new_events_and_resumes(tface: Face) -> None:
 
 def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn: str) -> None:
     tface.append("Cart|g", [1, 2, 3, 4], tags=["x"])
+    tags_written(tface)
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr IN (2, 3)")
     settle(tface)
     started = time.monotonic()
@@ -268,6 +265,7 @@ def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn
 
 def test_first_event_missing_from_no_offset_is_a_gap(tface: Face, dsn: str) -> None:
     tface.append("Cart|g", [1, 2], tags=["x"])
+    tags_written(tface)
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 1")
     settle(tface)
     with pytest.raises(MissingTaggedEventsError) as failure:
@@ -283,6 +281,7 @@ def test_gap_filled_before_the_timeout_is_delivered_in_order(tface: Face, dsn: s
     tface.append("Cart|g", [1, 2, 3], tags=["x"])
     tface.append("Cart|h", [1, 2, 3, 4], tags=["x"])
     tface.append("Cart|g", [4, 5], tags=["x"])
+    tags_written(tface)
     saved = sql(dsn, "SELECT * FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
     sql(dsn, "DELETE FROM tag_views WHERE persistence_id = 'Cart|g' AND tag_pid_sequence_nr = 2")
     settle(tface)
@@ -357,7 +356,8 @@ def test_events_straddling_bucket_boundaries(face_kind: Kind, dsn: str, monkeypa
     monkeypatch.setattr(tag_write_module, "GENERATOR", TimeUUIDGenerator(clock=lambda: fake["ns"]))
     plan = [(-30, "Cart|a"), (-25, "Cart|y1"), (-20, "Cart|b"), (-1, "Cart|a"), (0, "Cart|b"), (0, "Cart|c"),
             (1, "Cart|a"), (59_999, "Cart|c"), (60_000, "Cart|a"), (60_005, "Cart|y2")]
-    with open_face(face_kind, dsn, **dict(TAGS, buffer_size=2)) as journal:  # pages of 2 end on the boundaries
+    # The writer's clock is faked: the in-statement writer's TimeUUIDs come from it.
+    with open_face(face_kind, dsn, **dict(IN_STATEMENT, buffer_size=2)) as journal:  # pages of 2 end on boundaries
         for offset_ms, pid in plan:
             fake["ns"] = (boundary_ms + offset_ms) * 1_000_000
             journal.append(pid, [{"at": offset_ms}], tags=["y" if "y" in pid else "x"])
@@ -372,7 +372,7 @@ def test_events_straddling_bucket_boundaries(face_kind: Kind, dsn: str, monkeypa
         with journal.query.events_by_tag("x", envs[3].offset) as live:
             assert [e.event["at"] for e in collect(live, 4)] == [0, 1, 59_999, 60_000]
     after = time.strftime("%Y%m%dT%H:%M", time.gmtime(boundary_ms / 1000 + 60))  # the bucket after the boundary
-    with open_face(face_kind, dsn, **dict(TAGS, tag_first_time_bucket=after)) as late_start:
+    with open_face(face_kind, dsn, **dict(IN_STATEMENT, tag_first_time_bucket=after)) as late_start:
         assert [e.persistence_id for e in late_start.query.current_events_by_tag("y")] == ["Cart|y2"]
         # From NoOffset a persistence id must start at 1: Cart|a's 4th event alone is a gap.
         with pytest.raises(MissingTaggedEventsError) as failure:
@@ -405,7 +405,8 @@ def test_a_failed_poll_changes_nothing_and_is_retried(tface: Face, monkeypatch: 
 def test_long_back_track_finds_what_the_short_one_cannot(face_kind: Kind, dsn: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A row that appears 15 s behind the cursor: beyond the short back track's period, within "max"."""
-    settings = dict(TAGS, portable=True, tag_back_track_interval=0.1, tag_back_track_period=1.0,
+    # The writer's clock is faked: the in-statement writer's TimeUUIDs come from it.
+    settings = dict(IN_STATEMENT, portable=True, tag_back_track_interval=0.1, tag_back_track_period=1.0,
                     tag_back_track_long_interval=1.5, tag_back_track_long_period="max")
     with open_face(face_kind, dsn, **settings) as journal:
         with monkeypatch.context() as patched:  # an event written 20 s ago

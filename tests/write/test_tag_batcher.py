@@ -1,7 +1,8 @@
 """The batched tag writer (``tag_batch_writer=True``, pgjournal.write.tag_batcher) on a real PostgreSQL: its rows are
 the in-statement path's rows (exactly once, tag sequence order = TimeUUID order), readers never pass rows it
 still owes (concurrent writers, a held append, a writer SIGKILLed with rows pending), recovery by another
-writer or ``pgjournal tags recover``, close() flushes, and the faces that refuse it."""
+writer (either face) or ``pgjournal tags recover``, close() flushes, tagged appends in transactions (both
+faces), and the asyncio face's writer."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ import psycopg.conninfo
 import pytest
 from support import make_serializable, waits_on_a_lock
 from support.eventually import eventually
+from support.faces import KINDS, Kind, open_face
 from support.tags import TAGS, collect, progress, tag_rows
 from typer.testing import CliRunner
 
-from pgjournal import ConfigurationError, Journal, Source
+from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, Source
 from pgjournal.aio import AsyncJournal
 from pgjournal.buckets import BucketSize
 from pgjournal.cli.commands import app
@@ -117,7 +119,9 @@ def test_rows_are_written_later_and_match_the_in_statement_path(dsn: str) -> Non
         journal.append("Cart|a", [{"n": 5}], tags=["y"])
         journal.append("Cart|b", [{"n": 2}, {"n": 3}], tags=["y"])
         assert tag_rows(journal, "x") == [] and tag_rows(journal, "y") == []  # pending: not written yet
-        assert list(journal.query.current_events_by_tag("y")) == []  # and readers wait for them
+        with Journal.open(dsn, **READER) as reader:  # and readers wait for them
+            time.sleep(reader.settings.tag_eventual_consistency_delay + 0.05)
+            assert list(reader.query.current_events_by_tag("y")) == []
         journal.tag_writer.flush()  # type: ignore[union-attr]
         assert tag_rows(journal, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 3, 3)]
         assert tag_rows(journal, "y") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|a", 5, 3), ("Cart|b", 1, 1),
@@ -316,7 +320,21 @@ def append_and_close(dsn: str, pid: str) -> None:
         writer.append(pid, [0], tags=["x"])
 
 
-@pytest.mark.parametrize("by", ["writer", "cli"])
+async def _recover_with_an_asyncio_writer(dsn: str, dead: Any) -> None:
+    async with AsyncJournal.open(dsn, **BATCHED) as other:
+        await other.append("Cart|other", [0], tags=["y"])
+        deadline = time.monotonic() + 30
+        while dead in writer_rows_of(dsn):
+            assert time.monotonic() < deadline, "the dead writer recovered by the asyncio writer"
+            await asyncio.sleep(0.05)
+
+
+def writer_rows_of(dsn: str) -> list[tuple[str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT id, writer FROM tag_batch_writers ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("by", ["writer", "asyncio writer", "cli"])
 def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) -> None:
     count = 40
     with Journal.open(dsn, **READER) as reader, reader.query.events_by_tag("x") as stream:
@@ -343,6 +361,8 @@ def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) ->
                 other.append("Cart|other", [0], tags=["y"])
                 eventually(lambda: dead[0] not in writer_rows(reader), "the dead writer recovered", timeout=30)
                 assert len(tag_rows(reader, "dead")) == count
+        elif by == "asyncio writer":
+            asyncio.run(_recover_with_an_asyncio_writer(dsn, dead[0]))
         else:
             result = CliRunner().invoke(app, ["tags", "recover", "--silent-for", "0", "--dsn", dsn],
                                         env={"PGJOURNAL_TAG_BUCKET_SIZE": "Minute"})
@@ -356,24 +376,102 @@ def test_a_sigkilled_writer_is_recovered_and_readers_go_on(dsn: str, by: str) ->
                             "Cart|after": [1]}
 
 
-# -- faces that refuse it -------------------------------------------------------------------------------------
+# -- transactions and the asyncio face -------------------------------------------------------------------------
 
 
-def test_tagged_appends_in_a_transaction_are_refused_and_nothing_is_written(bj: Journal) -> None:
-    with bj.transaction() as tx:
-        tx.append("Cart|t", [1])  # untagged is fine
-        with pytest.raises(ConfigurationError, match="tag_batch_writer"):
-            tx.append("Cart|t", [2], tags=["x"])
-        tx.append("Cart|t", [2])  # the transaction goes on
-    assert [e.seq_nr for e in bj.query.current_events_by_persistence_id("Cart|t")] == [1, 2]
-    assert tagged_in_journal(bj, "x") == {}
+def watermark(dsn: str) -> Any:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT min(complete_before) FROM tag_batch_writers").fetchone()[0]  # type: ignore[index]
 
 
-def test_the_asyncio_face_refuses_the_setting(dsn: str) -> None:
+def db_clock(dsn: str) -> Any:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tagged_appends_in_a_transaction_hold_the_watermark_until_the_commit(dsn: str, kind: Kind) -> None:
+    """While a transaction with a tagged append is open, the writer flushes other events but its watermark
+    stays below the transaction's event; after the commit its rows are written like any append's."""
+    with open_face(kind, dsn, **HOLDING) as journal:
+        # The first tagged write records the tag settings in its transaction: before the test's transaction, so
+        # the append outside it does not wait for its commit.
+        journal.append("Cart|o", [0], tags=["x"])
+        with journal.transaction() as tx:
+            tx.append("Cart|t", [1])  # untagged
+            tx.append("Cart|t", [2, 3], tags=["x"])
+            stamped = tx.connection.execute("SELECT min(db_timestamp) FROM event_journal WHERE "
+                                            "persistence_id = 'Cart|t' AND tags IS NOT NULL").fetchone()[0]
+            journal.append("Cart|o", [1], tags=["x"], expected_seq_nr=1)  # outside, committed and flushed first
+            journal.tag_writer.flush()
+            assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|o", 2, 2)]
+            assert watermark(dsn) <= stamped, "the watermark passed an event of the open transaction"
+        journal.tag_writer.flush()
+        assert tag_rows(journal, "x") == [("Cart|o", 1, 1), ("Cart|o", 2, 2), ("Cart|t", 2, 1), ("Cart|t", 3, 2)]
+        assert watermark(dsn) > stamped
+        envs = eventually(lambda: (e := [(e.persistence_id, e.tag_pid_sequence_nr)
+                                          for e in journal.query.current_events_by_tag("x")]) and len(e) == 4 and e,
+                          "the rows readable")
+        # TimeUUID order: the transaction's events before the later append outside it
+        assert envs == [("Cart|o", 1), ("Cart|t", 1), ("Cart|t", 2), ("Cart|o", 2)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rolled_back_or_failed_tagged_append_in_a_transaction_is_forgotten(dsn: str, kind: Kind) -> None:
+    """Rolled back, or failed in a savepoint: the writer no longer waits for it (its watermark moves on) and
+    writes no row for it."""
+    with open_face(kind, dsn, **HOLDING) as journal:
+        journal.append("Cart|c", [0], tags=["x"])
+        with pytest.raises(RuntimeError), journal.transaction() as tx:
+            tx.append("Cart|r", [1], tags=["x"])
+            raise RuntimeError("the caller gives up")
+        with journal.transaction(savepoints=True) as tx:
+            with pytest.raises(ConcurrencyConflict):
+                tx.append("Cart|c", [1], tags=["x"], expected_seq_nr=0)
+            tx.append("Cart|c", [1], tags=["y"], expected_seq_nr=1)
+        after = db_clock(dsn)
+        journal.tag_writer.flush()
+        assert journal.tag_writer.batch.idle()
+        assert watermark(dsn) > after
+        assert tag_rows(journal, "x") == [("Cart|c", 1, 1)] and tag_rows(journal, "y") == [("Cart|c", 2, 1)]
+        assert tagged_in_journal(journal, "x") == {"Cart|c": 1}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_current_tag_query_reads_this_journals_own_pending_appends(dsn: str, kind: Kind) -> None:
+    """Read-your-writes in the process: the current query first has the journal's writer write what it has
+    pending (another process sees the events once the watermark passed them), and a query with nothing
+    pending writes nothing."""
+    with open_face(kind, dsn, **HOLDING) as journal, Journal.open(dsn, **READER) as other:
+        journal.append("Cart|r", [1, 2], tags=["x"])
+        time.sleep(journal.settings.tag_eventual_consistency_delay + 0.05)
+        assert list(other.query.current_events_by_tag("x")) == []  # pending in the writer
+        assert not journal.tag_writer.batch.caught_up()
+        assert [e.seq_nr for e in journal.query.current_events_by_tag("x")] == [1, 2]
+        assert journal.tag_writer.batch.caught_up()
+        assert [e.seq_nr for e in other.query.current_events_by_tag("x")] == [1, 2]
+        before = writer_heartbeats(dsn)
+        assert [e.seq_nr for e in journal.query.current_events_by_tag("x")] == [1, 2]
+        assert writer_heartbeats(dsn) == before  # nothing to write: no statement
+
+
+def writer_heartbeats(dsn: str) -> list[Any]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT heartbeat FROM tag_batch_writers ORDER BY id").fetchall()
+
+
+def test_the_asyncio_face_writes_pending_rows_when_it_closes(dsn: str) -> None:
     async def main() -> None:
-        with pytest.raises(ConfigurationError, match="tag_batch_writer"):
-            await AsyncJournal.open(dsn, **BATCHED)
+        async with AsyncJournal.open(dsn, **HOLDING) as journal:
+            await journal.append("Cart|a", [1, 2], tags=["x"])
+            await journal.append("Cart|b", [1], tags=["x", "y"])
+            assert journal.tag_writer is not None and journal.tag_writer.batch.events == 3
     asyncio.run(main())
+    with Journal.open(dsn, **READER) as reader:
+        assert tag_rows(reader, "x") == [("Cart|a", 1, 1), ("Cart|a", 2, 2), ("Cart|b", 1, 1)]
+        assert tag_rows(reader, "y") == [("Cart|b", 1, 1)]
+        assert writer_rows(reader) == []
+        assert_timeuuid_order_is_tag_order(reader)
 
 
 def test_bad_settings_are_named() -> None:

@@ -12,6 +12,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from support.raw_events import MIXED_BATCH, Raw, expected_batch, raw_registry, stored_batch
+from support.tags import tags_written
 
 from pgjournal import ConcurrencyConflict, Journal, slice_for_persistence_id
 from pgjournal.runtime.signals import CHANNEL
@@ -213,6 +214,7 @@ def test_tags_with_array_syntax_characters_are_stored_as_given(journal: Journal,
     tags = ['say "hi"', "back\\slash", "{braces,comma}", "NULL", " padded ", "ünï", "'; DROP TABLE x; --"]
     journal.append(PID, [{"a": 1}], tags=tags)
     assert {tuple(r[3]) for r in rows(dsn, PID)} == {tuple(tags)}
+    tags_written(journal)
     with psycopg.connect(dsn) as conn:
         stored = {r[0] for r in conn.execute("SELECT tag_name FROM tag_views WHERE persistence_id = %s", (PID,))}
     assert stored == set(tags)
