@@ -167,10 +167,11 @@ class AsyncJournal(JournalCore):
         started = time.perf_counter()
         try:
             async with self._turns[plan.pid]:
-                rows = await self._pipeline.submit(plan) if self._pipeline.takes(plan) else None
-                if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
-                    async with self.connection() as conn:
-                        rows = await arun(append_step(self, plan), conn)
+                with self._pipeline.appending():
+                    rows = await self._pipeline.submit(plan) if self._pipeline.takes(plan) else None
+                    if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
+                        async with self.connection() as conn:
+                            rows = await arun(append_step(self, plan), conn)
         except BaseException:
             self._writer.failed(plan)
             raise
