@@ -106,7 +106,7 @@ class AsyncTagBatcher(TagWriterRules):
 
     async def _open_connection(self) -> psycopg.AsyncConnection:
         """A connection made as the pool's are (autocommit, pgjournal's limits), for this writer alone."""
-        options = core.pool_options(self._journal.settings)
+        options = core.pool_options(self._journal.settings, self._journal.dsn)
         try:
             return await async_limited_connection_class(self._journal.settings).connect(
                 self._journal.dsn, **options["kwargs"])
