@@ -156,7 +156,7 @@ def test_a_move_copies_the_range_switches_every_record_and_a_stale_journal_is_re
 # -- kill -9 of the mover after each step ----------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-BEFORE_SEAL = ("plan:target", "plan", "copy:chunk", "copy", "catch up")
+BEFORE_SEAL = ("plan:target", "plan", "copy:chunk", "copy", "catch up", "check")
 SEALED = ("seal", "verify", "switch:target")  # the target's record switched, the others' not yet
 SWITCHED = ("switch", "clean up:rows")
 
