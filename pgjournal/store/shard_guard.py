@@ -258,9 +258,11 @@ def digests(table: str, lo: int, hi: int, *, since: datetime | None = None,
 
 
 def table_oids() -> Read[list[int]]:
-    """The guarded tables' oids (their writers hold a lock on them, also those writing a partition)."""
-    return scalars("SELECT array_agg(oid) FROM pg_class WHERE relname = ANY(%s) AND relkind IN ('r', 'p') "
-                   "AND pg_table_is_visible(oid)", (list(GUARDED_TABLES),))
+    """The guarded tables' oids and their partitions' (a statement naming a partition locks only that one)."""
+    return scalars("""
+WITH tables AS (SELECT oid FROM pg_class WHERE relname = ANY(%s) AND relkind IN ('r', 'p') AND pg_table_is_visible(oid))
+SELECT array_agg(oid) FROM (SELECT oid FROM tables UNION SELECT inhrelid FROM pg_inherits
+                            WHERE inhparent IN (SELECT oid FROM tables)) AS found""", (list(GUARDED_TABLES),))
 
 
 # -- deletes during a move ------------------------------------------------------------------------------------
