@@ -506,15 +506,17 @@ class Mover:
 
     def _wait_for_target_clock(self, move: Move) -> None:
         """Events written on the target after the switch must sort after those copied (a projection's offset is a
-        timestamp): wait while the target's clock is behind the range's newest event, at most 5 s."""
+        timestamp): wait while the target's clock is behind the range's newest event, at most 5 s. After the seal
+        no writer of the range is left on the source, so its clock now is past every stamp of the range (reading
+        the clock costs nothing, the newest stamp a scan of the range)."""
         target, source = self._target, self._databases[move.source]
         assert target is not None
-        newest = sql.newest_change("event_journal", *move.moved).one(source.conn)
+        newest = sql.clock().one(source.conn)
         deadline = time.monotonic() + 5
         while newest is not None and (sql.clock().one(target.conn) or newest) <= newest:
             if time.monotonic() > deadline:
-                raise JournalError(f"the target's clock is behind the source's newest event of "
-                                   f"{format_range(move.moved)} ({newest}) by more than 5 s: synchronise the clocks")
+                raise JournalError(f"the target's clock is behind the source's ({newest}), past every event of "
+                                   f"{format_range(move.moved)}, by more than 5 s: synchronise the clocks")
             time.sleep(0.01)
 
     def _columns(self, database: _Database, table: str) -> Columns:

@@ -364,7 +364,3 @@ def copy_keys_out(table: str, cols: Columns, keys: str) -> Query:
 
 def clock() -> Read[datetime]:  # a row always
     return scalars("SELECT clock_timestamp()")
-
-
-def newest_change(table: str, lo: int, hi: int) -> Read[datetime | None]:
-    return scalars(f"SELECT max({CHANGED_AT[table]}) FROM {_checked(table)} WHERE slice BETWEEN %s AND %s", (lo, hi))
