@@ -235,9 +235,14 @@ class Steps:
     started: float = 0.0
     marks: list[tuple[str, float]] = field(default_factory=list)
 
+    #: The verify's parts (its own progress messages): where the time inside the pause goes.
+    parts: list[tuple[str, float]] = field(default_factory=list)
+
     def __call__(self, what: str, _rows: int) -> None:
         if what in {"plan", "copy", "catch up", "check", "seal", "verify", "switch", "clean up"}:
             self.marks.append((what, time.monotonic()))
+        elif what.startswith("verify: "):
+            self.parts.append((what.removeprefix("verify: "), time.monotonic()))
 
 
 def move(ctx: Context, _state: Any) -> float:
@@ -309,6 +314,7 @@ def move(ctx: Context, _state: Any) -> float:
         "move_s": round(t1 - t0, 3),
         "steps_s": step_s,
         "seal_attempts_s": [round(s, 4) for s in seals],
+        "verify_parts_s": _parts(dict(marks).get("verify"), steps.parts),
         "inside_pause_s": round(switched - seal_end, 3),
         "moved_writers_pause_ms": {"n": len(pauses), "p50": _ms(_pct(pauses, 0.5)), "p99": _ms(_pct(pauses, 0.99)),
                                    "max": _ms(max(pauses, default=0.0))},
@@ -334,6 +340,16 @@ def move(ctx: Context, _state: Any) -> float:
              f"{duplicates}; load average {load[0]:.1f}")
     assert missing == 0 and duplicates == 0 and out_of_order == 0 and stored
     return _ms(_pct(pauses, 0.99))
+
+
+def _parts(start: float | None, parts: list[tuple[str, float]]) -> dict[str, float]:
+    """Seconds each part of the verify took (from the step's start, then from the previous part)."""
+    out, last = {}, start
+    for name, at in parts:
+        if last is not None:
+            out[name] = round(at - last, 3)
+        last = at
+    return out
 
 
 def _timeline(t0: float, moved: list[Writer], others: list[Writer], lags: list[tuple[float, float]],

@@ -278,8 +278,8 @@ class Mover:
         start = target.row.move_next_slice if target.row.move_next_slice is not None else move.moved[0]
         mark = target.row.move_mark
         for lo, hi in chunks(move.moved, start, self.chunk_slices):
-            if mark is None:  # the catch-up re-reads from the first chunk's start on (the source's clock)
-                mark = sql.clock().one(self._databases[move.source].conn)
+            if mark is None:  # the catch-up re-reads from the first chunk's start on
+                mark = self._safe_mark(self._databases[move.source])
             with target.conn.transaction():
                 copied = sum(self._copy_rows(move, table, lo, hi, None) for table in self._tables(target))
                 last = hi >= move.moved[1]
@@ -292,7 +292,7 @@ class Mover:
     def _catch_up(self, move: Move) -> None:
         target = self._target
         assert target is not None and target.row is not None
-        started = sql.clock().one(self._databases[move.source].conn)
+        started = self._safe_mark(self._databases[move.source])
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
                          for table in self._tables(target))
@@ -304,6 +304,9 @@ class Mover:
 
     def _seal(self, move: Move) -> None:
         source = self._databases[move.source]
+        for _ in range(self.catch_up_passes):
+            if self._pass_since_check(move) < self.catch_up_rows:
+                break
         self._retrying_lock(source, lambda: self._set_guards(source, move, owned(move.after, move.source)),
                             MoveStep.SEALED, move)
 
@@ -315,6 +318,8 @@ class Mover:
         the whole range on both sides, outside the writers' pause."""
         target, source = self._target, self._databases[move.source]
         assert target is not None and target.row is not None
+        for table in self._tables(target):  # the bulk copy's statistics, so the verify's reads by stamp use the index
+            target.conn.execute(*sql.analyze(table))
         mark = self._safe_mark(source)
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
@@ -322,11 +327,30 @@ class Mover:
             applied, handled = self._apply_deletes(move)
             copied += applied
             for table in self._tables(target):
-                copied += self._repair(move, table, before=mark)
+                copied += self._repair(move, table, before=mark)[0]
             target.conn.execute(*self._record(target, move, MoveStep.CHECKED, rows=copied, mark=mark))
+        self._forget(source, handled)
+        self.progress(f"checked, {copied} rows copied", self._rows() + copied)
+
+    def _pass_since_check(self, move: Move) -> int:
+        """One pass after the check, before the seal: the rows stamped since the recorded safe mark and the
+        logged deletes copied, a new safe mark recorded (still ``checked``), so the verify inside the pause has
+        only what was written during the last pass to copy, not what was written during the check."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None and target.row is not None
+        mark = self._safe_mark(source)
+        with target.conn.transaction():
+            copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
+                         for table in self._tables(target))
+            applied, handled = self._apply_deletes(move)
+            target.conn.execute(*self._record(target, move, MoveStep.CHECKED, rows=copied + applied, mark=mark))
+        self._forget(source, handled)
+        self._refresh()
+        return copied + applied
+
+    def _forget(self, source: _Database, handled: int | None) -> None:
         if handled is not None:  # applied on the target: the log need not hold them (a kill before: applied again)
             source.conn.execute(*sql.forget_deletes(handled))
-        self.progress(f"checked, {copied} rows copied", self._rows() + copied)
 
     def _verify(self, move: Move) -> None:
         """After the seal nothing changes in the range on the source (its guard refuses writes, its delete
@@ -335,31 +359,36 @@ class Mover:
         verified, all in one target transaction. Its work is what changed since the check, not the range."""
         target, source = self._target, self._databases[move.source]
         assert target is not None and target.row is not None
-        since = self._since(target)
+        since = self._since(target)  # the check's (or its last pass's) safe mark
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, since) for table in self._tables(target))
+            self.progress("verify: copied the changes", copied)
             copied += self._apply_deletes(move)[0]
+            self.progress("verify: applied the deletes", copied)
             for table in self._tables(target):
-                copied += self._repair(move, table, since=since)
-                wrong = differing(sql.digests(table, *move.moved, since=since).all(source.conn),
-                                  sql.digests(table, *move.moved, since=since).all(target.conn))
+                rows, slices = self._repair(move, table, since=since)
+                copied += rows
+                wrong = slices and differing(sql.digests(table, *move.moved, since=since).all(source.conn),
+                                               sql.digests(table, *move.moved, since=since).all(target.conn))
                 if wrong:
                     raise JournalError(f"after the seal, {table} of slices {wrong[:5]} still differs between the "
                                        "source and the target; is another process writing the target?")
+            self.progress("verify: compared the digests", copied)
             self._wait_for_target_clock(move)
             target.conn.execute(*self._record(target, move, MoveStep.VERIFIED, rows=copied))
 
-    def _repair(self, move: Move, table: str, *, since: Any = None, before: Any = None) -> int:
+    def _repair(self, move: Move, table: str, *, since: Any = None, before: Any = None) -> tuple[int, int]:
         """Copy again (inside the target's open transaction) every slice of ``table`` whose digest over the rows
-        changed in ``since..before`` differs from the source's; the rows copied."""
+        changed in ``since..before`` differs from the source's; the rows and the slices copied."""
         target, source = self._target, self._databases[move.source]
         assert target is not None
+        slices = differing(sql.digests(table, *move.moved, since=since, before=before).all(source.conn),
+                           sql.digests(table, *move.moved, since=since, before=before).all(target.conn))
         copied = 0
-        for slice_ in differing(sql.digests(table, *move.moved, since=since, before=before).all(source.conn),
-                                sql.digests(table, *move.moved, since=since, before=before).all(target.conn)):
+        for slice_ in slices:
             target.conn.execute(*sql.delete_slices(table, slice_, slice_))
             copied += self._copy_rows(move, table, slice_, slice_, None)
-        return copied
+        return copied, len(slices)
 
     def _apply_deletes(self, move: Move) -> tuple[int, int | None]:
         """The deletes the source logged, done on the target (inside its open transaction): each logged row is
@@ -383,11 +412,15 @@ class Mover:
 
     def _safe_mark(self, source: _Database) -> Any:
         """The source's clock, or the start of the oldest transaction writing a guarded table there if earlier:
-        a row stamped before the mark is committed (a writer stamps its rows after its start). A writer whose
-        start this role may not see is covered by the backtracking window the copies read back by."""
+        a row stamped before the mark is committed (a writer stamps its rows after its start, a writer not seen
+        takes its lock later and stamps later still). A writer whose start this role may not see moves the mark
+        back by the backtracking window."""
         oids = sql.table_oids().one(source.conn) or []
         found = source.conn.execute(WRITERS_SQL, {"relations": oids}).fetchall()
-        return min([found[0][0], *(started for *_, started in found if started is not None)])
+        mark = min([found[0][0], *(started for _, _, vxid, started in found if vxid is not None and started)])
+        if any(vxid is not None and started is None for _, _, vxid, started in found):
+            mark -= timedelta(seconds=self.settings.backtracking_window)
+        return mark
 
     def _switch(self, move: Move) -> None:
         target, source = self._target, self._databases[move.source]
@@ -501,8 +534,8 @@ class Mover:
             source.conn.execute(*sql.drop_delete_log())
 
     def _since(self, target: _Database) -> Any:
-        mark = target.row.move_mark if target.row is not None else None
-        return None if mark is None else mark - timedelta(seconds=self.settings.backtracking_window)
+        """The recorded safe mark: every row stamped before it was committed when the copy after it began."""
+        return target.row.move_mark if target.row is not None else None
 
     def _wait_for_target_clock(self, move: Move) -> None:
         """Events written on the target after the switch must sort after those copied (a projection's offset is a

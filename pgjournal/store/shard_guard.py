@@ -364,3 +364,7 @@ def copy_keys_out(table: str, cols: Columns, keys: str) -> Query:
 
 def clock() -> Read[datetime]:  # a row always
     return scalars("SELECT clock_timestamp()")
+
+
+def analyze(table: str) -> Query:
+    return f"ANALYZE {_checked(table)}", ()
