@@ -18,6 +18,10 @@ Reported in the JSON's extra: the move's duration and each step's, the moved-ran
 max), the unmoved writers' append latency p99 during the move, the consumer's lag (p50, p99, max: during the
 move and overall), correctness (every event delivered once and in order per persistence id), the client's and
 servers' CPU, the load average; the detail chart is the timeline of the move (``--report``).
+
+Reference: ``whole_range_verify``, the same move with the verify as first built (no check before the seal; after
+it every slice's digest over the whole range on both sides, inside the writers' pause), on a journal loaded the
+same way in the same run.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from pgjournal.model.offsets import Offset, TimestampOffset
 from pgjournal.settings import Settings
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.move import Mover
+from pgjournal.shards.move_plan import MoveStep, differing
+from pgjournal.store import shard_guard as guard_sql
 
 from .by_slices import COLUMNS, PAYLOAD, TYPES
 from .cpu import server_cpu
@@ -50,11 +56,12 @@ ENTITY = "Cart"
 MOVED = (512, 1023)
 MOVED_WRITERS, OTHER_WRITERS, PIDS_PER_WRITER = 8, 4, 8
 PACE = 0.005
-OPEN = {"pool_max_size": 2, "notify": False}
+OPEN: dict[str, Any] = {"pool_max_size": 2, "notify": False}
 
 
 def _pids(tag: str, lo: int, hi: int, count: int, start: int = 0) -> list[str]:
-    found, n = [], start
+    found: list[str] = []
+    n = start
     while len(found) < count:
         pid = f"{ENTITY}|{tag}-{n}"
         n += 1
@@ -245,7 +252,42 @@ class Steps:
             self.parts.append((what.removeprefix("verify: "), time.monotonic()))
 
 
-def move(ctx: Context, _state: Any) -> float:
+class WholeRangeVerify(Mover):
+    """The reference: the verify as first built, reading the whole range inside the pause. No check before the
+    seal (the step records itself and does nothing) and no passes before it; after the seal, one target
+    transaction copies the rows stamped since the last mark − ``backtracking_window``, compares every slice's
+    digest over the whole range on both sides, copies the slices that differ, compares again."""
+
+    def _check(self, move: Any) -> None:
+        target = self._target
+        assert target is not None
+        with target.conn.transaction():
+            target.conn.execute(*self._record(target, move, MoveStep.CHECKED))
+
+    def _pass_since_check(self, move: Any) -> int:
+        return 0
+
+    def _verify(self, move: Any) -> None:
+        target, source = self._target, self._databases[move.source]
+        assert target is not None and target.row is not None and target.row.move_mark is not None
+        since = target.row.move_mark - timedelta(seconds=self.settings.backtracking_window)
+        with target.conn.transaction():
+            copied = sum(self._copy_rows(move, table, *move.moved, since) for table in self._tables(target))
+            for table in self._tables(target):
+                copied += self._repair(move, table)[0]
+                assert not differing(guard_sql.digests(table, *move.moved).all(source.conn),
+                                     guard_sql.digests(table, *move.moved).all(target.conn))
+            self._wait_for_target_clock(move)
+            target.conn.execute(*self._record(target, move, MoveStep.VERIFIED, rows=copied))
+
+
+def move(mover: type[Mover] = Mover) -> Any:
+    def measure(ctx: Context, state: Any) -> float:
+        return _move(ctx, mover, "ours" if mover is Mover else "whole_range_verify")
+    return measure
+
+
+def _move(ctx: Context, mover_class: type[Mover], name: str) -> float:
     """One move under load; the moved-range writers' pause p99 in ms (the extra holds the last round's rest)."""
     setup = _setup(ctx)
     tag = uuid.uuid4().hex[:8]
@@ -267,7 +309,7 @@ def move(ctx: Context, _state: Any) -> float:
     steps = Steps()
     cpu_before, client_before = server_cpu(setup.postmasters), time.process_time()
     t0 = time.monotonic()
-    with Mover(setup.old, MOVED, setup.target, Settings.load(), keep=0, progress=steps) as mover:
+    with mover_class(setup.old, MOVED, setup.target, Settings.load(), keep=0, progress=steps) as mover:
         mover.run()
         seals = list(mover.seal_seconds)
     t1 = time.monotonic()
@@ -308,7 +350,7 @@ def move(ctx: Context, _state: Any) -> float:
     step_s = {name: round(marks[i + 1][1] - at, 3) for i, (name, at) in enumerate(marks[:-1])}
     seal_end = dict(marks).get("verify", t1)
     switched = dict(marks).get("clean up", t1)
-    ctx.extra.update({
+    ctx.extra[name] = {
         "events_in_moved_range": setup.events,
         "load_average_at_start": [round(x, 2) for x in load],
         "move_s": round(t1 - t0, 3),
@@ -333,9 +375,10 @@ def move(ctx: Context, _state: Any) -> float:
                               "servers": {str(i): round(cpu_after[p] - cpu_before.get(p, 0.0), 2)
                                           for i, p in enumerate(setup.postmasters) if p in cpu_after}},
         "timeline": _timeline(t0, moved_writers, others, lags, marks),
-    })
-    ctx.note(f"move of {setup.events:,} events: {t1 - t0:.1f} s ({', '.join(f'{k} {v:.2f}' for k, v in step_s.items())}"
-             f"); moved writers' pause p50 {_ms(_pct(pauses, 0.5))} ms, max {_ms(max(pauses, default=0.0))} ms; "
+    }
+    shown = ", ".join(f"{k} {v:.2f}" for k, v in step_s.items())
+    ctx.note(f"{name}: move of {setup.events:,} events: {t1 - t0:.1f} s ({shown}); moved writers' pause p50 "
+             f"{_ms(_pct(pauses, 0.5))} ms, max {_ms(max(pauses, default=0.0))} ms; "
              f"consumer lag p99 during the move {_ms(_pct(lag_during, 0.99))} ms; missing {missing}, duplicated "
              f"{duplicates}; load average {load[0]:.1f}")
     assert missing == 0 and duplicates == 0 and out_of_order == 0 and stored
@@ -382,9 +425,11 @@ def chart(summaries: list[dict[str, Any]], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(summaries), 1, figsize=(11, 4.5 * len(summaries)), squeeze=False)
-    for (ax,), summary in zip(axes, summaries, strict=True):
-        extra = summary["extra"]
+    runs = [(summary, name) for summary in summaries for name in ("ours", "whole_range_verify")
+            if name in summary["extra"]]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 4.5 * len(runs)), squeeze=False)
+    for (ax,), (summary, name) in zip(axes, runs, strict=True):
+        extra = summary["extra"][name]
         line = extra["timeline"]
         steps = line["steps"]
         colors = {"plan": "#eeeeee", "copy": "#dde8f5", "catch up": "#e4f2dc", "check": "#fbf0d5",
@@ -401,7 +446,7 @@ def chart(summaries: list[dict[str, Any]], path: str | Path) -> None:
         ax.set_xlabel("seconds from the move's start")
         ax.set_ylabel("ms")
         pause = extra["moved_writers_pause_ms"]
-        ax.set_title(f"shard-move: {extra['events_in_moved_range']:,} events moved in {extra['move_s']:.0f} s; "
+        ax.set_title(f"shard-move, {name}: {extra['events_in_moved_range']:,} events moved in {extra['move_s']:.0f} s; "
                      f"moved writers' pause p50 {pause['p50']:.0f} ms, max {pause['max']:.0f} ms; load "
                      f"{extra['load_average_at_start'][0]:.1f}", fontsize=9, pad=28)
         ax.grid(alpha=0.3)
@@ -419,6 +464,6 @@ SCENARIOS = [
                     "another private server, 8 writers on the moved range and 4 on the rest (an append each 5 ms "
                     "at most), a by-slices consumer of the range; value: the moved-range writers' pause p99 "
                     "(refusal → next append, reopen included); durations, lags and correctness in the extra",
-        setup=_servers, contenders={"ours": move}, chart=chart,
+        setup=_servers, contenders={"ours": move(), "whole_range_verify": move(WholeRangeVerify)}, chart=chart,
     ),
 ]
