@@ -129,6 +129,7 @@ class Writer(threading.Thread):
         self.written = dict.fromkeys(pids, 0)
         self.latencies: list[tuple[float, float]] = []
         self.pauses: list[float] = []
+        self.paused: list[tuple[float, float]] = []
         self.reopens: list[float] = []
         self.error: BaseException | None = None
 
@@ -154,6 +155,7 @@ class Writer(threading.Thread):
                 self.latencies.append((done, done - started))
                 if refused_at is not None:
                     self.pauses.append(done - refused_at)
+                    self.paused.append((refused_at, done))
                 time.sleep(max(0.0, PACE - (time.monotonic() - started)))
             journal.close()
         except BaseException as exc:
@@ -414,6 +416,7 @@ def _timeline(t0: float, moved: list[Writer], others: list[Writer], lags: list[t
     for at, lag in lags:
         put("lag_ms", at, lag)
     return {"steps": [[name, round(at - t0, 3)] for name, at in marks],
+            "pauses": [[round(a - t0, 3), round(b - t0, 3)] for w in moved for a, b in w.paused],
             **{series: [[k / 10, round(v, 1)] for k, v in sorted(found.items())] for series, found in buckets.items()}}
 
 
@@ -434,9 +437,12 @@ def chart(summaries: list[dict[str, Any]], path: str | Path) -> None:
         steps = line["steps"]
         colors = {"plan": "#eeeeee", "copy": "#dde8f5", "catch up": "#e4f2dc", "check": "#fbf0d5",
                   "seal": "#f6d5d5", "verify": "#f0c0c0", "switch": "#e8a8a8", "clean up": "#eadcf2"}
-        for (name, start), (_, end) in itertools.pairwise(steps):
-            ax.axvspan(start, end, color=colors.get(name, "#f4f4f4"), alpha=0.8, lw=0)
-            ax.text(start, 1.02, name, transform=ax.get_xaxis_transform(), fontsize=7, rotation=30)
+        for (step, start), (_, end) in itertools.pairwise(steps):
+            ax.axvspan(start, end, color=colors.get(step, "#f4f4f4"), alpha=0.8, lw=0)
+            ax.text(start, 1.02, step, transform=ax.get_xaxis_transform(), fontsize=7, rotation=30)
+        paused = line.get("pauses", [])
+        ax.hlines([1000 * (end - start) for start, end in paused], [start for start, _ in paused],
+                  [end for _, end in paused], color="darkred", lw=1.5, label="a moved writer's pause (its length)")
         for series, label, style in (("moved_append_ms", "append, moved range (slowest per 100 ms)", "tab:red"),
                                      ("other_append_ms", "append, other slices", "tab:blue"),
                                      ("lag_ms", "consumer lag, moved range (largest per 100 ms)", "tab:green")):
