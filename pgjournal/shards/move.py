@@ -6,6 +6,7 @@ is done, and running the move again (``resume``) or :meth:`Mover.roll_back` cont
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -41,6 +42,7 @@ from pgjournal.shards.move_plan import (
 )
 from pgjournal.store import shard_guard as sql
 from pgjournal.store import shard_layout
+from pgjournal.store.catalog import WRITERS_SQL
 from pgjournal.store.shard_guard import GUARDED_TABLES, Columns, Leaf, MoveRow, leaf_of
 
 #: For tests only: the mover kills itself (SIGKILL) right after reaching this point (see :meth:`Mover._reached`).
@@ -217,8 +219,8 @@ class Mover:
                 return status
             self.progress(status.next.value, status.rows)
             {Action.PLAN: self._plan, Action.COPY: self._copy, Action.CATCH_UP: self._catch_up,
-             Action.SEAL: self._seal, Action.VERIFY: self._verify, Action.SWITCH: self._switch,
-             Action.CLEAN_UP: self._clean_up}[status.next](status.move)
+             Action.CHECK: self._check, Action.SEAL: self._seal, Action.VERIFY: self._verify,
+             Action.SWITCH: self._switch, Action.CLEAN_UP: self._clean_up}[status.next](status.move)
             self._reached(status.next.value)
             self._refresh()
 
@@ -235,6 +237,7 @@ class Mover:
             self._retrying_lock(source, lambda: self._set_guards(source, move, owned(move.before, move.source)),
                                 None, move)
             self._reached("rollback:source")
+        self._unwatch(source)
         target = self._target
         assert target is not None
         if target.row is not None:
@@ -266,7 +269,8 @@ class Mover:
             self._reached("plan:target")
         with source.conn.transaction():
             source.conn.execute(*sql.add_move_columns())
-            source.conn.execute(*self._record(source, move, MoveStep.PLANNED))
+        self._retrying_lock(source, lambda: self._watch(source, move), MoveStep.PLANNED, move)
+        self.seal_seconds.clear()  # that was the plan's lock, not the seal's
 
     def _copy(self, move: Move) -> None:
         target = self._target
@@ -274,8 +278,8 @@ class Mover:
         start = target.row.move_next_slice if target.row.move_next_slice is not None else move.moved[0]
         mark = target.row.move_mark
         for lo, hi in chunks(move.moved, start, self.chunk_slices):
-            if mark is None:  # the catch-up re-reads from the first chunk's start on (the source's clock)
-                mark = sql.clock().one(self._databases[move.source].conn)
+            if mark is None:  # the catch-up re-reads from the first chunk's start on
+                mark = self._safe_mark(self._databases[move.source])
             with target.conn.transaction():
                 copied = sum(self._copy_rows(move, table, lo, hi, None) for table in self._tables(target))
                 last = hi >= move.moved[1]
@@ -288,7 +292,7 @@ class Mover:
     def _catch_up(self, move: Move) -> None:
         target = self._target
         assert target is not None and target.row is not None
-        started = sql.clock().one(self._databases[move.source].conn)
+        started = self._safe_mark(self._databases[move.source])
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
                          for table in self._tables(target))
@@ -300,30 +304,123 @@ class Mover:
 
     def _seal(self, move: Move) -> None:
         source = self._databases[move.source]
+        for _ in range(self.catch_up_passes):
+            if self._pass_since_check(move) < self.catch_up_rows:
+                break
         self._retrying_lock(source, lambda: self._set_guards(source, move, owned(move.after, move.source)),
                             MoveStep.SEALED, move)
 
-    def _verify(self, move: Move) -> None:
-        """After the seal nothing changes in the range on the source: copy what the last pass left, check every
-        slice's digest, copy again the slices that differ (rows deleted, or committed after the catch-up
-        window), and record the target verified, all in one target transaction."""
+    def _check(self, move: Move) -> None:
+        """Before the seal, while the range is written: one more pass, then every slice's digest over the rows
+        older than a *safe mark* (every row stamped before it is committed) compared with the source's, the
+        slices that differ copied again (a commit later than the catch-up window, a delete), and the logged
+        deletes applied; recorded ``checked`` with the mark, from which the verify copies and checks. This reads
+        the whole range on both sides, outside the writers' pause."""
         target, source = self._target, self._databases[move.source]
         assert target is not None and target.row is not None
+        for table in self._tables(target):  # the bulk copy's statistics, so the verify's reads by stamp use the index
+            target.conn.execute(*sql.analyze(table))
+        mark = self._safe_mark(source)
         with target.conn.transaction():
             copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
                          for table in self._tables(target))
+            applied, handled = self._apply_deletes(move)
+            copied += applied
             for table in self._tables(target):
-                for slice_ in differing(sql.digests(table, *move.moved).all(source.conn),
-                                        sql.digests(table, *move.moved).all(target.conn)):
-                    target.conn.execute(*sql.delete_slices(table, slice_, slice_))
-                    copied += self._copy_rows(move, table, slice_, slice_, None)
-                wrong = differing(sql.digests(table, *move.moved).all(source.conn),
-                                  sql.digests(table, *move.moved).all(target.conn))
+                copied += self._repair(move, table, before=mark)[0]
+            target.conn.execute(*self._record(target, move, MoveStep.CHECKED, rows=copied, mark=mark))
+        self._forget(source, handled)
+        self.progress(f"checked, {copied} rows copied", self._rows() + copied)
+
+    def _pass_since_check(self, move: Move) -> int:
+        """One pass after the check, before the seal: the rows stamped since the recorded safe mark and the
+        logged deletes copied, a new safe mark recorded (still ``checked``), so the verify inside the pause has
+        only what was written during the last pass to copy, not what was written during the check."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None and target.row is not None
+        mark = self._safe_mark(source)
+        with target.conn.transaction():
+            copied = sum(self._copy_rows(move, table, *move.moved, self._since(target))
+                         for table in self._tables(target))
+            applied, handled = self._apply_deletes(move)
+            target.conn.execute(*self._record(target, move, MoveStep.CHECKED, rows=copied + applied, mark=mark))
+        self._forget(source, handled)
+        self._refresh()
+        return copied + applied
+
+    def _forget(self, source: _Database, handled: int | None) -> None:
+        if handled is not None:  # applied on the target: the log need not hold them (a kill before: applied again)
+            source.conn.execute(*sql.forget_deletes(handled))
+
+    def _verify(self, move: Move) -> None:
+        """After the seal nothing changes in the range on the source (its guard refuses writes, its delete
+        trigger deletes): copy the rows changed since the check's mark, apply the deletes logged since, compare
+        the digests of the rows changed since the mark (copy again the slices that differ), and record the target
+        verified, all in one target transaction. Its work is what changed since the check, not the range."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None and target.row is not None
+        since = self._since(target)  # the check's (or its last pass's) safe mark
+        with target.conn.transaction():
+            copied = sum(self._copy_rows(move, table, *move.moved, since) for table in self._tables(target))
+            self.progress("verify: copied the changes", copied)
+            copied += self._apply_deletes(move)[0]
+            self.progress("verify: applied the deletes", copied)
+            for table in self._tables(target):
+                rows, slices = self._repair(move, table, since=since)
+                copied += rows
+                wrong = slices and differing(sql.digests(table, *move.moved, since=since).all(source.conn),
+                                               sql.digests(table, *move.moved, since=since).all(target.conn))
                 if wrong:
                     raise JournalError(f"after the seal, {table} of slices {wrong[:5]} still differs between the "
                                        "source and the target; is another process writing the target?")
+            self.progress("verify: compared the digests", copied)
             self._wait_for_target_clock(move)
             target.conn.execute(*self._record(target, move, MoveStep.VERIFIED, rows=copied))
+
+    def _repair(self, move: Move, table: str, *, since: Any = None, before: Any = None) -> tuple[int, int]:
+        """Copy again (inside the target's open transaction) every slice of ``table`` whose digest over the rows
+        changed in ``since..before`` differs from the source's; the rows and the slices copied."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None
+        slices = differing(sql.digests(table, *move.moved, since=since, before=before).all(source.conn),
+                           sql.digests(table, *move.moved, since=since, before=before).all(target.conn))
+        copied = 0
+        for slice_ in slices:
+            target.conn.execute(*sql.delete_slices(table, slice_, slice_))
+            copied += self._copy_rows(move, table, slice_, slice_, None)
+        return copied, len(slices)
+
+    def _apply_deletes(self, move: Move) -> tuple[int, int | None]:
+        """The deletes the source logged, done on the target (inside its open transaction): each logged row is
+        deleted there and copied again from the source where it is there again (deleted, then written anew).
+        The rows copied and the last log id handled (``None``: nothing logged)."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None
+        if not sql.delete_log_exists().one(source.conn):
+            return 0, None
+        logged = sql.logged_deletes().all(source.conn)
+        by_table: dict[str, list[dict[str, object]]] = {}
+        for deleted in logged:
+            by_table.setdefault(deleted.table_name, []).append(deleted.key)
+        copied = 0
+        for table, keys in by_table.items():
+            columns = self._columns(target, table)
+            text = json.dumps(keys)
+            target.conn.execute(*sql.delete_keys(table, columns, text))
+            copied += self._copy_out_in(table, columns, sql.copy_keys_out(table, columns, text), move)
+        return copied, (logged[-1].id if logged else None)
+
+    def _safe_mark(self, source: _Database) -> Any:
+        """The source's clock, or the start of the oldest transaction writing a guarded table there if earlier:
+        a row stamped before the mark is committed (a writer stamps its rows after its start, a writer not seen
+        takes its lock later and stamps later still). A writer whose start this role may not see moves the mark
+        back by the backtracking window."""
+        oids = sql.table_oids().one(source.conn) or []
+        found = source.conn.execute(WRITERS_SQL, {"relations": oids}).fetchall()
+        mark = min([found[0][0], *(started for _, _, vxid, started in found if vxid is not None and started)])
+        if any(vxid is not None and started is None for _, _, vxid, started in found):
+            mark -= timedelta(seconds=self.settings.backtracking_window)
+        return mark
 
     def _switch(self, move: Move) -> None:
         target, source = self._target, self._databases[move.source]
@@ -353,6 +450,7 @@ class Mover:
                 break
             self.progress(f"keeping the source's rows {left:.0f} s more", self._rows())
             time.sleep(min(left, 1.0))
+        self._unwatch(source)  # the clean-up's deletes are not refused nor logged
         for table in self._tables(source):
             while source.conn.execute(*sql.delete_slices(table, *move.moved, limit=5000)).rowcount:
                 self._reached("clean up:rows")
@@ -400,32 +498,58 @@ class Mover:
     def _copy_rows(self, move: Move, table: str, lo: int, hi: int, since: Any) -> int:
         """Copy ``table``'s rows of ``lo..hi`` (changed since ``since``) from the source into the target, inside
         the target's open transaction; the rows inserted or changed."""
-        target, source = self._target, self._databases[move.source]
+        target = self._target
         assert target is not None
         columns = self._columns(target, table)
+        return self._copy_out_in(table, columns, sql.copy_out(table, columns, lo, hi, since), move)
+
+    def _copy_out_in(self, table: str, columns: Columns, out_query: tuple[str, Any], move: Move) -> int:
+        """The source's rows ``out_query`` selects merged into the target's ``table``; the rows inserted or
+        changed."""
+        target, source = self._target, self._databases[move.source]
+        assert target is not None
         target.conn.execute(*sql.staging(table))
         target.conn.execute(f"TRUNCATE pgjournal_moving_{table}")
-        with source.conn.cursor().copy(*sql.copy_out(table, columns, lo, hi, since)) as out, \
+        with source.conn.cursor().copy(*out_query) as out, \
                 target.conn.cursor().copy(*sql.copy_in(table, columns)) as into:
             for data in out:
                 into.write(data)
         return target.conn.execute(*sql.merge_staged(table, columns)).rowcount
 
+    def _watch(self, source: _Database, move: Move) -> None:
+        """The source logs the moved range's deleted and updated rows from now on (see :func:`sql.watch_deletes`):
+        triggers on each table and on its partitions holding the range."""
+        source.conn.execute(*sql.create_delete_log())
+        leaves = leaves_touching(self._leaves(source), move.moved)
+        for table in self._tables(source):
+            relations = [table, *(leaf.name for leaf in leaves if leaf.table == table and leaf.name != table)]
+            for query in sql.watch_deletes(table, self._columns(source, table).key, *move.moved, relations):
+                source.conn.execute(*query)
+
+    def _unwatch(self, source: _Database) -> None:
+        """The source's delete triggers and log removed (the move is over or undone)."""
+        with source.conn.transaction():
+            for table in GUARDED_TABLES:
+                source.conn.execute(*sql.unwatch_deletes(table))
+            source.conn.execute(*sql.drop_delete_log())
+
     def _since(self, target: _Database) -> Any:
-        mark = target.row.move_mark if target.row is not None else None
-        return None if mark is None else mark - timedelta(seconds=self.settings.backtracking_window)
+        """The recorded safe mark: every row stamped before it was committed when the copy after it began."""
+        return target.row.move_mark if target.row is not None else None
 
     def _wait_for_target_clock(self, move: Move) -> None:
         """Events written on the target after the switch must sort after those copied (a projection's offset is a
-        timestamp): wait while the target's clock is behind the range's newest event, at most 5 s."""
+        timestamp): wait while the target's clock is behind the range's newest event, at most 5 s. After the seal
+        no writer of the range is left on the source, so its clock now is past every stamp of the range (reading
+        the clock costs nothing, the newest stamp a scan of the range)."""
         target, source = self._target, self._databases[move.source]
         assert target is not None
-        newest = sql.newest_change("event_journal", *move.moved).one(source.conn)
+        newest = sql.clock().one(source.conn)
         deadline = time.monotonic() + 5
         while newest is not None and (sql.clock().one(target.conn) or newest) <= newest:
             if time.monotonic() > deadline:
-                raise JournalError(f"the target's clock is behind the source's newest event of "
-                                   f"{format_range(move.moved)} ({newest}) by more than 5 s: synchronise the clocks")
+                raise JournalError(f"the target's clock is behind the source's ({newest}), past every event of "
+                                   f"{format_range(move.moved)}, by more than 5 s: synchronise the clocks")
             time.sleep(0.01)
 
     def _columns(self, database: _Database, table: str) -> Columns:

@@ -23,8 +23,9 @@ class MoveStep(enum.Enum):
     PLANNED = "planned"        # both: the move is recorded; the target's copy starts at ``move_next_slice``
     COPIED = "copied"          # target: every chunk of the range copied once
     CAUGHT_UP = "caught_up"    # target: a catch-up pass copied fewer rows than the bound
+    CHECKED = "checked"        # target: every slice's digest compared with the source's (before the seal)
     SEALED = "sealed"          # source: its guard no longer admits the range
-    VERIFIED = "verified"      # target: the last rows copied, every slice's digest equal to the source's
+    VERIFIED = "verified"      # target: the rows changed since the check copied, their digests equal
     SWITCHED = "switched"      # target, then source: the new layout recorded
 
 
@@ -34,6 +35,7 @@ class Action(enum.Enum):
     PLAN = "plan"
     COPY = "copy"
     CATCH_UP = "catch up"
+    CHECK = "check"
     SEAL = "seal"
     VERIFY = "verify"
     SWITCH = "switch"
@@ -136,6 +138,8 @@ def next_action(progress: Progress, *, moved_already: bool) -> Action:
     if target is MoveStep.COPIED:
         return Action.CATCH_UP
     if target is MoveStep.CAUGHT_UP:
+        return Action.CHECK  # also after a seal: the check reads the whole range, which a seal leaves correct
+    if target is MoveStep.CHECKED:
         return Action.SEAL if source is MoveStep.PLANNED else Action.VERIFY
     if target is MoveStep.VERIFIED:
         return Action.SWITCH

@@ -243,15 +243,128 @@ def delete_slices(table: str, lo: int, hi: int, limit: int | None = None) -> Que
             "WHERE slice BETWEEN %s AND %s LIMIT %s)", (lo, hi, limit))
 
 
-def digests(table: str, lo: int, hi: int) -> Read[tuple[int, int, int, int]]:
-    """Per slice of ``lo..hi``: what :data:`DIGEST` checks."""
-    return Read(f"SELECT slice, {DIGEST[_checked(table)]} FROM {table} WHERE slice BETWEEN %s AND %s "
-                "GROUP BY slice", (lo, hi), tuple_row)
+def digests(table: str, lo: int, hi: int, *, since: datetime | None = None,
+            before: datetime | None = None) -> Read[tuple[int, int, int, int]]:
+    """Per slice of ``lo..hi``: what :data:`DIGEST` checks, over the rows changed at or after ``since`` and
+    before ``before`` where the table has a change stamp (:data:`CHANGED_AT`; the others: every row)."""
+    where = "slice BETWEEN %s AND %s"
+    params: list[object] = [lo, hi]
+    for bound, op in ((since, ">="), (before, "<")):
+        if bound is not None and table in CHANGED_AT:
+            where += f" AND {CHANGED_AT[table]} {op} %s"
+            params.append(bound)
+    return Read(f"SELECT slice, {DIGEST[_checked(table)]} FROM {table} WHERE {where} GROUP BY slice",
+                tuple(params), tuple_row)
+
+
+def table_oids() -> Read[list[int]]:
+    """The guarded tables' oids and their partitions' (a statement naming a partition locks only that one)."""
+    return scalars("""
+WITH tables AS (SELECT oid FROM pg_class WHERE relname = ANY(%s) AND relkind IN ('r', 'p') AND pg_table_is_visible(oid))
+SELECT array_agg(oid) FROM (SELECT oid FROM tables UNION SELECT inhrelid FROM pg_inherits
+                            WHERE inhparent IN (SELECT oid FROM tables)) AS found""", (list(GUARDED_TABLES),))
+
+
+# -- deletes during a move ------------------------------------------------------------------------------------
+# A guard checks inserted and updated rows, never deleted ones. While a move runs, the source logs the keys of
+# the moved range's deleted rows (an AFTER DELETE statement trigger per table, reading its transition table), so
+# the verify after the seal deletes them on the target as well, without reading the range; from the seal on,
+# the same trigger refuses such a delete (as the guard refuses a write), so none can come after the verify.
+
+DELETE_LOG = "pgjournal_shard_move_deletes"
+_WATCH = "pgjournal_shard_move_watch"
+
+
+def create_delete_log() -> Query:
+    return (f"CREATE TABLE IF NOT EXISTS {DELETE_LOG} (id BIGSERIAL PRIMARY KEY, table_name TEXT NOT NULL, "
+            "key JSONB NOT NULL)", ())
+
+
+def drop_delete_log() -> Query:
+    return f"DROP TABLE IF EXISTS {DELETE_LOG}", ()
+
+
+def watch_deletes(table: str, key: Sequence[str], lo: int, hi: int, relations: Sequence[str]) -> list[Query]:
+    """The triggers on ``relations`` (``table`` and those of its partitions a move's rows are in: a statement
+    naming a partition fires the partition's triggers only) logging the keys of the rows of ``lo..hi`` a
+    statement deletes or updates (an update that changes no change stamp, as the logical delete of events, is
+    caught so), or refusing the statement once this database's record says the range is sealed (SQLSTATE 23514
+    on :data:`GUARD`, as a guard)."""
+    for name in (table, *key, *relations):
+        if not _NAME.match(name):
+            raise ValueError(f"not a column or table name: {name!r}")
+    function = f"{_WATCH}_{_checked(table)}"
+    built = ", ".join(f"'{column}', g.{column}" for column in key)
+    body = f"""
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM gone g WHERE g.slice BETWEEN {int(lo)} AND {int(hi)}) THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {LAYOUT_TABLE} WHERE move_step IN ('sealed', 'switched')) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = '{GUARD}', TABLE = TG_TABLE_NAME,
+            MESSAGE = 'slices {int(lo)}-{int(hi)} are being moved out of this database: a delete or update is refused';
+    END IF;
+    INSERT INTO {DELETE_LOG} (table_name, key)
+        SELECT '{table}', jsonb_build_object({built}) FROM gone g WHERE g.slice BETWEEN {int(lo)} AND {int(hi)};
+    RETURN NULL;
+END"""
+    queries: list[Query] = [
+        (f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $watch${body}$watch$", ())]
+    for relation in relations:
+        for event in ("DELETE", "UPDATE"):
+            name = f"{_WATCH}_{event.lower()}"
+            queries += [(f'DROP TRIGGER IF EXISTS {name} ON "{relation}"', ()),
+                        (f'CREATE TRIGGER {name} AFTER {event} ON "{relation}" REFERENCING OLD TABLE AS gone '
+                         f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()", ())]
+    return queries
+
+
+def unwatch_deletes(table: str) -> Query:
+    """The triggers of :func:`watch_deletes` on ``table`` and its partitions dropped (with their function)."""
+    return f"DROP FUNCTION IF EXISTS {_WATCH}_{_checked(table)}() CASCADE", ()
+
+
+def delete_log_exists() -> Read[bool]:
+    return scalars("SELECT to_regclass(%s) IS NOT NULL", (DELETE_LOG,))
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """A logged delete: the row's table and key (a JSON object of its primary key's columns)."""
+
+    id: int
+    table_name: str
+    key: dict[str, object]
+
+
+def logged_deletes() -> Read[Deleted]:
+    return rows(Deleted, f"SELECT id, table_name, key FROM {DELETE_LOG} ORDER BY id")
+
+
+def forget_deletes(upto: int) -> Query:
+    return f"DELETE FROM {DELETE_LOG} WHERE id <= %s", (upto,)
+
+
+def _keyed(table: str, cols: Columns) -> str:
+    return " AND ".join(f"t.{c} = d.{c}" for c in cols.key)
+
+
+def delete_keys(table: str, cols: Columns, keys: str) -> Query:
+    """Delete ``table``'s rows with the keys of ``keys`` (a JSON array of key objects)."""
+    return (f"DELETE FROM {_checked(table)} AS t USING jsonb_populate_recordset(NULL::{table}, %s::jsonb) AS d "
+            f"WHERE {_keyed(table, cols)}", (keys,))
+
+
+def copy_keys_out(table: str, cols: Columns, keys: str) -> Query:
+    """``COPY ... TO STDOUT`` of ``table``'s rows with the keys of ``keys`` (those still there)."""
+    listed = ", ".join(f"t.{c}" for c in cols.names)
+    return (f"COPY (SELECT {listed} FROM {_checked(table)} AS t JOIN jsonb_populate_recordset(NULL::{table}, "
+            f"%s::jsonb) AS d ON {_keyed(table, cols)}) TO STDOUT (FORMAT BINARY)", (keys,))
 
 
 def clock() -> Read[datetime]:  # a row always
     return scalars("SELECT clock_timestamp()")
 
 
-def newest_change(table: str, lo: int, hi: int) -> Read[datetime | None]:
-    return scalars(f"SELECT max({CHANGED_AT[table]}) FROM {_checked(table)} WHERE slice BETWEEN %s AND %s", (lo, hi))
+def analyze(table: str) -> Query:
+    return f"ANALYZE {_checked(table)}", ()

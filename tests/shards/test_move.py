@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
 from pgjournal.cli.commands import app
+from pgjournal.dialects.postgres import SLICES_PER_PARTITION, partition_name
 from pgjournal.errors import ShardLayoutMismatch
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.model.slices import slice_for_persistence_id
@@ -156,7 +157,7 @@ def test_a_move_copies_the_range_switches_every_record_and_a_stale_journal_is_re
 # -- kill -9 of the mover after each step ----------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-BEFORE_SEAL = ("plan:target", "plan", "copy:chunk", "copy", "catch up")
+BEFORE_SEAL = ("plan:target", "plan", "copy:chunk", "copy", "catch up", "check")
 SEALED = ("seal", "verify", "switch:target")  # the target's record switched, the others' not yet
 SWITCHED = ("switch", "clean up:rows")
 
@@ -243,6 +244,66 @@ def test_a_sealed_move_rolls_back_to_the_old_layout(shard_databases: Databases) 
     again = move_cli(a, b, c)  # and the move can start over
     assert again.returncode == 0, again.stdout + again.stderr
     assert opens(ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}"))
+
+
+def test_changes_the_time_window_misses_are_carried_and_deletes_after_the_seal_refused(
+        shard_databases: Databases) -> None:
+    """The verify inside the pause reads only what changed since the check: a logical delete (an update keeping
+    the row's stamp), hard deletes of events and of a snapshot, all between the check and the seal, and a row
+    committed after the check by a transaction older than the catch-up window still reach the target; a delete
+    of the range on the sealed source is refused."""
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    with ShardedJournal.open(old, **FAST) as journal:
+        written = seed(journal, 60)
+    moved = [p for p in written if 512 <= slice_for_persistence_id(p) <= 767]
+    marked, erased, late = moved[:3]
+    late_journal = Journal.open(b, **FAST)
+    late_tx: Any = None
+    refusals: list[str] = []
+
+    def step(what: str, _rows: int) -> None:
+        nonlocal late_tx
+        if what == "check":  # a transaction older than the window, committed after the check
+            late_tx = late_journal.transaction()
+            late_tx.__enter__().append(late, ["late"], expected_seq_nr=3)
+            time.sleep(0.3)  # ages the row's stamp past the mover's window (0.05 s): the case built on purpose
+        elif what == "seal":
+            with Journal.open(b, **FAST) as source:
+                source.delete_events(marked, 2)
+            with psycopg.connect(b) as conn:
+                conn.execute("DELETE FROM event_journal WHERE persistence_id = %s AND seq_nr = 1", (erased,))
+                conn.execute("DELETE FROM snapshot WHERE persistence_id = %s", (erased,))
+            late_tx.__exit__(None, None, None)
+        elif what == "verify":
+            for statement in ("DELETE FROM event_journal WHERE persistence_id = %s",
+                              f"DELETE FROM {partition_name(slice_for_persistence_id(marked) // SLICES_PER_PARTITION)} "
+                              "WHERE persistence_id = %s",
+                              "DELETE FROM durable_state WHERE persistence_id = %s"):
+                with psycopg.connect(b) as conn, pytest.raises(psycopg.errors.CheckViolation) as refused:
+                    conn.execute(statement, (marked,))
+                assert refused.value.diag.constraint_name == GUARD
+                refusals.append(statement)
+
+    with Mover(old, (512, 767), c, Settings.load(backtracking_window=0.05), progress=step) as mover:
+        mover.run()
+    late_journal.close()
+    assert len(refusals) == 3
+    with psycopg.connect(c) as conn:
+        def events(pid: str) -> list[tuple[int, bool]]:
+            return conn.execute("SELECT seq_nr, deleted FROM event_journal WHERE persistence_id = %s ORDER BY 1",
+                                (pid,)).fetchall()
+        assert events(marked) == [(1, True), (2, True), (3, False)]
+        assert events(erased) == [(2, False), (3, False)]
+        assert conn.execute("SELECT count(*) FROM snapshot WHERE persistence_id = %s", (erased,)).fetchone() == (0,)
+        assert events(late) == [(1, False), (2, False), (3, False), (4, False)]
+        assert conn.execute("SELECT count(*) FROM durable_state WHERE persistence_id = %s", (marked,)).fetchone() \
+            == (1,)
+    with psycopg.connect(b) as conn:  # the move's triggers and log are gone with it
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgjournal_shard_move%'").fetchone() \
+            == (0,)
+        assert conn.execute("SELECT to_regclass('pgjournal_shard_move_deletes')").fetchone() == (None,)
 
 
 # -- a move under load -----------------------------------------------------------------------------------------
