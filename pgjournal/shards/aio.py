@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -20,7 +19,7 @@ from pgjournal.shards.journal import Shards, shard_settings
 from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Known, Routing, Wait, next_routing, once, waited
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
 
 if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
@@ -112,26 +111,15 @@ class AsyncShardedJournal:
 
     async def _follow(self, seen: Routing[AsyncJournal], refused: ShardLayoutMismatch | None) -> Layout:
         """As ``ShardedJournal._follow`` (the rule: :func:`~pgjournal.shards.routing.next_routing`)."""
-        deadline = time.monotonic() + self._known[0].journal.settings.layout_wait
+        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
         while True:
-            records = [await known.journal.run(read_record_step()) for known in self._known]
-            try:
-                routing = next_routing(seen, self._known, records, refused=refused is not None)
-            except Wait as wait:
-                if refused is not None and time.monotonic() < deadline:
-                    await asyncio.sleep(REREAD_INTERVAL)
-                    continue
-                raise ShardLayoutMismatch(waited(refused, wait)) from None
-            except ShardLayoutMismatch as missing:
-                if refused is None:
-                    raise
-                raise ShardLayoutMismatch(f"{refused}; {missing}") from None
-            if routing is None:
-                if refused is not None:
-                    raise refused
-                return seen.layout
+            routing = follow.decide([await known.journal.run(read_record_step()) for known in self._known])
+            if routing is not None:
+                break
+            await asyncio.sleep(REREAD_INTERVAL)
+        if routing is not seen:
             self._routing = routing
-            return routing.layout
+        return routing.layout
 
     async def _write(self, persistence_id: str, write: Callable[[AsyncJournal], Awaitable[T]]) -> T:
         """As ``ShardedJournal._write``: a write refused by a guard is retried once on the layout followed."""

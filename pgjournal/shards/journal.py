@@ -18,7 +18,7 @@ from pgjournal.settings import Settings
 from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Known, Routing, Wait, next_routing, once, waited
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
@@ -142,26 +142,15 @@ class ShardedJournal:
     def _follow(self, seen: Routing[Journal], refused: ShardLayoutMismatch | None) -> Layout:
         """Switch from ``seen`` to the layout the records settle on. After a write ``refused`` by a guard, wait
         (re-reading every :data:`REREAD_INTERVAL`, at most ``layout_wait``) while they do not settle yet."""
-        deadline = time.monotonic() + self._known[0].journal.settings.layout_wait
+        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
         while True:
-            records = [known.journal.run(read_record_step()) for known in self._known]
-            try:
-                routing = next_routing(seen, self._known, records, refused=refused is not None)
-            except Wait as wait:
-                if refused is not None and time.monotonic() < deadline:
-                    time.sleep(REREAD_INTERVAL)
-                    continue
-                raise ShardLayoutMismatch(waited(refused, wait)) from None
-            except ShardLayoutMismatch as missing:
-                if refused is None:
-                    raise
-                raise ShardLayoutMismatch(f"{refused}; {missing}") from None
-            if routing is None:
-                if refused is not None:
-                    raise refused
-                return seen.layout
+            routing = follow.decide([known.journal.run(read_record_step()) for known in self._known])
+            if routing is not None:
+                break
+            time.sleep(REREAD_INTERVAL)
+        if routing is not seen:
             self._routing = routing
-            return routing.layout
+        return routing.layout
 
     def _write(self, persistence_id: str, write: Callable[[Journal], T]) -> T:
         """``write`` on the journal of ``persistence_id``; refused by a guard (its range moved), once more on the

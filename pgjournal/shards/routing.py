@@ -10,6 +10,7 @@ the new one, never a mix.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -108,13 +109,43 @@ def _disagreement(behind: Layout, dsn: str, ahead: Layout) -> str:
             "is half done")
 
 
+class Follow(Generic[J]):
+    """One attempt to follow the records from ``seen`` (a refused write's, or ``check_layout``'s): the faces read
+    every known database's record, ask :meth:`decide`, and read again after :data:`REREAD_INTERVAL` while it says
+    ``None``. After a write ``refused`` by a guard it waits while the records do not settle, at most
+    ``layout_wait`` seconds; ``check_layout`` (``refused`` is ``None``) never waits."""
+
+    def __init__(self, seen: Routing[J], known: Sequence[Known[J]], refused: ShardLayoutMismatch | None,
+                 layout_wait: float) -> None:
+        self.seen, self.known, self.refused = seen, known, refused
+        self.deadline = time.monotonic() + layout_wait
+        self.waited = False
+
+    def decide(self, records: Sequence[Record | None]) -> Routing[J] | None:
+        """The routing to use from now on (``seen`` itself: keep it), or ``None``: read the records again.
+        :class:`ShardLayoutMismatch` when a database is missing or the wait ran out (after a refusal: the
+        refusal's message first); a refusal with nothing to follow and nothing waited for is raised again."""
+        try:
+            routing = next_routing(self.seen, self.known, records, refused=self.refused is not None)
+        except Wait as wait:
+            if self.refused is None:
+                raise ShardLayoutMismatch(wait.reason) from None
+            if time.monotonic() < self.deadline:
+                self.waited = True
+                return None
+            raise ShardLayoutMismatch(f"{self.refused}; the layout records did not settle within layout_wait: "
+                                      f"{wait.reason}") from None
+        except ShardLayoutMismatch as missing:
+            if self.refused is None:
+                raise
+            raise ShardLayoutMismatch(f"{self.refused}; {missing}") from None
+        if routing is not None:
+            return routing
+        if self.refused is not None and not self.waited:
+            raise self.refused  # no move: the refusal stands (a stray write)
+        return self.seen  # nothing newer; after a wait (a move rolled back) the refused write is tried again
+
+
 def once(items: Iterable[T]) -> Iterable[T]:
     """``items`` readable twice (a refused write is retried once): an iterator is read into a list."""
     return items if isinstance(items, Collection) else list(items)
-
-
-def waited(refused: ShardLayoutMismatch | None, wait: Wait) -> str:
-    """The error of records that did not settle: after a refused write, that the wait ran out."""
-    if refused is None:
-        return wait.reason
-    return f"{refused}; the layout records did not settle within layout_wait: {wait.reason}"
