@@ -4,6 +4,7 @@ retries the write once; one that does not know it is refused, naming the databas
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 from support import FAST
 from support.eventually import eventually
-from test_move import pid_in
+from test_move import move_cli, pid_in
 
 from pgjournal.errors import ConfigurationError, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
@@ -121,6 +122,27 @@ def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a
     assert len(events_of(c, moved_pid)) == 3
     for journal in (follower, checker, stale):
         journal.close()
+
+
+def test_a_write_waiting_on_a_sealed_range_goes_where_it_was_going_when_the_move_is_rolled_back(
+        shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    migrate_all(ShardSettings.of([a, b]))
+    moved_pid = pid_in(512, 767, "acct|r")
+    assert move_cli(a, b, c, kill_after="verify").returncode == -signal.SIGKILL  # sealed, not switched
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), layout_wait=60, **FAST) as journal:
+        outcome: dict[str, Any] = {}
+        before = rollbacks(b)
+        writer = threading.Thread(target=lambda: outcome.setdefault("appended", journal.append(moved_pid, ["w"])),
+                                  daemon=True)
+        writer.start()
+        eventually(lambda: rollbacks(b) > before, "the append is refused by the sealed source")
+        assert writer.is_alive()
+        rolled = move_cli(a, b, c, "--rollback")
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        writer.join(30)
+        assert [e.seq_nr for e in outcome["appended"]] == [1] and journal.layout.version == 1
+    assert len(events_of(b, moved_pid)) == 1 and events_of(c, moved_pid) == []
 
 
 async def test_the_asyncio_face_follows_by_the_same_rule(shard_databases: Databases) -> None:
