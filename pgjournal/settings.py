@@ -49,6 +49,9 @@ class Settings:
     #: Readers on a standby (``Journal.open(dsn, replica=...)``): how long a poll waits for the standby to replay
     #: the primary's newest horizon before it reads below an older one (pgjournal.core.replica).
     replica_replay_wait: float = 0.1
+    #: A sharded journal whose write is refused by a moved range's guard waits at most this long for the
+    #: databases' layout records to agree on the new layout before it raises (pgjournal.shards.routing).
+    layout_wait: float = 5.0
     backtracking_enabled: bool = True
     #: How far behind the main cursor backtracking re-reads.
     backtracking_window: float = 120.0
@@ -126,7 +129,7 @@ class Settings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigurationError(f"setting {name} must be an integer >= 0, got {value!r}")
         durations = ("connect_timeout", "statement_timeout", "tcp_user_timeout", "refresh_interval",
-                     "behind_current_time", "horizon_margin", "replica_replay_wait",
+                     "behind_current_time", "horizon_margin", "replica_replay_wait", "layout_wait",
                      "backtracking_window",
                      "backtracking_behind_current_time", "retry_backoff", "retry_backoff_max")
         for name in durations:

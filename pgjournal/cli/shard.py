@@ -24,7 +24,8 @@ shard_app = typer.Typer(
     no_args_is_help=True)
 
 ShardOption = Annotated[list[str] | None, typer.Option(
-    "--shard", help="RANGE=DSN, e.g. 0-511=postgresql://a/journal; once per database (default: "
+    "--shard", help="RANGE=DSN, e.g. 0-511=postgresql://a/journal; once per database; spare=DSN: a database "
+    "holding no range yet, a move's future target (default: "
                     f"{SHARDS_ENV}).")]
 
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgjournal.aio.journal import AsyncJournal
 from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.model.offsets import NoOffset, Offset
-from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
 from pgjournal.shards.journal import Shards, shard_settings
 from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.validation import check_persistence_id
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
 
 if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
@@ -29,13 +29,17 @@ if TYPE_CHECKING:
     from pgjournal.state.snapshots import SelectedSnapshot
 
 
+T = TypeVar("T")
+
+
 class AsyncShardedJournal:
     """An asyncio event journal over the databases of a slice-range layout (see ``ShardedJournal``)."""
 
-    def __init__(self, shards: ShardSettings, journals: Sequence[AsyncJournal], layout: Layout) -> None:
-        self.shards = shards
-        self.journals = tuple(journals)
-        self.layout = layout
+    def __init__(self, shards: ShardSettings, journals: Sequence[AsyncJournal], layout: Layout,
+                 spares: Sequence[AsyncJournal] = ()) -> None:
+        self._known = tuple(Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares),
+                                                                        (*journals, *spares), strict=True))
+        self._routing = Routing(layout, shards, tuple(journals))
         self.query = AsyncShardedQuery(self)
         self.durable_state = AsyncShardedDurableState(self)
 
@@ -59,13 +63,30 @@ class AsyncShardedJournal:
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}") from None
             layout = agreed_layout(shards, [await journal.run(read_record_step()) for journal in journals])
+            for dsn in shards.spares:
+                try:
+                    journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
+                except (DatabaseUnavailable, SchemaNotMigrated) as exc:
+                    raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
         except BaseException:
             await _close_all(journals)
             raise
-        return cls(shards, journals, layout)
+        return cls(shards, journals[:shards.count], layout, journals[shards.count:])
+
+    @property
+    def shards(self) -> ShardSettings:
+        return self._routing.shards
+
+    @property
+    def journals(self) -> tuple[AsyncJournal, ...]:
+        return self._routing.journals
+
+    @property
+    def layout(self) -> Layout:
+        return self._routing.layout
 
     async def close(self) -> None:
-        await _close_all(self.journals)
+        await _close_all(known.journal for known in self._known)
 
     async def __aenter__(self) -> AsyncShardedJournal:
         return self
@@ -76,38 +97,58 @@ class AsyncShardedJournal:
     # -- routing ---------------------------------------------------------------------------------------
 
     def journal_for(self, persistence_id: str) -> AsyncJournal:
-        return self.journals[self.shards.index_of(slice_for_persistence_id(check_persistence_id(persistence_id)))]
+        return self._routing.for_persistence_id(persistence_id)
 
     def journal_for_slices(self, min_slice: int, max_slice: int) -> AsyncJournal:
-        return self.journals[self.shards.index_of_range(min_slice, max_slice)]
+        return self._routing.for_slices(min_slice, max_slice)
 
     def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
         return self.shards.ranges_within(min_slice, max_slice)
 
     async def check_layout(self) -> Layout:
-        current = agreed_layout(self.shards, [await journal.run(read_record_step()) for journal in self.journals])
-        if current != self.layout:
-            raise ShardLayoutMismatch(f"the shard layout changed since this journal opened: version "
-                                      f"{self.layout.version} then, {current.version} now; reopen with the new one")
-        return current
+        """As ``ShardedJournal.check_layout``: the layout routed from now on, a newer one followed."""
+        return await self._follow(self._routing, None)
+
+    async def _follow(self, seen: Routing[AsyncJournal], refused: ShardLayoutMismatch | None) -> Layout:
+        """As ``ShardedJournal._follow`` (the rule: :func:`~pgjournal.shards.routing.next_routing`)."""
+        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
+        while True:
+            routing = follow.decide([await known.journal.run(read_record_step()) for known in self._known])
+            if routing is not None:
+                break
+            await asyncio.sleep(REREAD_INTERVAL)
+        if routing is not seen:
+            self._routing = routing
+        return routing.layout
+
+    async def _write(self, persistence_id: str, write: Callable[[AsyncJournal], Awaitable[T]]) -> T:
+        """As ``ShardedJournal._write``: a write refused by a guard is retried once on the layout followed."""
+        routing = self._routing
+        try:
+            return await write(routing.for_persistence_id(persistence_id))
+        except ShardLayoutMismatch as refused:
+            if self._routing is routing:
+                await self._follow(routing, refused)
+        return await write(self._routing.for_persistence_id(persistence_id))
 
     # -- writes, snapshots -----------------------------------------------------------------------------
 
     async def append(self, persistence_id: str, events: Iterable[Any], *, expected_seq_nr: int | None = None,
                      tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
-        return await self.journal_for(persistence_id).append(persistence_id, events, expected_seq_nr=expected_seq_nr,
-                                                             tags=tags, metadata=metadata)
+        batch, labels = once(events), once(tags)
+        return await self._write(persistence_id, lambda journal: journal.append(
+            persistence_id, batch, expected_seq_nr=expected_seq_nr, tags=labels, metadata=metadata))
 
     async def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
-        return await self.journal_for(persistence_id).delete_events(persistence_id, to_seq_nr)
+        return await self._write(persistence_id, lambda journal: journal.delete_events(persistence_id, to_seq_nr))
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
         return await self.journal_for(persistence_id).highest_seq_nr(persistence_id)
 
     async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                             tags: Iterable[str] = ()) -> None:
-        await self.journal_for(persistence_id).save_snapshot(persistence_id, seq_nr, snapshot, metadata=metadata,
-                                                             tags=tags)
+        await self._write(persistence_id, lambda journal: journal.save_snapshot(persistence_id, seq_nr, snapshot,
+                                                                                metadata=metadata, tags=tags))
 
     async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                             max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
@@ -115,7 +156,7 @@ class AsyncShardedJournal:
                                                                     max_timestamp=max_timestamp)
 
     async def delete_snapshot(self, persistence_id: str) -> None:
-        await self.journal_for(persistence_id).delete_snapshot(persistence_id)
+        await self._write(persistence_id, lambda journal: journal.delete_snapshot(persistence_id))
 
 
 class AsyncShardedQuery:
@@ -202,11 +243,12 @@ class AsyncShardedDurableState:
         return await self._journal.journal_for(persistence_id).durable_state.get(persistence_id)
 
     async def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
-        return await self._journal.journal_for(persistence_id).durable_state.upsert(persistence_id, revision, value,
-                                                                                    tag)
+        return await self._journal._write(persistence_id, lambda journal: journal.durable_state.upsert(
+            persistence_id, revision, value, tag))
 
     async def delete(self, persistence_id: str, revision: int) -> DurableState:
-        return await self._journal.journal_for(persistence_id).durable_state.delete(persistence_id, revision)
+        return await self._journal._write(persistence_id, lambda journal: journal.durable_state.delete(
+            persistence_id, revision))
 
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> AsyncIterator[DurableStateChange]:

@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
-from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
 from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.validation import check_persistence_id
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from pgjournal.state.snapshots import SelectedSnapshot
 
 Shards = ShardSettings | Mapping[str, str] | Sequence[str]
+T = TypeVar("T")
 
 
 def shard_settings(shards: Shards | None) -> ShardSettings:
@@ -41,14 +43,30 @@ class ShardedJournal:
     """An event journal over the databases of a slice-range layout. Thread-safe, as each database's journal is;
     open one per process and share it."""
 
-    def __init__(self, shards: ShardSettings, journals: Sequence[Journal], layout: Layout) -> None:
-        self.shards = shards
-        #: ``journals[i]`` is the journal of ``shards.ranges[i]``.
-        self.journals = tuple(journals)
-        #: The layout every database recorded when this journal opened (see :meth:`check_layout`).
-        self.layout = layout
+    def __init__(self, shards: ShardSettings, journals: Sequence[Journal], layout: Layout,
+                 spares: Sequence[Journal] = ()) -> None:
+        #: Every database this journal can reach, by DSN: the settings' ranges', then the spares'.
+        self._known = tuple(Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares),
+                                                                        (*journals, *spares), strict=True))
+        #: Replaced whole, in one assignment, when the journal follows a move (pgjournal.shards.routing).
+        self._routing = Routing(layout, shards, tuple(journals))
         self.query = ShardedQuery(self)
         self.durable_state = ShardedDurableState(self)
+
+    @property
+    def shards(self) -> ShardSettings:
+        """The settings of the layout routed now: the opened ones, or those of a layout followed since."""
+        return self._routing.shards
+
+    @property
+    def journals(self) -> tuple[Journal, ...]:
+        """``journals[i]`` is the journal of ``shards.ranges[i]`` (spares not included)."""
+        return self._routing.journals
+
+    @property
+    def layout(self) -> Layout:
+        """The layout routed now: the one every database recorded at open, or a newer one followed since."""
+        return self._routing.layout
 
     @classmethod
     def open(cls, shards: Shards | None = None, *, serializers: SerializerRegistry | None = None,
@@ -72,13 +90,18 @@ class ShardedJournal:
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(chosen.ranges[index])}: {exc}") from None
             layout = agreed_layout(chosen, [journal.run(read_record_step()) for journal in journals])
+            for dsn in chosen.spares:  # opened now, so that following a move to one opens no pool in the pause
+                try:
+                    journals.append(Journal.open(dsn, serializers=serializers, **settings))
+                except (DatabaseUnavailable, SchemaNotMigrated) as exc:
+                    raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
         except BaseException:
             _close_all(journals)
             raise
-        return cls(chosen, journals, layout)
+        return cls(chosen, journals[:chosen.count], layout, journals[chosen.count:])
 
     def close(self) -> None:
-        _close_all(self.journals)
+        _close_all(known.journal for known in self._known)
 
     def __enter__(self) -> ShardedJournal:
         return self
@@ -95,26 +118,50 @@ class ShardedJournal:
     def journal_for(self, persistence_id: str) -> Journal:
         """The journal of the database holding ``persistence_id``'s slice: its transactions, and anything of the
         one-database API, are that database's."""
-        return self.journals[self.shards.index_of(slice_for_persistence_id(check_persistence_id(persistence_id)))]
+        return self._routing.for_persistence_id(persistence_id)
 
     def journal_for_slices(self, min_slice: int, max_slice: int) -> Journal:
         """The journal of the one database holding ``min_slice..max_slice`` (a range across databases is
         :class:`~pgjournal.errors.InvalidArgument`). A projection of the range runs on it, so its offsets are
         stored beside its slices."""
-        return self.journals[self.shards.index_of_range(min_slice, max_slice)]
+        return self._routing.for_slices(min_slice, max_slice)
 
     def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
         """``min_slice..max_slice`` cut at the databases' boundaries: one query per sub-range reads it all."""
         return self.shards.ranges_within(min_slice, max_slice)
 
     def check_layout(self) -> Layout:
-        """Re-read every database's record; :class:`ShardLayoutMismatch` when the layout is no longer the one
-        this journal opened with (a long-running process calls it now and then)."""
-        current = agreed_layout(self.shards, [journal.run(read_record_step()) for journal in self.journals])
-        if current != self.layout:
-            raise ShardLayoutMismatch(f"the shard layout changed since this journal opened: version "
-                                      f"{self.layout.version} then, {current.version} now; reopen with the new one")
-        return current
+        """Re-read every known database's record (a long-running process calls it now and then) and return the
+        layout routed from now on: a newer layout every one of its databases records, each reached by a DSN of
+        this journal (its settings' or a spare's), is followed (docs/sharding.md, section 8); a reader of a
+        by-slices stream compares the result with the layout it started under. :class:`ShardLayoutMismatch`
+        while the records disagree (not waited for here) or when a database of the newer layout is reached by
+        no known DSN (naming its id)."""
+        return self._follow(self._routing, None)
+
+    def _follow(self, seen: Routing[Journal], refused: ShardLayoutMismatch | None) -> Layout:
+        """Switch from ``seen`` to the layout the records settle on. After a write ``refused`` by a guard, wait
+        (re-reading every :data:`REREAD_INTERVAL`, at most ``layout_wait``) while they do not settle yet."""
+        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
+        while True:
+            routing = follow.decide([known.journal.run(read_record_step()) for known in self._known])
+            if routing is not None:
+                break
+            time.sleep(REREAD_INTERVAL)
+        if routing is not seen:
+            self._routing = routing
+        return routing.layout
+
+    def _write(self, persistence_id: str, write: Callable[[Journal], T]) -> T:
+        """``write`` on the journal of ``persistence_id``; refused by a guard (its range moved), once more on the
+        journal of the layout followed (a refused write wrote nothing)."""
+        routing = self._routing
+        try:
+            return write(routing.for_persistence_id(persistence_id))
+        except ShardLayoutMismatch as refused:
+            if self._routing is routing:  # else another caller followed already
+                self._follow(routing, refused)
+        return write(self._routing.for_persistence_id(persistence_id))
 
     def migrate(self) -> None:
         migrate_all(self.shards, self.journals[0].settings)
@@ -124,18 +171,20 @@ class ShardedJournal:
     def append(self, persistence_id: str, events: Iterable[Any], *, expected_seq_nr: int | None = None,
                tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
         """:meth:`Journal.append` in the database of ``persistence_id``."""
-        return self.journal_for(persistence_id).append(persistence_id, events, expected_seq_nr=expected_seq_nr,
-                                                       tags=tags, metadata=metadata)
+        batch, labels = once(events), once(tags)  # a retry appends the same events, with the same tags
+        return self._write(persistence_id, lambda journal: journal.append(
+            persistence_id, batch, expected_seq_nr=expected_seq_nr, tags=labels, metadata=metadata))
 
     def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
-        return self.journal_for(persistence_id).delete_events(persistence_id, to_seq_nr)
+        return self._write(persistence_id, lambda journal: journal.delete_events(persistence_id, to_seq_nr))
 
     def highest_seq_nr(self, persistence_id: str) -> int:
         return self.journal_for(persistence_id).highest_seq_nr(persistence_id)
 
     def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                       tags: Iterable[str] = ()) -> None:
-        self.journal_for(persistence_id).save_snapshot(persistence_id, seq_nr, snapshot, metadata=metadata, tags=tags)
+        self._write(persistence_id, lambda journal: journal.save_snapshot(persistence_id, seq_nr, snapshot,
+                                                                          metadata=metadata, tags=tags))
 
     def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                       max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
@@ -143,7 +192,7 @@ class ShardedJournal:
                                                               max_timestamp=max_timestamp)
 
     def delete_snapshot(self, persistence_id: str) -> None:
-        self.journal_for(persistence_id).delete_snapshot(persistence_id)
+        self._write(persistence_id, lambda journal: journal.delete_snapshot(persistence_id))
 
 
 class ShardedQuery:
@@ -214,10 +263,12 @@ class ShardedDurableState:
         return self._journal.journal_for(persistence_id).durable_state.get(persistence_id)
 
     def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
-        return self._journal.journal_for(persistence_id).durable_state.upsert(persistence_id, revision, value, tag)
+        return self._journal._write(persistence_id, lambda journal: journal.durable_state.upsert(
+            persistence_id, revision, value, tag))
 
     def delete(self, persistence_id: str, revision: int) -> DurableState:
-        return self._journal.journal_for(persistence_id).durable_state.delete(persistence_id, revision)
+        return self._journal._write(persistence_id, lambda journal: journal.durable_state.delete(persistence_id,
+                                                                                                 revision))
 
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> Iterator[DurableStateChange]:

@@ -21,6 +21,8 @@ from pgjournal.server.dsn import check_dsn, mask_dsn
 #: ``RANGE=DSN`` per line (or separated by ``;``): the databases of a sharded journal.
 SHARDS_ENV = "PGJOURNAL_SHARDS"
 SliceRange = tuple[int, int]
+#: The key of a database holding no range in ``PGJOURNAL_SHARDS`` and ``--shard`` (``spare=DSN``).
+SPARE = "spare"
 
 
 def akka_database_index(slice_: int, databases: int) -> int:
@@ -85,14 +87,20 @@ def check_ranges(ranges: Sequence[SliceRange]) -> tuple[SliceRange, ...]:
 
 @dataclass(frozen=True)
 class ShardSettings:
-    """The databases of a sharded journal: ``ranges[i]`` is held by the database at ``dsns[i]``."""
+    """The databases of a sharded journal: ``ranges[i]`` is held by the database at ``dsns[i]``; ``spares``: the
+    DSNs of databases holding no range yet (a move's future target), which the journal opens too so that it can
+    follow a move to one of them without new settings (docs/sharding.md, section 8)."""
 
     ranges: tuple[SliceRange, ...]
     dsns: tuple[str, ...]
+    spares: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.ranges) != len(self.dsns):
             raise ConfigurationError(f"{len(self.ranges)} shard ranges but {len(self.dsns)} DSNs")
+        if isinstance(self.spares, str):
+            raise ConfigurationError(f"shard spares must be a list of DSNs, got the string {mask_dsn(self.spares)!r}")
+        object.__setattr__(self, "spares", tuple(self.spares))
         seen: dict[str, SliceRange] = {}
         for bounds, dsn in zip(self.ranges, self.dsns, strict=True):
             check_dsn(dsn)
@@ -100,6 +108,15 @@ class ShardSettings:
                 raise ConfigurationError(f"shard ranges {format_range(seen[dsn])} and {format_range(bounds)} name "
                                          f"the same DSN {mask_dsn(dsn)!r}: each range needs its own database")
             seen[dsn] = bounds
+        spares: set[str] = set()
+        for dsn in self.spares:
+            check_dsn(dsn)
+            if dsn in seen:
+                raise ConfigurationError(f"the spare DSN {mask_dsn(dsn)!r} is also the DSN of shard range "
+                                         f"{format_range(seen[dsn])}: a spare is a database holding no range")
+            if dsn in spares:
+                raise ConfigurationError(f"the spare DSN {mask_dsn(dsn)!r} is given twice")
+            spares.add(dsn)
         ordered = check_ranges(self.ranges)
         if ordered != self.ranges:  # keep the DSNs with their ranges, in slice order
             pairs = sorted(zip(self.ranges, self.dsns, strict=True))
@@ -107,9 +124,10 @@ class ShardSettings:
             object.__setattr__(self, "dsns", tuple(d for _, d in pairs))
 
     @classmethod
-    def of(cls, databases: Mapping[str, str] | Sequence[str]) -> ShardSettings:
+    def of(cls, databases: Mapping[str, str] | Sequence[str], spares: Sequence[str] = ()) -> ShardSettings:
         """From ``{"0-511": dsn, "512-1023": dsn}`` or from a list of DSNs, database ``i`` holding Akka's range
-        ``i`` (the order of ``connection-factory-<a>-<b>``)."""
+        ``i`` (the order of ``connection-factory-<a>-<b>``); ``spares``: databases holding no range (see the
+        class)."""
         if isinstance(databases, str):
             raise ConfigurationError("shard databases must be a mapping of RANGE to DSN or a list of DSNs, "
                                      f"got the string {mask_dsn(databases)!r}")
@@ -119,19 +137,22 @@ class ShardSettings:
                 try:
                     ranges.append(parse_slice_range(text))
                 except InvalidArgument as exc:
-                    raise ConfigurationError(f"shard range {text!r}: {exc}") from None
-            return cls(tuple(ranges), tuple(databases.values()))
+                    raise ConfigurationError(f"shard range {text!r}: {exc} (a database holding no range yet is "
+                                             f"given as {SPARE}=DSN)") from None
+            return cls(tuple(ranges), tuple(databases.values()), tuple(spares))
         dsns = tuple(databases)
         if not _power_of_two(len(dsns)):
             raise ConfigurationError(
                 f"{len(dsns)} databases: the number of databases must be a power of two dividing "
                 f"{NUMBER_OF_SLICES} (Akka R2DBC's data-partition.number-of-databases), e.g. 1, 2, 4, 8")
-        return cls(tuple(slice_ranges(len(dsns))), dsns)
+        return cls(tuple(slice_ranges(len(dsns))), dsns, tuple(spares))
 
     @classmethod
     def parse(cls, text: str) -> ShardSettings:
-        """``RANGE=DSN`` entries, one per line or separated by ``;`` (the form of :data:`SHARDS_ENV`)."""
+        """``RANGE=DSN`` entries, one per line or separated by ``;`` (the form of :data:`SHARDS_ENV`); a database
+        holding no range is given as ``spare=DSN`` (as often as there are spares)."""
         entries: dict[str, str] = {}
+        spares: list[str] = []
         for line in text.replace(";", "\n").splitlines():
             if not line.strip():
                 continue
@@ -139,10 +160,13 @@ class ShardSettings:
             if not sep:
                 raise ConfigurationError(f"shard entry {mask_dsn(line.strip())!r} must look like RANGE=DSN, "
                                          "e.g. 0-511=postgresql://host/db")
+            if bounds.strip().lower() == SPARE:
+                spares.append(dsn.strip())
+                continue
             if bounds.strip() in entries:
                 raise ConfigurationError(f"shard range {bounds.strip()!r} is given twice")
             entries[bounds.strip()] = dsn.strip()
-        return cls.of(entries)
+        return cls.of(entries, spares)
 
     @classmethod
     def from_env(cls) -> ShardSettings:

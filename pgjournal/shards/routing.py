@@ -1,0 +1,151 @@
+"""Which journal serves which range, and how a sharded journal follows a move without new settings
+(docs/sharding.md, section 8): the rule, without I/O, written once for the blocking and asyncio faces.
+
+A journal knows databases by DSN (its settings' ranges and spares); the layout records map ranges to database
+*ids*. When a write is refused by a guard (or ``check_layout`` runs), the face reads every known database's
+record and asks :func:`next_routing`: a newer layout every one of its databases records, each reached by a known
+DSN, becomes the new :class:`Routing`, assigned in one statement so that concurrent callers use the old map or
+the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from pgjournal.errors import ShardLayoutMismatch
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.server.dsn import mask_dsn
+from pgjournal.shards.layout import Layout, Record, ShardSettings, format_range
+from pgjournal.validation import check_persistence_id
+
+J = TypeVar("J")
+T = TypeVar("T")
+
+#: How often a journal waiting for the records to agree (mid-switch) re-reads them.
+REREAD_INTERVAL = 0.01
+
+
+@dataclass(frozen=True)
+class Routing(Generic[J]):
+    """An immutable routing table: ``journals[i]`` serves ``shards.ranges[i]`` of ``layout``."""
+
+    layout: Layout
+    shards: ShardSettings
+    journals: tuple[J, ...]
+
+    def for_persistence_id(self, persistence_id: str) -> J:
+        return self.journals[self.shards.index_of(slice_for_persistence_id(check_persistence_id(persistence_id)))]
+
+    def for_slices(self, min_slice: int, max_slice: int) -> J:
+        return self.journals[self.shards.index_of_range(min_slice, max_slice)]
+
+
+@dataclass(frozen=True)
+class Known(Generic[J]):
+    """A database the journal can reach: its DSN (from the settings' ranges or spares) and its journal."""
+
+    dsn: str
+    journal: J
+
+
+class Wait(Exception):
+    """The records do not settle on one layout yet (a switch half done, or a sealed range not switched yet):
+    read them again shortly; ``reason`` says what differs (for the error raised when the wait runs out)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def next_routing(current: Routing[J], known: Sequence[Known[J]], records: Sequence[Record | None], *,
+                 refused: bool) -> Routing[J] | None:
+    """The routing to switch to from ``current``, given ``records[i]``, the record of ``known[i]``; ``None``:
+    the records hold ``current.layout`` and nothing is moving (keep it). Raises :class:`Wait` while the records
+    disagree, or (``refused``: a guard refused a write) while a move is under way and not switched yet; raises
+    :class:`ShardLayoutMismatch` naming the id of a database of the newer layout that no known DSN reaches."""
+    present = [(k, r) for k, r in zip(known, records, strict=True) if r is not None]
+    newest = max((r.layout for _, r in present), key=lambda layout: layout.version, default=current.layout)
+    if newest.version <= current.layout.version:
+        stale = [(k, r) for k, r in present if r.database_id in _ids(current.layout) and r.layout != current.layout]
+        if stale:
+            raise Wait(_disagreement(current.layout, stale[0][0].dsn, stale[0][1].layout))
+        if refused and any(r.state != "stable" for _, r in present):
+            raise Wait(f"a move is under way (sealed, not switched yet): the databases still record version "
+                       f"{current.layout.version}")
+        return None
+    by_id = {r.database_id: (k, r) for k, r in present}
+    journals = []
+    for bounds, member in newest.members:
+        if member not in by_id:
+            raise ShardLayoutMismatch(
+                f"the databases record {_ranges(newest)} (version {newest.version}), with slices "
+                f"{format_range(bounds)} on database {member}, which no DSN of this journal reaches; list that "
+                f"database's DSN as a spare (spare=DSN) or reopen with the settings of the new layout")
+        holder, record = by_id[member]
+        if record.layout != newest:
+            raise Wait(_disagreement(record.layout, holder.dsn, newest))
+        journals.append(holder)
+    in_layout = {holder.dsn for holder in journals}
+    shards = ShardSettings(newest.ranges, tuple(holder.dsn for holder in journals),
+                           tuple(k.dsn for k in known if k.dsn not in in_layout))
+    return Routing(newest, shards, tuple(holder.journal for holder in journals))
+
+
+def _ids(layout: Layout) -> set[uuid.UUID]:
+    return {member for _, member in layout.members}
+
+
+def _ranges(layout: Layout) -> str:
+    return ", ".join(map(format_range, layout.ranges))
+
+
+def _disagreement(behind: Layout, dsn: str, ahead: Layout) -> str:
+    return (f"the databases disagree about the shard layout: {mask_dsn(dsn)} records version {behind.version} "
+            f"({_ranges(behind)}), another records version {ahead.version} ({_ranges(ahead)}); a layout change "
+            "is half done")
+
+
+class Follow(Generic[J]):
+    """One attempt to follow the records from ``seen`` (a refused write's, or ``check_layout``'s): the faces read
+    every known database's record, ask :meth:`decide`, and read again after :data:`REREAD_INTERVAL` while it says
+    ``None``. After a write ``refused`` by a guard it waits while the records do not settle, at most
+    ``layout_wait`` seconds; ``check_layout`` (``refused`` is ``None``) never waits."""
+
+    def __init__(self, seen: Routing[J], known: Sequence[Known[J]], refused: ShardLayoutMismatch | None,
+                 layout_wait: float) -> None:
+        self.seen, self.known, self.refused = seen, known, refused
+        self.deadline = time.monotonic() + layout_wait
+        self.waited = False
+
+    def decide(self, records: Sequence[Record | None]) -> Routing[J] | None:
+        """The routing to use from now on (``seen`` itself: keep it), or ``None``: read the records again.
+        :class:`ShardLayoutMismatch` when a database is missing or the wait ran out (after a refusal: the
+        refusal's message first); a refusal with nothing to follow and nothing waited for is raised again."""
+        try:
+            routing = next_routing(self.seen, self.known, records, refused=self.refused is not None)
+        except Wait as wait:
+            if self.refused is None:
+                raise ShardLayoutMismatch(wait.reason) from None
+            if time.monotonic() < self.deadline:
+                self.waited = True
+                return None
+            raise ShardLayoutMismatch(f"{self.refused}; the layout records did not settle within layout_wait: "
+                                      f"{wait.reason}") from None
+        except ShardLayoutMismatch as missing:
+            if self.refused is None:
+                raise
+            raise ShardLayoutMismatch(f"{self.refused}; {missing}") from None
+        if routing is not None:
+            return routing
+        if self.refused is not None and not self.waited:
+            raise self.refused  # no move: the refusal stands (a stray write)
+        return self.seen  # nothing newer; after a wait (a move rolled back) the refused write is tried again
+
+
+def once(items: Iterable[T]) -> Iterable[T]:
+    """``items`` readable twice (a refused write is retried once): an iterator is read into a list."""
+    return items if isinstance(items, Collection) else list(items)

@@ -1,0 +1,224 @@
+"""Following an online move without new settings (docs/sharding.md, section 8): a sharded journal that knows the
+move's target as a spare re-routes when a guard refuses its write (or ``check_layout`` sees the new layout) and
+retries the write once; one that does not know it is refused, naming the database it misses."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from support import FAST
+from support.eventually import eventually
+from test_move import move_cli, pid_in
+
+from pgjournal.errors import ConfigurationError, ShardLayoutMismatch
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.settings import Settings
+from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
+from pgjournal.shards.aio import AsyncShardedJournal
+from pgjournal.shards.move import Mover
+
+Databases = Callable[..., list[str]]
+
+
+def database_id(dsn: str) -> uuid.UUID:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT database_id FROM pgjournal_shard_layout").fetchone()
+        assert row is not None
+        return uuid.UUID(str(row[0]))
+
+
+def events_of(dsn: str, pid: str) -> list[tuple[int, Any]]:
+    """``pid``'s events as stored in the database at ``dsn`` (seq_nr, payload bytes), whatever the layout says."""
+    with psycopg.connect(dsn) as conn:
+        return [(row[0], row[1]) for row in conn.execute(
+            "SELECT seq_nr, event_payload FROM event_journal WHERE persistence_id = %s ORDER BY seq_nr", (pid,))]
+
+
+def rollbacks(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()").fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_spares_are_parsed_and_checked_by_name() -> None:
+    parsed = ShardSettings.parse("0-511=postgresql://h/a; 512-1023=postgresql://h/b\nspare=postgresql://h/c")
+    assert parsed.ranges == ((0, 511), (512, 1023)) and parsed.spares == ("postgresql://h/c",)
+    assert ShardSettings.of(["postgresql://h/a"], spares=["postgresql://h/c"]).spares == ("postgresql://h/c",)
+    with pytest.raises(ConfigurationError, match="spare DSN 'postgresql://h/a' is also the DSN of shard range 0-511"):
+        ShardSettings.parse("0-511=postgresql://h/a;512-1023=postgresql://h/b;spare=postgresql://h/a")
+    with pytest.raises(ConfigurationError, match="spare DSN 'postgresql://h/c' is given twice"):
+        ShardSettings.parse("0-1023=postgresql://h/a;spare=postgresql://h/c;spare=postgresql://h/c")
+    with pytest.raises(ConfigurationError, match="spare=DSN"):
+        ShardSettings.parse("0-1023=postgresql://h/a;spares=postgresql://h/c")
+    with pytest.raises(ConfigurationError):
+        ShardSettings.parse("0-1023=postgresql://h/a;spare=")
+    with pytest.raises(ConfigurationError, match="a list of DSNs"):
+        ShardSettings(((0, 1023),), ("postgresql://h/a",), "postgresql://h/c")  # type: ignore[arg-type]
+
+
+def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a_journal_without_it_is_told_what_is_missing(  # noqa: E501
+        shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    moved_pid, kept_pid = pid_in(512, 767, "acct|f"), pid_in(768, 1023, "acct|g")
+    follower = ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), layout_wait=30, **FAST)
+    checker = ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST)
+    stale = ShardedJournal.open(old, layout_wait=0.2, **FAST)
+    follower.append(moved_pid, ["before"], expected_seq_nr=0)
+    outcome: dict[str, Any] = {}
+
+    def follow() -> None:
+        try:
+            outcome["appended"] = follower.append(moved_pid, ["after"], expected_seq_nr=1)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=follow, daemon=True)
+
+    def at(step: str, _rows: int) -> None:
+        if step != "switch":
+            return
+        # Sealed and verified, not switched: the source refuses the range and every record still says version 1.
+        before = rollbacks(b)
+        writer.start()
+        eventually(lambda: rollbacks(b) > before, "the follower's append is refused by the sealed source")
+        assert writer.is_alive() and "appended" not in outcome  # waiting for the records to settle
+        with pytest.raises(ShardLayoutMismatch, match=r"is not held.*did not settle within layout_wait.*under way"):
+            stale.append(moved_pid, ["stale"])
+        assert checker.check_layout().version == 1  # nothing to follow yet, and check_layout does not wait
+
+    with Mover(old, (512, 767), c, keep=0, progress=at) as mover:
+        mover.run()
+    writer.join(30)
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert [e.seq_nr for e in outcome["appended"]] == [2]
+    assert follower.layout.version == 2 and follower.shards.dsns == (a, c, b) and follower.shards.spares == ()
+    assert len(events_of(c, moved_pid)) == 2 and events_of(b, moved_pid) == []  # once each, on the target
+    assert [e.event for e in follower.query.current_events_by_persistence_id(moved_pid)] == ["before", "after"]
+
+    # check_layout follows too: the next append goes to the target without a refusal
+    assert checker.check_layout().version == 2 and checker.layout.version == 2
+    checker.append(moved_pid, ["checked"], expected_seq_nr=2)
+    assert len(events_of(c, moved_pid)) == 3
+
+    # Without the spare: refused, naming the database no DSN of the journal reaches; other ranges carry on.
+    target = database_id(c)
+    with pytest.raises(ShardLayoutMismatch, match=rf"slice {slice_for_persistence_id(moved_pid)} is not held.*"
+                                                  rf"512-767 on database {target}, which no DSN of this journal "
+                                                  "reaches; list that database's DSN as a spare"):
+        stale.append(moved_pid, ["stale"])
+    with pytest.raises(ShardLayoutMismatch, match=rf"the databases record 0-511, 512-767, 768-1023 \(version 2\), "
+                                                  rf"with slices 512-767 on database {target}"):
+        stale.check_layout()
+    stale.append(kept_pid, ["unmoved"])
+    assert len(events_of(c, moved_pid)) == 3
+    for journal in (follower, checker, stale):
+        journal.close()
+
+
+def test_a_write_waiting_on_a_sealed_range_goes_where_it_was_going_when_the_move_is_rolled_back(
+        shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    migrate_all(ShardSettings.of([a, b]))
+    moved_pid = pid_in(512, 767, "acct|r")
+    assert move_cli(a, b, c, kill_after="verify").returncode == -signal.SIGKILL  # sealed, not switched
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), layout_wait=60, **FAST) as journal:
+        outcome: dict[str, Any] = {}
+        before = rollbacks(b)
+        writer = threading.Thread(target=lambda: outcome.setdefault("appended", journal.append(moved_pid, ["w"])),
+                                  daemon=True)
+        writer.start()
+        eventually(lambda: rollbacks(b) > before, "the append is refused by the sealed source")
+        assert writer.is_alive()
+        rolled = move_cli(a, b, c, "--rollback")
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        writer.join(30)
+        assert [e.seq_nr for e in outcome["appended"]] == [1] and journal.layout.version == 1
+    assert len(events_of(b, moved_pid)) == 1 and events_of(c, moved_pid) == []
+
+
+async def test_the_asyncio_face_follows_by_the_same_rule(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    moved_pid = pid_in(512, 767, "acct|h")
+    async with AsyncShardedJournal.open(ShardSettings.parse(f"0-511={a};512-1023={b};spare={c}"), **FAST) as follower, \
+            AsyncShardedJournal.open(old, **FAST) as stale:
+        await follower.append(moved_pid, ["before"], expected_seq_nr=0)
+        with Mover(old, (512, 767), c, keep=0) as mover:
+            mover.run()
+        appended = await follower.append(moved_pid, iter(["after"]), expected_seq_nr=1)
+        assert [e.seq_nr for e in appended] == [2] and follower.layout.version == 2
+        assert len(events_of(c, moved_pid)) == 2 and events_of(b, moved_pid) == []
+        with pytest.raises(ShardLayoutMismatch, match=f"on database {database_id(c)}, which no DSN"):
+            await stale.append(moved_pid, ["stale"])
+        with pytest.raises(ShardLayoutMismatch, match=f"on database {database_id(c)}, which no DSN"):
+            await stale.check_layout()
+
+
+class Writer(threading.Thread):
+    """Appends to its entities in turn, on one journal for its whole life (never reopened); records each append's
+    duration: the longest is the writer's longest pause."""
+
+    def __init__(self, journal: ShardedJournal, pids: list[str], stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.journal, self.pids, self.stop = journal, pids, stop
+        self.written = dict.fromkeys(pids, 0)
+        self.longest: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                for pid in self.pids:
+                    started = time.monotonic()
+                    self.journal.append(pid, [f"{pid}:{self.written[pid] + 1}"], expected_seq_nr=self.written[pid])
+                    self.longest[pid] = max(self.longest[pid], time.monotonic() - started)
+                    self.written[pid] += 1
+                time.sleep(0.002)  # pacing: 2 cores are shared with the mover and the server
+        except BaseException as exc:
+            self.error = exc
+
+
+def test_writers_with_the_spare_keep_appending_across_a_move_without_reopening(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    pids = [f"acct|{uuid.uuid5(uuid.NAMESPACE_URL, str(i))}" for i in range(24)]
+    moved = [p for p in pids if 512 <= slice_for_persistence_id(p) <= 767]
+    assert moved and len(moved) < len(pids)
+    stop = threading.Event()
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as journal:
+        writers = [Writer(journal, pids[i::2], stop) for i in range(2)]
+        for writer in writers:
+            writer.start()
+        eventually(lambda: all(sum(w.written.values()) > 20 for w in writers), timeout=30)
+        with Mover(old, (512, 767), c, Settings.load(backtracking_window=2.0), keep=0, chunk_slices=16,
+                   catch_up_rows=50, catch_up_passes=6) as mover:
+            mover.run()
+        then = sum(sum(w.written.values()) for w in writers)
+        eventually(lambda: sum(sum(w.written.values()) for w in writers) > then + 50 or any(w.error for w in writers),
+                   timeout=60)
+        stop.set()
+        for writer in writers:
+            writer.join(60)
+            assert writer.error is None, repr(writer.error)
+        assert journal.layout.version == 2
+    written = {pid: n for w in writers for pid, n in w.written.items()}
+    where = {a: (0, 511), c: (512, 767), b: (768, 1023)}
+    for pid, n in written.items():  # every append exactly once, in the database the new layout puts it
+        for dsn, (lo, hi) in where.items():
+            expected = n if lo <= slice_for_persistence_id(pid) <= hi else 0
+            assert len(events_of(dsn, pid)) == expected, (pid, dsn)
+    longest = max(w.longest[p] for w in writers for p in moved if p in w.longest)
+    print(f"\nlongest append of a moved-range entity (its writer's pause, the move followed without reopening): "
+          f"{longest:.3f} s")
+    assert longest <= 5.0
