@@ -21,6 +21,7 @@ import psycopg.conninfo
 import pytest
 from support import FAST, make_serializable
 from support.processes import collect
+from support.tags import tags_written
 
 from pgjournal import Journal, RevisionConflict
 from pgjournal.model.slices import slice_for_persistence_id
@@ -83,6 +84,7 @@ def test_threads_appending_to_one_persistence_id_take_turns_and_never_collide(se
         assert attempts(serializable) == total  # not one attempt failed in the database
         check_order(journal, pid, [str(t) for t in range(threads)], per_thread)
         if tags:  # one tag view row per event, tag sequence numbers contiguous
+            tags_written(journal)
             with psycopg.connect(serializable, autocommit=True) as conn:
                 numbers = [r[0] for r in conn.execute(
                     "SELECT tag_pid_sequence_nr FROM tag_views WHERE persistence_id = %s ORDER BY 1", (pid,))]
