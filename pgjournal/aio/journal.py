@@ -166,8 +166,7 @@ class AsyncJournal(JournalCore):
         written or none (one statement), and the connection back in the pool.
 
         Tasks appending to one persistence id take turns (they never collide in the database); an append that
-        would wait for a connection, or runs while another is in flight, rides in a pipeline with others
-        (:mod:`pgjournal.aio.pipelining`)."""
+        would wait for a connection rides in a pipeline with others (:mod:`pgjournal.aio.pipelining`)."""
         plan = self._writer.plan(persistence_id, events, expected_seq_nr, tags, metadata)
         if plan is None:
             return []
@@ -177,11 +176,10 @@ class AsyncJournal(JournalCore):
         started = time.perf_counter()
         try:
             async with self._turns[plan.pid]:
-                with self._pipeline.appending():
-                    rows = await self._pipeline.submit(plan) if self._pipeline.takes(plan) else None
-                    if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
-                        async with self.connection() as conn:
-                            rows = await arun(append_step(self, plan), conn)
+                rows = await self._pipeline.submit(plan) if self._pipeline.takes(plan) else None
+                if rows is None:  # on a connection of its own, with the write path's conflict and retry rules
+                    async with self.connection() as conn:
+                        rows = await arun(append_step(self, plan), conn)
         except BaseException as exc:
             self._writer.failed(plan)
             if batcher is not None:

@@ -49,7 +49,7 @@ class AppendPipeline(GroupCommit["asyncio.Future[Rows | None]"]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Rows | None] = loop.create_future()
         self.queue.append((plan, future))
-        if self.another_drain(len(self._drains), self._most):
+        if len(self._drains) < self._most:
             drain = loop.create_task(self._drain())
             self._drains.add(drain)
             drain.add_done_callback(self._drains.discard)

@@ -333,7 +333,7 @@ class EventWriter:
         connections = self._journal.connections
         attempt = 0
         started = time.monotonic()
-        with self._turns[pid], self._pipeline.appending() if self._pipeline is not None else contextlib.nullcontext():
+        with self._turns[pid]:
             if plan is not None and self._pipeline is not None:
                 rows = self._pipeline.ride(plan)
                 if rows:

@@ -1,5 +1,4 @@
-"""Group commit, the rules both faces follow: appends that would wait for a pool connection, or that run while
-another append is in flight, ride together (a lone writer's appends never wait for a group). A
+"""Group commit, the rules both faces follow: appends that would wait for a pool connection ride together. A
 *drain* borrows a connection and sends its share of what is queued in one pipeline (psycopg's pipeline mode) and
 **one transaction**: the statements run one after the other and one Sync ends them, so the group commits once
 (one commit record, one WAL flush on the server) instead of once per append. Each statement is still the
@@ -28,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
@@ -121,31 +120,10 @@ class GroupCommit(Generic[A]):
         self._guard = guard if guard is not None else contextlib.nullcontext()
         #: Appends sent in a pipeline so far, the pipelines that carried them, and those rolled back.
         self.sent = self.pipelines = self.rolled_back = 0
-        #: Appends between their turn and their outcome (:meth:`appending`), riding or not.
-        self._active = 0
-
-    @contextlib.contextmanager
-    def appending(self) -> Iterator[None]:
-        """Around every append of the journal, from its turn to its outcome (:meth:`rides` counts them)."""
-        with self._guard:
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._active -= 1
-
-    def another_drain(self, running: int, most: int) -> bool:
-        """Whether to start one more drain beside ``running`` (at most ``most``): only when the running ones would
-        not take all that is queued in their next groups, so groups are as large, and commits as few, as the
-        queue allows."""
-        return running < most and (not running or len(self.queue) > running * BATCH)
 
     def rides(self, plan: AppendPlan, ready: Callable[[], bool]) -> bool:
-        """Whether ``plan`` should ride in a group: untagged, and it would not run at once and alone: another
-        append is in flight (its commit would be one more beside theirs, where the group's is one for all) or no
-        connection is free right now (``ready``). A lone writer never waits for a group."""
-        return self.enabled and not plan.tags and (self._active > 1 or not ready())
+        """Whether ``plan`` should ride in a group: untagged, and no connection is free right now (``ready``)."""
+        return self.enabled and not plan.tags and not ready()
 
     def take(self, drains: int) -> list[tuple[AppendPlan, A]]:
         """One drain's share of the queue, sorted by persistence id: every drain (connection) gets some, since

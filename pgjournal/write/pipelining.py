@@ -20,7 +20,7 @@ import psycopg
 from pgjournal.errors import JournalClosed
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan
-from pgjournal.write.group_commit import GroupCommit, cursors, failing, lost, returned_rows
+from pgjournal.write.group_commit import BATCH, GroupCommit, cursors, failing, lost, returned_rows
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -97,7 +97,8 @@ class AppendPipeline(GroupCommit[Answer]):
             if self._closed:
                 return None
             self.queue.append((plan, answer))
-            drain = self.another_drain(self._drains, self._most)
+            # One more drain only when the running ones would not take all that is queued in their next groups.
+            drain = self._drains < self._most and (not self._drains or len(self.queue) > self._drains * BATCH)
             if drain:
                 self._drains += 1
         if drain:

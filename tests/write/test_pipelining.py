@@ -96,29 +96,6 @@ def test_many_threads_ride_in_fewer_commits_than_appends(face_kind: Kind, dsn: s
     assert len({xmin for *_, xmin in written}) < 160, "fewer commits than appends"
 
 
-def test_concurrent_appends_ride_together_with_connections_to_spare(face_kind: Kind, dsn: str) -> None:
-    """8 writers, 12 connections: no append waits for a connection, yet while others are in flight an append
-    rides in a group (one commit for many); a lone writer never rides."""
-    with grouped(face_kind, dsn, pool_max_size=12) as face:
-        for i in range(20):
-            face.append("Lone|1", [i], expected_seq_nr=i)
-        pipeline = face.journal._pipeline
-        assert pipeline.sent == 0, "a lone writer's appends run at once, alone"
-
-        def thread(t: int) -> None:
-            for i in range(20):
-                face.append(f"Busy|{t}", [i], expected_seq_nr=i)
-
-        with ThreadPoolExecutor(8) as threads:
-            list(threads.map(thread, range(8)))
-        assert pipeline.sent > 80, "most appends rode beside others in flight"
-        assert pipeline.pipelines < pipeline.sent / 2, "groups of two or more on average"
-    written = rows(dsn, "Busy|")
-    assert [(pid, seq_nr) for pid, seq_nr, _ in written] == sorted((f"Busy|{t}", i) for t in range(8)
-                                                                    for i in range(1, 21))
-    assert len({xmin for *_, xmin in written}) < 160 / 2, "fewer commits than appends"
-
-
 def test_a_conflict_in_a_group_takes_only_itself_out(face_kind: Kind, dsn: str) -> None:
     """Every fourth append states a stale expected_seq_nr: it gets its ConcurrencyConflict, the others commit
     together after it left the group."""
