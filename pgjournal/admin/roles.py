@@ -47,6 +47,7 @@ from pgjournal.server.connections import connect
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.store.keys import TABLE as KEY_TABLE
 from pgjournal.store.schema import metadata
+from pgjournal.store.shard_layout import LAYOUT_TABLE
 from pgjournal.store.timestamp_offsets import LOAD_PREFIX, OFFSET_TABLE
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -82,7 +83,7 @@ def role_script(
         raise ConfigurationError(f"owner, writer, reader and loader must be four different roles, got {names}")
     check_role_name(schema, "schema")
     o, w, r, ld, s = (_quote_ident(n) for n in (owner, writer, reader, loader, schema))
-    tables = [*sorted(metadata.tables), VERSION_TABLE]
+    tables = [*sorted(metadata.tables), VERSION_TABLE, LAYOUT_TABLE]
     table_list = ", ".join(f"'{t}'" for t in tables)  # names from pgjournal.store.schema: plain identifiers
     attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
     create_roles = "\n".join(
@@ -139,7 +140,7 @@ BEGIN
     END IF;
     IF t.journal THEN
       EXECUTE format('GRANT INSERT, UPDATE (deleted) ON {s}.%I TO {w}', t.relname);
-    ELSIF t.relname NOT IN ('{VERSION_TABLE}', '{FORMAT_TABLE}') THEN
+    ELSIF t.relname NOT IN ('{VERSION_TABLE}', '{FORMAT_TABLE}', '{LAYOUT_TABLE}') THEN  -- read-only to them
       EXECUTE format('GRANT INSERT, UPDATE, DELETE ON {s}.%I TO {w}', t.relname);
     END IF;
   END LOOP;

@@ -520,10 +520,11 @@ class Mover:
         """The source logs the moved range's deleted and updated rows from now on (see :func:`sql.watch_deletes`):
         triggers on each table and on its partitions holding the range."""
         source.conn.execute(*sql.create_delete_log())
+        schema = str(sql.current_schema().one(source.conn))
         leaves = leaves_touching(self._leaves(source), move.moved)
         for table in self._tables(source):
             relations = [table, *(leaf.name for leaf in leaves if leaf.table == table and leaf.name != table)]
-            for query in sql.watch_deletes(table, self._columns(source, table).key, *move.moved, relations):
+            for query in sql.watch_deletes(table, self._columns(source, table).key, *move.moved, relations, schema):
                 source.conn.execute(*query)
 
     def _unwatch(self, source: _Database) -> None:

@@ -284,15 +284,20 @@ def drop_delete_log() -> Query:
     return f"DROP TABLE IF EXISTS {DELETE_LOG}", ()
 
 
-def watch_deletes(table: str, key: Sequence[str], lo: int, hi: int, relations: Sequence[str]) -> list[Query]:
+def watch_deletes(table: str, key: Sequence[str], lo: int, hi: int, relations: Sequence[str], schema: str
+                  ) -> list[Query]:
     """The triggers on ``relations`` (``table`` and those of its partitions a move's rows are in: a statement
     naming a partition fires the partition's triggers only) logging the keys of the rows of ``lo..hi`` a
     statement deletes or updates (an update that changes no change stamp, as the logical delete of events, is
     caught so), or refusing the statement once this database's record says the range is sealed (SQLSTATE 23514
-    on :data:`GUARD`, as a guard)."""
-    for name in (table, *key, *relations):
+    on :data:`GUARD`, as a guard).
+
+    The function runs as its owner (``SECURITY DEFINER``): the writer role, whose updates and deletes fire it,
+    has no right on the log; its tables are named in ``schema`` and its search path holds only ``pg_catalog``
+    and ``pg_temp`` (last), so a caller's own search path or temporary tables cannot stand in for them."""
+    for name in (table, *key, *relations, schema):
         if not _NAME.match(name):
-            raise ValueError(f"not a column or table name: {name!r}")
+            raise ValueError(f"not a column, table or schema name: {name!r}")
     function = f"{_WATCH}_{_checked(table)}"
     built = ", ".join(f"'{column}', g.{column}" for column in key)
     body = f"""
@@ -300,16 +305,18 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM gone g WHERE g.slice BETWEEN {int(lo)} AND {int(hi)}) THEN
         RETURN NULL;
     END IF;
-    IF EXISTS (SELECT 1 FROM {LAYOUT_TABLE} WHERE move_step IN ('sealed', 'switched')) THEN
+    IF EXISTS (SELECT 1 FROM {schema}.{LAYOUT_TABLE} WHERE move_step IN ('sealed', 'switched')) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = '{GUARD}', TABLE = TG_TABLE_NAME,
             MESSAGE = 'slices {int(lo)}-{int(hi)} are being moved out of this database: a delete or update is refused';
     END IF;
-    INSERT INTO {DELETE_LOG} (table_name, key)
+    INSERT INTO {schema}.{DELETE_LOG} (table_name, key)
         SELECT '{table}', jsonb_build_object({built}) FROM gone g WHERE g.slice BETWEEN {int(lo)} AND {int(hi)};
     RETURN NULL;
 END"""
     queries: list[Query] = [
-        (f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $watch${body}$watch$", ())]
+        (f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER "
+         f"SET search_path = pg_catalog, pg_temp AS $watch${body}$watch$", ()),
+        (f"REVOKE ALL ON FUNCTION {function}() FROM PUBLIC", ())]
     for relation in relations:
         for event in ("DELETE", "UPDATE"):
             name = f"{_WATCH}_{event.lower()}"
@@ -360,6 +367,11 @@ def copy_keys_out(table: str, cols: Columns, keys: str) -> Query:
     listed = ", ".join(f"t.{c}" for c in cols.names)
     return (f"COPY (SELECT {listed} FROM {_checked(table)} AS t JOIN jsonb_populate_recordset(NULL::{table}, "
             f"%s::jsonb) AS d ON {_keyed(table, cols)}) TO STDOUT (FORMAT BINARY)", (keys,))
+
+
+def current_schema() -> Read[str]:
+    """The schema the journal's tables are in (the first of the search path that exists)."""
+    return scalars("SELECT current_schema()")
 
 
 def clock() -> Read[datetime]:  # a row always

@@ -18,12 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from support import FAST
+from support import FAST, ROLE_PASSWORD, Roles
 from support.eventually import eventually
+from support.roles import role_dsn
 from test_layout_record import down_dsn
 from typer.testing import CliRunner
 
 from pgjournal import Journal
+from pgjournal.admin.roles import apply_roles, role_script
 from pgjournal.aio import AsyncJournal
 from pgjournal.cli.commands import app
 from pgjournal.dialects.postgres import SLICES_PER_PARTITION, partition_name
@@ -486,3 +488,51 @@ def test_the_move_command_refuses_bad_input_by_name_and_a_dry_run_changes_nothin
     assert layouts(a, b) == [(1, layouts(a)[0][1], None)] * 2
     with psycopg.connect(c) as conn:
         assert conn.execute("SELECT to_regclass('pgjournal_shard_layout')").fetchone() == (None,)
+
+
+def test_the_writer_role_updates_and_deletes_in_a_range_being_moved(shard_databases: Databases,
+                                                                     server_dsn: str) -> None:
+    """From the plan on, the source's triggers log the moved range's updates and deletes into a table only the
+    mover's role may write: the least-privileged writer role's durable state upserts, snapshot saves and event
+    deletes (updates) in that range must still work, be logged, and reach the target."""
+    a, b, c = shard_databases(3)
+    settings = ShardSettings.of({"0-511": a, "512-1023": b})
+    migrate_all(settings)
+    suffix = uuid.uuid4().hex[:8]
+    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
+    apply_roles(b, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
+    pid = next(p for p in (f"Cart|r{i}" for i in range(1000)) if 512 <= slice_for_persistence_id(p) <= 767)
+    try:
+        with psycopg.connect(b, autocommit=True) as conn:
+            conn.execute(f"ALTER ROLE \"{names.writer}\" PASSWORD '{ROLE_PASSWORD}'")
+        writer = role_dsn(b, names.writer)
+        with psycopg.connect(writer) as conn:  # every process reads the layout record; only the owner writes it
+            assert conn.execute("SELECT version FROM pgjournal_shard_layout").fetchone() == (1,)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE pgjournal_shard_layout SET version = 2")
+        with Journal.open(writer, **FAST) as journal:
+            journal.append(pid, ["a", "b"], expected_seq_nr=0)
+            journal.durable_state.upsert(pid, 1, {"n": 1})
+        assert move_cli(a, b, c, kill_after="plan").returncode != 0  # stopped after the plan: watching
+        with Journal.open(writer, **FAST) as journal:
+            journal.durable_state.upsert(pid, 2, {"n": 2})  # an UPDATE of the moved range, as the writer
+            journal.save_snapshot(pid, 2, {"items": 2})
+            assert journal.delete_events(pid, 1) >= 1  # the logical delete: an UPDATE of event_journal
+        with psycopg.connect(b) as conn:
+            logged = conn.execute("SELECT count(*) FROM pgjournal_shard_move_deletes").fetchone()
+        assert logged is not None and logged[0] >= 2  # the upsert and the logical delete
+        resumed = move_cli(a, b, c, "--resume")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        with psycopg.connect(c) as conn:
+            state = conn.execute("SELECT revision FROM durable_state WHERE persistence_id = %s", (pid,)).fetchone()
+            deleted = conn.execute("SELECT seq_nr, deleted FROM event_journal WHERE persistence_id = %s "
+                                   "ORDER BY seq_nr", (pid,)).fetchall()
+        assert state == (2,) and deleted == [(1, True), (2, False)]
+    finally:
+        with psycopg.connect(b, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
