@@ -202,7 +202,15 @@ def one_layout(old: ShardSettings, new: ShardSettings) -> tuple[bool, bool]:
     return state
 
 
-@pytest.mark.parametrize(("killed", "during"), [("source", "seal"), ("target", "switch")])
+#: Which server dies, and at which progress report: as the seal or the switch starts (its first statement fails),
+#: or inside the verify's target transaction, after its copy (which the source's digests then miss, or which is
+#: rolled back with the target).
+KILLS = [("source", "seal"), ("source", "verify: copied the changes"), ("target", "verify: copied the changes"),
+         ("target", "switch")]
+
+
+@pytest.mark.parametrize(("killed", "during"), KILLS,
+                         ids=["source-at-seal", "source-in-verify", "target-in-verify", "target-at-switch"])
 def test_a_server_killed_during_a_step_leaves_one_layout_and_the_move_resumes(
         shard_databases: Databases, own_server: EmbeddedServer, killed: str, during: str) -> None:
     a, there = shard_databases(2)
