@@ -10,6 +10,7 @@ PostgreSQL read model ``spark_read_model`` in one transaction with its batch id
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import psycopg
@@ -43,6 +44,10 @@ def main(dsn: str, out: str) -> None:
     trigger = {"processingTime": "300 milliseconds"}
     files = (frame.writeStream.format("parquet").option("path", f"{out}/data")
              .option("checkpointLocation", f"{out}/checkpoint-files").trigger(**trigger).start())
+    # The second query starts once the first has run a micro-batch: two queries of one plan starting their first
+    # jobs together once failed a task's deserialization in the JVM (java.io.OptionalDataException in a HashMap).
+    while files.isActive and files.lastProgress is None:
+        time.sleep(0.05)
     model = (frame.writeStream.foreachBatch(apply_batch(dsn)).option("checkpointLocation", f"{out}/checkpoint-model")
              .trigger(**trigger).start())
     print("started", flush=True)
