@@ -192,7 +192,13 @@ def admits(dsn: str, pid: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("point", [*BEFORE_SEAL, *SEALED, *SWITCHED])
+#: One kill point of each crash state (before the seal, sealed, the target switched, switched) and the check run
+#: in `make test`; every point runs with the slow tests (`make test-all`).
+EVERY_RUN = {"plan", "check", "seal", "switch:target", "switch"}
+
+
+@pytest.mark.parametrize("point", [p if p in EVERY_RUN else pytest.param(p, marks=pytest.mark.slow)
+                                   for p in (*BEFORE_SEAL, *SEALED, *SWITCHED)])
 def test_a_mover_killed_after_each_step_leaves_one_layout_and_resumes(shard_databases: Databases, point: str) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])

@@ -205,8 +205,8 @@ def one_layout(old: ShardSettings, new: ShardSettings) -> tuple[bool, bool]:
 #: Which server dies, and at which progress report: as the seal or the switch starts (its first statement fails),
 #: or inside the verify's target transaction, after its copy (which the source's digests then miss, or which is
 #: rolled back with the target).
-KILLS = [("source", "seal"), ("source", "verify: copied the changes"), ("target", "verify: copied the changes"),
-         ("target", "switch")]
+KILLS = [("source", "seal"), pytest.param("source", "verify: copied the changes", marks=pytest.mark.slow),
+         ("target", "verify: copied the changes"), pytest.param("target", "switch", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize(("killed", "during"), KILLS,
