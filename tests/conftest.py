@@ -15,12 +15,12 @@ import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
-from support import FAST, PORTABLE, PORTABLE_ENV, ROLE_PASSWORD, SECRET, Roles, database_dsn, make_serializable
+from support import FAST, PORTABLE, PORTABLE_ENV, SECRET, Roles, database_dsn, make_serializable
 from support.faces import KINDS, Face, Kind, open_face
+from support.roles import least_privilege_roles
 
 from pgjournal import Journal
 from pgjournal.admin.migrate import upgrade
-from pgjournal.admin.roles import apply_roles, role_script
 from pgjournal.server.embedded import HOME_ENV, EmbeddedServer
 
 TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
@@ -179,22 +179,8 @@ def secret_role(dsn: str, server_dsn: str) -> Iterator[str]:
 @pytest.fixture
 def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
     """The least-privilege roles of ``pgjournal.admin.roles`` (unique names) set up on this test's database."""
-    suffix = uuid.uuid4().hex[:8]
-    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
-    apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for role in names.all:
-            conn.execute(f"ALTER ROLE \"{role}\" PASSWORD '{ROLE_PASSWORD}'")
-    try:
+    with least_privilege_roles(dsn, server_dsn) as names:
         yield names
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for role in names.all:
-                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
-                conn.execute(f'DROP OWNED BY "{role}"')
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            for role in names.all:
-                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 @pytest.fixture

@@ -18,14 +18,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from support import FAST, ROLE_PASSWORD, Roles
+from support import FAST
 from support.eventually import eventually
-from support.roles import role_dsn
+from support.roles import least_privilege_roles, role_dsn
 from test_layout_record import down_dsn
 from typer.testing import CliRunner
 
 from pgjournal import Journal
-from pgjournal.admin.roles import apply_roles, role_script
 from pgjournal.aio import AsyncJournal
 from pgjournal.cli.commands import app
 from pgjournal.dialects.postgres import SLICES_PER_PARTITION, partition_name
@@ -504,13 +503,8 @@ def test_the_writer_role_updates_and_deletes_in_a_range_being_moved(shard_databa
     a, b, c = shard_databases(3)
     settings = ShardSettings.of({"0-511": a, "512-1023": b})
     migrate_all(settings)
-    suffix = uuid.uuid4().hex[:8]
-    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
-    apply_roles(b, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
     pid = next(p for p in (f"Cart|r{i}" for i in range(1000)) if 512 <= slice_for_persistence_id(p) <= 767)
-    try:
-        with psycopg.connect(b, autocommit=True) as conn:
-            conn.execute(f"ALTER ROLE \"{names.writer}\" PASSWORD '{ROLE_PASSWORD}'")
+    with least_privilege_roles(b, server_dsn) as names:
         writer = role_dsn(b, names.writer)
         with psycopg.connect(writer) as conn:  # every process reads the layout record; only the owner writes it
             assert conn.execute("SELECT version FROM pgjournal_shard_layout").fetchone() == (1,)
@@ -534,11 +528,3 @@ def test_the_writer_role_updates_and_deletes_in_a_range_being_moved(shard_databa
             deleted = conn.execute("SELECT seq_nr, deleted FROM event_journal WHERE persistence_id = %s "
                                    "ORDER BY seq_nr", (pid,)).fetchall()
         assert state == (2,) and deleted == [(1, True), (2, False)]
-    finally:
-        with psycopg.connect(b, autocommit=True) as conn:
-            for role in names.all:
-                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
-                conn.execute(f'DROP OWNED BY "{role}"')
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            for role in names.all:
-                conn.execute(f'DROP ROLE IF EXISTS "{role}"')

@@ -6,11 +6,9 @@ in its one database exactly once (the mover's own kills: tests/shards/test_move.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +19,7 @@ import psycopg.conninfo
 import pytest
 from psycopg import sql
 from support import FAST
+from support.database import own_embedded_server
 from support.eventually import eventually
 from test_move import ROOT, admits, count, move_cli, opens, pid_in, seed
 
@@ -152,15 +151,8 @@ def test_a_writer_killed_between_copy_and_seal_loses_no_reported_append_and_leav
 @pytest.fixture
 def own_server() -> Iterator[EmbeddedServer]:
     """An embedded server of this test alone: it is killed with SIGKILL and restarted."""
-    home = Path(tempfile.mkdtemp(prefix="pgjournal-move-kill-"))
-    home.chmod(0o755)  # the server's own system user (when running as root) must reach its data directory
-    server = EmbeddedServer(home)
-    try:
-        server.ensure_running()
+    with own_embedded_server("pgjournal-move-kill-") as server:
         yield server
-    finally:
-        server.destroy()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def database_on(server: EmbeddedServer) -> str:

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import random
-import shutil
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import psycopg.conninfo
 import pytest
 from psycopg import sql
 from support import FAST
+from support.database import own_embedded_server
 from support.eventually import eventually
 from support.restarting import Consumer, check_delivered, consume
 from support.torture import ENTITY, fast_writer, slow_writer
@@ -101,15 +99,8 @@ def test_torture_across_two_databases(shard_databases: Callable[..., list[str]])
 @pytest.fixture(scope="module")
 def second_server() -> Iterator[EmbeddedServer]:
     """A private embedded server of this module: the second database of a journal over two servers."""
-    home = Path(tempfile.mkdtemp(prefix="pgjournal-shard-"))
-    home.chmod(0o755)  # the server's own system user (when running as root) must reach its data directory
-    server = EmbeddedServer(home)
-    try:
-        server.ensure_running()
+    with own_embedded_server("pgjournal-shard-") as server:
         yield server
-    finally:
-        server.destroy()
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_torture_across_two_servers(shard_databases: Callable[..., list[str]], second_server: EmbeddedServer

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -39,3 +42,27 @@ class Roles:
     @property
     def all(self) -> tuple[str, ...]:
         return self.owner, self.writer, self.reader, self.loader
+
+
+@contextlib.contextmanager
+def least_privilege_roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
+    """The four roles of ``pgjournal.admin.roles`` (unique names, :data:`ROLE_PASSWORD`) on the database at ``dsn``,
+    dropped afterwards with what they own there."""
+    from pgjournal.admin.roles import apply_roles, role_script
+
+    suffix = uuid.uuid4().hex[:8]
+    names = Roles(f"pgj_owner_{suffix}", f"pgj_writer_{suffix}", f"pgj_reader_{suffix}", f"pgj_loader_{suffix}")
+    apply_roles(dsn, role_script(owner=names.owner, writer=names.writer, reader=names.reader, loader=names.loader))
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f"ALTER ROLE \"{role}\" PASSWORD '{ROLE_PASSWORD}'")
+        yield names
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER')
+                conn.execute(f'DROP OWNED BY "{role}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            for role in names.all:
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
