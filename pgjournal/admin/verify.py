@@ -15,6 +15,8 @@ Checks (a check whose tables do not exist is skipped, not failed):
 * ``tag_pid_sequence_nr gaps`` and ``tag_write_progress``: per (tag, pid) the tag sequence numbers are
   contiguous and the progress row is not behind them (events_by_tag would wait for the missing number
   and then fail with MissingEventsError).
+  A tag row the batched tag writers have yet to write (its event is past their watermark, ``complete_before``)
+  is not missing: it is counted as still being written, and ``verify`` can run beside live writers.
 * ``projection offsets``: no stored projection offset names a sequence number the journal does not have.
 
 Every query is read-only and needs only SELECT: the reader role can run it.
@@ -44,6 +46,8 @@ class CheckResult:
     problems: int = 0
     examples: list[str] = field(default_factory=list)
     skipped: str | None = None
+    #: Rows not checked yet: still to be written by a running writer (not a problem).
+    pending: int = 0
 
     def add(self, example: str, limit: int) -> None:
         self.problems += 1
@@ -115,6 +119,9 @@ def verify(journal: Journal, *, examples: int = 10) -> Report:
         check_identity(conn, identity, examples)
         if all(table_exists(table).one(conn) for table in sql.TAG_TABLES):
             for m in sql.tags_missing().stream(conn, CURSOR):
+                if m.pending:
+                    tags_missing.pending += 1
+                    continue
                 tags_missing.add(f"{m.persistence_id!r} seq_nr {m.seq_nr}: no row for tag {m.tag!r}", examples)
             for o in sql.tags_orphaned().stream(conn, CURSOR):
                 where = "is stored without this tag" if o.stored else "is not in the journal"
@@ -154,6 +161,8 @@ def render(report: Report) -> Any:
             result = f"[bold red]{check.problems:,} problem{'s' if check.problems > 1 else ''}[/]"
         else:
             result = "[green]ok[/]"
+        if check.pending:
+            result += f"\n[dim]{check.pending:,} still being written[/]"
         more = check.problems - len(check.examples)
         shown = "\n".join(escape(printable(example)) for example in check.examples)
         shown += f"\n... and {more:,} more" if more > 0 else ""

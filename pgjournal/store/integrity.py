@@ -10,7 +10,7 @@ from datetime import datetime
 from pgjournal.store import Read, rows, schema
 from pgjournal.store.timestamp_offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OFFSET_TABLE
 
-TAG_TABLES = (schema.tag_views.name, schema.tag_write_progress.name)
+TAG_TABLES = (schema.tag_views.name, schema.tag_write_progress.name, schema.tag_batch_writers.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +35,13 @@ class Identity:
 
 @dataclass(frozen=True, slots=True)
 class MissingTag:
-    """A tag of a live event without its ``tag_views`` row."""
+    """A tag of a live event without its ``tag_views`` row (``pending``: the event is not yet below the batched tag
+    writers' watermark, so a running writer, or the recovery of a silent one, is still to write the row)."""
 
     persistence_id: str
     seq_nr: int
     tag: str
+    pending: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,9 @@ WHERE (prev_seq IS NULL AND seq_nr > 1 AND NOT deleted) OR seq_nr > prev_seq + 1
 ORDER BY persistence_id, seq_nr"""
 IDENTITY = "SELECT DISTINCT persistence_id, slice, entity_type FROM event_journal"
 TAGS_MISSING = """
-SELECT e.persistence_id, e.seq_nr, t.tag FROM event_journal AS e CROSS JOIN LATERAL unnest(e.tags) AS t(tag)
+SELECT e.persistence_id, e.seq_nr, t.tag,
+       e.db_timestamp >= COALESCE((SELECT min(complete_before) FROM tag_batch_writers), 'infinity')
+FROM event_journal AS e CROSS JOIN LATERAL unnest(e.tags) AS t(tag)
 WHERE NOT e.deleted AND NOT EXISTS (
     SELECT 1 FROM tag_views AS v
     WHERE v.tag_name = t.tag AND v.persistence_id = e.persistence_id AND v.sequence_nr = e.seq_nr)

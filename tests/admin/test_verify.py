@@ -97,6 +97,26 @@ def test_each_corruption_is_caught(journal: Journal, dsn: str, what: str, sql: s
     assert example.split()[0] in result.output  # (the table wraps long examples)
 
 
+def test_tag_rows_the_batched_writer_has_yet_to_write_are_pending_not_missing(dsn: str) -> None:
+    """verify runs beside live writers: a tagged event past the batched writers' watermark has no tag row yet, and
+    that is no problem; once the writer moves its watermark past the event, a missing row is one."""
+    with Journal.open(dsn, tag_flush_interval=60, tag_writer_timeout=600) as journal:
+        assert journal.tag_writer is not None
+        journal.append("Cart|a", ["a0", "a1"], expected_seq_nr=0, tags=["t", "u"])  # not written for 60 s
+        report = verify(journal)
+        assert report.ok, [(c.name, c.examples) for c in report.checks if c.problems]
+        assert report.check("tagged events in tag_views").pending == 4
+        result = CliRunner().invoke(app, ["verify", "--dsn", dsn])
+        assert result.exit_code == 0 and "4 still being written" in result.output, result.output
+        journal.tag_writer.flush()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM tag_views WHERE sequence_nr = 2 AND tag_name = 'u'")
+        report = verify(journal)
+        missing = report.check("tagged events in tag_views")
+        assert (missing.problems, missing.pending) == (1, 0)
+        assert missing.examples == ["'Cart|a' seq_nr 2: no row for tag 'u'"]
+
+
 def test_many_problems_are_counted_and_examples_capped(journal: Journal, dsn: str) -> None:
     for i in range(30):
         journal.append(f"Cart|{i}", ["x", "y", "z"], expected_seq_nr=0)
