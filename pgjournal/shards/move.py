@@ -212,21 +212,48 @@ class Mover:
     # -- running -----------------------------------------------------------------------------------------
 
     def run(self) -> MoveStatus:
-        """Run the steps from where the records stand until the move is done; the final status."""
-        while True:
-            status = self.status()
-            if status.next is Action.DONE:
-                return status
-            self.progress(status.next.value, status.rows)
-            {Action.PLAN: self._plan, Action.COPY: self._copy, Action.CATCH_UP: self._catch_up,
-             Action.CHECK: self._check, Action.SEAL: self._seal, Action.VERIFY: self._verify,
-             Action.SWITCH: self._switch, Action.CLEAN_UP: self._clean_up}[status.next](status.move)
-            self._reached(status.next.value)
-            self._refresh()
+        """Run the steps from where the records stand until the move is done; the final status.
+        :class:`DatabaseUnavailable` when a database is lost under a step (its transaction did not commit: the
+        records say where to resume)."""
+        step = "status"
+        try:
+            while True:
+                status = self.status()
+                if status.next is Action.DONE:
+                    return status
+                step = status.next.value
+                self.progress(step, status.rows)
+                {Action.PLAN: self._plan, Action.COPY: self._copy, Action.CATCH_UP: self._catch_up,
+                 Action.CHECK: self._check, Action.SEAL: self._seal, Action.VERIFY: self._verify,
+                 Action.SWITCH: self._switch, Action.CLEAN_UP: self._clean_up}[status.next](status.move)
+                self._reached(step)
+                self._refresh()
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc, f"the move stopped in its step {step!r}") from exc
+
+    def _lost(self, exc: psycopg.OperationalError, where: str) -> BaseException:
+        """The typed error of a database lost under the move (``exc`` as it is when every connection is alive:
+        the server answered)."""
+        for database in [self._target, *self._databases.values()]:
+            if database is not None and (database.conn.closed or database.conn.broken):
+                which = "the target" if database is self._target else "a source"
+                reason = " ".join(str(exc).split()) or exc.__class__.__name__
+                return DatabaseUnavailable(
+                    f"lost the connection to {which} database {mask_dsn(database.dsn)} ({reason}): {where}; "
+                    "nothing of that step was committed: run `pgjournal shard move --resume` (or --rollback) once "
+                    "it is back")
+        return exc
 
     def roll_back(self) -> None:
         """Undo a move that has not switched: the source's guard admits the range again, the target's copy and
-        record are removed. :class:`InvalidArgument` once the target recorded the new layout."""
+        record are removed. :class:`InvalidArgument` once the target recorded the new layout;
+        :class:`DatabaseUnavailable` when a database is lost under it (run it again once it is back)."""
+        try:
+            self._roll_back()
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc, "the rollback stopped") from exc
+
+    def _roll_back(self) -> None:
         status = self.status()
         if not can_roll_back(status.progress):
             raise InvalidArgument(f"the move of {format_range(self.moved)} has switched to the new layout (version "

@@ -26,13 +26,12 @@ from test_move import ROOT, admits, count, move_cli, opens, pid_in, seed
 from pgjournal.admin.migrate import upgrade
 from pgjournal.errors import DatabaseUnavailable
 from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.server.dsn import mask_dsn
 from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.move import Mover
 
 Databases = Callable[..., list[str]]
-#: What the mover raises when its server dies under a step (today psycopg's own AdminShutdown, not yet typed).
-LOST = (DatabaseUnavailable, psycopg.OperationalError)
 
 #: The writer: appends one event at a time to its persistence id through the old layout and prints each seq_nr
 #: once committed. When the hold file appears it appends the next one in a transaction it leaves open (``open``)
@@ -231,8 +230,11 @@ def test_a_server_killed_during_a_step_leaves_one_layout_and_the_move_resumes(
             killed_at.append(what)
             kill_9(own_server)
 
-    with Mover(old, (512, 767), c, progress=kill_at) as mover, pytest.raises(LOST):
+    with Mover(old, (512, 767), c, progress=kill_at) as mover, pytest.raises(DatabaseUnavailable) as lost:
         mover.run()
+    killed_dsn = c if killed == "target" else b
+    assert f"{'the target' if killed == 'target' else 'a source'} database {mask_dsn(killed_dsn)}" in str(lost.value)
+    assert f"step {during.split(':')[0]!r}" in str(lost.value) and "--resume" in str(lost.value)
     assert killed_at == [during]
     own_server.ensure_running()
     assert one_layout(old, new) == (True, False)
