@@ -11,15 +11,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgjournal.aio.journal import AsyncJournal
-from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
+from pgjournal.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
 from pgjournal.shards.journal import Shards, shard_settings
-from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once
 
 if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
@@ -113,7 +113,7 @@ class AsyncShardedJournal:
         """As ``ShardedJournal._follow`` (the rule: :func:`~pgjournal.shards.routing.next_routing`)."""
         follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
         while True:
-            routing = follow.decide([await known.journal.run(read_record_step()) for known in self._known])
+            routing = follow.decide(await self._records())
             if routing is not None:
                 break
             await asyncio.sleep(REREAD_INTERVAL)
@@ -122,14 +122,24 @@ class AsyncShardedJournal:
         return routing.layout
 
     async def _write(self, persistence_id: str, write: Callable[[AsyncJournal], Awaitable[T]]) -> T:
-        """As ``ShardedJournal._write``: a write refused by a guard is retried once on the layout followed."""
+        """As ``ShardedJournal._write``: a write refused by a guard is retried once on the layout followed, one
+        failing its sequence number check once where its range went."""
         routing = self._routing
         try:
             return await write(routing.for_persistence_id(persistence_id))
         except ShardLayoutMismatch as refused:
             if self._routing is routing:
                 await self._follow(routing, refused)
+        except ConcurrencyConflict:
+            if self._routing is routing:
+                moved = after_conflict(routing, self._known, await self._records(), persistence_id)
+                if moved is None:
+                    raise
+                self._routing = moved
         return await write(self._routing.for_persistence_id(persistence_id))
+
+    async def _records(self) -> list[Record | None]:
+        return [await known.journal.run(read_record_step()) for known in self._known]
 
     # -- writes, snapshots -----------------------------------------------------------------------------
 

@@ -10,15 +10,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
+from pgjournal.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
-from pgjournal.shards.layout import Layout, ShardSettings, SliceRange, agreed_layout, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, once
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
@@ -144,7 +144,7 @@ class ShardedJournal:
         (re-reading every :data:`REREAD_INTERVAL`, at most ``layout_wait``) while they do not settle yet."""
         follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
         while True:
-            routing = follow.decide([known.journal.run(read_record_step()) for known in self._known])
+            routing = follow.decide(self._records())
             if routing is not None:
                 break
             time.sleep(REREAD_INTERVAL)
@@ -154,14 +154,24 @@ class ShardedJournal:
 
     def _write(self, persistence_id: str, write: Callable[[Journal], T]) -> T:
         """``write`` on the journal of ``persistence_id``; refused by a guard (its range moved), once more on the
-        journal of the layout followed (a refused write wrote nothing)."""
+        journal of the layout followed (a refused write wrote nothing); failing its sequence number check where
+        the range is no more, once more where it went (see :func:`~pgjournal.shards.routing.after_conflict`)."""
         routing = self._routing
         try:
             return write(routing.for_persistence_id(persistence_id))
         except ShardLayoutMismatch as refused:
             if self._routing is routing:  # else another caller followed already
                 self._follow(routing, refused)
+        except ConcurrencyConflict:
+            if self._routing is routing:
+                moved = after_conflict(routing, self._known, self._records(), persistence_id)
+                if moved is None:
+                    raise
+                self._routing = moved
         return write(self._routing.for_persistence_id(persistence_id))
+
+    def _records(self) -> list[Record | None]:
+        return [known.journal.run(read_record_step()) for known in self._known]
 
     def migrate(self) -> None:
         migrate_all(self.shards, self.journals[0].settings)

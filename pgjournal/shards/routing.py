@@ -95,6 +95,28 @@ def next_routing(current: Routing[J], known: Sequence[Known[J]], records: Sequen
     return Routing(newest, shards, tuple(holder.journal for holder in journals))
 
 
+def after_conflict(current: Routing[J], known: Sequence[Known[J]], records: Sequence[Record | None],
+                   persistence_id: str) -> Routing[J] | None:
+    """After a write to ``persistence_id`` failed its sequence number check: the routing to retry it on when the
+    records show that the persistence id's range moved to another database (a journal behind a move finds no rows
+    where the range was: its conflict is the move's); ``None``: the conflict stands (nothing newer, the range did
+    not move, or a switch is half done: the caller reloads and the guard speaks on its next write). Raises
+    :class:`ShardLayoutMismatch` when the range moved to a database this journal does not reach."""
+    slice_ = slice_for_persistence_id(persistence_id)
+    newest = max((r.layout for r in records if r is not None), key=lambda layout: layout.version,
+                 default=current.layout)
+    if newest.version <= current.layout.version or _holder(newest, slice_) == _holder(current.layout, slice_):
+        return None
+    try:
+        return next_routing(current, known, records, refused=False)
+    except Wait:
+        return None
+
+
+def _holder(layout: Layout, slice_: int) -> uuid.UUID | None:
+    return next((member for (lo, hi), member in layout.members if lo <= slice_ <= hi), None)
+
+
 def _ids(layout: Layout) -> set[uuid.UUID]:
     return {member for _, member in layout.members}
 

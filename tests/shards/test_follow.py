@@ -17,7 +17,7 @@ from support import FAST
 from support.eventually import eventually
 from test_move import move_cli, pid_in
 
-from pgjournal.errors import ConfigurationError, ShardLayoutMismatch
+from pgjournal.errors import ConcurrencyConflict, ConfigurationError, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.settings import Settings
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
@@ -72,6 +72,7 @@ def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a
     follower = ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), layout_wait=30, **FAST)
     checker = ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST)
     stale = ShardedJournal.open(old, layout_wait=0.2, **FAST)
+    late = ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST)
     follower.append(moved_pid, ["before"], expected_seq_nr=0)
     outcome: dict[str, Any] = {}
 
@@ -120,7 +121,18 @@ def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a
         stale.check_layout()
     stale.append(kept_pid, ["unmoved"])
     assert len(events_of(c, moved_pid)) == 3
-    for journal in (follower, checker, stale):
+    # Its sequence number checked where the range is no more (its rows deleted there): the move, not a conflict.
+    with pytest.raises(ShardLayoutMismatch, match=rf"512-767 on database {target}, which no DSN"):
+        stale.append(moved_pid, ["stale"], expected_seq_nr=3)
+    with pytest.raises(ConcurrencyConflict):  # a conflict in a range that did not move stays one
+        stale.append(kept_pid, ["again"], expected_seq_nr=0)
+    # A journal with the spare that has not followed yet: its checked append lands where the range went.
+    assert late.layout.version == 1
+    assert [e.seq_nr for e in late.append(moved_pid, ["late"], expected_seq_nr=3)] == [4]
+    assert late.layout.version == 2 and len(events_of(c, moved_pid)) == 4
+    with pytest.raises(ConcurrencyConflict):
+        late.append(moved_pid, ["late"], expected_seq_nr=3)
+    for journal in (follower, checker, stale, late):
         journal.close()
 
 
@@ -162,6 +174,8 @@ async def test_the_asyncio_face_follows_by_the_same_rule(shard_databases: Databa
             await stale.append(moved_pid, ["stale"])
         with pytest.raises(ShardLayoutMismatch, match=f"on database {database_id(c)}, which no DSN"):
             await stale.check_layout()
+        with pytest.raises(ShardLayoutMismatch, match=f"on database {database_id(c)}, which no DSN"):
+            await stale.append(moved_pid, ["stale"], expected_seq_nr=2)
 
 
 class Writer(threading.Thread):
