@@ -16,10 +16,10 @@ from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
 from pgjournal.shards.journal import Shards, shard_settings
-from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once, opening_routing
 
 if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
@@ -35,11 +35,9 @@ T = TypeVar("T")
 class AsyncShardedJournal:
     """An asyncio event journal over the databases of a slice-range layout (see ``ShardedJournal``)."""
 
-    def __init__(self, shards: ShardSettings, journals: Sequence[AsyncJournal], layout: Layout,
-                 spares: Sequence[AsyncJournal] = ()) -> None:
-        self._known = tuple(Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares),
-                                                                        (*journals, *spares), strict=True))
-        self._routing = Routing(layout, shards, tuple(journals))
+    def __init__(self, known: Sequence[Known[AsyncJournal]], routing: Routing[AsyncJournal]) -> None:
+        self._known = tuple(known)
+        self._routing = routing
         self.query = AsyncShardedQuery(self)
         self.durable_state = AsyncShardedDurableState(self)
 
@@ -62,16 +60,18 @@ class AsyncShardedJournal:
                     journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}") from None
-            layout = agreed_layout(shards, [await journal.run(read_record_step()) for journal in journals])
             for dsn in shards.spares:
                 try:
                     journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
+            known = [Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares), journals,
+                                                                strict=True)]
+            routing = opening_routing(shards, known, [await journal.run(read_record_step()) for journal in journals])
         except BaseException:
             await _close_all(journals)
             raise
-        return cls(shards, journals[:shards.count], layout, journals[shards.count:])
+        return cls(known, routing)
 
     @property
     def shards(self) -> ShardSettings:

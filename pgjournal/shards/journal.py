@@ -15,10 +15,10 @@ from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
-from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once
+from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once, opening_routing
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
@@ -43,13 +43,11 @@ class ShardedJournal:
     """An event journal over the databases of a slice-range layout. Thread-safe, as each database's journal is;
     open one per process and share it."""
 
-    def __init__(self, shards: ShardSettings, journals: Sequence[Journal], layout: Layout,
-                 spares: Sequence[Journal] = ()) -> None:
+    def __init__(self, known: Sequence[Known[Journal]], routing: Routing[Journal]) -> None:
         #: Every database this journal can reach, by DSN: the settings' ranges', then the spares'.
-        self._known = tuple(Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares),
-                                                                        (*journals, *spares), strict=True))
+        self._known = tuple(known)
         #: Replaced whole, in one assignment, when the journal follows a move (pgjournal.shards.routing).
-        self._routing = Routing(layout, shards, tuple(journals))
+        self._routing = routing
         self.query = ShardedQuery(self)
         self.durable_state = ShardedDurableState(self)
 
@@ -77,7 +75,8 @@ class ShardedJournal:
         ``PGJOURNAL_SHARDS``); ``settings`` apply to every database's journal. ``migrate=True`` runs
         :func:`~pgjournal.shards.migrate.migrate_all` first. Raises :class:`DatabaseUnavailable` naming the
         range of a database that does not answer, :class:`SchemaNotMigrated` for a database without schema or
-        layout record, :class:`ShardLayoutMismatch` when the records and the settings disagree.
+        layout record, :class:`ShardLayoutMismatch` when the records and the settings disagree (settings a move
+        left behind open when their spares reach every database of the recorded layout: it is routed).
         """
         chosen = shard_settings(shards)
         if migrate:
@@ -89,16 +88,18 @@ class ShardedJournal:
                     journals.append(Journal.open(dsn, serializers=serializers, **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(chosen.ranges[index])}: {exc}") from None
-            layout = agreed_layout(chosen, [journal.run(read_record_step()) for journal in journals])
             for dsn in chosen.spares:  # opened now, so that following a move to one opens no pool in the pause
                 try:
                     journals.append(Journal.open(dsn, serializers=serializers, **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
+            known = [Known(dsn, journal) for dsn, journal in zip((*chosen.dsns, *chosen.spares), journals,
+                                                                strict=True)]
+            routing = opening_routing(chosen, known, [journal.run(read_record_step()) for journal in journals])
         except BaseException:
             _close_all(journals)
             raise
-        return cls(chosen, journals[:chosen.count], layout, journals[chosen.count:])
+        return cls(known, routing)
 
     def close(self) -> None:
         _close_all(known.journal for known in self._known)

@@ -10,6 +10,7 @@ the new one, never a mix.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
@@ -19,9 +20,10 @@ from typing import Generic, TypeVar
 from pgjournal.errors import ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.server.dsn import mask_dsn
-from pgjournal.shards.layout import Layout, Record, ShardSettings, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, agreed_layout, format_range
 from pgjournal.validation import check_persistence_id
 
+log = logging.getLogger(__name__)
 J = TypeVar("J")
 T = TypeVar("T")
 
@@ -93,6 +95,35 @@ def next_routing(current: Routing[J], known: Sequence[Known[J]], records: Sequen
     shards = ShardSettings(newest.ranges, tuple(holder.dsn for holder in journals),
                            tuple(k.dsn for k in known if k.dsn not in in_layout))
     return Routing(newest, shards, tuple(holder.journal for holder in journals))
+
+
+def opening_routing(settings: ShardSettings, known: Sequence[Known[J]], records: Sequence[Record | None]
+                    ) -> Routing[J]:
+    """The routing a journal opens with, ``known`` being the settings' databases then its spares and
+    ``records[i]`` the record of ``known[i]``: the settings' layout as every database of it records it
+    (:func:`~pgjournal.shards.layout.agreed_layout`). With spares listed, settings that a move left behind open
+    too: a newer layout the records settle on, every database of it reached by a known DSN, is routed (a process
+    restarted after a move with its settings of before); otherwise the settings' disagreement is raised."""
+    count = settings.count
+    try:
+        layout = agreed_layout(settings, records[:count])
+    except ShardLayoutMismatch as disagreement:
+        if not settings.spares:
+            raise
+        before = Routing(Layout(0, ()), settings, tuple(k.journal for k in known[:count]))
+        try:
+            routing = next_routing(before, known, records, refused=False)
+        except Wait:
+            raise disagreement from None
+        except ShardLayoutMismatch as missing:
+            raise ShardLayoutMismatch(f"{disagreement}; {missing}") from None
+        if routing is None:
+            raise
+        log.warning("%s; routing by the records (the spares reach every database of version %d): update the "
+                    "settings to %s", disagreement, routing.layout.version,
+                    ", ".join(routing.shards.where(i) for i in range(routing.shards.count)))
+        return routing
+    return Routing(layout, settings, tuple(k.journal for k in known[:count]))
 
 
 def after_conflict(current: Routing[J], known: Sequence[Known[J]], records: Sequence[Record | None],

@@ -4,6 +4,7 @@ retries the write once; one that does not know it is refused, naming the databas
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -64,7 +65,7 @@ def test_spares_are_parsed_and_checked_by_name() -> None:
 
 
 def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a_journal_without_it_is_told_what_is_missing(  # noqa: E501
-        shard_databases: Databases) -> None:
+        shard_databases: Databases, caplog: pytest.LogCaptureFixture) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
     migrate_all(old)
@@ -135,6 +136,17 @@ def test_a_refused_append_waits_for_the_switch_and_lands_once_on_the_spare_and_a
     for journal in (follower, checker, stale, late):
         journal.close()
 
+    # Restarted with its settings of before: refused without the spare, routed by the records with it.
+    with pytest.raises(ShardLayoutMismatch, match=r"the settings name ranges 0-511, 512-1023 but the databases "
+                                                  r"record 0-511, 512-767, 768-1023 \(version 2\)"):
+        ShardedJournal.open(old, **FAST)
+    with caplog.at_level(logging.WARNING, logger="pgjournal.shards.routing"), \
+            ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as restarted:
+        assert restarted.layout.version == 2 and restarted.shards.dsns == (a, c, b) and restarted.shards.spares == ()
+        assert [e.seq_nr for e in restarted.append(moved_pid, ["restarted"], expected_seq_nr=4)] == [5]
+    assert len(events_of(c, moved_pid)) == 5
+    assert "routing by the records" in caplog.text and "update the settings to 0-511" in caplog.text
+
 
 def test_a_write_waiting_on_a_sealed_range_goes_where_it_was_going_when_the_move_is_rolled_back(
         shard_databases: Databases) -> None:
@@ -176,6 +188,9 @@ async def test_the_asyncio_face_follows_by_the_same_rule(shard_databases: Databa
             await stale.check_layout()
         with pytest.raises(ShardLayoutMismatch, match=f"on database {database_id(c)}, which no DSN"):
             await stale.append(moved_pid, ["stale"], expected_seq_nr=2)
+    async with AsyncShardedJournal.open(ShardSettings.parse(f"0-511={a};512-1023={b};spare={c}"), **FAST) as restarted:
+        assert restarted.layout.version == 2 and restarted.shards.dsns == (a, c, b)
+        assert [e.seq_nr for e in await restarted.append(moved_pid, ["restarted"], expected_seq_nr=2)] == [3]
 
 
 class Writer(threading.Thread):
