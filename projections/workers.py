@@ -24,10 +24,11 @@ import multiprocessing
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed
+from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed, ShardLayoutMismatch
 from pgjournal.shards import ShardedJournal, ShardSettings
 
 from .handlers import Projection
@@ -72,7 +73,8 @@ class _Balancing:
     """The loop of a worker: a lease cycle every ``interval`` until ``stop`` or a failed range."""
 
     owner: str
-    failure: ProjectionFailed | None
+    #: What ends the run: a range that failed, or (sharded) a layout this process cannot follow.
+    failure: ProjectionFailed | ShardLayoutMismatch | None
     interval: float
 
     def step(self) -> None:
@@ -82,13 +84,14 @@ class _Balancing:
         raise NotImplementedError
 
     def run(self, stop: threading.Event) -> None:
-        """Balance and process until ``stop``; raises :class:`ProjectionFailed` when a range failed."""
+        """Balance and process until ``stop``; raises :class:`ProjectionFailed` when a range failed
+        (:class:`ShardLayoutMismatch`: a sharded worker's layout it cannot follow)."""
         try:
             while not stop.is_set() and self.failure is None:
                 try:
                     self.step()
                 except Exception as exc:  # keep the worker alive: runners stop at their deadline
-                    if isinstance(exc, ProjectionFailed):
+                    if isinstance(exc, ProjectionFailed) or exc is self.failure:
                         raise
                     log.warning("%s: lease cycle failed (%r); runners stop at their deadline", self.owner, exc)
                 stop.wait(self.interval)
@@ -163,20 +166,53 @@ class Worker(_Balancing):
 class ShardedWorker(_Balancing):
     """One :class:`Worker` per database of a sharded journal, with one owner name: in each database the live
     workers share its range, leasing and storing offsets there. ``projection``: one for every database, or a
-    callable giving each database's journal its own (a read model kept beside the events)."""
+    callable giving each database's journal its own (a read model kept beside the events).
+
+    Every lease cycle first checks the layout records (``journal.check_layout()``): after a move (docs/sharding.md,
+    section 6) the workers are rebuilt for the new layout, so the moved range is read where it went, from the
+    offsets the move copied there, instead of going silently quiet on the database it left. A layout this process
+    cannot follow (the target reached by none of its DSNs: list it as a spare) fails the worker once it has not
+    settled for ``layout_wait``, so that its supervisor restarts it with the new settings."""
 
     def __init__(self, journal: ShardedJournal, projection: Projection | Callable[[Journal], Projection], *,
                  owner: str | None = None, lease_duration: float = 10.0,
                  renew_interval: float | None = None) -> None:
         self.owner = owner or default_owner()
-        self.parts = [Worker(database, projection if isinstance(projection, Projection) else projection(database),
-                             owner=self.owner, lease_duration=lease_duration, renew_interval=renew_interval,
-                             slices=bounds)
-                      for bounds, database in zip(journal.shards.ranges, journal.journals, strict=True)]
+        self.journal = journal
+        self._projection = projection
+        self._lease = (lease_duration, renew_interval)
+        self._unsettled_since: float | None = None
+        self.layout = journal.layout
+        self.parts = self._parts()
         self.interval = min(part.interval for part in self.parts)
+        self._layout_failure: ShardLayoutMismatch | None = None
+
+    def _parts(self) -> list[Worker]:
+        projection, (duration, renew) = self._projection, self._lease
+        return [Worker(database, projection if isinstance(projection, Projection) else projection(database),
+                       owner=self.owner, lease_duration=duration, renew_interval=renew, slices=bounds)
+                for bounds, database in zip(self.journal.shards.ranges, self.journal.journals, strict=True)]
+
+    def _follow_layout(self) -> None:
+        try:
+            layout = self.journal.check_layout()
+        except ShardLayoutMismatch as exc:
+            now = time.monotonic()
+            self._unsettled_since = self._unsettled_since or now
+            if now - self._unsettled_since >= self.journal.journals[0].settings.layout_wait:
+                self._layout_failure = exc
+            raise  # a warning this cycle; the workers of the layout they know go on meanwhile
+        self._unsettled_since = None
+        if layout != self.layout:
+            log.info("%s: the shard layout is version %d now (%s): the workers follow it", self.owner,
+                     layout.version, ", ".join(self.journal.shards.where(i) for i in range(self.journal.shards.count)))
+            self.shutdown()
+            self.layout, self.parts = layout, self._parts()
 
     @property
-    def failure(self) -> ProjectionFailed | None:  # type: ignore[override]
+    def failure(self) -> ProjectionFailed | ShardLayoutMismatch | None:  # type: ignore[override]
+        if self._layout_failure is not None:
+            return self._layout_failure
         return next((part.failure for part in self.parts if part.failure is not None), None)
 
     @property
@@ -184,6 +220,7 @@ class ShardedWorker(_Balancing):
         return {key: runner for part in self.parts for key, runner in part.runners.items()}
 
     def step(self) -> None:
+        self._follow_layout()
         failures: list[Exception] = []
         for part in self.parts:  # a database that fails its cycle must not keep the others from theirs
             try:
@@ -222,7 +259,7 @@ def worker_main(dsn: str | None, name: str, entity_type: str, factory_spec: str,
         log.info("worker %s started for projection %s", worker.owner, name)
         try:
             worker.run(stop)
-        except ProjectionFailed as exc:
+        except (ProjectionFailed, ShardLayoutMismatch) as exc:
             log.error("%s", exc)
             return 1
     return 0

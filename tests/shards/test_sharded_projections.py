@@ -16,15 +16,19 @@ import psycopg
 import pytest
 from support import FAST
 from support.eventually import eventually
-from support.projection_handlers import AUDIT_DDL, FAST_PROJECTION
+from support.projection_handlers import AUDIT_DDL, FAST_PROJECTION, audited_counter
 from support.projection_workers import ROOT, Writers, check_no_overlap, stop_all, worker_env
+from test_follow import database_id
+from test_move import pid_in
 
-from pgjournal.errors import InvalidArgument
+from pgjournal.errors import InvalidArgument, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections.examples import counter_mismatches, ensure_table
 from pgjournal.projections.handlers import ExactlyOnce, Projection
 from pgjournal.projections.runner import run_range
-from pgjournal.shards import ShardedJournal
+from pgjournal.projections.workers import ShardedWorker
+from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
+from pgjournal.shards.move import Mover
 
 
 def test_each_range_keeps_its_offsets_in_the_database_of_its_slices(
@@ -128,3 +132,72 @@ def test_workers_rescaled_from_2_to_4_over_2_databases_neither_lose_nor_repeat(
         assert twice == [], f"handled twice in {lo}-{hi}: {twice}"
         assert audited and audited <= offsets <= set(range(lo, hi + 1)), (lo, hi)
         assert leased <= set(range(lo, hi + 1)), (lo, hi)
+
+
+
+def _audited(dsns: list[str], owner: str) -> list[tuple[str, int, str]]:
+    """Every (persistence id, seq_nr, database) the audited projection of ``owner``'s worker handled."""
+    rows = []
+    for dsn in dsns:
+        with psycopg.connect(dsn) as conn:
+            if conn.execute("SELECT to_regclass('projection_audit')").fetchone() != (None,):
+                rows += [(pid, seq, dsn) for pid, seq in conn.execute(
+                    "SELECT persistence_id, seq_nr FROM projection_audit WHERE owner = %s", (owner,))]
+    return rows
+
+
+def test_a_sharded_worker_follows_a_move_and_its_projection_neither_loses_nor_repeats(
+        shard_databases: Callable[..., list[str]]) -> None:
+    """Before, a worker kept reading the moved range on the database it left, which no event reaches any more:
+    silently quiet. Now it rebuilds its workers for the new layout and resumes there from the copied offsets;
+    a worker that cannot reach the target fails once the layout stays unfollowable for ``layout_wait``."""
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    moved = [pid_in(512, 767, f"acct|m{i}-") for i in range(6)]
+    kept = [pid_in(768, 1023, f"acct|k{i}-") for i in range(3)] + [pid_in(0, 511, "acct|a-")]
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as journal, \
+            ShardedJournal.open(old, layout_wait=0.5, **FAST) as blind:
+        workers = {"following": ShardedWorker(journal, lambda db: audited_counter(db, "moved", "acct"),
+                                              owner="following", lease_duration=2, renew_interval=0.2),
+                   "unfollowing": ShardedWorker(blind, lambda db: audited_counter(db, "blind", "acct"),
+                                                owner="unfollowing", lease_duration=2, renew_interval=0.2)}
+        stop = threading.Event()
+        outcome: dict[str, BaseException | None] = {}
+
+        def run(name: str) -> None:
+            try:
+                workers[name].run(stop)
+                outcome[name] = None
+            except BaseException as exc:
+                outcome[name] = exc
+
+        threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in workers]
+        for thread in threads:
+            thread.start()
+        try:
+            for pid in moved + kept:
+                journal.append(pid, [1, 2], expected_seq_nr=0)
+            for owner in workers:
+                eventually(lambda o=owner: len(_audited([a, b], o)) == 2 * len(moved + kept),
+                           f"{owner}: the events before the move")
+            with Mover(old, (512, 767), c, keep=0) as mover:
+                mover.run()
+            for pid in moved + kept:  # the moved ones follow the move to c (the spare)
+                journal.append(pid, [3], expected_seq_nr=2)
+            eventually(lambda: "unfollowing" in outcome, "the worker without the target fails")
+            eventually(lambda: len(_audited([a, b, c], "following")) == 3 * len(moved + kept),
+                       "the events after the move handled, the moved range's on the target")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+    assert outcome["following"] is None
+    assert isinstance(outcome["unfollowing"], ShardLayoutMismatch)
+    assert f"on database {database_id(c)}, which no DSN" in str(outcome["unfollowing"])
+    assert workers["following"].layout.version == 2
+    handled = _audited([a, b, c], "following")
+    assert sorted((pid, seq) for pid, seq, _ in handled) == sorted(
+        (pid, n) for pid in moved + kept for n in (1, 2, 3))  # each event once: none lost, none repeated
+    assert {(pid, dsn) for pid, seq, dsn in handled if seq == 3} == {(pid, c) for pid in moved} | {
+        (pid, b if slice_for_persistence_id(pid) >= 512 else a) for pid in kept}
