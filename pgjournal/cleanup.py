@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.store import cleanup as sql
+from pgjournal.tags.reconciliation import wait_for_tag_writers
 from pgjournal.validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
@@ -165,8 +166,8 @@ class JournalCleanup:
              before: datetime | None = None, reset: bool = False, snapshots: bool = False) -> CleanupReport:
         report = CleanupReport(operation, self.dry_run)
         counts = report.counts
-        if self.journal.tag_writer is not None:  # this journal's pending tag rows first: deleted with their events
-            self.journal.tag_writer.flush()
+        if not self.dry_run:  # the pending tag rows first (of every process): deleted with their events
+            wait_for_tag_writers(self.journal)
         touched: dict[tuple[str, int], datetime] = {}
         execute = not self.dry_run
         for pids in pages:

@@ -311,6 +311,15 @@ class Watermark:
     silent: list[str] | None
 
 
+def clock() -> Read[datetime]:
+    return scalars("SELECT clock_timestamp()", ())
+
+
+def writers_past(moment: datetime) -> Read[bool]:
+    """Whether every batched tag writer's watermark is past ``moment`` (true without batched writers)."""
+    return scalars("SELECT COALESCE((SELECT min(complete_before) FROM tag_batch_writers) > %s, true)", (moment,))
+
+
 def watermark(silent_for: float) -> Read[Watermark]:
     return rows(Watermark, "SELECT min(complete_before), array_agg(id || ' (writer ' || writer || ')' ORDER BY id) "
                            "FILTER (WHERE heartbeat < clock_timestamp() - %s * interval '1 second') "

@@ -12,11 +12,13 @@ only) unless the :class:`Cleanup` was made with ``dry_run=False``.
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import psycopg
 
+from pgjournal.errors import TagFlushFailed
 from pgjournal.model.timeuuid import lsb_key, make_uuid, ms_of_ticks
 from pgjournal.store import tags as sql
 from pgjournal.store.tags import TagCount as TagCount  # the row shape, part of this module's API
@@ -28,11 +30,37 @@ if TYPE_CHECKING:
     from pgjournal.store import Query
 
 _UNIX_EPOCH_TICKS = 0x01B21DD213814000
+#: How often a cleanup waiting for other processes' batched tag writers reads their watermark again.
+SETTLE_INTERVAL = 0.05
 
 
 def _random_lsb_bytes() -> int:
     """Low bytes for rebuilt TimeUUIDs: RFC 4122 variant, random clock sequence and multicast node."""
     return (0x80 << 56) | (secrets.randbits(62) & 0x3FFFFFFFFFFFFFFF) | (1 << 40)
+
+
+def wait_for_tag_writers(journal: Journal) -> None:
+    """Before a cleanup deletes tag rows: wait, at most ``tag_writer_timeout``, until the batched tag writers of
+    every process have written the tag rows of every event appended before now (their watermark past this
+    moment; this journal's own writer is flushed), since a row a writer still holds, written after the delete,
+    would outlive its event. Raises :class:`TagFlushFailed`, before anything is deleted, when they have not."""
+    if journal.tag_writer is not None:
+        journal.tag_writer.flush()
+    timeout = journal.settings.tag_writer_timeout
+    deadline = time.monotonic() + timeout
+    with journal.connection() as conn:
+        now = sql.clock().one(conn)
+    assert now is not None
+    while True:
+        with journal.connection() as conn:
+            if sql.writers_past(now).one(conn):
+                return
+        if time.monotonic() >= deadline:
+            raise TagFlushFailed(
+                f"the batched tag writers of other processes have not written the tag rows of the events appended "
+                f"before this cleanup after {timeout:g} s (tag_writer_timeout); nothing was deleted: run the cleanup "
+                "again, or `pgjournal tags recover` if a writer died")
+        time.sleep(SETTLE_INTERVAL)  # other processes' writers: nothing to be notified by
 
 
 class Reconciliation:
@@ -154,8 +182,11 @@ class Cleanup:
         return result
 
     def delete_all_tagged_events(self, persistence_id: str) -> CleanupResult:
-        """Delete the persistence id's rows from every tag view (its tag sequence numbers keep counting)."""
+        """Delete the persistence id's rows from every tag view (its tag sequence numbers keep counting), once the
+        batched tag writers have written them (:func:`wait_for_tag_writers`)."""
         pid = check_persistence_id(persistence_id)
+        if not self.dry_run:
+            wait_for_tag_writers(self._journal)
         return self._run(pid, "tagged events", sql.count_or_delete_tagged(pid, count=True),
                          sql.count_or_delete_tagged(pid, count=False))
 

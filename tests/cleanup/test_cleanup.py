@@ -4,6 +4,7 @@ projections left behind are named."""
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -150,3 +151,21 @@ def test_the_cli_counts_then_deletes(dsn: str) -> None:
     assert tomb.exit_code == 0 and "tombstoned" in tomb.output, tomb.output
     bad = runner.invoke(app, ["cleanup", "before-time", "yesterday", "--dsn", dsn])
     assert bad.exit_code == 1 and "ISO 8601" in bad.output
+
+
+def test_a_run_first_waits_for_the_tag_rows_other_processes_still_hold(journal: Journal, dsn: str) -> None:
+    """A writer statement of another process that read the events before the run deleted them would write their
+    tag rows after it: the run starts once every batched writer's watermark is past its start."""
+    with Journal.open(dsn, tag_flush_interval=60.0, tag_writer_timeout=600.0) as other:
+        other.append("Cart|9", ["a", "b"], tags=["cart"])  # its tag rows are written in 60 s, or at its flush
+        done: dict[str, object] = {}
+        run = threading.Thread(target=lambda: done.setdefault(
+            "report", JournalCleanup(journal, dry_run=False).all_events("Cart")), daemon=True)
+        run.start()
+        run.join(0.5)
+        assert run.is_alive() and rows(dsn) == {("Cart|9", 1, False), ("Cart|9", 2, False)}  # nothing deleted yet
+        assert other.tag_writer is not None
+        other.tag_writer.flush()
+        run.join(30)
+        assert "report" in done
+    assert rows(dsn) == {("Cart|9", 2, True)} and rows(dsn, "tag_views") == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from pgjournal import Journal
 from pgjournal.cli.commands import app
+from pgjournal.errors import TagFlushFailed
 from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
 
@@ -74,6 +76,39 @@ def test_cleanup_is_a_dry_run_by_default(tj: Journal) -> None:
     with tj.connection() as conn:  # tag numbers keep counting, so streams that knew the pid stay correct
         rows = conn.execute("SELECT sequence_nr, tag_pid_sequence_nr FROM tag_views").fetchall()
     assert rows == [(4, 4)]
+
+
+def test_cleanup_waits_for_another_processes_batched_writer_so_no_tag_row_outlives_its_event(
+        tj: Journal, dsn: str) -> None:
+    """Another process's batched writer still holds the pid's tag rows: deleting the tag view first and the
+    events after left the rows it wrote later in the tag view, the deleted events' payloads with them."""
+    with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as other:
+        other.append("Cart|1", [1, 2, 3], tags=["x"])  # its rows are written in 60 s, or at its flush
+        done: dict[str, object] = {}
+        cleaning = threading.Thread(target=lambda: done.setdefault("results", Cleanup(tj, dry_run=False).delete_all(
+            "Cart|1")), daemon=True)
+        cleaning.start()
+        cleaning.join(0.5)
+        assert cleaning.is_alive() and "results" not in done  # waiting for the other writer's watermark
+        assert other.tag_writer is not None
+        other.tag_writer.flush()
+        cleaning.join(30)
+        results = done["results"]
+        assert isinstance(results, list) and [r.rows for r in results] == [3, 2, 0]
+        other.tag_writer.flush()
+    with tj.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM tag_views").fetchone() == (0,)
+
+
+def test_cleanup_gives_up_on_a_writer_that_does_not_write_and_deletes_nothing(dsn: str) -> None:
+    with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as other, \
+            Journal.open(dsn, **{**TAGS, "tag_writer_timeout": 1.0}) as impatient:
+        other.append("Cart|1", [1, 2], tags=["x"])
+        with pytest.raises(TagFlushFailed, match=r"other processes have not written the tag rows.*after 1 s.*"
+                                                 r"nothing was deleted"):
+            Cleanup(impatient, dry_run=False).delete_all("Cart|1")
+        assert impatient.highest_seq_nr("Cart|1") == 2
+        assert len(list(impatient.query.current_events_by_persistence_id("Cart|1"))) == 2
 
 
 def test_cleanup_with_reset_sequence_number(tj: Journal) -> None:
