@@ -23,6 +23,7 @@ from pgjournal.core.journal_core import (
     open_step,
     opening,
     pool_options,
+    primary_step,
     registry,
     replica_of,
     replica_step,
@@ -101,9 +102,10 @@ class Journal(JournalCore):
             capabilities, stored, loaded = run(open_step(resolved, loaded), conn)
             if loaded.pipeline and not run(allowed_step(loaded), conn):
                 loaded = replace(loaded, pipeline=False)
+            primary = run(primary_step(), conn) if standby is not None else None
         if standby is not None:
             with connect(standby, loaded) as conn:
-                run(replica_step(standby), conn)
+                run(replica_step(standby, primary), conn)
         journal = cls(resolved, loaded, registry(serializers, stored), capabilities, stored, standby)
         journal._pool.open(wait=False)
         if journal._replica_pool is not None:

@@ -91,9 +91,6 @@ class AsyncJournal(JournalCore):
                     replica: str | None, settings: dict[str, Any]) -> AsyncJournal:
         resolved, loaded = core.opening(dsn, serializers, migrate, settings)
         standby = core.replica_of(replica)
-        if standby is not None:
-            async with await _connect(standby, loaded) as conn:
-                await arun(core.replica_step(standby), conn)
         conn = await _connect(resolved, loaded)
         async with conn:
             if migrate:  # Alembic is blocking: in a thread
@@ -101,6 +98,10 @@ class AsyncJournal(JournalCore):
             capabilities, stored, loaded = await arun(core.open_step(resolved, loaded), conn)
             if loaded.async_pipeline and not await arun(allowed_step(loaded), conn):
                 loaded = replace(loaded, async_pipeline=False)
+            primary = await arun(core.primary_step(), conn) if standby is not None else None
+        if standby is not None:
+            async with await _connect(standby, loaded) as conn:
+                await arun(core.replica_step(standby, primary), conn)
         journal = cls(resolved, loaded, core.registry(serializers, stored), capabilities, stored, standby)
         await journal._pool.open(wait=False)
         if journal._replica_pool is not None:

@@ -138,13 +138,31 @@ def replica_of(replica: str | None) -> str | None:
     return check_dsn(chosen) if chosen is not None else None
 
 
-def replica_step(replica: str) -> Step[None]:
-    """What opening a journal checks of its replica: a standby (in recovery) with the schema at head."""
+def primary_step() -> Step[catalog.ClusterDatabase | None]:
+    """What :func:`replica_step` compares the replica with, read on the primary."""
+    found: catalog.ClusterDatabase | None = yield from first_of(catalog.cluster_database())
+    return found
+
+
+def replica_step(replica: str, primary: catalog.ClusterDatabase | None) -> Step[None]:
+    """What opening a journal checks of its replica: a standby (in recovery) of the primary's cluster (its system
+    identifier), reaching the same database, with the schema at head."""
     found = yield from first_of(catalog.replayed())
     if found is None or found.position is None or not found.recovering:
         raise ConfigurationError(
             f"replica {mask_dsn(replica)} is not a standby (pg_is_in_recovery() is false): readers there could not "
             "tell which of the primary's commits it shows; give the DSN of a hot standby of the primary")
+    there = yield from first_of(catalog.cluster_database())
+    if there is None or primary is None or there.system_identifier != primary.system_identifier:
+        raise ConfigurationError(
+            f"replica {mask_dsn(replica)} is a standby of another cluster (system identifier "
+            f"{there.system_identifier if there else '?'}, the primary's "
+            f"{primary.system_identifier if primary else '?'}): its rows are not the primary's; give the DSN of a "
+            "hot standby of the primary")
+    if there.database != primary.database:
+        raise ConfigurationError(
+            f"replica {mask_dsn(replica)} reaches database {there.database!r}, the primary's is "
+            f"{primary.database!r}: give the standby's DSN of the same database")
     yield from migrations.check_schema_step()
 
 

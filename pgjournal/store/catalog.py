@@ -79,6 +79,19 @@ def replayed() -> Read[Replayed]:
     return rows(Replayed, WAL_REPLAYED_SQL)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterDatabase:
+    """Which database a connection reaches: its cluster's system identifier (a physical standby has its
+    primary's) and the database's name."""
+
+    system_identifier: int
+    database: str
+
+
+def cluster_database() -> Read[ClusterDatabase]:
+    return rows(ClusterDatabase, "SELECT (SELECT system_identifier FROM pg_control_system()), current_database()")
+
+
 def current_user() -> Read[str]:
     return scalars("SELECT current_user")
 

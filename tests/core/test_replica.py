@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 import pytest
 from support import FAST
 from support.eventually import eventually
@@ -145,6 +146,27 @@ def test_a_standby_that_has_not_replayed_holds_its_readers_back_and_counts_in_th
 def test_a_replica_that_is_no_standby_is_refused_at_open(pair: StandbyPair) -> None:
     with pytest.raises(ConfigurationError, match="is not a standby"):
         Journal.open(pair.primary_dsn, replica=pair.primary_dsn)
+
+
+async def test_a_standby_of_another_cluster_or_database_is_refused_at_open(pair: StandbyPair, dsn: str) -> None:
+    """A standby passed the checks whatever it was a standby of: readers would have read another cluster's or
+    another database's rows (and waited for WAL positions that are not the primary's)."""
+    with pytest.raises(ConfigurationError, match=r"is a standby of another cluster \(system identifier"):
+        Journal.open(dsn, replica=pair.standby_dsn)  # the suite's server: not the pair's primary
+    async with AsyncJournal.open(pair.primary_dsn, **FAST) as opened:  # the asyncio face runs the same steps
+        assert opened.replica_dsn is None
+    with pytest.raises(ConfigurationError, match=r"is a standby of another cluster"):
+        await AsyncJournal.open(dsn, replica=pair.standby_dsn)
+    with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE other_db")
+    try:
+        pair.wait_replayed()
+        standby_of_other = psycopg.conninfo.make_conninfo(pair.standby_dsn, dbname="other_db")
+        with pytest.raises(ConfigurationError, match=r"reaches database 'other_db', the primary's is"):
+            Journal.open(pair.primary_dsn, replica=standby_of_other)
+    finally:
+        with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE other_db")
 
 
 # -- stalled writers ---------------------------------------------------------------------------------------
