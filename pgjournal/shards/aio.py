@@ -46,7 +46,7 @@ class AsyncShardedJournal:
              migrate: bool = False, **settings: Any) -> _Opening:
         """``await AsyncShardedJournal.open(...)`` or ``async with AsyncShardedJournal.open(...) as journal``; the
         same checks as ``ShardedJournal.open``."""
-        return _Opening(cls._open(shard_settings(shards), serializers, migrate, settings))
+        return _Opening(cls._open(shard_settings(shards, settings), serializers, migrate, settings))
 
     @classmethod
     async def _open(cls, shards: ShardSettings, serializers: SerializerRegistry | None, migrate: bool,
@@ -57,12 +57,14 @@ class AsyncShardedJournal:
         try:
             for index, dsn in enumerate(shards.dsns):
                 try:
-                    journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
+                    journals.append(await AsyncJournal.open(dsn, serializers=serializers,
+                                                            replica=shards.replica_of(dsn), **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(shards.ranges[index])}: {exc}") from None
             for dsn in shards.spares:
                 try:
-                    journals.append(await AsyncJournal.open(dsn, serializers=serializers, **settings))
+                    journals.append(await AsyncJournal.open(dsn, serializers=serializers,
+                                                            replica=shards.replica_of(dsn), **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
             known = [Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares), journals,

@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pgjournal.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
+from pgjournal.core.journal_core import REPLICA_ENV
+from pgjournal.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    DatabaseUnavailable,
+    SchemaNotMigrated,
+    ShardLayoutMismatch,
+)
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
-from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, format_range
+from pgjournal.shards.layout import REPLICA, Layout, Record, ShardSettings, SliceRange, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
 from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once, opening_routing
@@ -32,8 +40,12 @@ Shards = ShardSettings | Mapping[str, str] | Sequence[str]
 T = TypeVar("T")
 
 
-def shard_settings(shards: Shards | None) -> ShardSettings:
-    """``shards`` as :class:`ShardSettings`; ``None``: from ``PGJOURNAL_SHARDS``."""
+def shard_settings(shards: Shards | None, settings: Mapping[str, Any] | None = None) -> ShardSettings:
+    """``shards`` as :class:`ShardSettings`; ``None``: from ``PGJOURNAL_SHARDS``. ``settings`` (the journals'):
+    a single replica (``replica=``, ``PGJOURNAL_REPLICA_DSN``) is refused, since it would be every database's."""
+    if settings is not None and ("replica" in settings or os.environ.get(REPLICA_ENV)):
+        raise ConfigurationError(f"a sharded journal takes a hot standby per database, not one for all (replica= or "
+                                 f"{REPLICA_ENV}): give each as {REPLICA}RANGE=DSN in the shard settings")
     if shards is None:
         return ShardSettings.from_env()
     return shards if isinstance(shards, ShardSettings) else ShardSettings.of(shards)
@@ -78,19 +90,21 @@ class ShardedJournal:
         layout record, :class:`ShardLayoutMismatch` when the records and the settings disagree (settings a move
         left behind open when their spares reach every database of the recorded layout: it is routed).
         """
-        chosen = shard_settings(shards)
+        chosen = shard_settings(shards, settings)
         if migrate:
             migrate_all(chosen, Settings.load(**settings))
         journals: list[Journal] = []
         try:
             for index, dsn in enumerate(chosen.dsns):
                 try:
-                    journals.append(Journal.open(dsn, serializers=serializers, **settings))
+                    journals.append(Journal.open(dsn, serializers=serializers, replica=chosen.replica_of(dsn),
+                                                 **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the database of slices {format_range(chosen.ranges[index])}: {exc}") from None
             for dsn in chosen.spares:  # opened now, so that following a move to one opens no pool in the pause
                 try:
-                    journals.append(Journal.open(dsn, serializers=serializers, **settings))
+                    journals.append(Journal.open(dsn, serializers=serializers, replica=chosen.replica_of(dsn),
+                                                 **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
             known = [Known(dsn, journal) for dsn, journal in zip((*chosen.dsns, *chosen.spares), journals,

@@ -23,6 +23,8 @@ SHARDS_ENV = "PGJOURNAL_SHARDS"
 SliceRange = tuple[int, int]
 #: The key of a database holding no range in ``PGJOURNAL_SHARDS`` and ``--shard`` (``spare=DSN``).
 SPARE = "spare"
+#: The key prefix of a database's hot standby in the text form: ``replica:0-511=DSN``.
+REPLICA = "replica:"
 
 
 def akka_database_index(slice_: int, databases: int) -> int:
@@ -89,11 +91,13 @@ def check_ranges(ranges: Sequence[SliceRange]) -> tuple[SliceRange, ...]:
 class ShardSettings:
     """The databases of a sharded journal: ``ranges[i]`` is held by the database at ``dsns[i]``; ``spares``: the
     DSNs of databases holding no range yet (a move's future target), which the journal opens too so that it can
-    follow a move to one of them without new settings (docs/sharding.md, section 8)."""
+    follow a move to one of them without new settings (docs/sharding.md, section 8); ``replicas``: (DSN, standby
+    DSN) pairs, a hot standby of a database for its by-slice reads (``Journal.open(dsn, replica=)``, section 7)."""
 
     ranges: tuple[SliceRange, ...]
     dsns: tuple[str, ...]
     spares: tuple[str, ...] = ()
+    replicas: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.ranges) != len(self.dsns):
@@ -117,6 +121,18 @@ class ShardSettings:
             if dsn in spares:
                 raise ConfigurationError(f"the spare DSN {mask_dsn(dsn)!r} is given twice")
             spares.add(dsn)
+        standbys: set[str] = set()
+        for primary, standby in self.replicas:
+            check_dsn(standby)
+            if primary not in seen and primary not in spares:
+                raise ConfigurationError(f"the replica {mask_dsn(standby)!r} is given for {mask_dsn(primary)!r}, "
+                                         "which is no database of these settings")
+            if standby in seen or standby in spares or standby in standbys:
+                raise ConfigurationError(f"the replica DSN {mask_dsn(standby)!r} is given twice, or is also a "
+                                         "database's DSN: each database has its own standby")
+            standbys.add(standby)
+        if len({primary for primary, _ in self.replicas}) != len(self.replicas):
+            raise ConfigurationError("a database is given two replicas: one standby per database")
         ordered = check_ranges(self.ranges)
         if ordered != self.ranges:  # keep the DSNs with their ranges, in slice order
             pairs = sorted(zip(self.ranges, self.dsns, strict=True))
@@ -124,28 +140,36 @@ class ShardSettings:
             object.__setattr__(self, "dsns", tuple(d for _, d in pairs))
 
     @classmethod
-    def of(cls, databases: Mapping[str, str] | Sequence[str], spares: Sequence[str] = ()) -> ShardSettings:
+    def of(cls, databases: Mapping[str, str] | Sequence[str], spares: Sequence[str] = (),
+           replicas: Mapping[str, str] | None = None) -> ShardSettings:
         """From ``{"0-511": dsn, "512-1023": dsn}`` or from a list of DSNs, database ``i`` holding Akka's range
-        ``i`` (the order of ``connection-factory-<a>-<b>``); ``spares``: databases holding no range (see the
-        class)."""
+        ``i`` (the order of ``connection-factory-<a>-<b>``); ``spares``: databases holding no range;
+        ``replicas``: ``{"0-511": standby_dsn}``, the hot standby of the database of a range (see the class)."""
         if isinstance(databases, str):
             raise ConfigurationError("shard databases must be a mapping of RANGE to DSN or a list of DSNs, "
                                      f"got the string {mask_dsn(databases)!r}")
         if isinstance(databases, Mapping):
-            ranges = []
-            for text in databases:
-                try:
-                    ranges.append(parse_slice_range(text))
-                except InvalidArgument as exc:
-                    raise ConfigurationError(f"shard range {text!r}: {exc} (a database holding no range yet is "
-                                             f"given as {SPARE}=DSN)") from None
-            return cls(tuple(ranges), tuple(databases.values()), tuple(spares))
-        dsns = tuple(databases)
-        if not _power_of_two(len(dsns)):
-            raise ConfigurationError(
-                f"{len(dsns)} databases: the number of databases must be a power of two dividing "
-                f"{NUMBER_OF_SLICES} (Akka R2DBC's data-partition.number-of-databases), e.g. 1, 2, 4, 8")
-        return cls(tuple(slice_ranges(len(dsns))), dsns, tuple(spares))
+            ranges = tuple(_range_key(text) for text in databases)
+            dsns = tuple(databases.values())
+        else:
+            dsns = tuple(databases)
+            if not _power_of_two(len(dsns)):
+                raise ConfigurationError(
+                    f"{len(dsns)} databases: the number of databases must be a power of two dividing "
+                    f"{NUMBER_OF_SLICES} (Akka R2DBC's data-partition.number-of-databases), e.g. 1, 2, 4, 8")
+            ranges = tuple(slice_ranges(len(dsns)))
+        pairs = []
+        for text, standby in (replicas or {}).items():
+            bounds = _range_key(text)
+            if bounds not in ranges:
+                raise ConfigurationError(f"the replica of shard range {text!r}: no database holds that range (the "
+                                         f"ranges are {', '.join(map(format_range, ranges))})")
+            pairs.append((dsns[ranges.index(bounds)], standby))
+        return cls(ranges, dsns, tuple(spares), tuple(pairs))
+
+    def replica_of(self, dsn: str) -> str | None:
+        """The hot standby given for the database at ``dsn`` (``None``: its by-slice reads stay on it)."""
+        return next((standby for primary, standby in self.replicas if primary == dsn), None)
 
     @classmethod
     def parse(cls, text: str) -> ShardSettings:
@@ -153,6 +177,7 @@ class ShardSettings:
         holding no range is given as ``spare=DSN`` (as often as there are spares)."""
         entries: dict[str, str] = {}
         spares: list[str] = []
+        replicas: dict[str, str] = {}
         for line in text.replace(";", "\n").splitlines():
             if not line.strip():
                 continue
@@ -160,13 +185,18 @@ class ShardSettings:
             if not sep:
                 raise ConfigurationError(f"shard entry {mask_dsn(line.strip())!r} must look like RANGE=DSN, "
                                          "e.g. 0-511=postgresql://host/db")
-            if bounds.strip().lower() == SPARE:
+            key = bounds.strip()
+            if key.lower() == SPARE:
                 spares.append(dsn.strip())
                 continue
-            if bounds.strip() in entries:
-                raise ConfigurationError(f"shard range {bounds.strip()!r} is given twice")
-            entries[bounds.strip()] = dsn.strip()
-        return cls.of(entries, spares)
+            target = replicas if key.lower().startswith(REPLICA) else entries
+            if key.lower().startswith(REPLICA):
+                key = key[len(REPLICA):].strip()
+            if key in target:
+                raise ConfigurationError(f"shard {'replica of range' if target is replicas else 'range'} {key!r} is "
+                                         "given twice")
+            target[key] = dsn.strip()
+        return cls.of(entries, spares, replicas)
 
     @classmethod
     def from_env(cls) -> ShardSettings:
@@ -254,6 +284,14 @@ class Record:
     layout: Layout
     database_id: uuid.UUID
     state: str = "stable"
+
+
+def _range_key(text: str) -> SliceRange:
+    try:
+        return parse_slice_range(text)
+    except InvalidArgument as exc:
+        raise ConfigurationError(f"shard range {text!r}: {exc} (a database holding no range yet is given as "
+                                 f"{SPARE}=DSN, a database's hot standby as {REPLICA}RANGE=DSN)") from None
 
 
 def agreed_layout(settings: ShardSettings, records: Sequence[Record | None]) -> Layout:

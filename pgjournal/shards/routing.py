@@ -93,7 +93,7 @@ def next_routing(current: Routing[J], known: Sequence[Known[J]], records: Sequen
         journals.append(holder)
     in_layout = {holder.dsn for holder in journals}
     shards = ShardSettings(newest.ranges, tuple(holder.dsn for holder in journals),
-                           tuple(k.dsn for k in known if k.dsn not in in_layout))
+                           tuple(k.dsn for k in known if k.dsn not in in_layout), current.shards.replicas)
     return Routing(newest, shards, tuple(holder.journal for holder in journals))
 
 

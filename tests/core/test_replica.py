@@ -32,6 +32,8 @@ from support.standby import StandbyPair, standby_pair
 
 from pgjournal import ConfigurationError, HorizonBlocked, Journal, Source
 from pgjournal.aio import AsyncJournal
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.shards import AsyncShardedJournal, ShardedJournal, ShardSettings, migrate_all
 
 #: Backtracking far behind (only the main query could deliver a late event within a test).
 NO_BACKTRACKING: dict[str, Any] = dict(FAST, backtracking_enabled=False)
@@ -167,6 +169,47 @@ async def test_a_standby_of_another_cluster_or_database_is_refused_at_open(pair:
     finally:
         with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
             conn.execute("DROP DATABASE other_db")
+
+
+async def test_a_sharded_journal_reads_each_database_on_its_own_standby(pair: StandbyPair,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two databases of the pair's primary, each with its standby (the same standby server, the database's name):
+    each range's by-slice reads go to its database's standby, on both faces; one replica for all is refused, and
+    a standby of the other database is refused by the journal of the range it was given for."""
+    with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
+        for name in ("shard_a", "shard_b"):
+            conn.execute(f"CREATE DATABASE {name}")
+    try:
+        a, b = (psycopg.conninfo.make_conninfo(pair.primary_dsn, dbname=n) for n in ("shard_a", "shard_b"))
+        sa, sb = (psycopg.conninfo.make_conninfo(pair.standby_dsn, dbname=n) for n in ("shard_a", "shard_b"))
+        migrate_all(ShardSettings.of([a, b]))
+        pair.wait_replayed()
+        settings = ShardSettings.of([a, b], replicas={"0-511": sa, "512-1023": sb})
+        pids = [f"acct|{i}" for i in range(20)]
+        with ShardedJournal.open(settings, **FAST) as journal:
+            assert [j.replica_dsn for j in journal.journals] == [sa, sb]
+            polls = [_counting_reads(j) for j in journal.journals]
+            for pid in pids:
+                journal.append(pid, [pid], expected_seq_nr=0)
+            for i, (lo, hi) in enumerate(settings.ranges):
+                expected = {p for p in pids if lo <= slice_for_persistence_id(p) <= hi}
+                eventually(lambda lo=lo, hi=hi, expected=expected: {
+                    e.persistence_id for e in journal.query.current_events_by_slices("acct", lo, hi)} == expected,
+                    f"slices {lo}-{hi} read on their standby")
+                assert polls[i][0] > 0
+        async with AsyncShardedJournal.open(settings, **FAST) as opened:
+            assert [j.replica_dsn for j in opened.journals] == [sa, sb]
+        with pytest.raises(ConfigurationError, match=r"reaches database 'shard_b', the primary's is 'shard_a'"):
+            ShardedJournal.open(ShardSettings.of([a, b], replicas={"0-511": sb}), **FAST)
+        with pytest.raises(ConfigurationError, match="a hot standby per database, not one for all"):
+            ShardedJournal.open(ShardSettings.of([a, b]), replica=sa)
+        monkeypatch.setenv("PGJOURNAL_REPLICA_DSN", sa)
+        with pytest.raises(ConfigurationError, match=r"PGJOURNAL_REPLICA_DSN\): give each as replica:RANGE=DSN"):
+            ShardedJournal.open(ShardSettings.of([a, b]))
+    finally:
+        with psycopg.connect(pair.primary_dsn, autocommit=True) as conn:
+            for name in ("shard_a", "shard_b"):
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # -- stalled writers ---------------------------------------------------------------------------------------

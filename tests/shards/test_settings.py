@@ -118,3 +118,22 @@ def test_a_layout_after_a_move_routes_each_slice_to_its_range() -> None:
     assert moved.index_of_range(600, 700) == 1
     with pytest.raises(InvalidArgument, match="spans 2 databases"):
         moved.index_of_range(700, 800)
+
+
+def test_a_database_s_hot_standby_is_given_by_its_range_and_bad_ones_are_refused() -> None:
+    sa, sb = "postgresql://u@standby0/journal", "postgresql://u@standby1/journal"
+    parsed = ShardSettings.parse(f"512-1023={B};0-511={A};replica:0-511={sa};replica:512-1023={sb};spare={C}")
+    assert parsed.replicas == ((A, sa), (B, sb)) and parsed.spares == (C,)
+    assert (parsed.replica_of(A), parsed.replica_of(B), parsed.replica_of(C)) == (sa, sb, None)
+    assert ShardSettings.of([A, B], replicas={"512-1023": sb}).replica_of(B) == sb
+    refused = [
+        (f"0-511={A};512-1023={B};replica:0-255={sa}", r"replica of shard range '0-255': no database holds that"),
+        (f"0-511={A};512-1023={B};replica:0-511={sa};replica:0-511={sb}", r"replica of range '0-511' is given twice"),
+        (f"0-511={A};512-1023={B};replica:0-511={sa};replica:512-1023={sa}", "is given twice, or is also a"),
+        (f"0-511={A};512-1023={B};replica:0-511={B}", "is given twice, or is also a database's DSN"),
+        (f"0-511={A};512-1023={B};replica:east={sa}", r"shard range 'east'.*replica:RANGE=DSN"),
+        (f"0-511={A};512-1023={B};replica:0-511=", "DSN"),
+    ]
+    for text, message in refused:
+        with pytest.raises(ConfigurationError, match=message):
+            ShardSettings.parse(text)
