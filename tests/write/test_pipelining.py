@@ -169,3 +169,129 @@ def test_no_group_commit_when_off_or_where_a_commit_may_fail(why: str, dsn: str)
             [future.result(timeout=30) for future in futures]
         assert journal._pipeline.sent == 0
     assert len({xmin for *_, xmin in rows(dsn, "Off|")}) == 8
+
+
+# -- threads in flight (the blocking face): connections are free, yet appends queue behind ``pipeline_drains`` --
+
+HOLD = 4242  # the advisory lock the first append waits for, on the server, so it stays in flight
+
+
+@contextlib.contextmanager
+def places_taken(dsn: str, first: tuple[str, ...] = ()) -> Iterator[tuple[Journal, Callable[[], None]]]:
+    """A journal of 12 connections and one place (``pipeline_drains=1``), warmed up, whose append to ``Hold|0``
+    stays in flight (a trigger waits for an advisory lock the test holds) for as long as the block runs: every
+    other append finds the place taken and queues, though connections are free. Appends to ``Fail|07`` are
+    refused by the same trigger. ``first``: persistence ids given one event before. Yields the journal and what
+    lets the held append go (the block's end does, at the latest)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION hold_one() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                     f"IF NEW.persistence_id = 'Hold|0' THEN PERFORM pg_advisory_xact_lock({HOLD}); END IF; "
+                     "IF NEW.persistence_id = 'Fail|07' THEN RAISE EXCEPTION 'refused on purpose'; END IF; "
+                     "RETURN NEW; END $$")
+        conn.execute("CREATE TRIGGER hold BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE FUNCTION hold_one()")
+    settings = dict(FAST, portable=PORTABLE, pool_max_size=12, pool_min_size=4, pipeline_drains=1)
+    with Journal.open(dsn, **settings) as journal, psycopg.connect(dsn, autocommit=True) as holder:
+        if not journal._pipeline.enabled:
+            pytest.skip("no group commits on a SERIALIZABLE database (PGJOURNAL_TEST_PORTABLE=1)")
+        journal.append("Warm|up", ["w"])
+        for pid in first:
+            journal.append(pid, ["first"])
+        holder.execute("SELECT pg_advisory_lock(%s)", (HOLD,))
+        with ThreadPoolExecutor(1) as first:
+            held = first.submit(journal.append, "Hold|0", ["held"])
+            eventually(lambda: holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                              "AND NOT granted").fetchone() == (1,), "the first append in flight")
+            assert journal.connections.ready(), "connections are free"
+
+            def release() -> None:
+                holder.execute("SELECT pg_advisory_unlock_all()")
+
+            try:
+                yield journal, release
+            finally:
+                release()
+            assert held.result(timeout=30)[0].seq_nr == 1
+
+
+def behind_the_held(journal: Journal, appends: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``appends`` on threads of their own while the held append is in flight, until every one is queued;
+    their futures (they end once the held append goes)."""
+    pipeline = journal._pipeline
+    threads = ThreadPoolExecutor(len(appends))
+    futures = [threads.submit(append) for append in appends]
+    threads.shutdown(wait=False)  # the threads end once the held append lets them go
+    eventually(lambda: len(pipeline.queue) == len(appends), "every append queued behind the one in flight")
+    assert pipeline.pipelines == 0, "nothing sent while the place is taken"
+    return futures
+
+
+def outcomes_of(futures: list[Any]) -> list[Any]:
+    outcomes = []
+    for future in futures:
+        try:
+            outcomes.append(future.result(timeout=30))
+        except JournalError as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def test_appends_behind_one_in_flight_commit_in_one_transaction_with_connections_free(dsn: str) -> None:
+    """Without group commits in flight, each would take a free connection and commit on its own."""
+    with places_taken(dsn) as (journal, release):
+        futures = behind_the_held(journal, [lambda t=t: journal.append(f"Ride|{t:02}", [t, t], expected_seq_nr=0)
+                                            for t in range(GROUP)])
+        release()
+        outcomes = outcomes_of(futures)
+    pipeline = journal._pipeline
+    assert (pipeline.pipelines, pipeline.sent, pipeline.rolled_back) == (1, GROUP, 0), "one group of them all"
+    assert [[(e.persistence_id, e.seq_nr, e.event) for e in envs] for envs in outcomes] == [
+        [(f"Ride|{t:02}", 1, t), (f"Ride|{t:02}", 2, t)] for t in range(GROUP)]
+    assert all(envs[0].db_timestamp == envs[1].db_timestamp for envs in outcomes), "one stamp per append"
+    written = rows(dsn, "Ride|")
+    assert len(written) == 2 * GROUP and len({xmin for *_, xmin in written}) == 1, "one transaction"
+    assert pipeline._drains == 0 and not pipeline.queue, "every place left"
+
+
+def test_a_failing_append_behind_one_in_flight_takes_only_itself_out(dsn: str) -> None:
+    """The trigger refuses ``Fail|07``; a stale expected_seq_nr conflicts on ``Fail|03``: each gets its own
+    error, the others commit together."""
+    with places_taken(dsn, first=("Fail|03",)) as (journal, release):
+        futures = behind_the_held(journal, [lambda t=t: journal.append(f"Fail|{t:02}", [t], expected_seq_nr=0)
+                                            for t in range(GROUP)])
+        release()
+        outcomes = outcomes_of(futures)
+    pipeline = journal._pipeline
+    assert (pipeline.rolled_back, pipeline.pipelines) == (2, 3), "each failure rolled its group back once"
+    refused, clash = outcomes[7], outcomes[3]
+    assert type(refused) is JournalError and "refused on purpose" in str(refused), repr(refused)
+    assert isinstance(clash, ConcurrencyConflict) and clash.actual_seq_nr == 1, repr(clash)
+    assert all(isinstance(outcome, list) for t, outcome in enumerate(outcomes) if t not in (3, 7)), outcomes
+    written = [(pid, seq_nr, xmin) for pid, seq_nr, xmin in rows(dsn, "Fail|") if (pid, seq_nr) != ("Fail|03", 1)]
+    assert [pid for pid, _, _ in written] == [f"Fail|{t:02}" for t in range(GROUP) if t not in (3, 7)]
+    assert len({xmin for *_, xmin in written}) == 1, "the others in one transaction"
+
+
+def test_threads_in_flight_ride_together_and_every_place_is_left(dsn: str) -> None:
+    """16 threads, 10 appends each, on 12 connections and 2 places: nothing held, the appends queue behind those
+    in flight by themselves; afterwards no place is left taken, and a lone writer runs alone."""
+    with Journal.open(dsn, **dict(FAST, portable=PORTABLE, pool_max_size=12, pipeline_drains=2)) as journal:
+        if not journal._pipeline.enabled:
+            pytest.skip("no group commits on a SERIALIZABLE database (PGJOURNAL_TEST_PORTABLE=1)")
+
+        def thread(t: int) -> None:
+            for i in range(10):
+                journal.append(f"Many|{t}", [i], expected_seq_nr=i)
+
+        with ThreadPoolExecutor(16) as threads:
+            list(threads.map(thread, range(16)))
+        pipeline = journal._pipeline
+        assert pipeline.sent > 40 and pipeline.sent / pipeline.pipelines > 1, "appends per pipeline > 1"
+        assert pipeline._drains == 0 and not pipeline.queue, "every place left"
+        sent = pipeline.sent
+        for i in range(5):
+            journal.append("Alone|1", [i], expected_seq_nr=i)
+        assert pipeline.sent == sent, "a lone writer never waits for a group"
+    written = rows(dsn, "Many|")
+    assert [(pid, seq_nr) for pid, seq_nr, _ in written] == sorted((f"Many|{t}", i) for t in range(16)
+                                                                    for i in range(1, 11))
+    assert len({xmin for *_, xmin in written}) < 160, "fewer commits than appends"
