@@ -94,17 +94,15 @@ def _teardown(_ctx: Context, state: dict[str, Any]) -> None:
         state["app"].close()
 
 
-def ours(writers: int, total: int, batch: int, connections: int = 0, label: str = "",
-         **options: Any) -> Callable[[Context, Any], float]:
+def ours(writers: int, total: int, batch: int, connections: int = 0) -> Callable[[Context, Any], float]:
     """``connections``: a journal of its own with that many pool connections (fewer than writers: appends wait
-    for one and ride in group commits), else the scenario's (12: none waits); ``options``: settings of a journal
-    of its own (pool of 12) named ``label`` (``pipeline=False``: no group commits; ``pipeline_drains``)."""
+    for one and ride in group commits), else the scenario's (12: none waits)."""
 
     def measure(ctx: Context, state: dict[str, Any]) -> float:
-        name = label or (f"ours_{connections}_connections" if connections else "ours")
-        if name != "ours" and name not in state:
-            state[name] = Journal.open(ctx.dsn, pool_max_size=connections or 12, **options)
-        journal: Journal = state[name if name != "ours" else "journal"]
+        name = f"ours_{connections}_connections" if connections else "ours"
+        if connections and name not in state:
+            state[name] = Journal.open(ctx.dsn, pool_max_size=connections)
+        journal: Journal = state[name if connections else "journal"]
         events = [EVENT] * batch
         latencies: list[float] = []
 
@@ -198,10 +196,9 @@ def _cpu_threads(writers: int, prepare: Callable[[int], Any], work: Callable[[in
 
 
 def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: bool = False,
-             label: str | None = None, **options: Any) -> Callable[[Context, Any], float]:
+             label: str | None = None) -> Callable[[Context, Any], float]:
     """Client + server CPU µs per append of ours (one event per append, ``expected_seq_nr`` given);
-    ``portable``: a portable journal (no notifications), to show what the after-commit signals cost;
-    ``options``: settings of a journal of its own (``pipeline=False``: no group commits), kept as ``label``."""
+    ``portable``: a portable journal (no notifications), to show what the after-commit signals cost."""
     per_writer = total // writers
     warm = 20
     name = label or ("ours_portable" if portable else "ours")
@@ -209,9 +206,7 @@ def cpu_ours(writers: int, total: int, tags: tuple[str, ...] = (), *, portable: 
     def measure(ctx: Context, state: dict[str, Any]) -> float:
         if portable and "portable" not in state:
             state["portable"] = Journal.open(ctx.dsn, pool_max_size=12, portable=True)
-        if options and name not in state:
-            state[name] = Journal.open(ctx.dsn, pool_max_size=12, **options)
-        journal: Journal = state[name if options else "portable" if portable else "journal"]
+        journal: Journal = state["portable" if portable else "journal"]
 
         def prepare(_w: int) -> str:
             pid = f"Bench|{uuid.uuid4().hex}"
@@ -341,15 +336,8 @@ def _scenarios() -> list[Scenario]:
             setup=_setup, teardown=_teardown,
             contenders={
                 "ours": _sized(lambda t, w=writers: ours(w, t, 1), total),
-                **({"ours_4_connections": _sized(lambda t, w=writers: ours(w, t, 1, connections=4), total),
-                    "ours_ungrouped": _sized(lambda t, w=writers: ours(w, t, 1, label="ours_ungrouped",
-                                                                       pipeline=False), total),
-                    **{f"ours_drains_{d}": _sized(lambda t, w=writers, d=d: ours(w, t, 1, label=f"ours_drains_{d}",
-                                                                                 pipeline_drains=d), total)
-                       for d in (2, 3)}}
-                   if writers == 8 else {
-                    "ours_ungrouped": _sized(lambda t, w=writers: ours(w, t, 1, label="ours_ungrouped",
-                                                                       pipeline=False), total)}),
+                **({"ours_4_connections": _sized(lambda t, w=writers: ours(w, t, 1, connections=4), total)}
+                   if writers == 8 else {}),
                 "raw_insert": _sized(lambda t, w=writers: raw_insert(w, t), total),
                 "eventsourcing": _sized(lambda t, w=writers: eventsourcing_app(w, t), total, cap=4_000),
             },
@@ -364,8 +352,6 @@ def _scenarios() -> list[Scenario]:
             contenders={
                 "ours": _sized(lambda t, w=writers: cpu_ours(w, t), total),
                 "ours_portable": _sized(lambda t, w=writers: cpu_ours(w, t, portable=True), total),
-                "ours_ungrouped": _sized(lambda t, w=writers: cpu_ours(w, t, label="ours_ungrouped", pipeline=False),
-                                         total),
                 "raw_insert": _sized(lambda t, w=writers: cpu_raw_insert(w, t), total),
             },
         ))

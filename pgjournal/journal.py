@@ -66,8 +66,7 @@ class Journal(JournalCore):
         #: tag rows are written in the append's own statement.
         self.tag_writer = TagBatcher(self) if settings.batched_tags else None
         #: Appends of threads that would wait for a connection ride together (pgjournal.write.pipelining).
-        self._pipeline = AppendPipeline(self, min(settings.pipeline_drains, settings.pool_max_size),
-                                        enabled=settings.pipeline)
+        self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.pipeline)
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None,
                                    pipeline=self._pipeline)
         self.by_pid = ByPersistenceId(self)

@@ -73,13 +73,10 @@ class Settings:
     #: transaction (group commit, pgjournal.aio.pipelining), each keeping its own outcome; off: each waits for a
     #: connection of its own.
     async_pipeline: bool = True
-    #: Journal: appends of threads ride together in one pipeline and one transaction (group commit,
-    #: pgjournal.write.pipelining), each keeping its own outcome, once ``pipeline_drains`` of them (or of their
-    #: groups) are in flight or no pool connection is free; off: each runs on a connection of its own.
+    #: Journal: appends of threads that would wait for a pool connection ride together in one pipeline and one
+    #: transaction (group commit, pgjournal.write.pipelining), each keeping its own outcome; off: each waits for a
+    #: connection of its own.
     pipeline: bool = True
-    #: Journal: how many appends (or groups of them) run at once, on as many connections, before the next ones
-    #: queue for a group commit (at most ``pool_max_size``). Fewer means larger groups and fewer commits.
-    pipeline_drains: int = 4
     # -- Cassandra-compatible tag path (events_by_tag); names and defaults follow the Cassandra plugin --
     #: Day, Hour or Minute: fixed once tagged events exist (recorded in the database).
     tag_bucket_size: str = "Hour"
@@ -118,8 +115,7 @@ class Settings:
         from pgjournal.dialects import get_dialect
 
         get_dialect(self.dialect)
-        positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size", "tag_batch_size",
-                    "pipeline_drains")
+        positive = ("pool_min_size", "pool_max_size", "buffer_size", "catchup_buffer_size", "tag_batch_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -228,15 +228,6 @@ def exhausted(pid: str, attempt: int, started: float, exc: psycopg.Error, retrie
         f"append_retries is {retries}; nothing was written, trying again later is safe")
 
 
-class Alone:
-    """A group commit's answer to an append that runs on a connection of its own while holding one of the
-    pipeline's places (:meth:`pgjournal.write.pipelining.AppendPipeline.ride`)."""
-
-
-#: The one :class:`Alone`.
-ALONE = Alone()
-
-
 class EventWriter:
     """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id).
 
@@ -338,56 +329,45 @@ class EventWriter:
         Threads of this process appending to ``pid`` take turns here, so they never collide in the database;
         collisions with other processes (and SERIALIZABLE's false conflicts) are retried under the journal's
         :class:`~pgjournal.runtime.contention.RetryPolicy`."""
-        with self._turns[pid]:
-            if plan is not None and self._pipeline is not None:
-                rows = self._pipeline.ride(plan)
-                if isinstance(rows, Alone):  # a drain's place held: queued appends wait for this one to leave it
-                    try:
-                        return self._attempts(pid, sql, params, before, stamp)
-                    finally:
-                        self._pipeline.leave()
-                if rows:
-                    return rows
-            return self._attempts(pid, sql, params, before, stamp)
-
-    def _attempts(self, pid: str, sql: str, params: dict[str, Any],
-                  before: Callable[[psycopg.Connection], None] | None,
-                  stamp: Callable[[dict[str, Any]], None] | None) -> list[tuple[int, datetime]]:
-        """The append on a connection of its own, tried again while the retry policy allows."""
         expected = params["expected"]
         connections = self._journal.connections
         attempt = 0
         started = time.monotonic()
-        while True:
-            attempt += 1
-            try:
-                conn = connections.get()
-            except PoolTimeout:
-                raise DatabaseUnavailable(f"no connection to {mask_dsn(self._journal.dsn)} within "
-                                          f"{self._journal.settings.connect_timeout}s") from None
-            error: psycopg.Error | None = None
-            try:
-                rows = self._run(conn, sql, params, before, stamp)
-            except psycopg.Error as exc:
-                rows, error = [], exc
-                failure = classify(exc, retryable=self._journal.dialect.retryable_sqlstates,
-                                   clash_retries=expected is None, conn=conn)
-            finally:
-                connections.put(conn)
-            if rows:
-                return rows
-            if error is None:  # no row: expected_seq_nr is above the highest stored sequence number
-                failure = classify(None)
-            if failure is Failure.CONFLICT:
-                raise self._conflict(pid, expected) from None
-            assert error is not None
-            if failure is Failure.RETRY:
-                # Another writer appended first (number after it), or a transient error: the statement
-                # is one transaction, running it again is safe.
-                if self._retry.should_retry(attempt, error.sqlstate):
-                    continue
-                raise self._exhausted(pid, attempt, started, error) from error
-            raise failed(pid, failure, error) from error
+        with self._turns[pid]:
+            if plan is not None and self._pipeline is not None:
+                rows = self._pipeline.ride(plan)
+                if rows:
+                    return rows
+            while True:
+                attempt += 1
+                try:
+                    conn = connections.get()
+                except PoolTimeout:
+                    raise DatabaseUnavailable(f"no connection to {mask_dsn(self._journal.dsn)} within "
+                                              f"{self._journal.settings.connect_timeout}s") from None
+                error: psycopg.Error | None = None
+                try:
+                    rows = self._run(conn, sql, params, before, stamp)
+                except psycopg.Error as exc:
+                    rows, error = [], exc
+                    failure = classify(exc, retryable=self._journal.dialect.retryable_sqlstates,
+                                       clash_retries=expected is None, conn=conn)
+                finally:
+                    connections.put(conn)
+                if rows:
+                    return rows
+                if error is None:  # no row: expected_seq_nr is above the highest stored sequence number
+                    failure = classify(None)
+                if failure is Failure.CONFLICT:
+                    raise self._conflict(pid, expected) from None
+                assert error is not None
+                if failure is Failure.RETRY:
+                    # Another writer appended first (number after it), or a transient error: the statement
+                    # is one transaction, running it again is safe.
+                    if self._retry.should_retry(attempt, error.sqlstate):
+                        continue
+                    raise self._exhausted(pid, attempt, started, error) from error
+                raise failed(pid, failure, error) from error
 
     def _exhausted(self, pid: str, attempt: int, started: float, exc: psycopg.Error) -> RetriesExhausted:
         return exhausted(pid, attempt, started, exc, self._retry.retries)
