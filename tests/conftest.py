@@ -16,6 +16,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 from support import FAST, PORTABLE, PORTABLE_ENV, SECRET, Roles, database_dsn, make_serializable
+from support.database import FreshDatabases
 from support.faces import KINDS, Face, Kind, open_face
 from support.roles import least_privilege_roles
 
@@ -66,45 +67,43 @@ def template_db(server_dsn: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _fresh_database(server_dsn: str, template: str) -> Iterator[str]:
-    name = f"pgjournal_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        # FILE_COPY (PostgreSQL 15+): a copy of the template's files instead of WAL_LOG's block-by-block copy
-        # through the WAL; create + drop 87 ms instead of 153 ms (PostgreSQL 18, fsync on), 22 instead of 53 ms
-        # with fsync off (PostgreSQL 15).
-        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"{strategy}')
-    dsn = database_dsn(server_dsn, name)
-    if PORTABLE:
-        make_serializable(dsn)
-    try:
-        yield dsn
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+@pytest.fixture(scope="session")
+def migrated_databases(server_dsn: str, template_db: str) -> Iterator[FreshDatabases]:
+    pool = FreshDatabases(server_dsn, template_db, make_serializable if PORTABLE else lambda _dsn: None)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def empty_databases(server_dsn: str) -> Iterator[FreshDatabases]:
+    pool = FreshDatabases(server_dsn, "template0", make_serializable if PORTABLE else lambda _dsn: None)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
-def dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+def dsn(migrated_databases: FreshDatabases) -> Iterator[str]:
     """A fresh, migrated database for this test."""
-    yield from _fresh_database(server_dsn, template_db)
+    with migrated_databases.database() as fresh:
+        yield fresh
 
 
 @pytest.fixture
-def empty_dsn(server_dsn: str) -> Iterator[str]:
+def empty_dsn(empty_databases: FreshDatabases) -> Iterator[str]:
     """A fresh database with no schema at all."""
-    yield from _fresh_database(server_dsn, "template0")
+    with empty_databases.database() as fresh:
+        yield fresh
 
 
 @pytest.fixture
-def shard_databases(server_dsn: str, template_db: str) -> Iterator[Callable[..., list[str]]]:
+def shard_databases(migrated_databases: FreshDatabases, empty_databases: FreshDatabases
+                    ) -> Iterator[Callable[..., list[str]]]:
     """``shard_databases(n)``: the DSNs of ``n`` fresh databases on the test server (migrated; ``migrated=False``:
     empty), for a sharded journal (tests/shards/); dropped after the test."""
     with contextlib.ExitStack() as stack:
         def make(n: int, *, migrated: bool = True) -> list[str]:
-            template = template_db if migrated else "template0"
-            return [stack.enter_context(contextlib.contextmanager(_fresh_database)(server_dsn, template))
-                    for _ in range(n)]
+            pool = migrated_databases if migrated else empty_databases
+            return [stack.enter_context(pool.database()) for _ in range(n)]
 
         yield make
 
