@@ -19,7 +19,16 @@ from pgjournal.shards.journal import Shards, shard_settings
 from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
-from pgjournal.shards.routing import REREAD_INTERVAL, Follow, Known, Routing, after_conflict, once, opening_routing
+from pgjournal.shards.routing import (
+    REREAD_INTERVAL,
+    Follow,
+    Known,
+    Routing,
+    after_conflict,
+    found_nothing,
+    once,
+    opening_routing,
+)
 
 if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
@@ -132,9 +141,10 @@ class AsyncShardedJournal:
         except ShardLayoutMismatch as refused:
             if self._routing is routing:
                 await self._follow(routing, refused)
-        except ConcurrencyConflict:
+        except ConcurrencyConflict as conflict:
             if self._routing is routing:
-                moved = after_conflict(routing, self._known, await self._records(), persistence_id)
+                moved = (after_conflict(routing, self._known, await self._records(), persistence_id)
+                         if found_nothing(conflict) else None)
                 if moved is None:
                     raise
                 self._routing = moved

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pgjournal.errors import ShardLayoutMismatch
+from pgjournal.errors import ConcurrencyConflict, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards.layout import Layout, Record, ShardSettings, agreed_layout, format_range
@@ -124,6 +124,12 @@ def opening_routing(settings: ShardSettings, known: Sequence[Known[J]], records:
                     ", ".join(routing.shards.where(i) for i in range(routing.shards.count)))
         return routing
     return Routing(layout, settings, tuple(k.journal for k in known[:count]))
+
+
+def found_nothing(conflict: ConcurrencyConflict) -> bool:
+    """Whether a write's sequence number (or revision) check found nothing of the persistence id where it went:
+    only then can the conflict be a move's (the range's rows deleted there), and the records are read."""
+    return not conflict.actual_seq_nr
 
 
 def after_conflict(current: Routing[J], known: Sequence[Known[J]], records: Sequence[Record | None],
