@@ -68,6 +68,11 @@ class Scenario:
     #: A chart of its own beside the bars, drawn from summaries (Outcome.summary, or saved JSON lines) into a
     #: PNG: ``--report`` writes it as ``<name>-detail.png``.
     chart: Callable[[list[dict[str, Any]], Path], None] | None = None
+    #: Rounds per round asked for (``--rounds``), each that much shorter (the scenario sizes them), and the
+    #: contenders' order rotated from round to round: on a shared machine a burst of load lasts seconds and
+    #: hits whichever contender runs then, so short rounds interleaved finely, none always first, let every
+    #: contender's median see the same load (``tags-append-1``: a single writer's rate is its latency).
+    split: int = 1
 
 
 @dataclass
@@ -155,9 +160,12 @@ def run_scenario(scenario: Scenario, server_dsn: str, *, quick: bool, rounds: in
         ctx = Context(dsn, quick, server_dsn=server_dsn, shared=shared or own)
         state = scenario.setup(ctx)
         try:
-            for round_no in range(1, rounds + 1):
-                for name, contender in scenario.contenders.items():
-                    progress(f"{scenario.name}: round {round_no}/{rounds}, {name}")
+            names = list(scenario.contenders)
+            for round_no in range(1, rounds * scenario.split + 1):
+                turn = (round_no - 1) % len(names) if scenario.split > 1 else 0
+                for name in names[turn:] + names[:turn]:
+                    contender = scenario.contenders[name]
+                    progress(f"{scenario.name}: round {round_no}/{rounds * scenario.split}, {name}")
                     value = contender(ctx, state)
                     values[name].append(value)
                     _record(scenario, name, round_no, value, quick, calibration)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,9 @@ class _Noop:
         pass
 
     def observe(self, *_args: Any) -> None:
+        pass
+
+    def set_function(self, *_args: Any) -> None:
         pass
 
 
@@ -99,6 +103,16 @@ WRITE_RETRIES = _metric("Counter", "pgjournal_write_retries",
                         "Writes (appends, durable state) tried again after a transient failure", ("sqlstate",))
 TAG_PENDING = _metric("Gauge", "pgjournal_tag_pending_events",
                      "Tagged events appended whose tag view rows the batched tag writer has not written yet")
+#: What :data:`TAG_PENDING` sums when scraped: the batched tag writers' batches (their ``events``). Read at a
+#: scrape rather than updated on every tagged append (a gauge update is a lock per append).
+_TAG_BATCHES: weakref.WeakSet[Any] = weakref.WeakSet()
+TAG_PENDING.set_function(lambda: sum(batch.events for batch in list(_TAG_BATCHES)))
+
+
+def count_pending(batch: Any) -> None:
+    """Count ``batch``'s pending events (its ``events``) in :data:`TAG_PENDING` while it lives."""
+    _TAG_BATCHES.add(batch)
+
 TAG_ROWS = _metric("Counter", "pgjournal_tag_rows_written", "Tag view rows written by the batched tag writer")
 TAG_FLUSH_FAILURES = _metric("Counter", "pgjournal_tag_flush_failures",
                              "Writes of the batched tag writer that failed after their retries (what was pending "

@@ -13,6 +13,7 @@ horizon a reader computed before that append.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -125,6 +126,12 @@ class AppendPlan:
         ]
 
 
+@functools.lru_cache(maxsize=1024)
+def tags_parameter(tags: tuple[str, ...]) -> str:
+    """The ``tags`` parameter of checked ``tags``: its array literal, made once per tuple (appends repeat theirs)."""
+    return text_array(tags)
+
+
 def plan_append(journal: JournalCore, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None,
                 tags: Iterable[str] = (), metadata: Any = None) -> AppendPlan | None:
     """:func:`build` for a persistence id this writer knows nothing about (the asyncio face, a caller's
@@ -168,7 +175,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     # The tags and metadata parameters only when there are any (the statement leaves their columns out).
     in_statement = bool(tag_list) and not journal.settings.batched_tags  # tag view rows in the same statement
     if tag_list:
-        params["tags"] = text_array(tag_list)
+        params["tags"] = tags_parameter(tag_list)
     if meta is not None or (in_statement and not (single and len(tag_list) == 1)):
         params.update(meta_ser_id=meta.ser_id if meta else None, meta_manifest=meta.manifest if meta else None,
                       meta_payload=meta.payload if meta else None)

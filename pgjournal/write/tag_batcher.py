@@ -113,8 +113,10 @@ class _Pending:
     def add(self, tags: Iterable[str], upto: int, since: datetime, count: int) -> None:
         """More events of this persistence id (appends to one persistence id may report out of order)."""
         self.tags.update(tags)
-        self.upto = max(self.upto, upto)
-        self.since = min(self.since, since)
+        if upto > self.upto:
+            self.upto = upto
+        if since < self.since:
+            self.since = since
         self.count += count
 
     def merge(self, other: _Pending) -> None:
@@ -152,6 +154,7 @@ class TagBatch:
         #: statement wrote (at most: pairs left incomplete bound it lower, but they are taken, so not caught up).
         self._newest: datetime | None = None
         self._mark: datetime | None = None
+        metrics.count_pending(self)
 
     # -- what the appends report -------------------------------------------------------------------------
 
@@ -176,10 +179,10 @@ class TagBatch:
         """The append of ``ticket`` committed ``rows`` (sequence number, db_timestamp); True when this append
         makes a write due (``limit`` events queued)."""
         if len(rows) == 1:
-            upto, since = rows[0]
+            (upto, since), = rows
+            newest = since
         else:
-            upto, since = max(r[0] for r in rows), min(r[1] for r in rows)
-        newest = max(r[1] for r in rows) if len(rows) > 1 else rows[0][1]
+            upto, since, newest = max(r[0] for r in rows), min(r[1] for r in rows), max(r[1] for r in rows)
         with self._lock:
             self._running.pop(ticket, None)
             if self._newest is None or newest > self._newest:
@@ -205,7 +208,6 @@ class TagBatch:
             known.add(tags, upto, since, count)
         self.events += count
         self._queued += count
-        metrics.TAG_PENDING.inc(count)
 
     # -- what the writer does ----------------------------------------------------------------------------
 
@@ -288,7 +290,6 @@ class TagBatch:
                     continue
                 self._taken = [e for e in self._taken if e is not entry]
                 self.events -= entry.count
-                metrics.TAG_PENDING.dec(entry.count)
         return again
 
     def give_back(self, entries: list[_Pending]) -> None:

@@ -78,3 +78,23 @@ def test_a_projection_range_reports_envelopes_lag_and_leased_slices(dsn: str) ->
         assert sample("pgjournal_projection_leased_slices", projection="metered", owner="metrics-test") == len(held)
         leases.leave()
         assert sample("pgjournal_projection_leased_slices", projection="metered", owner="metrics-test") == 0
+
+
+def test_the_tag_pending_gauge_counts_the_batched_writers_pending_events(dsn: str) -> None:
+    """Read from the writers' batches when scraped (no update per append): pending after the appends, none after
+    the flush, and a closed journal's batch no longer counted."""
+    before = sample("pgjournal_tag_pending_events")
+    # A flush interval far beyond the test: only the explicit flush writes the rows.
+    journal = Journal.open(dsn, tag_flush_interval=60, tag_writer_timeout=600)
+    try:
+        journal.append("Gauged|1", [1, 2], tags=("gauge",))
+        journal.append("Gauged|2", [3], tags=("gauge",))
+        assert sample("pgjournal_tag_pending_events") == before + 3
+        assert journal.tag_writer is not None
+        journal.tag_writer.flush()
+        assert sample("pgjournal_tag_pending_events") == before
+        journal.append("Gauged|1", [4], tags=("gauge",))
+        assert sample("pgjournal_tag_pending_events") == before + 1
+    finally:
+        journal.close()
+    assert sample("pgjournal_tag_pending_events") == before
