@@ -315,9 +315,10 @@ def clock() -> Read[datetime]:
     return scalars("SELECT clock_timestamp()", ())
 
 
-def writers_past(moment: datetime) -> Read[bool]:
-    """Whether every batched tag writer's watermark is past ``moment`` (true without batched writers)."""
-    return scalars("SELECT COALESCE((SELECT min(complete_before) FROM tag_batch_writers) > %s, true)", (moment,))
+def writers_past(moment: datetime, excluding: str | None = None) -> Read[bool]:
+    """Whether every batched tag writer's watermark (but ``excluding``'s) is past ``moment`` (true without any)."""
+    return scalars("SELECT COALESCE((SELECT min(complete_before) FROM tag_batch_writers WHERE id IS DISTINCT FROM %s)"
+                   " > %s, true)", (excluding, moment))
 
 
 def watermark(silent_for: float) -> Read[Watermark]:

@@ -44,8 +44,10 @@ def wait_for_tag_writers(journal: Journal) -> None:
     every process have written the tag rows of every event appended before now (their watermark past this
     moment; this journal's own writer is flushed), since a row a writer still holds, written after the delete,
     would outlive its event. Raises :class:`TagFlushFailed`, before anything is deleted, when they have not."""
-    if journal.tag_writer is not None:
+    own = None
+    if journal.tag_writer is not None:  # written now: only the others are waited for
         journal.tag_writer.flush()
+        own = journal.tag_writer.batch.key
     timeout = journal.settings.tag_writer_timeout
     deadline = time.monotonic() + timeout
     with journal.connection() as conn:
@@ -53,7 +55,7 @@ def wait_for_tag_writers(journal: Journal) -> None:
     assert now is not None
     while True:
         with journal.connection() as conn:
-            if sql.writers_past(now).one(conn):
+            if sql.writers_past(now, own).one(conn):
                 return
         if time.monotonic() >= deadline:
             raise TagFlushFailed(
