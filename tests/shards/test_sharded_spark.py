@@ -25,15 +25,16 @@ pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    """The tests' one local Spark (tests/spark share it: stopping it here made them start another)."""
     try:
         check_spark_available()
     except Exception as exc:  # ConfigurationError: no Java, no jar
         pytest.skip(f"Spark unavailable: {exc}")
     from pgjournal.spark.session import spark_session
 
-    session = spark_session("pgjournal-shard-tests")
+    session = spark_session("pgjournal-tests")
     yield session
     session.stop()
 
