@@ -16,13 +16,14 @@ from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
 from pgjournal.shards.journal import Shards, shard_settings
-from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
 from pgjournal.shards.routing import (
     REREAD_INTERVAL,
     Follow,
     Known,
+    Routed,
     Routing,
     after_conflict,
     found_nothing,
@@ -41,12 +42,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class AsyncShardedJournal:
+class AsyncShardedJournal(Routed[AsyncJournal]):
     """An asyncio event journal over the databases of a slice-range layout (see ``ShardedJournal``)."""
 
     def __init__(self, known: Sequence[Known[AsyncJournal]], routing: Routing[AsyncJournal]) -> None:
-        self._known = tuple(known)
-        self._routing = routing
+        super().__init__(known, routing)
         self.query = AsyncShardedQuery(self)
         self.durable_state = AsyncShardedDurableState(self)
 
@@ -84,18 +84,6 @@ class AsyncShardedJournal:
             raise
         return cls(known, routing)
 
-    @property
-    def shards(self) -> ShardSettings:
-        return self._routing.shards
-
-    @property
-    def journals(self) -> tuple[AsyncJournal, ...]:
-        return self._routing.journals
-
-    @property
-    def layout(self) -> Layout:
-        return self._routing.layout
-
     async def close(self) -> None:
         await _close_all(known.journal for known in self._known)
 
@@ -106,15 +94,6 @@ class AsyncShardedJournal:
         await self.close()
 
     # -- routing ---------------------------------------------------------------------------------------
-
-    def journal_for(self, persistence_id: str) -> AsyncJournal:
-        return self._routing.for_persistence_id(persistence_id)
-
-    def journal_for_slices(self, min_slice: int, max_slice: int) -> AsyncJournal:
-        return self._routing.for_slices(min_slice, max_slice)
-
-    def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
-        return self.shards.ranges_within(min_slice, max_slice)
 
     async def check_layout(self) -> Layout:
         """As ``ShardedJournal.check_layout``: the layout routed from now on, a newer one followed."""

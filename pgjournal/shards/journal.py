@@ -23,13 +23,14 @@ from pgjournal.journal import Journal
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.settings import Settings
-from pgjournal.shards.layout import REPLICA, Layout, Record, ShardSettings, SliceRange, format_range
+from pgjournal.shards.layout import REPLICA, Layout, Record, ShardSettings, format_range
 from pgjournal.shards.migrate import migrate_all
 from pgjournal.shards.record import read_record_step
 from pgjournal.shards.routing import (
     REREAD_INTERVAL,
     Follow,
     Known,
+    Routed,
     Routing,
     after_conflict,
     found_nothing,
@@ -60,32 +61,14 @@ def shard_settings(shards: Shards | None, settings: Mapping[str, Any] | None = N
     return shards if isinstance(shards, ShardSettings) else ShardSettings.of(shards)
 
 
-class ShardedJournal:
+class ShardedJournal(Routed[Journal]):
     """An event journal over the databases of a slice-range layout. Thread-safe, as each database's journal is;
     open one per process and share it."""
 
     def __init__(self, known: Sequence[Known[Journal]], routing: Routing[Journal]) -> None:
-        #: Every database this journal can reach, by DSN: the settings' ranges', then the spares'.
-        self._known = tuple(known)
-        #: Replaced whole, in one assignment, when the journal follows a move (pgjournal.shards.routing).
-        self._routing = routing
+        super().__init__(known, routing)
         self.query = ShardedQuery(self)
         self.durable_state = ShardedDurableState(self)
-
-    @property
-    def shards(self) -> ShardSettings:
-        """The settings of the layout routed now: the opened ones, or those of a layout followed since."""
-        return self._routing.shards
-
-    @property
-    def journals(self) -> tuple[Journal, ...]:
-        """``journals[i]`` is the journal of ``shards.ranges[i]`` (spares not included)."""
-        return self._routing.journals
-
-    @property
-    def layout(self) -> Layout:
-        """The layout routed now: the one every database recorded at open, or a newer one followed since."""
-        return self._routing.layout
 
     @classmethod
     def open(cls, shards: Shards | None = None, *, serializers: SerializerRegistry | None = None,
@@ -138,21 +121,6 @@ class ShardedJournal:
                 + ", ".join(self.shards.where(i) for i in range(self.shards.count)) + ")")
 
     # -- routing ---------------------------------------------------------------------------------------
-
-    def journal_for(self, persistence_id: str) -> Journal:
-        """The journal of the database holding ``persistence_id``'s slice: its transactions, and anything of the
-        one-database API, are that database's."""
-        return self._routing.for_persistence_id(persistence_id)
-
-    def journal_for_slices(self, min_slice: int, max_slice: int) -> Journal:
-        """The journal of the one database holding ``min_slice..max_slice`` (a range across databases is
-        :class:`~pgjournal.errors.InvalidArgument`). A projection of the range runs on it, so its offsets are
-        stored beside its slices."""
-        return self._routing.for_slices(min_slice, max_slice)
-
-    def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
-        """``min_slice..max_slice`` cut at the databases' boundaries: one query per sub-range reads it all."""
-        return self.shards.ranges_within(min_slice, max_slice)
 
     def check_layout(self) -> Layout:
         """Re-read every known database's record (a long-running process calls it now and then) and return the

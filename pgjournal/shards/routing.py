@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 from pgjournal.errors import ConcurrencyConflict, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.server.dsn import mask_dsn
-from pgjournal.shards.layout import Layout, Record, ShardSettings, agreed_layout, format_range
+from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.validation import check_persistence_id
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,46 @@ class Routing(Generic[J]):
 
     def for_slices(self, min_slice: int, max_slice: int) -> J:
         return self.journals[self.shards.index_of_range(min_slice, max_slice)]
+
+
+class Routed(Generic[J]):
+    """What both faces of a sharded journal hold: the databases they can reach and the routing table, replaced
+    whole, in one assignment, when the journal follows a move; and what they read of it."""
+
+    def __init__(self, known: Sequence[Known[J]], routing: Routing[J]) -> None:
+        #: Every database this journal can reach, by DSN: the settings' ranges', then the spares'.
+        self._known = tuple(known)
+        self._routing = routing
+
+    @property
+    def shards(self) -> ShardSettings:
+        """The settings of the layout routed now: the opened ones, or those of a layout followed since."""
+        return self._routing.shards
+
+    @property
+    def journals(self) -> tuple[J, ...]:
+        """``journals[i]`` is the journal of ``shards.ranges[i]`` (spares not included)."""
+        return self._routing.journals
+
+    @property
+    def layout(self) -> Layout:
+        """The layout routed now: the one every database recorded at open, or a newer one followed since."""
+        return self._routing.layout
+
+    def journal_for(self, persistence_id: str) -> J:
+        """The journal of the database holding ``persistence_id``'s slice: its transactions, and anything of the
+        one-database API, are that database's."""
+        return self._routing.for_persistence_id(persistence_id)
+
+    def journal_for_slices(self, min_slice: int, max_slice: int) -> J:
+        """The journal of the one database holding ``min_slice..max_slice`` (a range across databases is
+        :class:`~pgjournal.errors.InvalidArgument`). A projection of the range runs on it, so its offsets are
+        stored beside its slices."""
+        return self._routing.for_slices(min_slice, max_slice)
+
+    def ranges_within(self, min_slice: int, max_slice: int) -> list[SliceRange]:
+        """``min_slice..max_slice`` cut at the databases' boundaries: one query per sub-range reads it all."""
+        return self.shards.ranges_within(min_slice, max_slice)
 
 
 @dataclass(frozen=True)
