@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
 from support import FAST, PORTABLE, PORTABLE_ENV, SECRET, Roles, database_dsn, make_serializable
-from support.database import FreshDatabases
+from support.database import FreshDatabases, own_embedded_server
 from support.faces import KINDS, Face, Kind, open_face
 from support.roles import least_privilege_roles
 
@@ -185,12 +182,6 @@ def roles(dsn: str, server_dsn: str) -> Iterator[Roles]:
 @pytest.fixture
 def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
     """An embedded server of this test's own, to restart or reconfigure (never the shared one)."""
-    home = Path(tempfile.mkdtemp(prefix="pgjournal-private-"))
-    monkeypatch.setenv("PGJOURNAL_HOME", str(home))
-    server = EmbeddedServer(home)
-    try:
-        server.ensure_running()
+    with own_embedded_server("pgjournal-private-") as server:
+        monkeypatch.setenv(HOME_ENV, str(server.home))
         yield server
-    finally:
-        server.destroy()
-        shutil.rmtree(home, ignore_errors=True)

@@ -41,6 +41,11 @@ from pgjournal.store.shard_guard import GUARD
 Databases = Callable[..., list[str]]
 
 
+def after_move(a: str, b: str, c: str) -> ShardSettings:
+    """The settings of ``[a, b]`` once slices 512-767 moved from ``b`` to ``c`` (the move the tests make)."""
+    return ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+
+
 def pid_in(lo: int, hi: int, prefix: str = "acct|p") -> str:
     return next(pid for n in itertools.count() if lo <= slice_for_persistence_id(pid := f"{prefix}{n}") <= hi)
 
@@ -144,7 +149,7 @@ def test_a_move_copies_the_range_switches_every_record_and_a_stale_journal_is_re
         with pytest.raises(ShardLayoutMismatch, match="the databases record 0-511, 512-767, 768-1023 \\(version 2\\)"):
             stale.check_layout()
         stale.append(pid_in(768, 1023, "acct|q"), ["other ranges carry on"])
-    moved = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    moved = after_move(a, b, c)
     with ShardedJournal.open(moved, **FAST) as fresh:
         fresh.append(moved_pid, ["after"], expected_seq_nr=3)
         assert [e.event for e in fresh.query.current_events_by_persistence_id(moved_pid)] == ["e0", "e1", "e2",
@@ -201,7 +206,7 @@ EVERY_RUN = {"plan", "check", "seal", "switch:target", "switch"}
 def test_a_mover_killed_after_each_step_leaves_one_layout_and_resumes(shard_databases: Databases, point: str) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
-    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    new = after_move(a, b, c)
     migrate_all(old)
     with ShardedJournal.open(old, **FAST) as journal:
         written = seed(journal, 40)
@@ -250,7 +255,7 @@ def test_a_sealed_move_rolls_back_to_the_old_layout(shard_databases: Databases) 
         assert all(journal.highest_seq_nr(pid) == n for pid, n in written.items())
     again = move_cli(a, b, c)  # and the move can start over
     assert again.returncode == 0, again.stdout + again.stderr
-    assert opens(ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}"))
+    assert opens(after_move(a, b, c))
 
 
 def test_changes_the_time_window_misses_are_carried_and_deletes_after_the_seal_refused(
@@ -412,7 +417,7 @@ def test_a_move_under_load_loses_repeats_and_reorders_nothing_and_pauses_the_ran
         shard_databases: Databases) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
-    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    new = after_move(a, b, c)
     migrate_all(old)
     with ShardedJournal.open(old, **FAST) as journal:
         seed(journal, 200)  # rows for the bulk copy

@@ -21,7 +21,7 @@ from psycopg import sql
 from support import FAST
 from support.database import own_embedded_server
 from support.eventually import eventually
-from test_move import ROOT, admits, count, move_cli, opens, pid_in, seed
+from test_move import ROOT, admits, after_move, count, move_cli, opens, pid_in, seed
 
 from pgjournal.admin.migrate import upgrade
 from pgjournal.errors import DatabaseUnavailable
@@ -107,7 +107,7 @@ def test_a_writer_killed_between_copy_and_seal_loses_no_reported_append_and_leav
         shard_databases: Databases, tmp_path: Path, in_flight: str) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
-    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    new = after_move(a, b, c)
     migrate_all(old)
     with ShardedJournal.open(old, **FAST) as journal:
         written = seed(journal, 20)
@@ -208,7 +208,7 @@ def test_a_server_killed_during_a_step_leaves_one_layout_and_the_move_resumes(
     own = database_on(own_server)
     b, c = (own, there) if killed == "source" else (there, own)
     old = ShardSettings.of([a, b])
-    new = ShardSettings.parse(f"0-511={a};512-767={c};768-1023={b}")
+    new = after_move(a, b, c)
     upgrade(own)
     migrate_all(old)
     with ShardedJournal.open(old, **FAST) as journal:
