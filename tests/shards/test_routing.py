@@ -11,7 +11,7 @@ from support import FAST
 from support.eventually import eventually
 from test_settings import akka_table
 
-from pgjournal.errors import InvalidArgument, JournalClosed
+from pgjournal.errors import ConcurrencyConflict, InvalidArgument, JournalClosed, RevisionConflict
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import ShardedJournal, migrate_all
 from pgjournal.shards.layout import ShardSettings
@@ -98,3 +98,21 @@ def test_a_range_across_databases_is_refused_with_the_databases_named(
         eventually(lambda: [e.event for lo, hi in journal.ranges_within(0, 1023)
                             for e in journal.query.current_events_by_slices("shop", lo, hi)] == ["y", "x"],
                    "both databases' events, one query each")
+
+
+def test_a_conflict_among_writers_of_one_entity_reads_no_other_database(
+        shard_databases: Callable[..., list[str]]) -> None:
+    """A conflict whose check found the entity's rows where the write went is the writers', not a move's: the
+    journal reads no layout record (with the other database closed, any read there would fail)."""
+    dsns = shard_databases(2)
+    migrate_all(ShardSettings.of(dsns))
+    pid = next(p for p in (f"shop|{i}" for i in range(100)) if slice_for_persistence_id(p) <= 511)
+    with ShardedJournal.open(dsns, **FAST) as journal:
+        journal.append(pid, ["a"], expected_seq_nr=0)
+        journal.durable_state.upsert(pid, 1, "a")
+        journal.journals[1].close()
+        with pytest.raises(ConcurrencyConflict) as conflict:
+            journal.append(pid, ["b"], expected_seq_nr=0)
+        assert conflict.value.actual_seq_nr == 1
+        with pytest.raises(RevisionConflict):
+            journal.durable_state.upsert(pid, 1, "b")

@@ -100,6 +100,19 @@ def test_cleanup_waits_for_another_processes_batched_writer_so_no_tag_row_outliv
         assert conn.execute("SELECT count(*) FROM tag_views").fetchone() == (0,)
 
 
+def test_cleanup_does_not_wait_for_its_own_journals_writer(dsn: str) -> None:
+    """Its own writer is flushed first, so cleanup waits for no heartbeat of it (60 s here)."""
+    with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as journal:
+        journal.append("Cart|1", [1, 2], tags=["x"])
+        done: dict[str, object] = {}
+        cleaning = threading.Thread(target=lambda: done.setdefault(
+            "results", Cleanup(journal, dry_run=False).delete_all("Cart|1")), daemon=True)
+        cleaning.start()
+        cleaning.join(20)  # well under the writer's next heartbeat
+        assert "results" in done
+        assert [r.rows for r in done["results"]] == [2, 1, 0]  # type: ignore[attr-defined]
+
+
 def test_cleanup_gives_up_on_a_writer_that_does_not_write_and_deletes_nothing(dsn: str) -> None:
     with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as other, \
             Journal.open(dsn, **{**TAGS, "tag_writer_timeout": 1.0}) as impatient:
