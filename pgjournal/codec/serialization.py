@@ -332,7 +332,7 @@ class SerializerRegistry:
     def plain_json(self, ser_id: int, manifest: str) -> bool:
         """Whether a payload of ``(ser_id, manifest)`` deserializes to its JSON document as it is (Jackson
         JSON of a manifest with no registered type or upcaster; :meth:`deserialize` not overridden): a bulk
-        reader may then decode the common case itself (:func:`pgjournal.codec.akka_formats.scan_json`) and leave
+        reader may then decode the common case itself (:data:`pgjournal.codec.akka_formats.read_json`) and leave
         anything else (compressed, not UTF-8, not one JSON document) to :meth:`deserialize`, for its value or
         its error."""
         return (ser_id == akka.JACKSON_JSON and type(self).deserialize is SerializerRegistry.deserialize

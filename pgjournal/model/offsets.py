@@ -14,7 +14,7 @@ from typing import Any
 from pgjournal.errors import InvalidArgument
 from pgjournal.validation import load_json
 
-_new, _set_attribute = object.__new__, object.__setattr__
+_new = object.__new__
 _UUID_FORM = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
@@ -98,8 +98,10 @@ class TimestampOffset:
         """:meth:`trusted` that keeps ``seen`` itself (behind a read-only view) instead of a copy: for a caller
         that never changes that dict afterwards (the by-slice cursor replaces its map, never changes it)."""
         offset = _new(cls)
-        _set_attribute(offset, "__dict__", {"timestamp": timestamp, "read_timestamp": read_timestamp,
-                                            "seen": MappingProxyType(seen)})
+        # Filled in place: the frozen class's __setattr__ is not on this path (one per envelope read).
+        fields = offset.__dict__
+        fields["timestamp"], fields["read_timestamp"] = timestamp, read_timestamp
+        fields["seen"] = MappingProxyType(seen)
         return offset
 
     def covers(self, ts: datetime, pid: str, seq_nr: int) -> bool:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pgjournal.codec.akka_formats import scan_json
+from pgjournal.codec.akka_formats import REFUSED, read_json
 from pgjournal.core.horizon import Horizon
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
@@ -124,11 +124,11 @@ class EventRows:
         """:meth:`envelope` of each delivery (a :data:`Delivery`, or a bare row of a page read at
         ``read_timestamp``, delivered alone at its timestamp: see :meth:`SliceQuery.sift_step`), made as they
         are taken, at less per row (a catch-up's cost): the offset keeps the cursor's seen map (replaced, never
-        changed) without a copy; a payload that is plain JSON (:meth:`SerializerRegistry.plain_json`) is
-        scanned here (anything unusual, and the error of one that does not decode, is left to
-        ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
+        changed) without a copy; a payload that is plain JSON (:meth:`SerializerRegistry.plain_json`) is read
+        here (:data:`~pgjournal.codec.akka_formats.read_json`; what it refuses, and the error of one that does not
+        decode, is left to ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
         serializers = self._serializers
-        deserialize, plain_json, scan = serializers.deserialize, serializers.plain_json, scan_json
+        deserialize, plain_json, read = serializers.deserialize, serializers.plain_json, read_json
         offset_of, make = TimestampOffset.adopted, new_envelope
         last_id, last_manifest, plain = None, None, False
         for delivery in deliveries:
@@ -141,12 +141,9 @@ class EventRows:
                 last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
             event = _UNSET
             if plain:
-                try:  # bytes to str (gzip's magic bytes are not UTF-8), then one whole JSON document
-                    text = payload.decode()
-                    event, end = scan(text, 0)
-                    if end != len(text):
-                        event = _UNSET
-                except Exception:
+                try:
+                    event = read(payload)
+                except REFUSED:
                     event = _UNSET  # deserialize decides (or raises the error)
             if event is _UNSET:
                 event = deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
