@@ -40,10 +40,11 @@ def _random_lsb_bytes() -> int:
 
 
 def wait_for_tag_writers(journal: Journal) -> None:
-    """Before a cleanup deletes tag rows: wait, at most ``tag_writer_timeout``, until the batched tag writers of
-    every process have written the tag rows of every event appended before now (their watermark past this
-    moment; this journal's own writer is flushed), since a row a writer still holds, written after the delete,
-    would outlive its event. Raises :class:`TagFlushFailed`, before anything is deleted, when they have not."""
+    """Before a cleanup or :meth:`Reconciliation.delete_tag_view` deletes tag rows: wait, at most
+    ``tag_writer_timeout``, until the batched tag writers of every process have written the tag rows of every
+    event appended before now (their watermark past this moment; this journal's own writer is flushed), since a
+    row a writer still holds, written after the delete, would outlive the delete. Raises
+    :class:`TagFlushFailed`, before anything is deleted, when they have not."""
     own = None
     if journal.tag_writer is not None:  # written now: only the others are waited for
         journal.tag_writer.flush()
@@ -60,8 +61,8 @@ def wait_for_tag_writers(journal: Journal) -> None:
         if time.monotonic() >= deadline:
             raise TagFlushFailed(
                 f"the batched tag writers of other processes have not written the tag rows of the events appended "
-                f"before this cleanup after {timeout:g} s (tag_writer_timeout); nothing was deleted: run the cleanup "
-                "again, or `pgjournal tags recover` if a writer died")
+                f"before this delete after {timeout:g} s (tag_writer_timeout); nothing was deleted: run it again, "
+                "or `pgjournal tags recover` if a writer died")
         time.sleep(SETTLE_INTERVAL)  # other processes' writers: nothing to be notified by
 
 
@@ -77,9 +78,12 @@ class Reconciliation:
         return sorted(r[0] for r in rows)
 
     def delete_tag_view(self, persistence_id: str, tag: str) -> int:
-        """Delete the persistence id's rows in the tag view of ``tag`` and its progress; returns rows deleted."""
+        """Delete the persistence id's rows in the tag view of ``tag`` and its progress; returns rows deleted.
+        First waits for the batched tag writers (:func:`wait_for_tag_writers`): a row one still held would be
+        written after the delete."""
         pid = check_persistence_id(persistence_id)
         check_name(tag, "tag")
+        wait_for_tag_writers(self._journal)
         with self._journal.connection() as conn, conn.transaction():
             return self._delete(conn, pid, [tag])
 
@@ -94,7 +98,9 @@ class Reconciliation:
         """Rebuild the persistence id's tag view (for ``tags``, default: every tag its events carry) from the
         journal, in one transaction: its rows for those tags are replaced, tag sequence numbers count from 1
         in event order (logically deleted events included, as they were written), TimeUUIDs are made from
-        ``db_timestamp`` (strictly increasing per persistence id), and the progress is set. Idempotent."""
+        ``db_timestamp`` (strictly increasing per persistence id), and the progress is set. Idempotent. A row
+        another process's batched writer still holds is the same row (same tag numbers), written after the
+        rebuild or not at all: no wait is needed here."""
         pid = check_persistence_id(persistence_id)
         wanted = list(check_tags(tags)) if tags is not None else self.tags_of(pid)
         if not wanted:

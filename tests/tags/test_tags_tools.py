@@ -100,6 +100,36 @@ def test_cleanup_waits_for_another_processes_batched_writer_so_no_tag_row_outliv
         assert conn.execute("SELECT count(*) FROM tag_views").fetchone() == (0,)
 
 
+def test_delete_tag_view_waits_for_another_processes_batched_writer(tj: Journal, dsn: str) -> None:
+    """Another process's batched writer still holds the pid's tag rows: a delete that did not wait left the rows
+    it wrote afterwards in the view."""
+    with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as other:
+        other.append("Cart|1", [1, 2, 3], tags=["x"])  # its rows are written in 60 s, or at its flush
+        done: dict[str, int] = {}
+        deleting = threading.Thread(target=lambda: done.setdefault(
+            "rows", Reconciliation(tj).delete_tag_view("Cart|1", "x")), daemon=True)
+        deleting.start()
+        deleting.join(0.5)
+        assert deleting.is_alive() and "rows" not in done  # waiting for the other writer's watermark
+        assert other.tag_writer is not None
+        other.tag_writer.flush()
+        deleting.join(30)
+        assert done["rows"] == 3
+        other.tag_writer.flush()
+    assert view(tj, "x") == []
+
+
+def test_a_rebuild_beside_another_processes_batched_writer_leaves_each_event_once(tj: Journal, dsn: str) -> None:
+    """The rows a writer still holds when a rebuild runs are the rows the rebuild makes (same tag numbers): written
+    afterwards, they add nothing."""
+    with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as other:
+        other.append("Cart|1", [1, 2, 3], tags=["x"])
+        assert Reconciliation(tj).rebuild("Cart|1") == 3
+        assert other.tag_writer is not None
+        other.tag_writer.flush()
+    assert view(tj, "x") == [("Cart|1", 1, 1, 1), ("Cart|1", 2, 2, 2), ("Cart|1", 3, 3, 3)]
+
+
 def test_cleanup_does_not_wait_for_its_own_journals_writer(dsn: str) -> None:
     """Its own writer is flushed first, so cleanup waits for no heartbeat of it (60 s here)."""
     with Journal.open(dsn, **{**TAGS, "tag_flush_interval": 60.0, "tag_writer_timeout": 600.0}) as journal:
