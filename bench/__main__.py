@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -40,14 +41,15 @@ def load_scenarios() -> dict[str, Scenario]:
 def render(outcome: Outcome, console: Console) -> None:
     scenario = outcome.scenario
     better = "lower is better" if scenario.lower_is_better else "higher is better"
-    table = Table("contender", "min", "median", "max", "ours ÷ this" if not scenario.lower_is_better else
-                  "this ÷ ours", title=f"{scenario.name}: {scenario.metric} ({better})",
-                  caption=scenario.description)
-    ratios = outcome.ratios()
+    heading = "ours ÷ this" if not scenario.lower_is_better else "this ÷ ours"
+    table = Table("contender", "min", "median", "max", heading, f"{heading} per round (median)",
+                  title=f"{scenario.name}: {scenario.metric} ({better})", caption=scenario.description)
+    ratios, paired = outcome.ratios(), outcome.paired_ratios()
     for name, values in outcome.values.items():
         ratio = f"{ratios[name]:.2f}×" if name in ratios else ""
+        per_round = f"{statistics.median(paired[name]):.2f}×" if paired.get(name) else ""
         table.add_row(name, f"{min(values):,.1f}", f"{outcome.median(name):,.1f}", f"{max(values):,.1f}", ratio,
-                      style="bold" if name.startswith("ours") else None)
+                      per_round, style="bold" if name.startswith("ours") else None)
     console.print(table)
     for note in outcome.notes:
         console.print(f"  [dim]{note}[/]")

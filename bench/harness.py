@@ -135,6 +135,19 @@ class Outcome:
                 out[name] = ours / ref if ref else float("inf")
         return out
 
+    def paired_ratios(self) -> dict[str, list[float]]:
+        """Per reference, ours ÷ it within each round (``this ÷ ours`` when lower is better): both measured minutes
+        apart under the same load, so the median of these moves less with the machine's load than the ratio of
+        the two medians does, which pairs values from different rounds."""
+        out = {}
+        for name in self.references():
+            pairs = zip(self.values["ours"], self.values[name], strict=False)
+            if self.scenario.lower_is_better:
+                out[name] = [ref / ours if ours else float("inf") for ours, ref in pairs]
+            else:
+                out[name] = [ours / ref if ref else float("inf") for ours, ref in pairs]
+        return out
+
     def summary(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario.name,
@@ -143,6 +156,8 @@ class Outcome:
             "variants": {k: round(self.median(k), 3) for k in self.values if k.startswith("ours_")},
             "references": {k: round(self.median(k), 3) for k in self.references()},
             "ratios": {k: round(v, 3) for k, v in self.ratios().items()},
+            "paired_ratios": {k: [round(r, 3) for r in v] for k, v in self.paired_ratios().items()},
+            "paired_median": {k: round(statistics.median(v), 3) for k, v in self.paired_ratios().items() if v},
             "rounds": len(self.values["ours"]),
             "calibration": self.calibration,
             **({"extra": self.extra} if self.extra else {}),
