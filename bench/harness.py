@@ -136,8 +136,8 @@ class Outcome:
         return out
 
     def paired_ratios(self) -> dict[str, list[float]]:
-        """Per reference, ours ÷ it within each round (``this ÷ ours`` when lower is better): both measured minutes
-        apart under the same load, so the median of these moves less with the machine's load than the ratio of
+        """Per reference, ours ÷ it within each round (``this ÷ ours`` when lower is better): both measured back to
+        back under the same load, so the median of these moves less with the machine's load than the ratio of
         the two medians does, which pairs values from different rounds."""
         out = {}
         for name in self.references():
