@@ -24,12 +24,12 @@ import multiprocessing
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed, ShardLayoutMismatch
 from pgjournal.shards import ShardedJournal, ShardSettings
+from pgjournal.shards.routing import Unsettled
 
 from .handlers import Projection
 from .leases import LeaseManager, default_owner
@@ -181,7 +181,7 @@ class ShardedWorker(_Balancing):
         self.journal = journal
         self._projection = projection
         self._lease = (lease_duration, renew_interval)
-        self._unsettled_since: float | None = None
+        self._unsettled = Unsettled(journal.journals[0].settings.layout_wait)
         self.layout = journal.layout
         self.parts = self._parts()
         self.interval = min(part.interval for part in self.parts)
@@ -197,12 +197,10 @@ class ShardedWorker(_Balancing):
         try:
             layout = self.journal.check_layout()
         except ShardLayoutMismatch as exc:
-            now = time.monotonic()
-            self._unsettled_since = self._unsettled_since or now
-            if now - self._unsettled_since >= self.journal.journals[0].settings.layout_wait:
+            if self._unsettled.gives_up():
                 self._layout_failure = exc
             raise  # a warning this cycle; the workers of the layout they know go on meanwhile
-        self._unsettled_since = None
+        self._unsettled.settled()
         if layout != self.layout:
             log.info("%s: the shard layout is version %d now (%s): the workers follow it", self.owner,
                      layout.version, ", ".join(self.journal.shards.where(i) for i in range(self.journal.shards.count)))

@@ -4,7 +4,7 @@ by-tag stream, the by-persistence-id reads, the gate, the horizon and the live l
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -95,10 +95,14 @@ class AsyncQuery:
                          *, tags: Iterable[str] | None = None) -> AsyncLiveQuery[EventEnvelope]:
         return self.run_live(self.slice_query(entity_type, min_slice, max_slice, offset, tags=tags))
 
-    def run_live(self, query: SliceQuery, first: list[Any] | None = None) -> AsyncLiveQuery[Any]:
-        """A live by-slice query (``first``: items handed out before its first poll)."""
+    def run_live(self, query: SliceQuery, first: list[Any] | None = None,
+                 before_poll: Callable[[], Awaitable[None]] | None = None) -> AsyncLiveQuery[Any]:
+        """A live by-slice query (``first``: items handed out before its first poll; ``before_poll`` awaited
+        before each poll, what it raises ending the query)."""
 
         async def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            if before_poll is not None:
+                await before_poll()
             deliveries, rows = await self._read(query.poll_step(notified))
             return Made(deliveries, query.envelope), rows
 

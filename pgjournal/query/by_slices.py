@@ -35,7 +35,7 @@ and the filtered-out stretch behind it is not read again (sparse) or read withou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -533,10 +533,13 @@ class BySlices:
              rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> LiveQuery[Any]:
         return self.run_live(self.query(entity_type, min_slice, max_slice, offset, rows, tags=tags))
 
-    def run_live(self, query: SliceQuery) -> LiveQuery[Any]:
-        """:meth:`live` of a query built (and perhaps prepared) by the caller."""
+    def run_live(self, query: SliceQuery, before_poll: Callable[[], None] | None = None) -> LiveQuery[Any]:
+        """:meth:`live` of a query built (and perhaps prepared) by the caller; ``before_poll`` runs before each
+        poll (what it raises ends the query, see :class:`~pgjournal.runtime.live.LiveQuery`)."""
 
         def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
+            if before_poll is not None:
+                before_poll()
             deliveries, rows = run_pooled(query.poll_step(notified), self._journal.read_connection)
             return Made(deliveries, query.envelope), rows
 

@@ -23,8 +23,10 @@ from pgjournal.shards.routing import (
     REREAD_INTERVAL,
     Follow,
     Known,
+    Moved,
     Routed,
     Routing,
+    StreamFollow,
     after_conflict,
     found_nothing,
     once,
@@ -215,9 +217,9 @@ class AsyncShardedQuery:
             entity_type, min_slice, max_slice, offset)
 
     def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> AsyncLiveQuery[EventEnvelope]:
-        return self._journal.journal_for_slices(min_slice, max_slice).query.events_by_slices(
-            entity_type, min_slice, max_slice, offset)
+                         ) -> AsyncFollowingSlices:
+        """As ``ShardedQuery.events_by_slices``: live, following a move of the range by itself."""
+        return AsyncFollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
 
     def current_events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
@@ -232,6 +234,68 @@ class AsyncShardedQuery:
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return await query.events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                                     transform=transform)
+
+
+class AsyncFollowingSlices:
+    """The asyncio face of ``FollowingSlices`` (the rule: :class:`~pgjournal.shards.routing.StreamFollow`)."""
+
+    def __init__(self, journal: AsyncShardedJournal, entity_type: str, min_slice: int, max_slice: int,
+                 offset: Offset) -> None:
+        self._sharded, self._entity_type = journal, entity_type
+        self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
+        self._closed = False
+        self._live = self._open()
+
+    def _open(self) -> AsyncLiveQuery[EventEnvelope]:
+        follow, query = self._follow, self._follow.journal.query
+        return query.run_live(query.slice_query(self._entity_type, *follow.range, follow.offset),
+                              before_poll=self._check)
+
+    async def _check(self) -> None:
+        if not self._follow.due():
+            return
+        try:
+            await self._sharded.check_layout()
+        except Exception as exc:
+            self._follow.checked(exc)
+        else:
+            self._follow.checked(None)
+
+    def __aiter__(self) -> AsyncIterator[EventEnvelope]:
+        return self
+
+    async def __anext__(self) -> EventEnvelope:
+        while True:
+            try:
+                envelope: EventEnvelope = await self._live.__anext__()
+            except Moved:
+                self._live.close()
+                if self._closed:
+                    raise StopAsyncIteration from None
+                self._live = self._open()
+                continue
+            except BaseException:
+                self._live.close()
+                raise
+            self._follow.offset = envelope.offset
+            return envelope
+
+    def close(self) -> None:
+        self._closed = True
+        self._live.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._live.closed
+
+    async def __aenter__(self) -> AsyncFollowingSlices:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
 
 
 class AsyncShardedDurableState:

@@ -30,8 +30,10 @@ from pgjournal.shards.routing import (
     REREAD_INTERVAL,
     Follow,
     Known,
+    Moved,
     Routed,
     Routing,
+    StreamFollow,
     after_conflict,
     found_nothing,
     once,
@@ -236,9 +238,10 @@ class ShardedQuery:
             entity_type, min_slice, max_slice, offset)
 
     def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> LiveQuery[EventEnvelope]:
-        return self._journal.journal_for_slices(min_slice, max_slice).query.events_by_slices(
-            entity_type, min_slice, max_slice, offset)
+                         ) -> FollowingSlices:
+        """Live, from the one database holding ``min_slice..max_slice``, following a move of the range by itself
+        (:class:`FollowingSlices`)."""
+        return FollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
 
     def current_events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
@@ -253,6 +256,72 @@ class ShardedQuery:
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return query.events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                               transform=transform)
+
+
+class FollowingSlices:
+    """A live by-slices query of a sharded journal: the range's database's live query, which follows a move of the
+    range (docs/sharding.md, section 6) by itself. Every ``LAYOUT_CHECK_INTERVAL`` it re-reads the layout records
+    before a poll; once the range's database changed, it reopens there from the last envelope handed out (the rule:
+    :class:`~pgjournal.shards.routing.StreamFollow`). Records that do not settle for ``layout_wait`` (the new
+    database reached by no DSN of this journal: list it as a spare) raise :class:`ShardLayoutMismatch`, as does a
+    move that leaves the range across two databases. ``close()`` (or leaving ``with``) stops it."""
+
+    def __init__(self, journal: ShardedJournal, entity_type: str, min_slice: int, max_slice: int,
+                 offset: Offset) -> None:
+        self._sharded, self._entity_type = journal, entity_type
+        self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
+        self._closed = False
+        self._live = self._open()
+
+    def _open(self) -> LiveQuery[EventEnvelope]:
+        follow, by_slices = self._follow, self._follow.journal.by_slices
+        return by_slices.run_live(by_slices.query(self._entity_type, *follow.range, follow.offset), self._check)
+
+    def _check(self) -> None:
+        if not self._follow.due():
+            return
+        try:
+            self._sharded.check_layout()
+        except Exception as exc:
+            self._follow.checked(exc)
+        else:
+            self._follow.checked(None)
+
+    def __iter__(self) -> Iterator[EventEnvelope]:
+        return self
+
+    def __next__(self) -> EventEnvelope:
+        while True:
+            try:
+                envelope: EventEnvelope = next(self._live)
+            except Moved:
+                self._live.close()
+                if self._closed:
+                    raise StopIteration from None
+                self._live = self._open()
+                if self._closed:  # closed from another thread meanwhile
+                    self._live.close()
+                continue
+            except BaseException:
+                self._live.close()
+                raise
+            self._follow.offset = envelope.offset
+            return envelope
+
+    def close(self) -> None:
+        """Stop it (from any thread)."""
+        self._closed = True
+        self._live.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._live.closed
+
+    def __enter__(self) -> FollowingSlices:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 class ShardedDurableState:

@@ -17,7 +17,10 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pgjournal.errors import ConcurrencyConflict, ShardLayoutMismatch
+from psycopg_pool import PoolClosed
+
+from pgjournal.errors import ConcurrencyConflict, InvalidArgument, JournalClosed, ShardLayoutMismatch
+from pgjournal.model.offsets import Offset
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
@@ -29,6 +32,9 @@ T = TypeVar("T")
 
 #: How often a journal waiting for the records to agree (mid-switch) re-reads them.
 REREAD_INTERVAL = 0.01
+#: How often a live by-slices stream of a sharded journal re-reads the records (one row per database), between
+#: its polls: the delay after a move's switch before the stream reads the range where it went.
+LAYOUT_CHECK_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -248,3 +254,77 @@ class Follow(Generic[J]):
 def once(items: Iterable[T]) -> Iterable[T]:
     """``items`` readable twice (a refused write is retried once): an iterator is read into a list."""
     return items if isinstance(items, Collection) else list(items)
+
+
+class Unsettled:
+    """How long a long-running reader (a live by-slices stream, a sharded projection worker) bears layout records
+    that disagree or name a database it cannot reach, checking now and then: ``layout_wait`` seconds in a row,
+    then it gives up (and its caller raises, so that it is restarted with the settings of the new layout)."""
+
+    def __init__(self, layout_wait: float) -> None:
+        self.layout_wait = layout_wait
+        self.since: float | None = None
+
+    def gives_up(self) -> bool:
+        """A check found them unsettled: whether they have been for ``layout_wait`` now."""
+        now = time.monotonic()
+        self.since = self.since or now
+        return now - self.since >= self.layout_wait
+
+    def settled(self) -> None:
+        self.since = None
+
+
+class Moved(Exception):
+    """The database of a live by-slices stream's range changed: the stream reopens there, from its offset."""
+
+
+class StreamFollow(Generic[J]):
+    """How a live by-slices stream of a sharded journal, on both faces, follows a move of its range: before a
+    poll, every :data:`LAYOUT_CHECK_INTERVAL` (:meth:`due`), its face runs ``check_layout()`` and hands the outcome
+    to :meth:`checked`, which raises :class:`Moved` when the range's database changed. A poll runs only once the
+    previous page was handed out, so ``offset`` (the last envelope handed out) is exactly where to reopen on the
+    new database: the move copied the range's events with their timestamps, and a switched range is complete
+    there, so none is lost, repeated or reordered (docs/sharding.md, section 6)."""
+
+    def __init__(self, routed: Routed[J], min_slice: int, max_slice: int, offset: Offset, layout_wait: float) -> None:
+        self.routed, self.range, self.offset = routed, (min_slice, max_slice), offset
+        #: The journal of the range's database, read from now on.
+        self.journal = routed.journal_for_slices(min_slice, max_slice)
+        self.unsettled = Unsettled(layout_wait)
+        self.checked_at = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked_at < LAYOUT_CHECK_INTERVAL:
+            return False
+        self.checked_at = now
+        return True
+
+    def checked(self, error: Exception | None) -> None:
+        """``check_layout()`` returned (``error`` ``None``) or raised ``error``. Raises :class:`Moved` (the new
+        journal in :attr:`journal`); a :class:`ShardLayoutMismatch` once the records have not settled for
+        ``layout_wait``, or at once when the range now spans databases; a closed journal's error (the stream
+        ends). Any other error (a database unreachable) is logged: the stream reads on, and checks again."""
+        if isinstance(error, ShardLayoutMismatch):
+            if self.unsettled.gives_up():
+                raise error
+            return
+        if isinstance(error, JournalClosed | PoolClosed):
+            raise error
+        lo, hi = self.range
+        if error is not None:
+            log.warning("a live by-slices stream of slices %d-%d could not read the shard layout records (%s); it "
+                        "reads on and checks again", lo, hi, error)
+            return
+        self.unsettled.settled()
+        try:
+            journal = self.routed.journal_for_slices(lo, hi)
+        except InvalidArgument as split:
+            raise ShardLayoutMismatch(f"a live by-slices stream cannot follow layout version "
+                                      f"{self.routed.layout.version}: {split}") from None
+        if journal is not self.journal:
+            log.info("a live by-slices stream of slices %d-%d follows the shard layout version %d to %s", lo, hi,
+                     self.routed.layout.version, self.routed.shards.where(self.routed.shards.index_of(lo)))
+            self.journal = journal
+            raise Moved

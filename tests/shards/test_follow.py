@@ -4,7 +4,9 @@ retries the write once; one that does not know it is refused, naming the databas
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import signal
 import threading
 import time
@@ -15,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from support import FAST
+from support.aio import check_once_in_order, take
 from support.eventually import eventually
 from test_move import move_cli, pid_in
 
@@ -251,3 +254,93 @@ def test_writers_with_the_spare_keep_appending_across_a_move_without_reopening(s
     print(f"\nlongest append of a moved-range entity (its writer's pause, the move followed without reopening): "
           f"{longest:.3f} s")
     assert longest <= 5.0
+
+
+# -- a live by-slices stream follows a move by itself ----------------------------------------------------------
+
+class Reading(threading.Thread):
+    """Iterates a live by-slices stream until it ends, keeping (pid, seq_nr) of each envelope and what it raised."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.seen: list[tuple[str, int]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for envelope in self.stream:
+                self.seen.append((envelope.persistence_id, envelope.seq_nr))
+        except BaseException as exc:
+            self.error = exc
+
+
+def moved_pids(n: int) -> list[str]:
+    return [pid_in(512, 767, f"acct|s{i}-") for i in range(n)]
+
+
+def test_a_live_by_slices_stream_follows_a_move_of_its_range_by_itself(shard_databases: Databases) -> None:
+    """The stream never calls ``check_layout``: without following, it kept polling the database the range left,
+    and the events appended after the move (on the target only) never came."""
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    pids = moved_pids(4)
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as journal:
+        for pid in pids:
+            journal.append(pid, ["one", "two"], expected_seq_nr=0)
+        with journal.query.events_by_slices("acct", 512, 767) as stream:
+            reading = Reading(stream)
+            reading.start()
+            eventually(lambda: len(reading.seen) == 8, timeout=30)
+            with Mover(old, (512, 767), c, keep=0) as mover:
+                mover.run()
+            for pid in pids:
+                journal.append(pid, ["three", "four"], expected_seq_nr=2)
+            assert all(events_of(b, pid) == [] and len(events_of(c, pid)) == 4 for pid in pids)
+            eventually(lambda: len(reading.seen) >= 16 or reading.error is not None, timeout=30)
+        reading.join(10)
+    assert reading.error is None, repr(reading.error)
+    check_once_in_order(reading.seen, {(pid, n) for pid in pids for n in range(1, 5)}, "the stream across the move")
+
+
+async def test_the_asyncio_stream_follows_by_the_same_rule(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    pids = moved_pids(3)
+    async with AsyncShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as journal:
+        for pid in pids:
+            await journal.append(pid, ["one"], expected_seq_nr=0)
+        async with journal.query.events_by_slices("acct", 512, 767) as stream:
+            seen = await take(stream, 3)
+            with Mover(old, (512, 767), c, keep=0) as mover:
+                await asyncio.to_thread(mover.run)
+            for pid in pids:
+                await journal.append(pid, ["two"], expected_seq_nr=1)
+            seen += await take(stream, 3)
+    check_once_in_order([(e.persistence_id, e.seq_nr) for e in seen], {(p, n) for p in pids for n in (1, 2)},
+                        "the asyncio stream across the move")
+
+
+@pytest.mark.parametrize("case", ["split", "unknown"])
+def test_a_stream_that_cannot_follow_raises_a_layout_mismatch_naming_why(shard_databases: Databases,
+                                                                         case: str) -> None:
+    """A move that leaves the stream's range on two databases is raised at the first check after it; a target this
+    journal reaches by no DSN (no spare) once the records have not settled for ``layout_wait``."""
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    settings = ShardSettings.of([a, b], spares=[c]) if case == "split" else old
+    lo, hi = (512, 1023) if case == "split" else (512, 767)
+    with ShardedJournal.open(settings, **FAST, layout_wait=1.0) as journal:
+        stream = journal.query.events_by_slices("acct", lo, hi)
+        reading = Reading(stream)
+        reading.start()
+        with Mover(old, (512, 767), c, keep=0) as mover:
+            mover.run()
+        reading.join(30)
+    assert not reading.is_alive() and stream.closed
+    expected = (r"cannot follow layout version 2: slice range 512-1023 spans 2 databases" if case == "split"
+                else f"on database {database_id(c)}, which no DSN")
+    assert isinstance(reading.error, ShardLayoutMismatch) and re.search(expected, str(reading.error)), reading.error
