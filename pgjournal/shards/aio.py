@@ -8,7 +8,7 @@ import asyncio
 import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pgjournal.aio.journal import AsyncJournal
 from pgjournal.errors import ConcurrencyConflict, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
@@ -24,6 +24,7 @@ from pgjournal.shards.routing import (
     Follow,
     Known,
     Moved,
+    P,
     Routed,
     Routing,
     StreamFollow,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from pgjournal.aio.live import AsyncLiveQuery
     from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.model.envelope import EventEnvelope
+    from pgjournal.query.by_slices import SliceRows
     from pgjournal.state.durable_state import DurableState, DurableStateChange
     from pgjournal.state.snapshots import SelectedSnapshot
 
@@ -217,7 +219,7 @@ class AsyncShardedQuery:
             entity_type, min_slice, max_slice, offset)
 
     def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> AsyncFollowingSlices:
+                         ) -> AsyncFollowingSlices[EventEnvelope]:
         """As ``ShardedQuery.events_by_slices``: live, following a move of the range by itself."""
         return AsyncFollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
 
@@ -236,19 +238,20 @@ class AsyncShardedQuery:
                                                                     transform=transform)
 
 
-class AsyncFollowingSlices:
+class AsyncFollowingSlices(Generic[P]):
     """The asyncio face of ``FollowingSlices`` (the rule: :class:`~pgjournal.shards.routing.StreamFollow`)."""
 
     def __init__(self, journal: AsyncShardedJournal, entity_type: str, min_slice: int, max_slice: int,
-                 offset: Offset) -> None:
-        self._sharded, self._entity_type = journal, entity_type
+                 offset: Offset, rows: Callable[[AsyncJournal], SliceRows] | None = None) -> None:
+        self._sharded, self._entity_type, self._rows = journal, entity_type, rows
         self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
         self._closed = False
         self._live = self._open()
 
-    def _open(self) -> AsyncLiveQuery[EventEnvelope]:
-        follow, query = self._follow, self._follow.journal.query
-        return query.run_live(query.slice_query(self._entity_type, *follow.range, follow.offset),
+    def _open(self) -> AsyncLiveQuery[P]:
+        follow = self._follow
+        query, rows = follow.journal.query, self._rows(follow.journal) if self._rows else None
+        return query.run_live(query.slice_query(self._entity_type, *follow.range, follow.offset, rows),
                               before_poll=self._check)
 
     async def _check(self) -> None:
@@ -261,13 +264,13 @@ class AsyncFollowingSlices:
         else:
             self._follow.checked(None)
 
-    def __aiter__(self) -> AsyncIterator[EventEnvelope]:
+    def __aiter__(self) -> AsyncIterator[P]:
         return self
 
-    async def __anext__(self) -> EventEnvelope:
+    async def __anext__(self) -> P:
         while True:
             try:
-                envelope: EventEnvelope = await self._live.__anext__()
+                item = await self._live.__anext__()
             except Moved:
                 self._live.close()
                 if self._closed:
@@ -277,8 +280,8 @@ class AsyncFollowingSlices:
             except BaseException:
                 self._live.close()
                 raise
-            self._follow.offset = envelope.offset
-            return envelope
+            self._follow.offset = item.offset
+            return item
 
     def close(self) -> None:
         self._closed = True
@@ -291,7 +294,7 @@ class AsyncFollowingSlices:
     def closed(self) -> bool:
         return self._closed or self._live.closed
 
-    async def __aenter__(self) -> AsyncFollowingSlices:
+    async def __aenter__(self) -> AsyncFollowingSlices[P]:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
@@ -321,9 +324,10 @@ class AsyncShardedDurableState:
             entity_type, min_slice, max_slice, offset)
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                          ) -> AsyncLiveQuery[DurableStateChange]:
-        return self._journal.journal_for_slices(min_slice, max_slice).durable_state.changes_by_slices(
-            entity_type, min_slice, max_slice, offset)
+                          ) -> AsyncFollowingSlices[DurableStateChange]:
+        """Live, following a move of the range by itself (as ``ShardedDurableState.changes_by_slices``)."""
+        return AsyncFollowingSlices(self._journal, entity_type, min_slice, max_slice, offset,
+                                    rows=lambda journal: journal.durable_state.rows())
 
 
 class _Opening:

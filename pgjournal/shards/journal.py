@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pgjournal.core.journal_core import REPLICA_ENV
 from pgjournal.errors import (
@@ -31,6 +31,7 @@ from pgjournal.shards.routing import (
     Follow,
     Known,
     Moved,
+    P,
     Routed,
     Routing,
     StreamFollow,
@@ -43,6 +44,7 @@ from pgjournal.shards.routing import (
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.model.envelope import EventEnvelope
+    from pgjournal.query.by_slices import SliceRows
     from pgjournal.query.from_snapshots import SnapshotsThenLive
     from pgjournal.runtime.live import LiveQuery
     from pgjournal.state.durable_state import DurableState, DurableStateChange
@@ -238,7 +240,7 @@ class ShardedQuery:
             entity_type, min_slice, max_slice, offset)
 
     def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> FollowingSlices:
+                         ) -> FollowingSlices[EventEnvelope]:
         """Live, from the one database holding ``min_slice..max_slice``, following a move of the range by itself
         (:class:`FollowingSlices`)."""
         return FollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
@@ -258,24 +260,26 @@ class ShardedQuery:
                                                               transform=transform)
 
 
-class FollowingSlices:
-    """A live by-slices query of a sharded journal: the range's database's live query, which follows a move of the
-    range (docs/sharding.md, section 6) by itself. Every ``LAYOUT_CHECK_INTERVAL`` it re-reads the layout records
-    before a poll; once the range's database changed, it reopens there from the last envelope handed out (the rule:
+class FollowingSlices(Generic[P]):
+    """A live by-slices query of a sharded journal (events, or with ``rows`` another table's, such as durable
+    state's changes): the range's database's live query, which follows a move of the range (docs/sharding.md,
+    section 6) by itself. Every ``LAYOUT_CHECK_INTERVAL`` it re-reads the layout records before a poll; once the
+    range's database changed, it reopens there from the last item handed out (the rule:
     :class:`~pgjournal.shards.routing.StreamFollow`). Records that do not settle for ``layout_wait`` (the new
     database reached by no DSN of this journal: list it as a spare) raise :class:`ShardLayoutMismatch`, as does a
     move that leaves the range across two databases. ``close()`` (or leaving ``with``) stops it."""
 
-    def __init__(self, journal: ShardedJournal, entity_type: str, min_slice: int, max_slice: int,
-                 offset: Offset) -> None:
-        self._sharded, self._entity_type = journal, entity_type
+    def __init__(self, journal: ShardedJournal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+                 rows: Callable[[Journal], SliceRows] | None = None) -> None:
+        self._sharded, self._entity_type, self._rows = journal, entity_type, rows
         self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
         self._closed = False
         self._live = self._open()
 
-    def _open(self) -> LiveQuery[EventEnvelope]:
-        follow, by_slices = self._follow, self._follow.journal.by_slices
-        return by_slices.run_live(by_slices.query(self._entity_type, *follow.range, follow.offset), self._check)
+    def _open(self) -> LiveQuery[P]:
+        follow = self._follow
+        by_slices, rows = follow.journal.by_slices, self._rows(follow.journal) if self._rows else None
+        return by_slices.run_live(by_slices.query(self._entity_type, *follow.range, follow.offset, rows), self._check)
 
     def _check(self) -> None:
         if not self._follow.due():
@@ -287,13 +291,13 @@ class FollowingSlices:
         else:
             self._follow.checked(None)
 
-    def __iter__(self) -> Iterator[EventEnvelope]:
+    def __iter__(self) -> Iterator[P]:
         return self
 
-    def __next__(self) -> EventEnvelope:
+    def __next__(self) -> P:
         while True:
             try:
-                envelope: EventEnvelope = next(self._live)
+                item = next(self._live)
             except Moved:
                 self._live.close()
                 if self._closed:
@@ -305,8 +309,8 @@ class FollowingSlices:
             except BaseException:
                 self._live.close()
                 raise
-            self._follow.offset = envelope.offset
-            return envelope
+            self._follow.offset = item.offset
+            return item
 
     def close(self) -> None:
         """Stop it (from any thread)."""
@@ -317,7 +321,7 @@ class FollowingSlices:
     def closed(self) -> bool:
         return self._closed or self._live.closed
 
-    def __enter__(self) -> FollowingSlices:
+    def __enter__(self) -> FollowingSlices[P]:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -348,9 +352,10 @@ class ShardedDurableState:
             entity_type, min_slice, max_slice, offset)
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                          ) -> LiveQuery[DurableStateChange]:
-        return self._journal.journal_for_slices(min_slice, max_slice).durable_state.changes_by_slices(
-            entity_type, min_slice, max_slice, offset)
+                          ) -> FollowingSlices[DurableStateChange]:
+        """Live, following a move of the range by itself, as ``journal.query.events_by_slices``."""
+        return FollowingSlices(self._journal, entity_type, min_slice, max_slice, offset,
+                               rows=lambda journal: journal.durable_state.rows())
 
 
 def _close_all(journals: Iterable[Journal]) -> None:

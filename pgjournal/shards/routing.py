@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from psycopg_pool import PoolClosed
 
@@ -273,6 +273,16 @@ class Unsettled:
 
     def settled(self) -> None:
         self.since = None
+
+
+class Positioned(Protocol):
+    """What a by-slices stream hands out (an event's envelope, a durable state's change): it carries its offset."""
+
+    @property
+    def offset(self) -> Offset: ...
+
+
+P = TypeVar("P", bound=Positioned)
 
 
 class Moved(Exception):

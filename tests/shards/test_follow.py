@@ -304,6 +304,26 @@ def test_a_live_by_slices_stream_follows_a_move_of_its_range_by_itself(shard_dat
     check_once_in_order(reading.seen, {(pid, n) for pid in pids for n in range(1, 5)}, "the stream across the move")
 
 
+def test_a_live_durable_state_change_stream_follows_a_move_too(shard_databases: Databases) -> None:
+    a, b, c = shard_databases(3)
+    old = ShardSettings.of([a, b])
+    migrate_all(old)
+    pids = moved_pids(3)
+    with ShardedJournal.open(ShardSettings.of([a, b], spares=[c]), **FAST) as journal:
+        for pid in pids:
+            journal.durable_state.upsert(pid, 1, {"v": 1})
+        with journal.durable_state.changes_by_slices("acct", 512, 767) as changes:
+            seen = [(next(changes).persistence_id, 1) for _ in pids]
+            with Mover(old, (512, 767), c, keep=0) as mover:
+                mover.run()
+            for pid in pids:
+                journal.durable_state.upsert(pid, 2, {"v": 2})
+            for _ in pids:
+                change = next(changes)  # without following, this waited for ever on the range's old database
+                seen.append((change.persistence_id, change.revision))
+    assert sorted(seen) == sorted((pid, n) for pid in pids for n in (1, 2))
+
+
 async def test_the_asyncio_stream_follows_by_the_same_rule(shard_databases: Databases) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
