@@ -43,7 +43,7 @@ from pgjournal.codec.transcoding import KEY_BYTES, Transcoder
 from pgjournal.errors import ConfigurationError, InvalidArgument, SchemaNotMigrated
 from pgjournal.model.offsets import parse_timestamp
 from pgjournal.model.slices import parse_slice_range
-from pgjournal.server.dsn import mask_dsn, resolve_dsn
+from pgjournal.server.dsn import check_dsn, mask_dsn, resolve_dsn
 from pgjournal.shards.layout import SHARDS_ENV, ShardSettings
 from pgjournal.store.export import EVENTS, STATES, TABLES, ExportSQL
 from pgjournal.validation import check_tag_filter
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
     from pgjournal import Journal
     from pgjournal.core.horizon import HorizonTracker
+    from pgjournal.core.replica import ReplicaHorizon
 
 FORMAT = "pgjournal"
 #: Spark types of each table's columns (the store's column order), and the name of the decoded payload.
@@ -93,6 +94,9 @@ OPTIONS = {
     "dsn": "connection string (default $PGJOURNAL_DSN, else the embedded server)",
     "shards": f"a journal sharded by slice range: RANGE=DSN entries separated by ';' (default ${SHARDS_ENV} when "
               "option dsn is not given); each database's ranges are read in parallel, from that database",
+    "replica": "a hot standby of the database of option dsn to read from, below the primary's horizon once the "
+               "standby has replayed it (docs/sharding.md, section 7); a sharded journal's as replica:RANGE=DSN "
+               "entries in option shards",
     "table": "event_journal (default: events) or durable_state (each persistence id's latest state)",
     "entitytype": "entity type to read (default every entity type)",
     "sliceranges": "a divisor of 1024, or ranges like 0-511,512-1023 (default 4)",
@@ -193,6 +197,8 @@ class SourceOptions:
     tags: tuple[str, ...] | None = None
     #: The databases of a sharded journal (``dsn`` is then the first one's); ``None``: one database.
     shards: ShardSettings | None = field(default=None, repr=False)
+    #: Option replica: the hot standby of the one database, where the read's rows are read.
+    replica: str | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -230,6 +236,9 @@ class SourceOptions:
         if lowered.get("keystoredsn") is not None and master_key is None:
             raise InvalidArgument("option keyStoreDsn needs option masterKey (the key store's master key)")
         shards = _shards_option(lowered)
+        if lowered.get("replica") is not None and shards is not None:
+            raise InvalidArgument("option replica is the standby of one database: give each database's of a sharded "
+                                  "journal as replica:RANGE=DSN in option shards")
         return cls(
             dsn=shards.dsns[0] if shards is not None else resolve_dsn(lowered.get("dsn")),
             table=table,
@@ -249,6 +258,7 @@ class SourceOptions:
             key_store_dsn=resolve_dsn(lowered["keystoredsn"]) if lowered.get("keystoredsn") is not None else None,
             tags=_tags_option(lowered.get("tags")),
             shards=shards,
+            replica=_replica_option(lowered.get("replica")),
         )
 
     def databases(self) -> list[tuple[str, tuple[tuple[int, int], ...]]]:
@@ -276,11 +286,20 @@ class SourceOptions:
         return self.open_journal_at(self.dsn, serializers)
 
     def open_journal_at(self, dsn: str, serializers: SerializerRegistry | None = None) -> Journal:
-        """:meth:`open_journal` on the database at ``dsn`` (one of a sharded journal's)."""
+        """:meth:`open_journal` on the database at ``dsn`` (one of a sharded journal's), with its standby when the
+        read has one (checked at open: a standby of that database)."""
         from pgjournal import Journal
 
         return Journal.open(dsn, portable=self.portable, notify=False, pool_min_size=1, pool_max_size=1,
-                            serializers=reading_registry(self, serializers))
+                            serializers=reading_registry(self, serializers), replica=self.replica_of(dsn))
+
+    def replica_of(self, dsn: str) -> str | None:
+        """The hot standby the read reads the database at ``dsn`` on (option replica, or the shards' entry)."""
+        return self.shards.replica_of(dsn) if self.shards is not None else self.replica
+
+    def read_dsn(self, dsn: str) -> str:
+        """Where a task reads the rows of the database at ``dsn``: its standby, else itself."""
+        return self.replica_of(dsn) or dsn
 
     def check_layout(self) -> None:
         """A sharded read: every database answers and records the layout of option shards (as
@@ -296,6 +315,15 @@ def _shards_option(options: Mapping[str, str]) -> ShardSettings | None:
         return resolve_shards(options.get("dsn"), ShardSettings.parse(str(text)) if text is not None else None)
     except (ConfigurationError, InvalidArgument) as exc:
         raise type(exc)(f"option shards: {exc}") from None
+
+
+def _replica_option(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_dsn(str(value))
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"option replica: {exc}") from None
 
 
 def _tags_option(value: object) -> tuple[str, ...] | None:
@@ -345,14 +373,15 @@ def export_store(journal: Journal, table: str) -> ExportSQL:
     return journal.dialect.export_store(table, frozenset({payload} if journal.stored.jsonb(payload, table) else ()))
 
 
-def horizon_tracker(journal: Journal, table: str) -> HorizonTracker:
-    """The visibility horizon of ``table``'s writers (journal writers, or durable state writers)."""
+def horizon_tracker(journal: Journal, table: str) -> HorizonTracker | ReplicaHorizon:
+    """The visibility horizon of ``table``'s writers (journal writers, or durable state writers) for a reader of
+    ``journal.read_connection()``: on a standby, the primary's, once the standby has replayed it."""
     if table == EVENTS.name:
-        return journal.horizon_tracker()
+        return journal.reader_horizon()
     capabilities = journal.capabilities
     if capabilities.writer_horizon and not capabilities.state_relations:
         raise SchemaNotMigrated(f"the database has no {table} table; run `pgjournal migrate`")
-    return journal.horizon_tracker(capabilities.state_relations)
+    return journal.reader_horizon(capabilities.state_relations)
 
 
 def check_entity_type_known(conn: psycopg.Connection, store: ExportSQL, entity_type: str | None, dsn: str) -> None:
@@ -575,8 +604,8 @@ def _compare(kind: str, left: int, right: int) -> bool:
 
 class RangePartition(InputPartition):
     """One slice range of a read, ``lo..hi``, with the statement its task runs (``(sql, params)`` from the
-    store, built on the driver); ``None`` when every range was filtered out. ``dsn``: the database of the range
-    (a sharded journal's; ``None``: the read's one database)."""
+    store, built on the driver); ``None`` when every range was filtered out. ``dsn``: where its rows are read
+    (the range's database, or its standby; ``None``: the read's one database)."""
 
     def __init__(self, index: int, lo: int, hi: int, query: tuple[str, dict[str, Any]] | None,
                  dsn: str | None = None) -> None:
@@ -623,13 +652,13 @@ class JournalBatchReader(DataSourceReader):
             kept = [(lo, hi) for lo, hi in ranges if self.pushed.slices & set(range(lo, hi + 1))]
             if not kept:
                 continue
-            with self.options.open_journal_at(dsn) as journal, journal.connection() as conn:
+            with self.options.open_journal_at(dsn) as journal, journal.read_connection() as conn:
                 bound = horizon_tracker(journal, self.options.table).final_bound(conn)
             if self.options.until is not None:
                 bound = min(bound, self.options.until)
             partitions += [RangePartition(len(partitions) + i, lo, hi, store.rows_below(
                 self.columns.read, lo, hi, bound, entity_type=self.options.entity_type, since=self.options.since,
-                pushed=self.pushed.conditions), dsn if self.options.shards is not None else None)
+                pushed=self.pushed.conditions), self.options.read_dsn(dsn))
                 for i, (lo, hi) in enumerate(kept)]
         return partitions
 

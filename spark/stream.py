@@ -93,7 +93,7 @@ class _Database:
         if self.journal is None:
             self.journal = options.open_journal_at(self.dsn)
             self.tracker = horizon_tracker(self.journal, options.table)
-        return self.journal.connection()
+        return self.journal.read_connection()  # the standby, when the read has one: the bound is fenced there
 
     def close(self) -> None:
         if self.journal is not None:
@@ -216,13 +216,12 @@ class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> list[InputPartition]:
         starts, ends = self.check_offset(start), self.check_offset(end)
-        sharded = self.options.shards is not None
         partitions: list[InputPartition] = []
         for database in self._databases:
             partitions += [RangePartition(len(partitions) + i, lo, hi, database.store.rows_between(
                                self.columns.read, lo, hi, TimestampOffset.parse(starts[k]),
                                TimestampOffset.parse(ends[k]), entity_type=self.options.entity_type),
-                               database.dsn if sharded else None)
+                               self.options.read_dsn(database.dsn))
                            for i, (k, lo, hi) in enumerate(
                                (k, lo, hi) for k, lo, hi in self._keyed(database) if starts[k] != ends[k])]
         return partitions
