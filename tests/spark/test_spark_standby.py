@@ -6,6 +6,7 @@ timestamp, an incremental load that resumes after the rows it read never reads."
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +93,28 @@ def test_a_replica_that_is_not_a_standby_of_the_database_or_given_with_shards_is
         SourceOptions.parse({"shards": f"0-1023={pair.primary_dsn}", "replica": pair.standby_dsn})
     with pytest.raises(ConfigurationError, match="option replica: DSN must be a non-empty"):
         SourceOptions.parse({"dsn": pair.primary_dsn, "replica": " "})
+
+
+def test_a_stream_on_the_standby_delivers_each_event_once_across_a_writer_open_on_the_primary(
+        spark: Any, pair: StandbyPair, tmp_path: Path) -> None:
+    """Two availableNow runs from one checkpoint: the first stops below the writer still open on the primary, the
+    second delivers its event, committed later with an earlier timestamp than an event the first could see."""
+
+    def run() -> list[tuple[str, int]]:
+        query = (spark.readStream.format("pgjournal").option("dsn", pair.primary_dsn)
+                 .option("replica", pair.standby_dsn).option("entityType", "Streamed").load()
+                 .writeStream.format("parquet").option("path", str(tmp_path / "data"))
+                 .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        frame = spark.read.schema("persistence_id STRING, seq_nr BIGINT").parquet(str(tmp_path / "data"))
+        return sorted((r["persistence_id"], r["seq_nr"]) for r in frame.collect())
+
+    with Journal.open(pair.primary_dsn, **FAST) as writer:
+        writer.append("Streamed|first", [{"n": 1}])
+        with writer.transaction() as tx:
+            tx.append("Streamed|late", [{"n": 1}], expected_seq_nr=0)
+            writer.append("Streamed|early", [{"n": 1}])
+            pair.wait_replayed()
+            assert run() == [("Streamed|first", 1)]
+        pair.wait_replayed()
+        assert run() == [("Streamed|early", 1), ("Streamed|first", 1), ("Streamed|late", 1)]
