@@ -7,6 +7,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import platformdirs
 import psycopg
@@ -185,3 +186,23 @@ def private_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedServer]:
     with own_embedded_server("pgjournal-private-") as server:
         monkeypatch.setenv(HOME_ENV, str(server.home))
         yield server
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The tests' one local Spark, shared by every Spark test module. Unavailable (no Java, jar or PySpark) it
+    fails: `make setup` installs them; ``PGJOURNAL_SKIP_SPARK=1`` skips the Spark tests."""
+    from pgjournal.errors import ConfigurationError
+    from pgjournal.spark.session import check_spark_available, spark_session
+    from pgjournal.spark.system import SKIP_ENV, spark_skipped
+
+    if spark_skipped():
+        pytest.skip(f"{SKIP_ENV} is set")
+    try:
+        check_spark_available()
+    except ConfigurationError as exc:
+        pytest.fail(f"Spark unavailable: {exc}\n`make setup` installs what Spark needs; {SKIP_ENV}=1 skips the "
+                    "Spark tests", pytrace=False)
+    session = spark_session("pgjournal-tests")
+    yield session
+    session.stop()

@@ -293,7 +293,7 @@ class StreamFollow(Generic[J]):
     """How a live by-slices stream of a sharded journal, on both faces, follows a move of its range: before a
     poll, every :data:`LAYOUT_CHECK_INTERVAL` (:meth:`due`), its face runs ``check_layout()`` and hands the outcome
     to :meth:`checked`, which raises :class:`Moved` when the range's database changed. A poll runs only once the
-    previous page was handed out, so ``offset`` (the last envelope handed out) is exactly where to reopen on the
+    previous page was handed out, so ``offset`` (the last item handed out) is exactly where to reopen on the
     new database: the move copied the range's events with their timestamps, and a switched range is complete
     there, so none is lost, repeated or reordered (docs/sharding.md, section 6)."""
 

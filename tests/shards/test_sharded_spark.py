@@ -5,7 +5,7 @@ that database; the layout must agree; the stream reads each database below its o
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +18,10 @@ from support.held_writes import insert_in
 from pgjournal.errors import ConfigurationError, InvalidArgument, ShardLayoutMismatch
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import ShardedJournal
-from pgjournal.spark.session import check_spark_available
 from pgjournal.spark.source import SourceOptions, source_schema
 
 pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """The tests' one local Spark (tests/spark share it: stopping it here made them start another)."""
-    try:
-        check_spark_available()
-    except Exception as exc:  # ConfigurationError: no Java, no jar
-        pytest.skip(f"Spark unavailable: {exc}")
-    from pgjournal.spark.session import spark_session
-
-    session = spark_session("pgjournal-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture

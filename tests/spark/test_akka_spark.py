@@ -9,7 +9,6 @@ import cbor2
 import psycopg
 import pytest
 from support.akka_schema import akka_insert, create_akka_database
-from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark tests)
 
 from pgjournal import Journal
 from pgjournal.admin.migrate import upgrade
@@ -24,7 +23,7 @@ if spark_skipped():
 MANIFEST = "com.example.CartItemAdded"
 
 
-def test_jsonb_payloads_are_a_struct(empty_dsn: str, spark: Any) -> None:  # noqa: F811
+def test_jsonb_payloads_are_a_struct(empty_dsn: str, spark: Any) -> None:
     create_akka_database(empty_dsn, payload="JSONB")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         for i, item in enumerate(["socks", "mug", "socks"]):
@@ -50,7 +49,7 @@ def test_jsonb_payloads_are_a_struct(empty_dsn: str, spark: Any) -> None:  # noq
                   .collect()) == sorted((r[0], r[1]) for r in socks)
 
 
-def test_data_partitions_read_through_the_view(empty_dsn: str, spark: Any) -> None:  # noqa: F811
+def test_data_partitions_read_through_the_view(empty_dsn: str, spark: Any) -> None:
     """Rows of every serializer Akka writes: JSON and CBOR decode into ``event``; string, long and bytes rows come
     with their payload bytes as Akka stored them and a null ``event`` (not an object). JDBC and native agree."""
     create_akka_database(empty_dsn, partitions=4)

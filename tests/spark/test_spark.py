@@ -10,7 +10,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.spark import files
 from pgjournal.spark import jobs as spark_jobs
 from pgjournal.spark.jdbc import jdbc_target
-from pgjournal.spark.session import JAR_ENV, check_spark_available, find_java, find_jdbc_jar
+from pgjournal.spark.session import JAR_ENV, find_java, find_jdbc_jar
 from pgjournal.spark.system import SKIP_ENV, spark_skipped
 
 pytestmark = pytest.mark.spark
@@ -43,24 +42,6 @@ CREATE TABLE akka.event_journal(
   PRIMARY KEY(persistence_id, seq_nr));
 CREATE INDEX event_journal_slice_idx ON akka.event_journal(slice, entity_type, db_timestamp, seq_nr);
 """
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark for every test here; a missing Java, jar or PySpark fails (setup installs them)."""
-    problem = None
-    try:
-        check_spark_available()
-    except ConfigurationError as exc:
-        problem = str(exc)
-    if problem is not None:
-        pytest.fail(f"Spark unavailable: {problem}\n`make setup` installs what Spark needs; {SKIP_ENV}=1 skips "
-                    "the Spark tests", pytrace=False)
-    from pgjournal.spark.session import spark_session
-
-    session = spark_session("pgjournal-tests")
-    yield session
-    session.stop()
 
 
 def journal_rows(dsn: str, where: str = "NOT deleted") -> set[tuple[str, int]]:

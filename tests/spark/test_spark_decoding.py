@@ -22,7 +22,6 @@ import pytest
 from alembic import command
 from support import upcasting
 from support.upcasting import NAME, ItemAdded, ItemAddedV1, ItemAddedV2
-from test_spark import spark  # noqa: F401  (the session-wide Spark of the Spark tests)
 
 from pgjournal import Journal, SerializerRegistry, slice_for_persistence_id
 from pgjournal.admin.migrate import alembic_config
@@ -62,7 +61,7 @@ class PointSerializer:
 
 
 @pytest.fixture
-def registered(spark: Any) -> Iterator[Callable[[SerializerRegistry], None]]:  # noqa: F811
+def registered(spark: Any) -> Iterator[Callable[[SerializerRegistry], None]]:
     """Register the source with a registry for one test; the plain source again afterwards."""
     yield lambda registry: register(spark, serializers=registry)
     register(spark)
@@ -76,7 +75,7 @@ def write_three_versions(dsn: str, pids: int = 4) -> None:
                 journal.append(f"{ENTITY}|{p}", [event])
 
 
-def native(spark: Any, dsn: str, **options: Any) -> Any:  # noqa: F811
+def native(spark: Any, dsn: str, **options: Any) -> Any:
     reader = spark.read.format("pgjournal").option("dsn", dsn)
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -91,7 +90,7 @@ def events_of(frame: Any) -> dict[tuple[str, int], tuple[Any, bool]]:
 CURRENT = {1: {"item": "old", "quantity": 1}, 2: {"item": "mid", "quantity": 1}, 3: {"item": "new", "quantity": 5}}
 
 
-def test_upcasters_apply_in_batch_stream_and_jdbc_reads(spark: Any, dsn: str, registered: Any,  # noqa: F811
+def test_upcasters_apply_in_batch_stream_and_jdbc_reads(spark: Any, dsn: str, registered: Any,
                                                         tmp_path: Path) -> None:
     write_three_versions(dsn)
     expected = {(f"{ENTITY}|{p}", v): (CURRENT[v], False) for p in range(4) for v in (1, 2, 3)}
@@ -116,7 +115,7 @@ def test_upcasters_apply_in_batch_stream_and_jdbc_reads(spark: Any, dsn: str, re
     assert events_of(jdbc) == expected
 
 
-def test_registered_types_custom_serializers_and_cbor_decode(spark: Any, dsn: str, registered: Any  # noqa: F811
+def test_registered_types_custom_serializers_and_cbor_decode(spark: Any, dsn: str, registered: Any
                                                              ) -> None:
     registry = registry_v(3)
     registry.register(Point, "com.example.Point", ser_id=33)  # Jackson CBOR
@@ -148,7 +147,7 @@ def insert(conn: psycopg.Connection, pid: str, seq_nr: int, ser_id: int, manifes
         (slice_for_persistence_id(pid), pid.partition("|")[0], pid, seq_nr, ser_id, manifest, payload))
 
 
-def test_a_database_migrated_from_0003_reads_its_json_under_33(spark: Any, empty_dsn: str,  # noqa: F811
+def test_a_database_migrated_from_0003_reads_its_json_under_33(spark: Any, empty_dsn: str,
                                                                registered: Any) -> None:
     command.upgrade(alembic_config(empty_dsn), "0003")
     with psycopg.connect(empty_dsn) as conn:  # what pgjournal before revision 0005 wrote: JSON under 33
@@ -189,7 +188,7 @@ SECRETS = {(f"{ENTITY}|{pid}", n): (None, True) if pid == "gone" else
 
 
 def test_encrypted_payloads_decode_with_the_registry_key_store_and_shredded_ones_are_redacted(
-        spark: Any, dsn: str, registered: Any) -> None:  # noqa: F811
+        spark: Any, dsn: str, registered: Any) -> None:
     keys = InMemoryKeyStore()
     write_secrets(dsn, keys)
     with pytest.raises(Exception, match=r"ConfigurationError: the payload of persistence id 'Cart\|.*' is encrypted "
@@ -210,7 +209,7 @@ def test_encrypted_payloads_decode_with_the_registry_key_store_and_shredded_ones
 
 
 def test_encrypted_payloads_decode_with_a_postgres_key_store_by_option_or_registry(
-        spark: Any, dsn: str, registered: Any) -> None:  # noqa: F811
+        spark: Any, dsn: str, registered: Any) -> None:
     master = os.urandom(32)
     with PostgresKeyStore(dsn, master_key=master, cache_ttl=0) as keys:
         write_secrets(dsn, keys)

@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_spark_source import spark  # noqa: F401 - the shared local Spark fixture
 
 from pgjournal import Journal
 
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
 
 
-def states(spark: Any, dsn: str, **options: Any) -> Any:  # noqa: F811
+def states(spark: Any, dsn: str, **options: Any) -> Any:
     reader = spark.read.format("pgjournal").option("dsn", dsn).option("table", "durable_state")
     for key, value in options.items():
         reader = reader.option(key, value)
@@ -40,7 +39,7 @@ def write_states(journal: Journal, n: int = 24) -> None:
 
 
 def test_durable_state_batch_equals_the_table_with_types_decoding_and_pushdown(
-        spark: Any, journal: Journal, dsn: str) -> None:  # noqa: F811
+        spark: Any, journal: Journal, dsn: str) -> None:
     from pyspark.sql import functions as F
 
     write_states(journal)
@@ -67,7 +66,7 @@ def test_durable_state_batch_equals_the_table_with_types_decoding_and_pushdown(
     assert {tuple(r) for r in pruned.collect()} == table_rows(dsn)
 
 
-def test_durable_state_batch_stops_at_an_open_state_writer(spark: Any, journal: Journal, dsn: str) -> None:  # noqa: F811
+def test_durable_state_batch_stops_at_an_open_state_writer(spark: Any, journal: Journal, dsn: str) -> None:
     write_states(journal, n=6)
     before = table_rows(dsn)
     sql, params = journal.durable_state.sql.write("Account|held", 1, 4, "", b"{}", None)
@@ -80,7 +79,7 @@ def test_durable_state_batch_stops_at_an_open_state_writer(spark: Any, journal: 
 
 
 def test_durable_state_stream_delivers_the_latest_revisions_across_restarts(
-        spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:  # noqa: F811
+        spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:
     write_states(journal, n=12)
 
     def run() -> list[tuple[str, int]]:
@@ -109,7 +108,7 @@ def test_durable_state_stream_delivers_the_latest_revisions_across_restarts(
     assert len(again) == len(set(again)) == len(first) + 3
 
 
-def test_cli_exports_durable_state_to_parquet(spark: Any, journal: Journal, dsn: str,  # noqa: F811
+def test_cli_exports_durable_state_to_parquet(spark: Any, journal: Journal, dsn: str,
                                               tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from support.eventually import eventually
-from test_spark_source import ENTITY, Writers, fill, journal_keys, keys, spark  # noqa: F401
+from test_spark_source import ENTITY, Writers, fill, journal_keys, keys
 
 from pgjournal import Journal
 
@@ -64,14 +64,14 @@ def model_rows(dsn: str) -> list[tuple[str, int]]:
         return conn.execute("SELECT persistence_id, seq_nr FROM spark_read_model").fetchall()
 
 
-def parquet_rows(spark: Any, out: Path) -> list[tuple[str, int]]:  # noqa: F811
+def parquet_rows(spark: Any, out: Path) -> list[tuple[str, int]]:
     if not (out / "data" / "_spark_metadata").exists():
         return []
     return keys(spark.read.schema("persistence_id STRING, seq_nr BIGINT").parquet(str(out / "data")))
 
 
 def test_stream_exactly_once_after_sigkill_of_the_driver_parquet_and_foreach_batch(
-        spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:  # noqa: F811
+        spark: Any, journal: Journal, dsn: str, tmp_path: Path) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:  # no unique key: a duplicate must be countable
         conn.execute("CREATE TABLE spark_read_model (persistence_id TEXT NOT NULL, seq_nr BIGINT NOT NULL)")
         conn.execute("CREATE TABLE spark_read_model_progress (query TEXT PRIMARY KEY, batch_id BIGINT NOT NULL)")

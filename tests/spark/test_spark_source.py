@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,27 +21,12 @@ from support.eventually import eventually
 from pgjournal import Journal
 from pgjournal.model.offsets import TimestampOffset
 from pgjournal.model.slices import slice_for_persistence_id
-from pgjournal.spark.session import check_spark_available
 from pgjournal.store.events import insert_sql
 
 pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
 
 ENTITY = "Cart"
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark for every test here (shared with test_spark.py when both run)."""
-    try:
-        check_spark_available()
-    except Exception as exc:  # ConfigurationError: no Java, no jar
-        pytest.skip(f"Spark unavailable: {exc}")
-    from pgjournal.spark.session import spark_session
-
-    session = spark_session("pgjournal-tests")
-    yield session
-    session.stop()
 
 
 def journal_keys(dsn: str, entity_type: str | None = ENTITY) -> set[tuple[str, int]]:
@@ -83,7 +67,6 @@ def test_without_a_dsn_option_the_source_reads_the_drivers_pgjournal_dsn_as_of_r
     register(spark)
     assert sorted(keys(spark.read.format("pgjournal").option("entityType", ENTITY).load())) == \
         sorted(journal_keys(dsn))
-
 
 
 @pytest.mark.floor
@@ -404,7 +387,6 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1, en
         "slice": slice_for_persistence_id(pid), "entity_type": entity_type, "pid": pid, "writer": "held",
         "tags": None, "expected": after, "meta_ser_id": None, "meta_manifest": None, "meta_payload": None,
         "ser_ids": [4] * count, "manifests": [""] * count, "payloads": [b'{"held":true}'] * count})
-
 
 
 # -- column pruning: the schema is the projection ----------------------------------------------------------

@@ -19,20 +19,6 @@ pytestmark = pytest.mark.spark
 pytest.importorskip("pyspark")
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """The tests' one local Spark (shared with the other Spark modules when they run)."""
-    from pgjournal.spark.session import check_spark_available, spark_session
-
-    try:
-        check_spark_available()
-    except Exception as exc:  # ConfigurationError: no Java, no jar
-        pytest.skip(f"Spark unavailable: {exc}")
-    session = spark_session("pgjournal-tests")
-    yield session
-    session.stop()
-
-
 @pytest.fixture(scope="module")
 def pair() -> Iterator[StandbyPair]:
     with standby_pair() as built:
