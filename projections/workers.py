@@ -181,7 +181,7 @@ class ShardedWorker(_Balancing):
         self.journal = journal
         self._projection = projection
         self._lease = (lease_duration, renew_interval)
-        self._unsettled = Unsettled(journal.journals[0].settings.layout_wait)
+        self._unsettled = Unsettled(journal.layout_wait)
         self.layout = journal.layout
         self.parts = self._parts()
         self.interval = min(part.interval for part in self.parts)

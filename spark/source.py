@@ -605,10 +605,9 @@ def _compare(kind: str, left: int, right: int) -> bool:
 class RangePartition(InputPartition):
     """One slice range of a read, ``lo..hi``, with the statement its task runs (``(sql, params)`` from the
     store, built on the driver); ``None`` when every range was filtered out. ``dsn``: where its rows are read
-    (the range's database, or its standby; ``None``: the read's one database)."""
+    (the range's database, or its standby)."""
 
-    def __init__(self, index: int, lo: int, hi: int, query: tuple[str, dict[str, Any]] | None,
-                 dsn: str | None = None) -> None:
+    def __init__(self, index: int, lo: int, hi: int, query: tuple[str, dict[str, Any]] | None, dsn: str) -> None:
         super().__init__(index)
         self.lo, self.hi, self.query, self.dsn = lo, hi, query, dsn
 
@@ -622,7 +621,7 @@ def read_partition(options: SourceOptions, converter: ArrowRows, partition: Inpu
     if not isinstance(partition, RangePartition) or partition.query is None:
         return iter(())  # every range was filtered out: Spark still runs one (empty) partition
     sql, params = partition.query
-    return stream_rows(partition.dsn or options.dsn, sql, params, converter, options.batch_rows)
+    return stream_rows(partition.dsn, sql, params, converter, options.batch_rows)
 
 
 class JournalBatchReader(DataSourceReader):

@@ -30,6 +30,7 @@ from pgjournal.shards.routing import (
     StreamFollow,
     after_conflict,
     found_nothing,
+    known_databases,
     once,
     opening_routing,
 )
@@ -50,7 +51,7 @@ class AsyncShardedJournal(Routed[AsyncJournal]):
     """An asyncio event journal over the databases of a slice-range layout (see ``ShardedJournal``)."""
 
     def __init__(self, known: Sequence[Known[AsyncJournal]], routing: Routing[AsyncJournal]) -> None:
-        super().__init__(known, routing)
+        super().__init__(known, routing, known[0].journal.settings.layout_wait)
         self.query = AsyncShardedQuery(self)
         self.durable_state = AsyncShardedDurableState(self)
 
@@ -80,8 +81,7 @@ class AsyncShardedJournal(Routed[AsyncJournal]):
                                                             replica=shards.replica_of(dsn), **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
-            known = [Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares), journals,
-                                                                strict=True)]
+            known = known_databases(shards, journals)
             routing = opening_routing(shards, known, [await journal.run(read_record_step()) for journal in journals])
         except BaseException:
             await _close_all(journals)
@@ -105,7 +105,7 @@ class AsyncShardedJournal(Routed[AsyncJournal]):
 
     async def _follow(self, seen: Routing[AsyncJournal], refused: ShardLayoutMismatch | None) -> Layout:
         """As ``ShardedJournal._follow`` (the rule: :func:`~pgjournal.shards.routing.next_routing`)."""
-        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
+        follow = Follow(seen, self._known, refused, self.layout_wait)
         while True:
             routing = follow.decide(await self._records())
             if routing is not None:
@@ -244,7 +244,7 @@ class AsyncFollowingSlices(Generic[P]):
     def __init__(self, journal: AsyncShardedJournal, entity_type: str, min_slice: int, max_slice: int,
                  offset: Offset, rows: Callable[[AsyncJournal], SliceRows] | None = None) -> None:
         self._sharded, self._entity_type, self._rows = journal, entity_type, rows
-        self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
+        self._follow = StreamFollow(journal, min_slice, max_slice, offset)
         self._closed = False
         self._live = self._open()
 

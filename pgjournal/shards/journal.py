@@ -37,6 +37,7 @@ from pgjournal.shards.routing import (
     StreamFollow,
     after_conflict,
     found_nothing,
+    known_databases,
     once,
     opening_routing,
 )
@@ -70,7 +71,7 @@ class ShardedJournal(Routed[Journal]):
     open one per process and share it."""
 
     def __init__(self, known: Sequence[Known[Journal]], routing: Routing[Journal]) -> None:
-        super().__init__(known, routing)
+        super().__init__(known, routing, known[0].journal.settings.layout_wait)
         self.query = ShardedQuery(self)
         self.durable_state = ShardedDurableState(self)
 
@@ -103,8 +104,7 @@ class ShardedJournal(Routed[Journal]):
                                                  **settings))
                 except (DatabaseUnavailable, SchemaNotMigrated) as exc:
                     raise type(exc)(f"the spare database {mask_dsn(dsn)}: {exc}") from None
-            known = [Known(dsn, journal) for dsn, journal in zip((*chosen.dsns, *chosen.spares), journals,
-                                                                strict=True)]
+            known = known_databases(chosen, journals)
             routing = opening_routing(chosen, known, [journal.run(read_record_step()) for journal in journals])
         except BaseException:
             _close_all(journals)
@@ -138,7 +138,7 @@ class ShardedJournal(Routed[Journal]):
     def _follow(self, seen: Routing[Journal], refused: ShardLayoutMismatch | None) -> Layout:
         """Switch from ``seen`` to the layout the records settle on. After a write ``refused`` by a guard, wait
         (re-reading every :data:`REREAD_INTERVAL`, at most ``layout_wait``) while they do not settle yet."""
-        follow = Follow(seen, self._known, refused, self._known[0].journal.settings.layout_wait)
+        follow = Follow(seen, self._known, refused, self.layout_wait)
         while True:
             routing = follow.decide(self._records())
             if routing is not None:
@@ -272,7 +272,7 @@ class FollowingSlices(Generic[P]):
     def __init__(self, journal: ShardedJournal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
                  rows: Callable[[Journal], SliceRows] | None = None) -> None:
         self._sharded, self._entity_type, self._rows = journal, entity_type, rows
-        self._follow = StreamFollow(journal, min_slice, max_slice, offset, journal.journals[0].settings.layout_wait)
+        self._follow = StreamFollow(journal, min_slice, max_slice, offset)
         self._closed = False
         self._live = self._open()
 

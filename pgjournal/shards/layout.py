@@ -189,9 +189,9 @@ class ShardSettings:
             if key.lower() == SPARE:
                 spares.append(dsn.strip())
                 continue
-            target = replicas if key.lower().startswith(REPLICA) else entries
+            target = entries
             if key.lower().startswith(REPLICA):
-                key = key[len(REPLICA):].strip()
+                target, key = replicas, key[len(REPLICA):].strip()
             if key in target:
                 raise ConfigurationError(f"shard {'replica of range' if target is replicas else 'range'} {key!r} is "
                                          "given twice")

@@ -56,10 +56,12 @@ class Routed(Generic[J]):
     """What both faces of a sharded journal hold: the databases they can reach and the routing table, replaced
     whole, in one assignment, when the journal follows a move; and what they read of it."""
 
-    def __init__(self, known: Sequence[Known[J]], routing: Routing[J]) -> None:
+    def __init__(self, known: Sequence[Known[J]], routing: Routing[J], layout_wait: float) -> None:
         #: Every database this journal can reach, by DSN: the settings' ranges', then the spares'.
         self._known = tuple(known)
         self._routing = routing
+        #: How long records that do not settle are borne (setting ``layout_wait``, every database's journal's).
+        self.layout_wait = layout_wait
 
     @property
     def shards(self) -> ShardSettings:
@@ -98,6 +100,11 @@ class Known(Generic[J]):
 
     dsn: str
     journal: J
+
+
+def known_databases(shards: ShardSettings, journals: Sequence[J]) -> list[Known[J]]:
+    """The databases a journal opened: ``journals`` are those of the settings' ranges, then of its spares."""
+    return [Known(dsn, journal) for dsn, journal in zip((*shards.dsns, *shards.spares), journals, strict=True)]
 
 
 class Wait(Exception):
@@ -297,11 +304,11 @@ class StreamFollow(Generic[J]):
     new database: the move copied the range's events with their timestamps, and a switched range is complete
     there, so none is lost, repeated or reordered (docs/sharding.md, section 6)."""
 
-    def __init__(self, routed: Routed[J], min_slice: int, max_slice: int, offset: Offset, layout_wait: float) -> None:
+    def __init__(self, routed: Routed[J], min_slice: int, max_slice: int, offset: Offset) -> None:
         self.routed, self.range, self.offset = routed, (min_slice, max_slice), offset
         #: The journal of the range's database, read from now on.
         self.journal = routed.journal_for_slices(min_slice, max_slice)
-        self.unsettled = Unsettled(layout_wait)
+        self.unsettled = Unsettled(routed.layout_wait)
         self.checked_at = time.monotonic()
 
     def due(self) -> bool:

@@ -53,17 +53,14 @@ def wait_for_tag_writers(journal: Journal) -> None:
     deadline = time.monotonic() + timeout
     with journal.connection() as conn:
         now = sql.clock().one(conn)
-    assert now is not None
-    while True:
-        with journal.connection() as conn:
-            if sql.writers_past(now, own).one(conn):
-                return
-        if time.monotonic() >= deadline:
-            raise TagFlushFailed(
-                f"the batched tag writers of other processes have not written the tag rows of the events appended "
-                f"before this delete after {timeout:g} s (tag_writer_timeout); nothing was deleted: run it again, "
-                "or `pgjournal tags recover` if a writer died")
-        time.sleep(SETTLE_INTERVAL)  # other processes' writers: nothing to be notified by
+        assert now is not None
+        while not sql.writers_past(now, own).one(conn):
+            if time.monotonic() >= deadline:
+                raise TagFlushFailed(
+                    f"the batched tag writers of other processes have not written the tag rows of the events "
+                    f"appended before this delete after {timeout:g} s (tag_writer_timeout); nothing was deleted: run "
+                    "it again, or `pgjournal tags recover` if a writer died")
+            time.sleep(SETTLE_INTERVAL)  # other processes' writers: nothing to be notified by
 
 
 class Reconciliation:
