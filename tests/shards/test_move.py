@@ -38,6 +38,8 @@ from pgjournal.shards.move import KILL_AFTER_ENV, Mover
 from pgjournal.shards.move_plan import Action
 from pgjournal.store.shard_guard import GUARD
 
+pytestmark = pytest.mark.mode_independent
+
 Databases = Callable[..., list[str]]
 
 
