@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-all bench lint
+.PHONY: setup demo test test-fast test-all bench lint
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,11 +21,17 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m pgjournal.cli.demo
 
+# The slowest tests are printed at the end of every run, so the suite's cost stays in sight.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The database-free subset (tests/conftest.py marks it `unit`): codecs, models, validation, the import order;
+# the fuzzers at a tenth of their inputs.
+test-fast: setup
+	PGJOURNAL_FUZZ_EXAMPLES=0.1 $(PY) -m pytest -q -m "unit and not slow and not spark" --durations=10
 
 test-all: setup
-	$(PY) -m pytest -q -m ""
+	$(PY) -m pytest -q -m "" --durations=25
 
 bench: setup
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"

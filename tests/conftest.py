@@ -113,8 +113,18 @@ def journal(dsn: str) -> Iterator[Journal]:
         yield opened
 
 
+#: The fixtures through which a test reaches a database server (the shared one, a private one, or Spark's JVM):
+#: a test that uses none of them, and whose file is not marked ``servers`` (it starts servers of its own), is
+#: marked ``unit``, the database-free subset ``make test-fast`` runs.
+SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In portable mode, tests of a PostgreSQL-only feature skip, naming it (``@pytest.mark.postgres_only``)."""
+    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`); in portable mode, tests of a
+    PostgreSQL-only feature skip, naming it (``@pytest.mark.postgres_only``)."""
+    for item in items:
+        if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
+            item.add_marker(pytest.mark.unit)
     if not PORTABLE:
         return
     for item in items:

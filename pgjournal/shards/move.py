@@ -7,8 +7,6 @@ is done, and running the move again (``resume``) or :meth:`Mover.roll_back` cont
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -45,9 +43,10 @@ from pgjournal.store import shard_layout
 from pgjournal.store.catalog import WRITERS_SQL
 from pgjournal.store.shard_guard import GUARDED_TABLES, Columns, Leaf, MoveRow, leaf_of
 
-#: For tests only: the mover kills itself (SIGKILL) right after reaching this point (see :meth:`Mover._reached`).
-KILL_AFTER_ENV = "PGJOURNAL_TEST_MOVE_KILL_AFTER"
 Progressed = Callable[[str, int], None]
+#: Called with the name of each point the move reaches (a step done, or a part of one): tests build a crash at
+#: each point on purpose by killing the process there.
+Reached = Callable[[str], None]
 
 
 @dataclass
@@ -76,7 +75,8 @@ class Mover:
     def __init__(self, shards: ShardSettings, moved: SliceRange, target_dsn: str, settings: Settings | None = None,
                  *, keep: float = 0.0, chunk_slices: int = 32, catch_up_rows: int = 200, catch_up_passes: int = 10,
                  seal_timeout: float = 0.2,
-                 seal_attempts: int = 50, progress: Progressed | None = None) -> None:
+                 seal_attempts: int = 50, progress: Progressed | None = None, reached: Reached | None = None
+                 ) -> None:
         self.shards = shards
         self.moved = moved
         self.target_dsn = target_dsn
@@ -91,6 +91,7 @@ class Mover:
         self.seal_timeout = seal_timeout
         self.seal_attempts = seal_attempts
         self.progress = progress or (lambda _what, _rows: None)
+        self._reached: Reached = reached or (lambda _point: None)
         #: Seconds the seal's transaction took, each attempt (the range's writers are refused from its commit).
         self.seal_seconds: list[float] = []
         self._databases: dict[uuid.UUID, _Database] = {}
@@ -600,13 +601,6 @@ class Mover:
         for database in {id(d): d for d in [*self._databases.values(), self._target] if d is not None}.values():
             database.row = _read_row(database.conn)
 
-    @staticmethod
-    def _reached(point: str) -> None:
-        """Tests build a crash at each step on purpose: with :data:`KILL_AFTER_ENV` naming ``point``, the mover
-        dies here as ``kill -9`` would kill it."""
-        if os.environ.get(KILL_AFTER_ENV) == point:
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 def _read_row(conn: psycopg.Connection[Any]) -> MoveRow | None:
     if not shard_layout.layout_table_exists().one(conn):
@@ -618,7 +612,3 @@ def _read_row(conn: psycopg.Connection[Any]) -> MoveRow | None:
         return MoveRow(row.version, row.layout, row.database_id, row.state, None, None, None, None, 0, None, None,
                        row.changed_at)
     return sql.move_record().one(conn)
-
-
-def tables_guarded() -> tuple[str, ...]:
-    return GUARDED_TABLES

@@ -11,6 +11,10 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.mode_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the repository's folders of product code; the add-ons are installed as ``pgjournal.projections`` and
 #: ``pgjournal.spark`` (links inside pgjournal/, see ARCHITECTURE.md), so their modules carry that name here too

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from pgjournal import Journal, slice_for_persistence_id
 from pgjournal.cli.commands import app
 
+pytestmark = pytest.mark.mode_independent
+
 SECRET = "s3cr3t-Pa55"
 
 

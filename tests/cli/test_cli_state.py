@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from pgjournal.cli.commands import app
+
+pytestmark = pytest.mark.mode_independent
 
 
 def test_put_get_delete_and_changes(dsn: str) -> None:

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from pgjournal.cli.commands import app
 
+pytestmark = pytest.mark.mode_independent
+
 
 def command_paths() -> Iterator[tuple[str, ...]]:
     def walk(command, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:

@@ -20,6 +20,8 @@ from pgjournal.admin.migrate import alembic_config
 from pgjournal.admin.stored_format import FORMAT_TABLE, StoredFormat, read_stored_format
 from pgjournal.codec import akka_formats as akka
 
+pytestmark = pytest.mark.mode_independent
+
 PID = "ShoppingCart|c1"
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pgjournal import Journal, SerializerRegistry, slice_for_persistence_id
 from pgjournal.codec import akka_formats as akka
 
-pytestmark = pytest.mark.floor
+pytestmark = [pytest.mark.floor, pytest.mark.mode_independent]
 
 #: JSON values of every kind, integers far past 64 bits and floats of every magnitude among them.
 VALUES = st.recursive(

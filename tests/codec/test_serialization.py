@@ -15,6 +15,8 @@ import pytest
 from pgjournal import Journal, SerializationError, SerializerRegistry, slice_for_persistence_id
 from pgjournal.codec.serialization import BYTES_SER_ID, JSON_SER_ID
 
+pytestmark = pytest.mark.mode_independent
+
 PID = "Cart|1"
 
 

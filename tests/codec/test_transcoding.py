@@ -23,6 +23,8 @@ from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore, PostgresKeySt
 from pgjournal.projections.handlers import AtLeastOnce, Projection
 from pgjournal.projections.runner import run_range
 
+pytestmark = pytest.mark.mode_independent
+
 BIG = {"text": "lorem ipsum " * 100, "n": 1}  # compresses well
 
 

@@ -13,6 +13,8 @@ from support.upcasting import NAME, ItemAdded, ItemAddedV1, ItemAddedV2, registr
 
 from pgjournal import Journal, SerializationError, SerializerRegistry
 
+pytestmark = pytest.mark.mode_independent
+
 TAGGED = dict(FAST, tag_bucket_size="Minute", tag_eventual_consistency_delay=0.05,
               tag_new_persistence_id_scan_timeout=0.1)
 

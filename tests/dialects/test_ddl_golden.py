@@ -15,6 +15,8 @@ from pgjournal.admin.migrate import upgrade_sql
 from pgjournal.cli.commands import app
 from pgjournal.dialects import DIALECTS
 
+pytestmark = pytest.mark.mode_independent
+
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_ENV = "PGJOURNAL_UPDATE_GOLDEN"
 

@@ -31,6 +31,8 @@ from support.doc_blocks import Block, blocks, console_steps, output_matches, pro
 
 from pgjournal import Journal
 
+pytestmark = pytest.mark.mode_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 SPARK_DOCS = [path for path in DOCS if any(block.marker == "spark" for block in blocks(path))]

@@ -6,7 +6,11 @@ import re
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+import pytest
+
 from pgjournal.settings import Settings
+
+pytestmark = pytest.mark.mode_independent
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 _ROW = re.compile(r"^\|\s*`(?P<name>[a-z_]+)`\s*\|\s*(?P<default>[^|]*?)\s*\|")

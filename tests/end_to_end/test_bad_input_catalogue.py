@@ -51,6 +51,8 @@ from pgjournal.projections.runner import run_range
 from pgjournal.projections.workers import Worker
 from pgjournal.tags.reconciliation import Reconciliation
 
+pytestmark = pytest.mark.mode_independent
+
 PID = "Cart|1"
 
 

@@ -21,6 +21,8 @@ from support.held_writes import insert_in
 from pgjournal import HorizonBlocked, Journal
 from pgjournal.model.offsets import NoOffset, Offset
 
+pytestmark = pytest.mark.postgres_only("the visibility horizon in a busy database")
+
 ENTITY = "Busy"
 #: A live event must arrive within this (refresh 0.2 s); one open transaction held delivery 10 s before.
 LATENCY_BOUND = 2.0

@@ -34,6 +34,8 @@ from pgjournal.model.slices import (
 )
 from pgjournal.validation import check_name, check_persistence_id
 
+pytestmark = pytest.mark.mode_independent
+
 SCALE = float(os.environ.get("PGJOURNAL_FUZZ_EXAMPLES", "1"))
 
 

@@ -27,6 +27,8 @@ from pgjournal import Journal, RetriesExhausted
 from pgjournal.admin.migrate import upgrade
 from pgjournal.server.embedded import EmbeddedServer
 
+pytestmark = [pytest.mark.mode_independent, pytest.mark.servers]
+
 
 @pytest.fixture(scope="module")
 def serializable_server() -> Iterator[EmbeddedServer]:

@@ -30,6 +30,8 @@ from pgjournal.examples import fastapi_cart
 from pgjournal.examples.fastapi_cart import create_app
 from pgjournal.server.dsn import mask_dsn
 
+pytestmark = pytest.mark.mode_independent
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from pgjournal import InvalidArgument, NoOffset, TimestampOffset
 from pgjournal.model.offsets import format_timestamp, parse_offset
 
+pytestmark = pytest.mark.mode_independent
+
 aware = st.datetimes(
     min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
     timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]),

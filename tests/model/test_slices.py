@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from pgjournal import InvalidArgument, entity_type_of, slice_for_persistence_id, slice_ranges
 from pgjournal.model.slices import java_string_hash, parse_slice_range
 
+pytestmark = pytest.mark.mode_independent
+
 
 def reference_hash(text: str) -> int:
     """An independent Java String.hashCode: code points split into surrogate pairs by arithmetic, and
@@ -63,6 +65,7 @@ def test_non_bmp_characters_count_as_two_code_units() -> None:
     assert java_string_hash("\U0001f600") == 0xD83D * 31 + 0xDE00
 
 
+@pytest.mark.servers
 @pytest.mark.skipif(shutil.which("java") is None, reason="no Java to ask")
 def test_slice_matches_the_jvm() -> None:
     """The JVM itself is the oracle: String.hashCode and Math.abs(h % 1024) for 3,000 random strings,

@@ -17,6 +17,8 @@ from pgjournal.model.envelope import EventEnvelope
 from pgjournal.projections.examples import ensure_table
 from pgjournal.projections.handlers import ExactlyOnce, Grouped, Projection
 
+pytestmark = pytest.mark.mode_independent
+
 SEEN_DDL = "CREATE TABLE IF NOT EXISTS tagged_seen (persistence_id TEXT NOT NULL, seq_nr BIGINT NOT NULL)"
 
 

@@ -31,6 +31,8 @@ from pgjournal.projections.examples import counter_mismatches, ensure_table
 from pgjournal.projections.leases import LeaseManager
 from pgjournal.store.leases import live_leases
 
+pytestmark = pytest.mark.mode_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {**FAST, "backtracking_window": 3.0}
 LEASE = ["--lease-duration", "2", "--renew-interval", "0.3"]

@@ -16,6 +16,8 @@ from pgjournal.cli.commands import app
 from pgjournal.errors import ConfigurationError
 from pgjournal.server.dsn import check_dsn, mask_dsn, redact
 
+pytestmark = pytest.mark.mode_independent
+
 # What a connection string can hold: any character but NUL (libpq's strings end there) and lone surrogates.
 ANY = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
 PASSWORDS = st.text(ANY, min_size=1, max_size=40)

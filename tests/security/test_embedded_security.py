@@ -20,6 +20,8 @@ import pytest
 from pgjournal.errors import ConfigurationError
 from pgjournal.server.embedded import HBA_CONF, EmbeddedServer, _bin_dir
 
+pytestmark = [pytest.mark.mode_independent, pytest.mark.servers]
+
 AS_ROOT = os.geteuid() == 0
 
 

@@ -16,6 +16,8 @@ from pgjournal import Journal
 from pgjournal.model.printable import json_printable, printable
 from pgjournal.projections import management
 
+pytestmark = pytest.mark.mode_independent
+
 # What an attacker stores: clear the screen, set the window title, a second line, an 8-bit CSI, a right-to-left
 # override, Rich markup (one closing tag that matches nothing), an emoji code and a trailing backslash.
 HOSTILE = ["a\x1b[2Jb", "t\x1b]0;pwned\x07t", "two\nlines", "c1\x9b31m", "ab\u202edc", "[bold red]x[/]", "[/]",

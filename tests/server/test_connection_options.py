@@ -12,6 +12,8 @@ from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
 from pgjournal.server.connections import connect
 
+pytestmark = pytest.mark.mode_independent
+
 SETTINGS = {**FAST, "statement_timeout": 7.0}
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from pgjournal import ConcurrencyConflict, Journal
 
+pytestmark = pytest.mark.mode_independent
+
 PING = b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n"
 IMAGE = os.environ.get("PGJOURNAL_TEST_DOCKER_IMAGE", "postgres:16-alpine")
 

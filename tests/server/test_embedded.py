@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 from pgjournal.cli.commands import app
 from pgjournal.server.embedded import DATABASE, HOME_ENV, EmbeddedServer
 
+pytestmark = [pytest.mark.mode_independent, pytest.mark.servers]
+
 STARTER = """
 import json
 from pgjournal.server.embedded import EmbeddedServer

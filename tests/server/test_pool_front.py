@@ -14,6 +14,8 @@ from pgjournal import Journal
 from pgjournal.aio import AsyncJournal
 from pgjournal.errors import JournalClosed
 
+pytestmark = pytest.mark.mode_independent
+
 
 def test_a_returned_connection_reaches_a_borrower_waiting_in_the_pool(dsn: str) -> None:
     with Journal.open(dsn, pool_min_size=1, pool_max_size=1, connect_timeout=3, **FAST) as journal:

@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pgjournal.cli.commands import app
 from pgjournal.server.embedded import HOME_ENV, EmbeddedServer
+
+pytestmark = pytest.mark.mode_independent
 
 
 def test_server_status_prints_the_dsn_and_the_data_directory_whole_on_a_narrow_terminal(

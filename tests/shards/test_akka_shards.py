@@ -21,6 +21,8 @@ from pgjournal.codec import akka_formats as akka
 from pgjournal.shards import ShardedJournal, migrate_all
 from pgjournal.shards.layout import ShardSettings
 
+pytestmark = pytest.mark.mode_independent
+
 PARTITIONS, DATABASES = 4, 2
 PER_PARTITION = 1024 // PARTITIONS
 

@@ -28,6 +28,8 @@ from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.aio import AsyncShardedJournal
 from pgjournal.shards.move import Mover
 
+pytestmark = pytest.mark.mode_independent
+
 Databases = Callable[..., list[str]]
 
 

@@ -34,9 +34,11 @@ from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.settings import Settings
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.aio import AsyncShardedJournal
-from pgjournal.shards.move import KILL_AFTER_ENV, Mover
+from pgjournal.shards.move import Mover
 from pgjournal.shards.move_plan import Action
 from pgjournal.store.shard_guard import GUARD
+
+pytestmark = pytest.mark.mode_independent
 
 Databases = Callable[..., list[str]]
 
@@ -169,11 +171,11 @@ SWITCHED = ("switch", "clean up:rows")
 
 
 def move_cli(a: str, b: str, c: str, *extra: str, kill_after: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    env.pop(KILL_AFTER_ENV, None)
-    if kill_after is not None:
-        env[KILL_AFTER_ENV] = kill_after
-    return subprocess.run([sys.executable, "-m", "pgjournal", "shard", "move", "--slices", "512-767", "--to", c,
+    """``pgjournal shard move`` of 512-767 from ``b`` to ``c``; ``kill_after``: the mover dies at that point."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "COLUMNS": "200"}
+    start = [sys.executable, "-m", "pgjournal"] if kill_after is None else \
+        [sys.executable, str(ROOT / "tests" / "support" / "killed_move.py"), kill_after]
+    return subprocess.run([*start, "shard", "move", "--slices", "512-767", "--to", c,
                            "--shard", f"0-511={a}", "--shard", f"512-1023={b}", *extra],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
 

@@ -31,6 +31,8 @@ from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.move import Mover
 
+pytestmark = pytest.mark.mode_independent
+
 Databases = Callable[..., list[str]]
 
 #: The writer: appends one event at a time to its persistence id through the old layout and prints each seq_nr

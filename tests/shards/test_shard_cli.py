@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psycopg
+import pytest
 from support.held_writes import insert_in
 from test_layout_record import down_dsn
 from typer.testing import CliRunner
@@ -14,6 +15,8 @@ from pgjournal.cli.commands import app
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections import management
 from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
+
+pytestmark = pytest.mark.mode_independent
 
 
 def test_shard_migrate_then_status_show_the_agreed_layout(shard_databases: Callable[..., list[str]]) -> None:

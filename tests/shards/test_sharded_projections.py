@@ -30,6 +30,8 @@ from pgjournal.projections.workers import ShardedWorker
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.move import Mover
 
+pytestmark = pytest.mark.mode_independent
+
 
 def test_each_range_keeps_its_offsets_in_the_database_of_its_slices(
         shard_databases: Callable[..., list[str]]) -> None:

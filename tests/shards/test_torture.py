@@ -29,6 +29,8 @@ from pgjournal.runtime.live import LiveQuery
 from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal
 
+pytestmark = pytest.mark.mode_independent
+
 
 def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:
     return envelope.persistence_id, envelope.seq_nr

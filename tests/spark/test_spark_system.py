@@ -16,6 +16,8 @@ import pytest
 from pgjournal.errors import ConfigurationError
 from pgjournal.spark import system
 
+pytestmark = pytest.mark.servers
+
 
 def no_sudo(name: str) -> str | None:
     return "/usr/bin/apt-get" if name == "apt-get" else None
