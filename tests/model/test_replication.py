@@ -6,16 +6,27 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgjournal import InvalidArgument, InvalidPersistenceId
+from pgjournal import (
+    InvalidArgument,
+    InvalidPersistenceId,
+    Journal,
+    SerializationError,
+    SerializerRegistry,
+    slice_for_persistence_id,
+)
+from pgjournal.codec.replicated import REPLICATED_EVENT_SOURCING
 from pgjournal.model.replication import (
     Ordering,
     ReplicaState,
     ReplicatedEventMetadata,
+    ReplicatedEventSourcingSerializer,
     ReplicatedSnapshotMetadata,
     ReplicationId,
     VersionVector,
@@ -391,3 +402,46 @@ def test_the_origin_filter_breaks_causal_order_with_three_replicas() -> None:
     c2.pull(b, 10)
     assert [(m.origin_replica, m.origin_sequence_nr) for m in c2.log] == [("A", 1), ("B", 2)]
     assert list(causal_violations(c2.log, {**logs, "C": c2.log})) == []
+
+
+# -- through the journal --------------------------------------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "codec" / "fixtures" / "replicated"
+
+
+def replicated_registry() -> SerializerRegistry:
+    registry = SerializerRegistry()
+    registry.register_serializer(REPLICATED_EVENT_SOURCING, ReplicatedEventSourcingSerializer(),
+                                 ReplicatedEventMetadata, ReplicatedSnapshotMetadata, VersionVector)
+    return registry
+
+
+def test_a_row_an_akka_replica_wrote_reads_with_its_metadata(dsn: str) -> None:
+    """A row as Akka R2DBC inserts it for a replicated event (metadata 40 / RE, protoc's fixture bytes) reads
+    back through the queries with its metadata decoded; what this journal appends has the same columns."""
+    payload = (FIXTURES / "arrived_concurrent.ReplicatedEventMetadata.bin").read_bytes()
+    pid = "ShoppingCart|cart-1|DC-C"
+    with Journal.open(dsn, serializers=replicated_registry()) as journal:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
+                "event_ser_manifest, event_payload, writer, adapter_manifest, meta_ser_id, meta_ser_manifest, "
+                "meta_payload) VALUES (%s, 'ShoppingCart', %s, 1, clock_timestamp(), 20, '', %s, 'akka', '', "
+                "40, 'RE', %s)", (slice_for_persistence_id(pid), pid, b"added", payload))
+        [envelope] = journal.query.current_events_by_persistence_id(pid)
+        assert envelope.metadata == ReplicatedEventMetadata(
+            "DC-B", 7, VersionVector({"DC-A": 3, "DC-B": 7, "DC-C": 2**32}), True)
+        journal.append(pid, ["removed"], expected_seq_nr=1, metadata=envelope.metadata)
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT meta_ser_id, meta_ser_manifest, meta_payload FROM event_journal "
+                               "WHERE persistence_id = %s AND seq_nr = 2", (pid,)).fetchone()
+        assert row == (40, "RE", payload)
+
+
+def test_the_serializer_names_what_it_does_not_read() -> None:
+    serializer = ReplicatedEventSourcingSerializer()
+    with pytest.raises(SerializationError, match="manifest 'CA' of Akka's serializer 40 is not read here"):
+        serializer.from_binary(b"", "CA")
+    with pytest.raises(SerializationError, match="does not write str values"):
+        serializer.to_binary("x")
+    assert serializer.from_binary(VersionVector({"A": 1}).to_bytes(), "DA") == VersionVector({"A": 1})
