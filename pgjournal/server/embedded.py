@@ -66,6 +66,13 @@ host all all ::1/128 scram-sha-256
 """
 
 
+#: The only authentication a client of the embedded server accepts (libpq >= 16's ``require_auth``): SCRAM, in
+#: which the password never crosses the wire and the server proves it holds the verifier before the client
+#: counts itself logged in. A process that binds the port while the server is down (a restart) and asks for a
+#: clear-text or MD5 password, or for none, is refused before anything is sent.
+REQUIRE_AUTH = "scram-sha-256"
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     running: bool
@@ -77,9 +84,12 @@ class ServerStatus:
 
     @property
     def dsn(self) -> str:
-        """A DSN with no secret in it: libpq reads the password from ``passfile``."""
-        tail = f"?passfile={quote(str(self.passfile), safe='/')}" if self.passfile else ""
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{DATABASE}{tail}"
+        """A DSN with no secret in it: libpq reads the password from ``passfile``. It accepts SCRAM only
+        (:data:`REQUIRE_AUTH`): whatever answers on the port while the server is down gets no password."""
+        query = [f"require_auth={REQUIRE_AUTH}"]
+        if self.passfile:
+            query.append(f"passfile={quote(str(self.passfile), safe='/')}")
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{DATABASE}?{'&'.join(query)}"
 
 
 def _bin_dir() -> Path:

@@ -10,14 +10,21 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import psycopg.conninfo
 import pytest
+from support.eventually import eventually
+from support.impostor import MODES, Impostor
+from typer.testing import CliRunner
 
-from pgjournal.errors import ConfigurationError
+from pgjournal import Journal
+from pgjournal.cli.commands import app
+from pgjournal.errors import ConfigurationError, DatabaseUnavailable, JournalError
+from pgjournal.server.connections import connect
 from pgjournal.server.embedded import HBA_CONF, EmbeddedServer, _bin_dir
 
 AS_ROOT = os.geteuid() == 0
@@ -158,3 +165,62 @@ def test_a_home_of_an_earlier_version_is_secured_on_its_next_start(home: Path) -
         assert conn.execute("SELECT n FROM kept").fetchone() == (42,)
     if AS_ROOT:
         assert not (home / "pgdata").exists() and again.data_dir.is_dir()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_impostor_on_the_port_during_a_restart_gets_nothing_it_can_use(home: Path, mode: str) -> None:
+    """Another user binds the port the server freed and asks for the password: in clear (R 3), as MD5 (R 5), or
+    by a SCRAM exchange it cannot finish without the verifier (a made-up server signature, or "OK" in place of
+    it). A live reader alive across the stop, the journal, the CLI and psycopg on the DSN pgjournal built all
+    reconnect to it; none sends the password or its MD5 hash, and none is fooled into sending a statement."""
+    server = EmbeddedServer(home).ensure_running()
+    dsn, port, password = server.dsn, server.status().port, server._password()
+    assert port is not None and password
+    journal = Journal.open(dsn, migrate=True, connect_timeout=2)
+    delivered: list[object] = []
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def follow() -> None:
+        try:
+            with journal.query.events_by_slices("Cart", 0, 1023) as live:
+                for envelope in live:
+                    delivered.append(envelope)
+                    if stop.is_set():
+                        return
+        except Exception as exc:  # the journal closed under it, or the server gone for good: a typed error
+            failures.append(exc)
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    journal.append("Cart|1", [{"added": "socks"}], expected_seq_nr=0)
+    eventually(lambda: delivered, "the live reader delivers before the restart")
+
+    server.stop()  # the live reader and the journal's pool are still open: they reconnect to whatever answers
+    try:
+        with Impostor(port, mode) as impostor:
+            eventually(lambda: impostor.connections >= 1, "the live reader reconnects to the impostor", timeout=60)
+            with pytest.raises(psycopg.OperationalError):
+                psycopg.connect(dsn, connect_timeout=5).close()
+            with pytest.raises(DatabaseUnavailable):
+                connect(dsn).close()
+            with pytest.raises(JournalError):
+                journal.append("Cart|1", [{"added": "mug"}], expected_seq_nr=1)
+            shown = CliRunner().invoke(app, ["info", "--dsn", dsn], terminal_width=300)
+            assert shown.exit_code != 0 and password not in shown.output
+            reached = impostor.connections
+        sent = impostor.everything_sent()
+        assert reached >= 4, "every client above reached the impostor"
+        assert password.encode() not in sent
+        assert not impostor.kinds_sent() & {b"Q", b"P", b"B", b"E", b"F"}, "a statement reached the impostor"
+        if mode in ("cleartext", "md5"):
+            assert impostor.kinds_sent() == set(), "an answer to a password request"
+        else:
+            # The SCRAM answers carry a nonce and a proof bound to the impostor's own salt and nonce: useless
+            # against the real server, which picks its own, and no way to the 256-bit secret.
+            assert impostor.kinds_sent() <= {b"p", b"X"}
+    finally:
+        stop.set()
+        journal.close()
+        reader.join(30)
+    assert not reader.is_alive()
