@@ -25,7 +25,7 @@ from pgjournal import Journal
 from pgjournal.cli.commands import app
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable, JournalError
 from pgjournal.server.connections import connect
-from pgjournal.server.embedded import HBA_CONF, EmbeddedServer, _bin_dir
+from pgjournal.server.embedded import HBA_CONF, EmbeddedServer, _bin_dir, _stop_legacy
 
 AS_ROOT = os.geteuid() == 0
 
@@ -41,8 +41,10 @@ def home() -> Iterator[Path]:
 
 
 def without_password(dsn: str, **extra: str) -> str:
+    """``dsn`` as another local user would use it: no password file, any authentication the server asks for."""
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     params.pop("passfile", None)
+    params.pop("require_auth", None)
     return psycopg.conninfo.make_conninfo("", **{**params, **extra})  # type: ignore[arg-type]
 
 
@@ -224,3 +226,110 @@ def test_an_impostor_on_the_port_during_a_restart_gets_nothing_it_can_use(home: 
         journal.close()
         reader.join(30)
     assert not reader.is_alive()
+
+
+def _trust_era_home(home: Path) -> EmbeddedServer:
+    """A home as an earlier pgjournal left it (every TCP connection trusted, no password file, as root the data
+    directory inside the home), its server running: open to every local user."""
+    server = EmbeddedServer(home).ensure_running()
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+        conn.execute("INSERT INTO kept VALUES (42)")
+    server.stop()
+    (server.data_dir / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+    server.passfile.unlink()
+    server.checked_file.unlink()
+    if AS_ROOT:
+        shutil.move(str(server.data_dir), str(home / "pgdata"))
+    legacy = EmbeddedServer(home)
+    if AS_ROOT:
+        legacy.data_dir = home / "pgdata"
+        home.chmod(0o755)
+    legacy._start()
+    return legacy
+
+
+def test_who_got_into_a_trust_era_home_is_locked_out_by_its_upgrade(home: Path) -> None:
+    """While the home was open, a local user made the server read a rule file of hers saying ``trust``, created
+    a superuser of her own, gave one of the owner's login roles a password she knows and a way to run
+    programs, and set a per-role setting. The next start undoes each of them before the server listens."""
+    legacy = _trust_era_home(home)
+    hers = Path(tempfile.mkdtemp(prefix="pgjournal-attacker-"))
+    try:
+        hers.chmod(0o755)
+        rules = hers / "hba.conf"
+        rules.write_text("host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
+        rules.chmod(0o644)
+        with psycopg.connect(without_password(legacy.dsn), autocommit=True) as conn:  # trust: no password
+            conn.execute(f"ALTER SYSTEM SET hba_file = '{rules}'")
+            conn.execute("ALTER SYSTEM SET fsync = off")  # harmless: kept
+            conn.execute("CREATE ROLE backdoor SUPERUSER LOGIN PASSWORD 'letmein'")
+            conn.execute("CREATE ROLE journal_writer LOGIN PASSWORD 'letmein'")  # as if the owner's
+            conn.execute("GRANT pg_execute_server_program TO journal_writer")
+            conn.execute("ALTER ROLE postgres SET search_path = 'attacker, public'")
+
+        again = EmbeddedServer(home).ensure_running()
+        dsn = again.dsn
+        assert "no password supplied" in refused(without_password(dsn))
+        for role in ("backdoor", "journal_writer"):
+            message = refused(without_password(dsn, user=role, password="letmein"))
+            assert "password authentication failed" in message or "not permitted to log in" in message
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SHOW hba_file").fetchone() == (str(again.data_dir / "pg_hba.conf"),)
+            assert conn.execute("SHOW fsync").fetchone() == ("off",)
+            assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
+            assert conn.execute("SELECT n FROM kept").fetchone() == (42,)
+            assert conn.execute("SELECT rolname FROM pg_authid WHERE oid >= 16384 AND (rolcanlogin OR rolsuper "
+                                "OR rolpassword IS NOT NULL) AND rolname <> 'postgres'").fetchall() == []
+            assert conn.execute("SELECT count(*) FROM pg_auth_members a JOIN pg_roles m ON m.oid = a.member "
+                                "WHERE m.rolname = 'journal_writer'").fetchone() == (0,)
+        assert "hba_file" not in (again.data_dir / "postgresql.auto.conf").read_text()
+        # Checked once: the next start finds it private and leaves the owner's roles alone.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER ROLE journal_writer LOGIN PASSWORD 'the owner''s'")
+        again.stop()
+        EmbeddedServer(home).ensure_running()
+        with psycopg.connect(without_password(dsn, user="journal_writer", password="the owner's")) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("journal_writer",)
+    finally:
+        shutil.rmtree(hers, ignore_errors=True)
+
+
+def test_a_start_that_cannot_make_the_server_private_stops_it_and_says_what_to_fix(home: Path) -> None:
+    """A rule the server reads that is not pgjournal's (here: a setting pgjournal does not reset, planted in
+    postgresql.conf) is never reported secured: the server is stopped and the error names the file and line."""
+    legacy = _trust_era_home(home)
+    _stop_legacy(legacy.data_dir)
+    conf = legacy.data_dir / "postgresql.conf"
+    conf.write_text(conf.read_text() + "\narchive_mode = on\narchive_command = 'cp %p /tmp/theirs/%f'\n")
+    with pytest.raises(ConfigurationError, match=r"archive_command is set in .*postgresql\.conf line \d+") as caught:
+        EmbeddedServer(home).ensure_running()
+    assert "not private" in str(caught.value)
+    assert not EmbeddedServer(home).status().running
+
+
+@pytest.mark.parametrize("parent", ["world-writable, ours", "sticky, another user's", "another user's"])
+def test_a_home_in_a_folder_another_user_could_rename_it_in_is_refused(parent: str) -> None:
+    """Another user could rename the home away (and put one of hers in its place) when its folder is writable
+    by everyone without the sticky bit, whoever owns it, or belongs to her: the owner of a folder renames what
+    it holds, sticky bit or not. Refused before anything is written in it."""
+    if parent != "world-writable, ours" and not AS_ROOT:
+        pytest.skip("needs root to give a folder to another user")
+    folder = Path(tempfile.mkdtemp(prefix="pgjournal-parent-"))
+    try:
+        mode = {"world-writable, ours": 0o777, "sticky, another user's": 0o1777, "another user's": 0o755}[parent]
+        folder.chmod(mode)
+        if parent != "world-writable, ours":
+            os.chown(folder, pwd.getpwnam("nobody").pw_uid, -1)
+        home = folder / "home"
+        with pytest.raises(ConfigurationError, match=rf"{folder} \(a parent of {home}\)"):
+            EmbeddedServer(home).ensure_running()
+        assert not (home / "pgpass").exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_home_in_a_sticky_folder_of_roots_or_ours_is_accepted(home: Path) -> None:
+    """/tmp (root's, sticky, writable by all) holds the fixture's home: only the owner of an entry renames it."""
+    assert stat.S_IMODE(home.parent.stat().st_mode) & stat.S_ISVTX and home.parent.stat().st_uid == 0
+    EmbeddedServer(home).ensure_running()
