@@ -173,6 +173,25 @@ def _free_port() -> int:
         return port
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is fine
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux), to tell whether clients of an earlier start may still be alive."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -593,22 +612,31 @@ class EmbeddedServer:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def _remembered_port(self) -> int | None:
-        try:
-            port = int((read_private(self.port_file) or "").strip())
-        except ValueError:
+    def _remembered_port(self) -> tuple[int, bool] | None:
+        """The port of the last start, and whether it was in this boot of the machine (an older port file,
+        without the boot, counts as this boot's)."""
+        fields = (read_private(self.port_file) or "").split()
+        if not fields or not fields[0].isdigit():
             return None
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is fine
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return None  # taken meanwhile: start on a new one
-        return port
+        boot = _boot_id()
+        return int(fields[0]), len(fields) < 2 or boot is None or fields[1] == boot
 
     def _start(self) -> None:
+        remembered = self._remembered_port()
         for attempt in range(3):
-            port = (self._remembered_port() if attempt == 0 else None) or _free_port()
+            port = _free_port()
+            if remembered is not None and attempt == 0:
+                if _port_free(remembered[0]):
+                    port = remembered[0]
+                elif remembered[1]:
+                    # Its clients of this boot (pools, tails, DSNs in other processes) reconnect to that port: the
+                    # server moving elsewhere would leave them to whatever took it, which could pass their SCRAM
+                    # exchange on to the real server and read and write their sessions.
+                    raise DatabaseUnavailable(
+                        f"port {remembered[0]} of the embedded server in {self.data_dir} is taken by another "
+                        f"process; its clients would reconnect to it, so the server does not move. Stop what "
+                        f"holds it (`ss -ltnp 'sport = :{remembered[0]}'`), or stop every client of the server, "
+                        f"delete {self.port_file} and start again")
             # The host and ident rules named on the command line win over every configuration file, so a setting
             # planted in one (hba_file = '<a file saying trust>') never decides who gets in.
             pinned = ("-c", f"hba_file={self.data_dir / 'pg_hba.conf'}", "-c",
@@ -623,7 +651,7 @@ class EmbeddedServer:
                 time.sleep(0.2)
                 continue
             if self.status().running:
-                write_private(self.port_file, f"{port}\n")
+                write_private(self.port_file, f"{port} {_boot_id() or ''}".strip() + "\n")
                 return
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {self.data_dir}; see {self.log_file}"

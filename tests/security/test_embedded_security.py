@@ -4,14 +4,16 @@ versions (trust, root's data inside the home) secured on their next start. Each 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -333,3 +335,74 @@ def test_a_home_in_a_sticky_folder_of_roots_or_ours_is_accepted(home: Path) -> N
     """/tmp (root's, sticky, writable by all) holds the fixture's home: only the owner of an entry renames it."""
     assert stat.S_IMODE(home.parent.stat().st_mode) & stat.S_ISVTX and home.parent.stat().st_uid == 0
     EmbeddedServer(home).ensure_running()
+
+
+def _relay(listener: socket.socket, target: Callable[[], int | None], sessions: list[int]) -> None:
+    """Pass every connection to ``listener`` on to 127.0.0.1:``target()``, both ways: all an impostor on the
+    old port needs to hand a client's SCRAM exchange to the real server and then read and write its session."""
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        port = target()
+        if port is None:
+            client.close()
+            continue
+        sessions.append(port)
+        upstream = socket.create_connection(("127.0.0.1", port))
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+
+def test_a_restart_never_moves_the_server_away_from_clients_an_impostor_could_relay(home: Path) -> None:
+    """Another user holds the port while the server is down. Were the server to start elsewhere, its clients
+    (which reconnect to the old port) would talk through her: SCRAM keeps the password, not the session. So
+    within one boot the start refuses, naming the port, and takes it again once it is free."""
+    server = EmbeddedServer(home).ensure_running()
+    dsn, port = server.dsn, server.status().port
+    assert port is not None
+    server.stop()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(8)
+    sessions: list[int] = []
+    relay = threading.Thread(target=_relay, args=(listener, lambda: EmbeddedServer(home).status().port, sessions),
+                             daemon=True)
+    relay.start()
+    try:
+        with pytest.raises(DatabaseUnavailable, match=rf"port {port} .* is taken by another process"):
+            EmbeddedServer(home).ensure_running()
+        assert not EmbeddedServer(home).status().running
+        with pytest.raises(psycopg.OperationalError):  # the owner's client finds nothing to be relayed to
+            psycopg.connect(dsn, connect_timeout=5).close()
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        relay.join(5)
+    assert sessions == []
+    assert EmbeddedServer(home).ensure_running().status().port == port
+
+
+def test_after_a_reboot_a_taken_port_is_left_for_another(home: Path) -> None:
+    """No client of an earlier boot is alive: the server moves to a free port."""
+    server = EmbeddedServer(home).ensure_running()
+    port = server.status().port
+    server.stop()
+    server.port_file.write_text(f"{port} an-earlier-boot\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        moved = EmbeddedServer(home).ensure_running().status().port
+    assert moved != port
+    with psycopg.connect(EmbeddedServer(home).dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
