@@ -144,10 +144,18 @@ class ServerStatus:
     def dsn(self) -> str:
         """A DSN with no secret in it: libpq reads the password from ``passfile``. It accepts SCRAM only
         (:data:`REQUIRE_AUTH`): whatever answers on the port while the server is down gets no password."""
-        query = [f"require_auth={REQUIRE_AUTH}"]
+        query = [f"require_auth={REQUIRE_AUTH}"] if _libpq_knows_require_auth() else []
         if self.passfile:
             query.append(f"passfile={quote(str(self.passfile), safe='/')}")
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{DATABASE}?{'&'.join(query)}"
+
+
+def _libpq_knows_require_auth() -> bool:
+    """libpq 16 and later read ``require_auth``; an older one (psycopg built on a system's libpq 15) refuses
+    the whole DSN, so there the DSN goes without it (SECURITY.md says what that leaves open)."""
+    import psycopg
+
+    return psycopg.pq.version() >= 160000
 
 
 def _bin_dir() -> Path:

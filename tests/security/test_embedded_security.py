@@ -79,7 +79,8 @@ def test_another_local_user_gets_an_authentication_error(home: Path) -> None:
     server = EmbeddedServer(home).ensure_running()
     for password in (None, "postgres"):
         env = {"PATH": os.environ["PATH"], **({"PGPASSWORD": password} if password else {})}
-        other = subprocess.run(["runuser", "-u", "nobody", "--", "psql", server.dsn, "-Atc", "SELECT 1"],
+        other = subprocess.run(["runuser", "-u", "nobody", "--", "psql", without_password(server.dsn), "-Atc",
+                                "SELECT 1"],
                                capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=30)
         assert other.returncode != 0 and other.stdout == ""
         assert "no password supplied" in other.stderr or "password authentication failed" in other.stderr
@@ -171,6 +172,7 @@ def test_a_home_of_an_earlier_version_is_secured_on_its_next_start(home: Path) -
         assert not (home / "pgdata").exists() and again.data_dir.is_dir()
 
 
+@pytest.mark.skipif(psycopg.pq.version() < 160000, reason="libpq 16 or later reads require_auth")
 @pytest.mark.parametrize("mode", MODES)
 def test_an_impostor_on_the_port_during_a_restart_gets_nothing_it_can_use(home: Path, mode: str) -> None:
     """Another user binds the port the server freed and asks for the password: in clear (R 3), as MD5 (R 5), or
