@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import threading
 import time
 import uuid
@@ -290,6 +291,10 @@ def eventsourcing_app(writers: int, total: int) -> Callable[[Context, Any], floa
         cart_class = _eventsourcing_cart()
         if "app" not in state:
             info = psycopg.conninfo.conninfo_to_dict(ctx.dsn)
+            if info.get("require_auth"):
+                # The library takes host, port, user and password only; libpq still reads this from the
+                # environment, so it refuses a password request from an impostor as pgjournal's DSN does.
+                os.environ["PGREQUIREAUTH"] = str(info["require_auth"])
             state["app"] = Application(env={
                 "PERSISTENCE_MODULE": "eventsourcing.postgres",
                 "POSTGRES_DBNAME": str(info.get("dbname")), "POSTGRES_HOST": str(info.get("host", "127.0.0.1")),

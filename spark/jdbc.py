@@ -24,6 +24,9 @@ _PROPERTY_NAMES = {
     "connect_timeout": "connectTimeout",
     "options": "options",
     "target_session_attrs": "targetServerType",
+    # libpq's list of accepted methods (the embedded server's DSN: SCRAM only); PgJDBC 42.7.13 refuses the
+    # others as libpq does; older drivers (42.5.5) ignore the property (SECURITY.md, "The embedded default").
+    "require_auth": "requireAuth",
 }
 # libpq keywords that have no JDBC meaning for a read; ignored rather than refused.
 _IGNORED = {"client_encoding", "fallback_application_name", "keepalives", "keepalives_idle",

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 JAR_ENV = "PGJOURNAL_JDBC_JAR"
 DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
-MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.4"
+MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.13"  # knows requireAuth (spark/jdbc.py)
 MAVEN_HOST = ("repo1.maven.org", 443)
 #: Set by spark-submit when it starts the Python driver.
 SUBMITTED_ENV = "PYSPARK_GATEWAY_PORT"

@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import hashlib
 import importlib.util
 import logging
 import os
 import pwd
+import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -66,6 +69,68 @@ host all all ::1/128 scram-sha-256
 """
 
 
+#: The only authentication a client of the embedded server accepts (libpq >= 16's ``require_auth``): SCRAM, in
+#: which the password never crosses the wire and the server proves it holds the verifier before the client
+#: counts itself logged in. A process that binds the port while the server is down (a restart) and asks for a
+#: clear-text or MD5 password, or for none, is refused before anything is sent.
+REQUIRE_AUTH = "scram-sha-256"
+
+
+#: Settings a superuser of the trust era could have set with ``ALTER SYSTEM`` that cannot open the server or
+#: run code (cost and memory tuning, durability); every other entry of ``postgresql.auto.conf`` (``hba_file``,
+#: ``shared_preload_libraries``, ``archive_command``...) is reset when such a home is secured.
+HARMLESS_SETTINGS = frozenset({
+    "fsync", "synchronous_commit", "full_page_writes", "wal_buffers", "max_wal_size", "min_wal_size",
+    "checkpoint_timeout", "checkpoint_completion_target", "shared_buffers", "work_mem", "maintenance_work_mem",
+    "effective_cache_size", "random_page_cost", "effective_io_concurrency", "default_statistics_target",
+    "max_parallel_workers", "max_parallel_workers_per_gather", "max_worker_processes", "max_locks_per_transaction",
+    "max_pred_locks_per_transaction", "track_commit_timestamp", "jit",
+})
+#: Settings that decide who gets in or what code the server runs: on a home secured from the trust era, any of
+#: them taken from a configuration file (not pgjournal's command line, not the default) is refused.
+GUARDED_SETTINGS = (
+    "hba_file", "ident_file", "listen_addresses", "unix_socket_directories", "unix_socket_group",
+    "unix_socket_permissions", "shared_preload_libraries", "session_preload_libraries", "local_preload_libraries",
+    "dynamic_library_path", "jit_provider", "archive_mode", "archive_command", "archive_library", "restore_command",
+    "archive_cleanup_command", "recovery_end_command", "ssl_passphrase_command", "krb_server_keyfile",
+    "password_encryption", "external_pid_file", "log_directory", "event_triggers", "allow_alter_system",
+)
+#: What the roles of a trust-era home may no longer do: a superuser of that era could have created any of them,
+#: or given one of the owner's roles a password or a privilege of hers.
+_LOCK_ROLES = (
+    "DO $$DECLARE r record; BEGIN "
+    "FOR r IN SELECT g.rolname AS grp, m.rolname AS member, o.rolname AS grantor FROM pg_auth_members a "
+    "JOIN pg_authid g ON g.oid = a.roleid JOIN pg_authid m ON m.oid = a.member JOIN pg_authid o ON o.oid = a.grantor "
+    f"WHERE m.rolname <> '{SUPERUSER}' LOOP "
+    "EXECUTE format('REVOKE %I FROM %I GRANTED BY %I CASCADE', r.grp, r.member, r.grantor); END LOOP; "
+    f"FOR r IN SELECT rolname FROM pg_authid WHERE oid >= 16384 AND rolname <> '{SUPERUSER}' AND (rolsuper OR "
+    "rolcanlogin OR rolpassword IS NOT NULL OR rolreplication OR rolbypassrls OR rolcreaterole OR rolcreatedb) LOOP "
+    "EXECUTE format('ALTER ROLE %I NOSUPERUSER NOLOGIN NOREPLICATION NOBYPASSRLS NOCREATEROLE NOCREATEDB "
+    "PASSWORD NULL', r.rolname); END LOOP; "
+    "FOR r IN SELECT d.datname, a.rolname FROM pg_db_role_setting s LEFT JOIN pg_database d ON d.oid = s.setdatabase "
+    "LEFT JOIN pg_authid a ON a.oid = s.setrole LOOP "
+    "IF r.rolname IS NULL THEN EXECUTE format('ALTER DATABASE %I RESET ALL', r.datname); "
+    "ELSIF r.datname IS NULL THEN EXECUTE format('ALTER ROLE %I RESET ALL', r.rolname); "
+    "ELSE EXECUTE format('ALTER ROLE %I IN DATABASE %I RESET ALL', r.rolname, r.datname); END IF; END LOOP; "
+    "END$$;"
+)
+#: What :data:`_LOCK_ROLES` changes, as lines of text (read before it runs, for the owner's log).
+_ROLE_FINDINGS = (
+    "SELECT 'PGJ<' || encode(convert_to(coalesce(string_agg(line, E'\\n'), ''), 'UTF8'), 'hex') || '>PGJ' FROM ("
+    "SELECT format('role %I: %s', rolname, concat_ws(', ', CASE WHEN rolsuper THEN 'superuser' END, "
+    "CASE WHEN rolcanlogin THEN 'could log in' END, CASE WHEN rolpassword IS NOT NULL THEN 'had a password' END, "
+    "CASE WHEN rolreplication OR rolbypassrls OR rolcreaterole OR rolcreatedb THEN 'had other privileges' END)) "
+    f"AS line FROM pg_authid WHERE oid >= 16384 AND rolname <> '{SUPERUSER}' AND (rolsuper OR rolcanlogin OR "
+    "rolpassword IS NOT NULL OR rolreplication OR rolbypassrls OR rolcreaterole OR rolcreatedb) "
+    "UNION ALL SELECT format('membership of %I in %I', m.rolname, g.rolname) FROM pg_auth_members a "
+    "JOIN pg_authid g ON g.oid = a.roleid JOIN pg_authid m ON m.oid = a.member "
+    f"WHERE m.rolname <> '{SUPERUSER}' "
+    "UNION ALL SELECT format('settings of %s: %s', concat_ws(' in ', 'role ' || quote_ident(a.rolname), "
+    "'database ' || quote_ident(d.datname)), array_to_string(s.setconfig, ', ')) FROM pg_db_role_setting s "
+    "LEFT JOIN pg_database d ON d.oid = s.setdatabase LEFT JOIN pg_authid a ON a.oid = s.setrole) AS found;"
+)
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     running: bool
@@ -77,9 +142,20 @@ class ServerStatus:
 
     @property
     def dsn(self) -> str:
-        """A DSN with no secret in it: libpq reads the password from ``passfile``."""
-        tail = f"?passfile={quote(str(self.passfile), safe='/')}" if self.passfile else ""
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{DATABASE}{tail}"
+        """A DSN with no secret in it: libpq reads the password from ``passfile``. It accepts SCRAM only
+        (:data:`REQUIRE_AUTH`): whatever answers on the port while the server is down gets no password."""
+        query = [f"require_auth={REQUIRE_AUTH}"] if _libpq_knows_require_auth() else []
+        if self.passfile:
+            query.append(f"passfile={quote(str(self.passfile), safe='/')}")
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{DATABASE}?{'&'.join(query)}"
+
+
+def _libpq_knows_require_auth() -> bool:
+    """libpq 16 and later read ``require_auth``; an older one (psycopg built on a system's libpq 15) refuses
+    the whole DSN, so there the DSN goes without it (SECURITY.md says what that leaves open)."""
+    import psycopg
+
+    return psycopg.pq.version() >= 160000
 
 
 def _bin_dir() -> Path:
@@ -103,6 +179,25 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is fine
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux), to tell whether clients of an earlier start may still be alive."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -173,6 +268,7 @@ def _own_folder(path: Path, uid: int, gid: int = -1) -> None:
     """Create ``path`` (mode 0700) if missing, and check that it is a real folder owned by ``uid`` that only
     its owner can enter. Its parents are created as needed and never chmodded."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    _check_parents(path)  # before anything is made in a folder another user could rename it in
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
         if uid != os.geteuid():
@@ -188,19 +284,37 @@ def _own_folder(path: Path, uid: int, gid: int = -1) -> None:
             f"replace the embedded server's files. Remove it, or set {HOME_ENV} to a folder of your own"
         )
     _tighten(path, 0o700)
-    _check_parents(path)
 
 
 def _check_parents(path: Path) -> None:
-    """Refuse a folder whose parents another user could rename or replace (writable by group or others
-    without the sticky bit, as /tmp has, and owned by neither root nor the running user)."""
+    """Refuse a folder whose parents another user could rename or replace: a parent owned by anyone but root
+    or the running user (its owner can always rename what it holds, sticky bit or not), or writable by others
+    (or by a group with other members) without the sticky bit, whoever owns it. A sticky folder of root's or
+    the user's, as /tmp, is fine: there only the owner of an entry may rename it."""
     me = os.geteuid()
     for parent in Path(os.path.abspath(path)).parents:
         info = os.stat(parent)
-        open_to_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX
-        if open_to_others and info.st_uid not in (0, me):
+        if info.st_uid not in (0, me):
+            raise ConfigurationError(
+                f"{parent} (a parent of {path}) belongs to uid {info.st_uid}, who could rename or replace the "
+                f"embedded server's folder: set {HOME_ENV} to a place of your own")
+        sticky = info.st_mode & stat.S_ISVTX
+        writable = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and not _group_is_private(info.st_gid))
+        if writable and not sticky:
             raise ConfigurationError(f"{parent} (a parent of {path}) is writable by other users, who could "
                                      f"replace the embedded server's folder: set {HOME_ENV} to a private place")
+
+
+def _group_is_private(gid: int) -> bool:
+    """Whether group ``gid`` holds no user but the running one (a user-private group, as umask 002 setups give
+    every folder): its write permission opens nothing to others."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    members |= {user.pw_name for user in pwd.getpwall() if user.pw_gid == gid}
+    return members <= {me}
 
 
 def _reachable_by_others(path: Path) -> bool:
@@ -218,6 +332,9 @@ class EmbeddedServer:
         #: stays at the address its clients (pools, DSNs in other processes) already have.
         self.port_file = self.home / "port"
         self.lock_file = self.home / "server.lock"
+        #: Written once the server was found private in fact: its host rules, settings and roles (a server that
+        #: was ever open, as homes of the trust era were, is checked before it is trusted).
+        self.checked_file = self.home / "checked"
         self.server_dir = self._root_server_dir() if self._as_root() else self.home
         self.data_dir = self.server_dir / "pgdata"
         self.log_file = self.server_dir / "server.log"
@@ -266,11 +383,17 @@ class EmbeddedServer:
                 return self
             if self.status().running:
                 log.warning("the embedded server in %s was set up by an earlier pgjournal that let any local user "
-                            "in; stopping it to give it a password (its clients reconnect)", self.data_dir)
+                            "in, or was not checked since; stopping it to secure it (its clients reconnect)",
+                            self.data_dir)
                 self._pg_ctl_stop()
             self._init_if_needed()
-            self._secure()
+            opened = self._secure()
             self._start()
+            try:
+                self._verify(opened)
+            except ConfigurationError:
+                self._pg_ctl_stop()  # never left listening while not private
+                raise
             self._create_database()
         return self
 
@@ -383,6 +506,7 @@ class EmbeddedServer:
         # No host rule and no password yet: _secure gives both before the server first listens.
         self._pg("initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=reject", "--encoding=UTF8",
                  "--no-locale", "--no-instructions")
+        write_private(self.checked_file, "never open\n")  # no one but this process has been in it
 
     # -- the owner's password -----------------------------------------------------------------------
 
@@ -394,48 +518,138 @@ class EmbeddedServer:
         return fields[4] if len(fields) == 5 and fields[3] == SUPERUSER and fields[4] else None
 
     def _secured(self) -> bool:
-        """Whether the server's host rule is pgjournal's and its password is in the owner's pgpass."""
+        """Whether the server's host rule is pgjournal's, its password is in the owner's pgpass and it was found
+        private in fact (:meth:`_verify`) since it was last open to others."""
         try:
-            return read_private(self.data_dir / "pg_hba.conf") == HBA_CONF and self._password() is not None
+            return (read_private(self.data_dir / "pg_hba.conf") == HBA_CONF and self._password() is not None
+                    and read_private(self.checked_file) is not None)
         except PermissionError:
             return False
 
-    def _secure(self) -> None:
+    def _secure(self) -> bool:
         """Give a stopped server its password and host rule, offline (single-user mode): it never listens
-        while open. The secret is written to pgpass first, so the owner always knows it."""
+        while open. The secret is written to pgpass first, so the owner always knows it.
+
+        A server that was open (a home of the trust era, or one secured before its settings and roles were
+        checked) also loses, in the same offline session, what anyone who got in could have left to get in
+        again: the ``ALTER SYSTEM`` settings outside :data:`HARMLESS_SETTINGS`, every other role's login,
+        password and privileges, its memberships and the per-role and per-database settings. Returns whether
+        it was open (then :meth:`_verify` checks all of that once the server is up)."""
+        opened = read_private(self.checked_file) is None
         if not self._secured():
             password = self._password() or secrets.token_urlsafe(32)  # [A-Za-z0-9_-]: safe inside '...'
             write_private(self.passfile, f"127.0.0.1:*:*:{SUPERUSER}:{password}\n")
-            self._pg("postgres", "--single", "-D", str(self.data_dir), "-F", "-c", "log_statement=none",
-                     "-c", "password_encryption=scram-sha-256", "-c", "exit_on_error=on", "postgres",
-                     stdin=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")
+            script = [f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';"]
+            reset = self._reset_settings() if opened else []
+            if opened:
+                script += [_ROLE_FINDINGS, _LOCK_ROLES, *(f"ALTER SYSTEM RESET {name};" for name in reset)]
+            out = self._pg("postgres", "--single", "-D", str(self.data_dir), "-F", "-c", "log_statement=none",
+                           "-c", "password_encryption=scram-sha-256", "-c", "exit_on_error=on", "postgres",
+                           stdin="\n".join(script) + "\n")
             hba = self.data_dir / "pg_hba.conf"
             fd = os.open(hba, os.O_WRONLY | os.O_TRUNC | _NOFOLLOW)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(HBA_CONF)
+            if opened:
+                self._report_lockout(out, reset)
         _tighten(self.passfile, 0o600)
         for path in (self.port_file, self.log_file):
             _tighten(path, 0o600)
+        return opened
+
+    def _reset_settings(self) -> list[str]:
+        """The ``postgresql.auto.conf`` entries to reset: all but :data:`HARMLESS_SETTINGS`."""
+        text = read_private(self.data_dir / "postgresql.auto.conf") or ""
+        names = []
+        for line in text.splitlines():
+            name = line.split("=", 1)[0].strip().lower()
+            if "=" in line and not line.lstrip().startswith("#") and name not in HARMLESS_SETTINGS:
+                if not _SETTING_NAME.fullmatch(name):
+                    raise ConfigurationError(
+                        f"{self.data_dir / 'postgresql.auto.conf'} has an entry pgjournal cannot read ({name!r}); "
+                        f"the embedded server was open to other users: delete the line, then start it again")
+                names.append(name)
+        return names
+
+    def _report_lockout(self, single_user_output: str, reset: list[str]) -> None:
+        found = _SINGLE_USER_REPORT.search(single_user_output)
+        lines = bytes.fromhex(found.group(1)).decode().splitlines() if found else []
+        lines += [f"setting {name} (ALTER SYSTEM) reset" for name in reset]
+        if lines:
+            log.warning(
+                "the embedded server in %s was open to every local user before; what anyone could have left to get "
+                "in again is undone: %s. Roles keep their objects and grants on tables but cannot log in and have "
+                "no password: for pgjournal's, run `pgjournal roles` again and set their passwords (ALTER ROLE "
+                "... PASSWORD); whatever else was changed inside the databases in that time is not undone "
+                "(SECURITY.md)", self.data_dir, "; ".join(lines))
+
+    def _verify(self, opened: bool) -> None:
+        """Check, on the running server, that it admits what pgjournal's host rule says and nothing else, and
+        (``opened``: it was open to others) that no setting from a file and no other role lets anyone else in
+        or run code. Passed: remembered in :attr:`checked_file`; failed: :class:`ConfigurationError` naming what
+        to fix."""
+        import psycopg
+
+        problems = []
+        with psycopg.connect(self.status().dsn, dbname="postgres", autocommit=True, connect_timeout=10) as conn:
+            files: dict[str, str] = dict(conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('hba_file', 'ident_file')").fetchall())
+            for name, expected in (("hba_file", "pg_hba.conf"), ("ident_file", "pg_ident.conf")):
+                if os.path.realpath(files.get(name, "")) != os.path.realpath(self.data_dir / expected):
+                    problems.append(f"{name} is {files.get(name)!r}, not {str(self.data_dir / expected)!r}")
+            rules = conn.execute("SELECT type, database, user_name, address, auth_method, error "
+                                 "FROM pg_hba_file_rules").fetchall()
+            if sorted(map(tuple, rules)) != _HBA_RULES:
+                problems.append(f"the host rules in use are {rules}, not pgjournal's")
+            if opened:
+                for name, source, file, line in conn.execute(
+                        "SELECT name, source, sourcefile, sourceline FROM pg_settings WHERE name = ANY(%s) "
+                        "AND source NOT IN ('default', 'override', 'command line')", (list(GUARDED_SETTINGS),)):
+                    problems.append(f"{name} is set in {file or source}{f' line {line}' if line else ''}: "
+                                    f"remove it there")
+                for (role,) in conn.execute(
+                        "SELECT rolname FROM pg_authid WHERE oid >= 16384 AND rolname <> %s AND (rolsuper OR "
+                        "rolcanlogin OR rolpassword IS NOT NULL)", (SUPERUSER,)):
+                    problems.append(f"role {role!r} can still log in or is a superuser")
+        if problems:
+            raise ConfigurationError(
+                f"the embedded server in {self.data_dir} is not private: {'; '.join(problems)}. It was stopped; "
+                f"fix what is named (as the server's account, `{self._server_bin_dir() / 'postgres'} --single -D "
+                f"{self.data_dir} postgres` runs SQL without letting anyone in), then start it again")
+        write_private(self.checked_file, "checked\n")
 
     # -- start ------------------------------------------------------------------------------------
 
-    def _remembered_port(self) -> int | None:
-        try:
-            port = int((read_private(self.port_file) or "").strip())
-        except ValueError:
+    def _remembered_port(self) -> tuple[int, bool] | None:
+        """The port of the last start, and whether it was in this boot of the machine (an older port file,
+        without the boot, counts as this boot's)."""
+        fields = (read_private(self.port_file) or "").split()
+        if not fields or not fields[0].isdigit():
             return None
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is fine
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return None  # taken meanwhile: start on a new one
-        return port
+        boot = _boot_id()
+        return int(fields[0]), len(fields) < 2 or boot is None or fields[1] == boot
 
     def _start(self) -> None:
+        remembered = self._remembered_port()
         for attempt in range(3):
-            port = (self._remembered_port() if attempt == 0 else None) or _free_port()
-            options = " ".join(("-h", "127.0.0.1", "-p", str(port), *SERVER_OPTIONS))
+            port = _free_port()
+            if remembered is not None and attempt == 0:
+                if _port_free(remembered[0]):
+                    port = remembered[0]
+                elif remembered[1]:
+                    # Its clients of this boot (pools, tails, DSNs in other processes) reconnect to that port: the
+                    # server moving elsewhere would leave them to whatever took it, which could pass their SCRAM
+                    # exchange on to the real server and read and write their sessions.
+                    raise DatabaseUnavailable(
+                        f"port {remembered[0]} of the embedded server in {self.data_dir} is taken by another "
+                        f"process; its clients would reconnect to it, so the server does not move. Stop what "
+                        f"holds it (`ss -ltnp 'sport = :{remembered[0]}'`), or stop every client of the server, "
+                        f"delete {self.port_file} and start again")
+            # The host and ident rules named on the command line win over every configuration file, so a setting
+            # planted in one (hba_file = '<a file saying trust>') never decides who gets in.
+            pinned = ("-c", f"hba_file={self.data_dir / 'pg_hba.conf'}", "-c",
+                      f"ident_file={self.data_dir / 'pg_ident.conf'}")
+            options = " ".join(("-h", "127.0.0.1", "-p", str(port), *SERVER_OPTIONS, *map(shlex.quote, pinned)))
             try:
                 self._pg("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w",
                          "-t", "60", "start")
@@ -445,7 +659,7 @@ class EmbeddedServer:
                 time.sleep(0.2)
                 continue
             if self.status().running:
-                write_private(self.port_file, f"{port}\n")
+                write_private(self.port_file, f"{port} {_boot_id() or ''}".strip() + "\n")
                 return
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {self.data_dir}; see {self.log_file}"
@@ -468,6 +682,12 @@ class EmbeddedServer:
         shutil.rmtree(self.data_dir, ignore_errors=True)
         if self.server_dir != self.home:
             shutil.rmtree(self.server_dir, ignore_errors=True)
+
+
+_SETTING_NAME = re.compile(r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)?")
+_SINGLE_USER_REPORT = re.compile(r"PGJ<([0-9a-f]*)>PGJ")
+#: pg_hba_file_rules of :data:`HBA_CONF`.
+_HBA_RULES = sorted((("host", ["all"], ["all"], address, "scram-sha-256", None)) for address in ("127.0.0.1", "::1"))
 
 
 def _stop_legacy(data_dir: Path, timeout: float = 60) -> None:

@@ -66,7 +66,7 @@ def test_two_processes_share_one_server(home: Path, monkeypatch: pytest.MonkeyPa
     assert status.running and (status.pid, status.port) == (first["pid"], first["port"])
     assert status.version == "18"
     assert status.dsn == first["dsn"] == (f"postgresql://postgres@127.0.0.1:{first['port']}/{DATABASE}"
-                                          f"?passfile={home}/pgpass")
+                                          f"?require_auth=scram-sha-256&passfile={home}/pgpass")
     assert status.data_dir == server.server_dir / "pgdata"
 
     # a later call (here, in this process) reuses it
