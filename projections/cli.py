@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pgjournal.cli.shard import ShardOption
-from pgjournal.cli.support import DsnOption, console, fail, open_journal, reported, shown
+from pgjournal.cli.support import DsnOption, ShardOption, console, fail, open_journal, reported, shown
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import format_timestamp, parse_timestamp
 from pgjournal.model.slices import parse_slice_range

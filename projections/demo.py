@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pgjournal.cli.demo import command_line, print_commands
 from pgjournal.journal import Journal
 from pgjournal.store import leases as lease_sql
 from pgjournal.store import stats
@@ -112,6 +113,8 @@ def run_demo(dsn: str | None, console: Console) -> None:
                 raise SystemExit(1)
             console.print(f"[bold green]read model == journal[/]: {total:,} events of {account_count} accounts, each "
                           "counted exactly once across the rescale.")
+            print_commands(console, "The projection's offsets, workers and lag:",
+                           [command_line(journal.dsn, "projection", "status", NAME)])
         finally:
             stop.set()
             for proc in procs:

@@ -24,6 +24,7 @@ import multiprocessing
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,13 @@ def contiguous_runs(slices: Iterable[int]) -> list[tuple[int, int]]:
 
 
 class _Balancing:
-    """The loop of a worker: a lease cycle every ``interval`` until ``stop`` or a failed range."""
+    """The loop of a worker: a lease cycle every ``interval`` until ``stop`` or a failed range.
+
+    Cycles start ``interval`` apart, however long one takes (a slow database delays the next one only by what
+    this one overran), so that a lease is renewed before its deadline. While the shares are changing hands
+    (:meth:`settling`: this worker lacks slices of its share, or still holds slices it must give up) it cycles
+    four times as often: a new worker takes what the others release, and they release it, within a fraction of
+    the interval rather than at their next renewal."""
 
     owner: str
     #: What ends the run: a range that failed, or (sharded) a layout this process cannot follow.
@@ -80,6 +87,15 @@ class _Balancing:
     def step(self) -> None:
         raise NotImplementedError
 
+    def settling(self) -> bool:
+        """Slices of this worker's share are not held yet, or slices outside it not released yet."""
+        raise NotImplementedError
+
+    def pause(self, started: float, now: float) -> float:
+        """How long to wait after a cycle that began at ``started`` (monotonic) and ended at ``now``."""
+        period = self.interval / 4 if self.settling() else self.interval
+        return max(0.0, period - (now - started))
+
     def shutdown(self) -> None:
         raise NotImplementedError
 
@@ -88,13 +104,14 @@ class _Balancing:
         (:class:`ShardLayoutMismatch`: a sharded worker's layout it cannot follow)."""
         try:
             while not stop.is_set() and self.failure is None:
+                started = time.monotonic()
                 try:
                     self.step()
                 except Exception as exc:  # keep the worker alive: runners stop at their deadline
                     if isinstance(exc, ProjectionFailed) or exc is self.failure:
                         raise
                     log.warning("%s: lease cycle failed (%r); runners stop at their deadline", self.owner, exc)
-                stop.wait(self.interval)
+                stop.wait(self.pause(started, time.monotonic()))
         finally:
             self.shutdown()
         if self.failure is not None:
@@ -150,6 +167,10 @@ class Worker(_Balancing):
             self.runners[key] = runner
             runner.start()
             log.info("%s: runs slices %d-%d", self.owner, lo, hi)
+
+    def settling(self) -> bool:
+        held, target = set(self.leases.held), set(self.leases.target)
+        return bool(target - held or held - target)
 
     def shutdown(self) -> None:
         for runner in self.runners.values():
@@ -227,6 +248,9 @@ class ShardedWorker(_Balancing):
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+    def settling(self) -> bool:
+        return any(part.settling() for part in self.parts)
 
     def shutdown(self) -> None:
         for part in self.parts:

@@ -1,24 +1,29 @@
-"""Schema changes go through Alembic only: upgrade, print the DDL, and tell whether a database is current."""
+"""Schema changes go through Alembic only: upgrade, print the DDL, and tell whether a database is current.
+
+Every journal's open asks whether its database is current, so that question is answered without Alembic (and
+SQLAlchemy, and the revision scripts): the revisions are read from the scripts' source (:func:`_revisions`).
+Alembic is imported when something migrates."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
-import sqlalchemy.exc
-from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 
-from pgjournal.admin import adopt as adoption
 from pgjournal.dialects import Dialect, get_dialect
 from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated
 from pgjournal.runtime.steps import Statement, run
 from pgjournal.runtime.steps import Step as IOStep
 from pgjournal.server.dsn import mask_dsn
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+    from pgjournal.admin import adopt as adoption
 
 VERSION_TABLE = "pgjournal_version"
 MIGRATE_COMMAND = "pgjournal migrate"
@@ -34,6 +39,8 @@ def _script_location() -> str:
 
 
 def alembic_config(dsn: str | None = None, dialect: str = "postgres") -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", _script_location())
     config.attributes["dsn"] = dsn
@@ -59,6 +66,10 @@ def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None =
     Raises :class:`DatabaseUnavailable` when the server cannot be reached and :class:`SchemaNotMigrated`
     when the migration fails (the database's revision is unknown, or a statement is refused).
     """
+    import sqlalchemy.exc
+    from alembic import command
+    from alembic.util import CommandError
+
     chosen = get_dialect(dialect)
     try:
         adopted = _adopt_akka(dsn, chosen, shard)
@@ -81,6 +92,8 @@ def _connect(dsn: str) -> psycopg.Connection:
 
 def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> list[adoption.Step]:
     """Adopt Akka's tables when the database has them and no pgjournal schema (see :mod:`pgjournal.admin.adopt`)."""
+    from pgjournal.admin import adopt as adoption
+
     with _connect(dsn) as conn:
         schema = adoption.inspect(conn, VERSION_TABLE, shard)
         if schema is None:
@@ -98,6 +111,10 @@ def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> li
 def plan(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = None) -> list[adoption.Step]:
     """What ``upgrade`` would do to the database at ``dsn``, step by step, without doing it: the adoption of
     an Akka R2DBC schema (with ``problems`` as ``refuse`` steps), then the Alembic revisions to run."""
+    from alembic.script import ScriptDirectory
+
+    from pgjournal.admin import adopt as adoption
+
     chosen = get_dialect(dialect)
     steps: list[adoption.Step] = []
     with _connect(dsn) as conn:
@@ -123,6 +140,8 @@ def plan(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = No
 
 def upgrade_sql(dialect: str = "postgres") -> str:
     """The DDL that ``upgrade`` would run on an empty database, for a DBA to review."""
+    from alembic import command
+
     get_dialect(dialect)
     config = alembic_config(None, dialect)
     buffer = io.StringIO()
@@ -132,15 +151,41 @@ def upgrade_sql(dialect: str = "postgres") -> str:
 
 
 @functools.cache
+def _revisions() -> dict[str, tuple[str, ...]]:
+    """Each revision this pgjournal ships and the revisions it follows, read from the scripts' ``revision`` and
+    ``down_revision`` assignments as Alembic reads them, without importing a script."""
+    found: dict[str, tuple[str, ...]] = {}
+    for path in sorted((Path(_script_location()) / "versions").glob("*.py")):
+        values: dict[str, object] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            target: ast.expr
+            if isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+                values[target.id] = ast.literal_eval(value)
+        revision, down = values.get("revision"), values.get("down_revision")
+        if isinstance(revision, str):
+            found[revision] = (down,) if isinstance(down, str) else tuple(down) if isinstance(down, tuple) else ()
+    return found
+
+
+@functools.cache
 def head_revision() -> str:
-    """The newest revision this pgjournal ships (read once per process: every journal's open checks it, and
-    Alembic parses every script to answer)."""
-    return ScriptDirectory.from_config(alembic_config()).get_current_head() or ""
+    """The newest revision this pgjournal ships (read once per process: every journal's open checks it)."""
+    followed = {down for downs in _revisions().values() for down in downs}
+    heads = sorted(set(_revisions()) - followed)
+    if len(heads) != 1:
+        raise SchemaNotMigrated(f"pgjournal's migrations have {len(heads)} heads ({', '.join(heads)}), expected one")
+    return heads[0]
 
 
 @functools.cache
 def known_revisions() -> frozenset[str]:
-    return frozenset(script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions())
+    return frozenset(_revisions())
 
 
 def _unknown_hint() -> str:

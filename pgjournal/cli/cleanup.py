@@ -12,14 +12,12 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgjournal.cleanup import CleanupCounts, CleanupReport, JournalCleanup
+from pgjournal.cli.groups import group_help
 from pgjournal.cli.support import DsnOption, console, errors, fail, open_journal, reported, shown
 from pgjournal.model.offsets import parse_timestamp
 from pgjournal.tags.reconciliation import Cleanup, CleanupResult
 
-cleanup_app = typer.Typer(
-    help="Delete events, tag view rows and snapshots: per persistence id, or in bulk in batches (before the "
-         "snapshot, before a time, a whole entity type, tombstoned persistence ids). A dry run that only counts "
-         "unless --execute; a bulk run stopped midway continues when run again.", no_args_is_help=True)
+cleanup_app = typer.Typer(help=group_help("cleanup"), no_args_is_help=True)
 
 ExecuteOption = Annotated[bool, typer.Option("--execute", help="Really delete (default: dry run, counts only).")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Only count (the default; for scripts that say so).")]

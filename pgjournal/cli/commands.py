@@ -1,4 +1,8 @@
-"""The ``pgjournal`` command line (Typer + Rich). Every error is a one-line message, never a traceback."""
+"""The ``pgjournal`` command line (Typer + Rich). Every error is a one-line message, never a traceback.
+
+The groups of commands (the core's in :mod:`pgjournal.cli.groups`, the add-ons' from entry points) are imported
+when a command line reaches them (:mod:`pgjournal.cli.lazy`), and the commands here import what they use inside
+their body: a command, a worker process or ``--version`` loads only what it runs."""
 
 from __future__ import annotations
 
@@ -6,25 +10,24 @@ import contextlib
 import json
 import sys
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Group
-from rich.table import Table
 
-from pgjournal.cli.cleanup import cleanup_app
-from pgjournal.cli.help import PolishedGroup
-from pgjournal.cli.shard import ShardOption, shard_app
-from pgjournal.cli.state import state_app
-from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
-from pgjournal.cli.tags import tags_app
-from pgjournal.core.horizon import Horizon
-from pgjournal.journal import Journal
-from pgjournal.model.offsets import format_timestamp
-from pgjournal.model.printable import json_printable, printable
-from pgjournal.model.slices import slice_ranges
-from pgjournal.server.dsn import mask_dsn
-from pgjournal.store import stats
+from pgjournal.cli.groups import GROUPS
+from pgjournal.cli.lazy import LazyGroup
+from pgjournal.cli.support import DsnOption, ShardOption, console, fail, open_journal, parse_json, reported, shown
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from pgjournal.core.horizon import Horizon
+    from pgjournal.journal import Journal
+
+
+class _Root(LazyGroup):
+    lazy = GROUPS
+
 
 app = typer.Typer(
     help="pgjournal: an event journal for PostgreSQL, YugabyteDB and CockroachDB.\n\n"
@@ -32,7 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    cls=PolishedGroup,
+    cls=_Root,
 )
 server_app = typer.Typer(help="The embedded PostgreSQL server.", no_args_is_help=True)
 
@@ -41,7 +44,7 @@ def _show_version(value: bool) -> None:
     if value:
         from pgjournal import __version__
 
-        console.print(f"pgjournal {__version__}")
+        typer.echo(f"pgjournal {__version__}")
         raise typer.Exit()
 
 
@@ -63,8 +66,10 @@ def migrate(
 ) -> None:
     """Create or upgrade the schema (Alembic `upgrade head`), adopting an Akka/Pekko R2DBC schema where it finds
     one, or print its DDL for review."""
+    from rich.table import Table
+
     from pgjournal.admin import migrate as migrations
-    from pgjournal.server.dsn import resolve_dsn
+    from pgjournal.server.dsn import mask_dsn, resolve_dsn
 
     with reported():
         if sql:
@@ -97,6 +102,10 @@ def append(
     dsn: DsnOption = None,
 ) -> None:
     """Append events (JSON) to a persistence id, atomically."""
+    from rich.table import Table
+
+    from pgjournal.model.offsets import format_timestamp
+
     decoded = [parse_json(text, "events") for text in events]
     with open_journal(dsn) as journal:
         written = journal.append(persistence_id, decoded, expected_seq_nr=expected_seq_nr, tags=tag or ())
@@ -135,6 +144,9 @@ def events(
 
 
 def print_envelope(env: Any, *, with_offset: bool = False) -> None:
+    from pgjournal.model.offsets import format_timestamp
+    from pgjournal.model.printable import json_printable
+
     event = env.event if not isinstance(env.event, bytes) else {"$bytes": env.event.hex()}
     record = {"pid": env.persistence_id, "seq_nr": env.seq_nr, "slice": env.slice,
               "timestamp": format_timestamp(env.db_timestamp), "event": event}
@@ -155,6 +167,8 @@ def persistence_ids(
     dsn: DsnOption = None,
 ) -> None:
     """List persistence ids in order (keyset paged)."""
+    from pgjournal.model.printable import printable
+
     with open_journal(dsn) as journal:
         for pid in journal.query.current_persistence_ids(after=after, limit=limit):
             sys.stdout.write(printable(pid) + "\n")
@@ -212,6 +226,14 @@ INFO_RANGES = 8
 
 def info_view(journal: Journal) -> Group:
     """Everything ``pgjournal info`` shows, read in one go."""
+    from rich.console import Group
+    from rich.table import Table
+
+    from pgjournal.model.offsets import format_timestamp
+    from pgjournal.model.slices import slice_ranges
+    from pgjournal.server.dsn import mask_dsn
+    from pgjournal.store import stats
+
     with journal.connection() as conn:
         horizon = journal.horizon_tracker().read(conn)
         per_type = stats.per_entity_type().all(conn)
@@ -232,6 +254,10 @@ def info_view(journal: Journal) -> Group:
 
 def horizon_view(journal: Journal, horizon: Horizon) -> list[Any]:
     """The visibility horizon and the journal writers holding it back."""
+    from rich.table import Table
+
+    from pgjournal.model.offsets import format_timestamp
+
     line = (f"visibility horizon: {journal.capabilities.describe()}; "
             f"{horizon.held_back:.3f} s behind the database clock")
     if not horizon.writers:
@@ -249,6 +275,10 @@ def horizon_view(journal: Journal, horizon: Horizon) -> list[Any]:
 @app.command()
 def slices(n: Annotated[int, typer.Argument(help="Number of ranges (a divisor of 1024).")] = 4) -> None:
     """Show the slice ranges for N consumers."""
+    from rich.table import Table
+
+    from pgjournal.model.slices import slice_ranges
+
     with reported():
         ranges = slice_ranges(n)
     table = Table("range", "min slice", "max slice", "--slices")
@@ -286,6 +316,8 @@ def tail(
 @server_app.command("status")
 def server_status() -> None:
     """Is the embedded server running, where, and on which port."""
+    from rich.table import Table
+
     from pgjournal.server.embedded import EmbeddedServer
 
     status = EmbeddedServer.default().status()
@@ -316,14 +348,6 @@ def server_stop() -> None:
     with reported():
         stopped = EmbeddedServer.default().stop()
     console.print("stopped" if stopped else "was not running")
-
-
-app.add_typer(tags_app, name="tags")
-app.add_typer(cleanup_app, name="cleanup")
-# -- issue 20: the durable state store -------------------------------------------------------------------
-app.add_typer(state_app, name="state")
-# -- issue 34: sharding by slice range -------------------------------------------------------------------
-app.add_typer(shard_app, name="shard")
 
 
 @app.command("verify")
@@ -357,6 +381,7 @@ def roles_command(
 ) -> None:
     """Least-privilege roles (owner, writer, reader, loader): print the SQL (--sql) or run it as an administrator."""
     from pgjournal.admin.roles import apply_roles, role_script
+    from pgjournal.server.dsn import mask_dsn
 
     with reported():
         script = role_script(owner=owner, writer=writer, reader=reader, loader=loader,
@@ -370,36 +395,6 @@ def roles_command(
         apply_roles(resolved, script)
     console.print(f"roles {shown(owner)}, {shown(writer)}, {shown(reader)}, {shown(loader)} set up on "
                   f"{shown(mask_dsn(resolved))}")
-
-
-#: Add-ons (``projections``, ``spark``, a third party's) contribute subcommands under this entry-point group:
-#: ``name = "package.module:typer_app"`` in their ``pyproject.toml``. The core never imports them by name.
-COMMANDS_GROUP = "pgjournal.commands"
-
-
-def add_commands(target: typer.Typer) -> None:
-    """Add every installed add-on's subcommands; one that fails to load is reported when it is called."""
-    from importlib.metadata import entry_points
-
-    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
-        try:
-            sub = entry.load()
-        except Exception as exc:  # a broken add-on must not break the other commands
-            sub = _broken(entry.name, f"{type(exc).__name__}: {exc}")
-        target.add_typer(sub, name=entry.name)
-
-
-def _broken(name: str, reason: str) -> typer.Typer:
-    sub = typer.Typer(help=f"(unavailable: {reason})")
-
-    @sub.callback(invoke_without_command=True)
-    def unavailable() -> None:
-        fail(f"the {name!r} commands could not be loaded: {reason}")
-
-    return sub
-
-
-add_commands(app)
 
 
 def main() -> None:

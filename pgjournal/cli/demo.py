@@ -2,11 +2,14 @@
 
 Starts (or finds) the embedded server, creates a fresh ``pgjournal_demo`` database and migrates it, runs
 four live by-slice consumers (slice_ranges(4)), sends shopping-cart commands from several threads through
-the entity API, reads the journal back and checks that the consumers saw every event exactly once.
+the entity API, reads the journal back and checks that the consumers saw every event exactly once. It ends
+with the commands that look at what it made, each naming the demo's database (``--dsn``, without a password),
+so that they work as printed.
 """
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from collections import Counter
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import psycopg
 import psycopg.conninfo
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,7 +26,7 @@ from pgjournal.admin.verify import render, verify
 from pgjournal.journal import Journal
 from pgjournal.model.slices import slice_ranges
 from pgjournal.server.connections import connect
-from pgjournal.server.dsn import configured_dsn, mask_dsn, resolve_dsn
+from pgjournal.server.dsn import SECRET_KEYS, configured_dsn, mask_dsn, resolve_dsn
 
 DEMO_DB = "pgjournal_demo"
 COMMANDS = 4000
@@ -36,6 +40,26 @@ def demo_database(console: Console) -> str:
     dsn = psycopg.conninfo.make_conninfo(server, dbname=DEMO_DB)
     console.print(f"[bold]1.[/] server {mask_dsn(server)} — fresh database [cyan]{DEMO_DB}[/]")
     return dsn
+
+
+def command_line(dsn: str, *args: str) -> str:
+    """``pgjournal ARGS --dsn DSN`` as a shell reads it, the DSN without its secrets (the embedded server's
+    names its password file instead; another server's password comes from libpq's own sources)."""
+    params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items() if k not in SECRET_KEYS}
+    return shlex.join(["pgjournal", *args, "--dsn", psycopg.conninfo.make_conninfo("", **params)])
+
+
+def look_commands(dsn: str, entity_type: str, persistence_id: str) -> list[str]:
+    """The commands that show what the demo wrote into the database at ``dsn``."""
+    return [command_line(dsn, "info"), command_line(dsn, "events", persistence_id),
+            command_line(dsn, "tail", entity_type, "--current"), command_line(dsn, "verify")]
+
+
+def print_commands(console: Console, title: str, commands: list[str]) -> None:
+    """``commands`` each on a line of its own, never wrapped or read as markup, to copy as they are."""
+    console.print(title)
+    for line in commands:
+        console.print(f"  {escape(line)}", soft_wrap=True, highlight=False)
 
 
 def main() -> None:
@@ -113,6 +137,9 @@ def main() -> None:
         report = verify(journal)
     console.print(f"[bold]{step}.[/] pgjournal verify")
     console.print(render(report))
+    sample = min(written)[0] if written else f"{ShoppingCart.name}|1"
+    print_commands(console, f"[bold]{step + 1}.[/] what the demo made is in database [cyan]{DEMO_DB}[/]; look at it "
+                   "with", look_commands(dsn, ShoppingCart.name, sample))
     if not exactly_once or not report.ok or failed:
         raise SystemExit(1)
 

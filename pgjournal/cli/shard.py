@@ -8,7 +8,8 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pgjournal.cli.support import console, reported, shown
+from pgjournal.cli.groups import group_help
+from pgjournal.cli.support import ShardOption, console, reported, shown
 from pgjournal.errors import InvalidArgument
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
@@ -18,15 +19,7 @@ from pgjournal.shards.move_plan import Action, parse_moved_range
 from pgjournal.store import shard_guard, stats
 from pgjournal.store.shard_layout import layout_table_exists
 
-shard_app = typer.Typer(
-    help="A journal sharded by slice range over several databases, with Akka R2DBC's data-partition layout: "
-         f"the databases come from --shard RANGE=DSN (once per database) or {SHARDS_ENV} (one RANGE=DSN a line).",
-    no_args_is_help=True)
-
-ShardOption = Annotated[list[str] | None, typer.Option(
-    "--shard", help="RANGE=DSN, e.g. 0-511=postgresql://a/journal; once per database; spare=DSN: a database "
-    "holding no range yet, a move's future target (default: "
-                    f"{SHARDS_ENV}).")]
+shard_app = typer.Typer(help=group_help("shard"), no_args_is_help=True)
 
 
 def _settings(shards: list[str] | None) -> ShardSettings:

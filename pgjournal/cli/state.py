@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from pgjournal.cli.groups import group_help
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, parse_json, reported, shown
 from pgjournal.codec.transcoding import Redacted
 from pgjournal.model.offsets import format_timestamp, parse_offset
@@ -16,10 +17,7 @@ from pgjournal.model.printable import json_printable
 from pgjournal.model.slices import parse_slice_range
 from pgjournal.state.durable_state import DurableState
 
-state_app = typer.Typer(
-    help="The durable state store: the latest state of each persistence id with a revision. Writes are "
-         "optimistic: --revision must be the current revision + 1 (1 for a new persistence id).",
-    no_args_is_help=True)
+state_app = typer.Typer(help=group_help("state"), no_args_is_help=True)
 
 RevisionOption = Annotated[int | None, typer.Option(
     "--revision", min=1, help="The revision to write: the current one + 1 (default: read the current one and add 1; "

@@ -1,31 +1,56 @@
 """What every ``pgjournal`` subcommand shares, the add-ons' included: consoles, the ``--dsn`` option, and
-errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.cli.commands` (which loads them)."""
+errors as one-line messages. Add-ons import this module, never :mod:`pgjournal.cli.commands` (which loads them).
+
+Importing it is cheap (no Rich, no psycopg, no journal): every command, ``--version`` included, and every worker
+process started as ``pgjournal projection run`` passes through it, so what a command needs is imported where it
+is used."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from pgjournal.errors import JournalError
-from pgjournal.journal import Journal
 from pgjournal.model.printable import printable
-from pgjournal.server.dsn import mask_dsn
+from pgjournal.server.dsn import SHARDS_ENV
 from pgjournal.validation import load_json
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pgjournal.journal import Journal
+
+
+class _OnFirstUse:
+    """A Rich console made when a command first prints through it (Rich takes a while to import)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
 # No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
-console = Console(emoji=False)
-errors = Console(stderr=True, emoji=False)
+console = cast("Console", _OnFirstUse(emoji=False))
+errors = cast("Console", _OnFirstUse(stderr=True, emoji=False))
 
 DsnOption = Annotated[
     str | None,
     typer.Option("--dsn", envvar="PGJOURNAL_DSN", help="PostgreSQL connection string (default: embedded server).",
                  show_envvar=True),
 ]
+ShardOption = Annotated[list[str] | None, typer.Option(
+    "--shard", help="RANGE=DSN, e.g. 0-511=postgresql://a/journal; once per database; spare=DSN: a database "
+    f"holding no range yet, a move's future target (default: {SHARDS_ENV}).")]
 
 
 def shown(text: object) -> str:
@@ -33,10 +58,14 @@ def shown(text: object) -> str:
     control characters written as visible escapes (:func:`~pgjournal.model.printable.printable`: one line, no terminal
     escape sequences) and its ``[...]`` kept from being read as markup. Every table cell and line the commands
     print through Rich passes through here; plain lines on stdout use ``printable`` itself."""
+    from rich.markup import escape
+
     return escape(printable(text))
 
 
 def fail(message: str, code: int = 1) -> None:
+    from pgjournal.server.dsn import mask_dsn
+
     errors.print(f"[bold red]error:[/] {shown(_shortened(mask_dsn(message)))}", highlight=False)
     raise typer.Exit(code)
 
@@ -70,5 +99,7 @@ def reported() -> Iterator[None]:
 def open_journal(dsn: str | None, **settings: Any) -> Iterator[Journal]:
     """The journal of a command, with the tag writer the database records (``tag_batch_writer`` unset follows it)
     unless the command or ``PGJOURNAL_TAG_BATCH_WRITER`` sets one."""
+    from pgjournal.journal import Journal
+
     with reported(), Journal.open(dsn, **settings) as journal:
         yield journal

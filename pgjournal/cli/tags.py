@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from pgjournal.cli.groups import group_help
 from pgjournal.cli.support import DsnOption, console, fail, open_journal, reported, shown
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.offsets import NoOffset, TimeBasedUUID, parse_offset
@@ -19,7 +20,7 @@ from pgjournal.server.dsn import resolve_dsn
 from pgjournal.tags.reconciliation import Reconciliation
 from pgjournal.tags.writer_mode import recorded_mode, set_mode_step
 
-tags_app = typer.Typer(help="The Cassandra-compatible tag view: read it by tag, reconcile it.", no_args_is_help=True)
+tags_app = typer.Typer(help=group_help("tags"), no_args_is_help=True)
 
 
 @tags_app.command("events")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Table
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.schema import CreateIndex, CreateTable
+import functools
+from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import ConfigurationError
 from pgjournal.model.slices import NUMBER_OF_SLICES
@@ -12,7 +11,14 @@ from pgjournal.store.durable_state import DurableStateSQL
 from pgjournal.store.events import EventStore
 from pgjournal.store.export import ExportSQL
 
-_PG = postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect class is not annotated
+if TYPE_CHECKING:  # SQLAlchemy is imported where DDL is made, never by a journal that only reads and writes
+    from sqlalchemy import Index, Table
+
+@functools.cache
+def _pg() -> Any:
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.dialect()  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect class is not annotated
 
 
 class Dialect:
@@ -71,10 +77,14 @@ class Dialect:
 
     def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
         """The table and its indexes, but for the indexes named in ``without`` (a later revision's)."""
-        return [str(CreateTable(table).compile(dialect=_PG)).strip()] + [
+        from sqlalchemy.schema import CreateTable
+
+        return [str(CreateTable(table).compile(dialect=_pg())).strip()] + [
             self.create_index(index) for index in sorted(table.indexes, key=lambda i: i.name or "")
             if index.name not in without
         ]
 
     def create_index(self, index: Index) -> str:
-        return str(CreateIndex(index).compile(dialect=_PG)).strip()
+        from sqlalchemy.schema import CreateIndex
+
+        return str(CreateIndex(index).compile(dialect=_pg())).strip()

@@ -17,9 +17,12 @@ Keys and indexes (reviewed, not run here):
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Table
+from typing import TYPE_CHECKING
 
 from pgjournal.dialects.base import Dialect
+
+if TYPE_CHECKING:  # the DDL's table model: SQLAlchemy is imported only where DDL is made
+    from sqlalchemy import Index, Table
 
 SHARD_BUCKETS = 16
 INDEXES = {

@@ -8,10 +8,13 @@ and a page of a range is an ordered index scan (merge-appended across partitions
 
 from __future__ import annotations
 
-from sqlalchemy import Table
+from typing import TYPE_CHECKING
 
 from pgjournal.dialects.base import Dialect
 from pgjournal.model.slices import NUMBER_OF_SLICES
+
+if TYPE_CHECKING:  # the DDL's table model: SQLAlchemy is imported only where DDL is made
+    from sqlalchemy import Table
 
 PARTITIONS = 8
 SLICES_PER_PARTITION = NUMBER_OF_SLICES // PARTITIONS

@@ -16,10 +16,13 @@ persistence id want a hash (spread writers over tablets), reads by slice range w
 
 from __future__ import annotations
 
-from sqlalchemy import Index, Table
+from typing import TYPE_CHECKING
 
 from pgjournal.dialects.base import Dialect
 from pgjournal.model.slices import NUMBER_OF_SLICES
+
+if TYPE_CHECKING:  # the DDL's table model: SQLAlchemy is imported only where DDL is made
+    from sqlalchemy import Index, Table
 
 SPLIT_POINTS = ", ".join(f"({s})" for s in range(127, NUMBER_OF_SLICES - 1, 128))
 

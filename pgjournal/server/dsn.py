@@ -6,11 +6,11 @@ import os
 import re
 import urllib.parse
 
-import psycopg.conninfo
-
 from pgjournal.errors import ConfigurationError
 
 DSN_ENV = "PGJOURNAL_DSN"
+#: Where the databases of a journal sharded by slice range are named (``RANGE=DSN``, one a line).
+SHARDS_ENV = "PGJOURNAL_SHARDS"
 
 MASK = "***"
 #: The libpq parameters that hold a secret: the password, and the pass phrase of the client's SSL key.
@@ -49,6 +49,8 @@ def mask_dsn(text: str) -> str:
         after = _parsed(masked.strip())
         if after is None or any(after.get(key) not in (None, "", MASK) for key in SECRET_KEYS):
             # A form the masking above did not foresee: show what libpq parsed instead, secrets masked.
+            import psycopg.conninfo
+
             return psycopg.conninfo.make_conninfo(
                 "", **{k: (MASK if k in SECRET_KEYS else v) for k, v in params.items()})
     return masked
@@ -65,6 +67,8 @@ def _parsed(dsn: str) -> dict[str, str] | None:
     """What libpq reads in ``dsn``, or ``None`` when it is not a connection string libpq accepts."""
     if not dsn or ("=" not in dsn and "://" not in dsn):  # libpq would take a bare word for a database name
         return None
+    import psycopg.conninfo  # here, not above: the command line imports this module on every run
+
     try:
         return {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items()}
     except (psycopg.Error, ValueError, TypeError):
@@ -185,6 +189,8 @@ def check_dsn(dsn: str) -> str:
     """Return ``dsn`` if libpq can parse it, else raise :class:`ConfigurationError` (password masked)."""
     if not isinstance(dsn, str) or not dsn.strip():
         raise ConfigurationError(f"DSN must be a non-empty connection string, got {dsn!r}")
+    import psycopg.conninfo
+
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error as exc:
@@ -232,6 +238,8 @@ def dsn_password(dsn: str) -> str | None:
     """The password libpq would send for ``dsn``: its ``password``, else the matching line of its password file
     (``passfile``, as the embedded server's DSN names, else ``$PGPASSFILE``). For clients that are not libpq
     (Spark's JDBC driver, the benchmark's reference library)."""
+    import psycopg.conninfo
+
     params = psycopg.conninfo.conninfo_to_dict(check_dsn(dsn))
     if params.get("password"):
         return str(params["password"])

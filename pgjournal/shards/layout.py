@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 from pgjournal.errors import ConfigurationError, InvalidArgument, SchemaNotMigrated, ShardLayoutMismatch
 from pgjournal.model.slices import NUMBER_OF_SLICES, check_slice_range, parse_slice_range, slice_ranges
+from pgjournal.server.dsn import SHARDS_ENV as SHARDS_ENV  # the databases, named beside PGJOURNAL_DSN
 from pgjournal.server.dsn import check_dsn, mask_dsn
 
-#: ``RANGE=DSN`` per line (or separated by ``;``): the databases of a sharded journal.
-SHARDS_ENV = "PGJOURNAL_SHARDS"
 SliceRange = tuple[int, int]
 #: The key of a database holding no range in ``PGJOURNAL_SHARDS`` and ``--shard`` (``spare=DSN``).
 SPARE = "spare"

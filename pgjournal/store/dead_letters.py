@@ -9,13 +9,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pgjournal.model.slices import slice_for_persistence_id
-from pgjournal.store import Query, Read, rows, schema
+from pgjournal.store import Query, Read, rows, tables
 from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
     from pgjournal.store.events import EventStore
 
-DEAD_LETTER_TABLE = schema.projection_dead_letter.name
+DEAD_LETTER_TABLE = tables.PROJECTION_DEAD_LETTER
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pgjournal.store import Query, Read, rows, scalars, schema
+from pgjournal.store import Query, Read, rows, scalars, tables
 from pgjournal.store.catalog import table_exists
 
-FORMAT_TABLE = schema.pgjournal_format.name
-TAG_SETTINGS_TABLE = schema.tag_settings.name
+FORMAT_TABLE = tables.PGJOURNAL_FORMAT
+TAG_SETTINGS_TABLE = tables.TAG_SETTINGS
 
 # Payload columns Akka's ``payload-column-type = JSONB`` turns into JSONB (any table of the journal layout).
 JSONB_COLUMNS_SQL = """

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from pgjournal.store import Read, rows, schema
+from pgjournal.store import Read, rows, tables
 from pgjournal.store.timestamp_offsets import LEDGER_SUFFIX, LOAD_PREFIX, MARKER_PID, OFFSET_TABLE
 
-TAG_TABLES = (schema.tag_views.name, schema.tag_write_progress.name, schema.tag_batch_writers.name)
+TAG_TABLES = (tables.TAG_VIEWS, tables.TAG_WRITE_PROGRESS, tables.TAG_BATCH_WRITERS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgjournal.model.slices import NUMBER_OF_SLICES
-from pgjournal.store import Query, Read, rows, scalars, schema
+from pgjournal.store import Query, Read, rows, scalars, tables
 
-LEASE_TABLE = schema.projection_lease.name
-WORKER_TABLE = schema.projection_worker.name
+LEASE_TABLE = tables.PROJECTION_LEASE
+WORKER_TABLE = tables.PROJECTION_WORKER
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,11 +3,11 @@ and the projection names known to the projection tables (see :mod:`projections.m
 
 from __future__ import annotations
 
-from pgjournal.store import Query, Read, scalars, schema
+from pgjournal.store import Query, Read, scalars, tables
 from pgjournal.store.leases import WORKER_TABLE
 from pgjournal.store.timestamp_offsets import OFFSET_TABLE
 
-MANAGEMENT_TABLE = schema.projection_management.name
+MANAGEMENT_TABLE = tables.PROJECTION_MANAGEMENT
 
 IS_PAUSED_SQL = f"""
 SELECT COALESCE(bool_or(paused), false) FROM {MANAGEMENT_TABLE}

@@ -25,6 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, UUID
 
+from pgjournal.store import tables
+
 metadata = MetaData()
 TIMESTAMPTZ = TIMESTAMP(timezone=True)
 
@@ -38,7 +40,7 @@ def _meta_columns() -> list[Column[Any]]:
 
 
 event_journal = Table(
-    "event_journal",
+    tables.EVENT_JOURNAL,
     metadata,
     Column("slice", Integer, nullable=False),
     Column("entity_type", String(255), nullable=False),
@@ -79,7 +81,7 @@ TAGGED_INDEX = Index(
 )
 
 snapshot = Table(
-    "snapshot",
+    tables.SNAPSHOT,
     metadata,
     Column("slice", Integer, nullable=False),
     Column("entity_type", String(255), nullable=False),
@@ -97,7 +99,7 @@ snapshot = Table(
 Index("snapshot_slice_idx", snapshot.c.slice, snapshot.c.entity_type, snapshot.c.db_timestamp)
 
 projection_timestamp_offset_store = Table(
-    "projection_timestamp_offset_store",
+    tables.PROJECTION_TIMESTAMP_OFFSET_STORE,
     metadata,
     Column("projection_name", String(255), nullable=False),
     Column("projection_key", String(255), nullable=False),
@@ -113,7 +115,7 @@ projection_timestamp_offset_store = Table(
 )
 
 projection_management = Table(
-    "projection_management",
+    tables.PROJECTION_MANAGEMENT,
     metadata,
     Column("projection_name", String(255), nullable=False),
     Column("projection_key", String(255), nullable=False),
@@ -129,7 +131,7 @@ CORE_TABLES = (event_journal, snapshot, projection_timestamp_offset_store, proje
 # order, so that order is kept in ``ts_time`` (100 ns ticks) and ``ts_lsb`` (low bytes as a signed key, see
 # pgjournal.model.timeuuid) and the key clusters on them where Cassandra clusters on ``timestamp``.
 tag_views = Table(
-    "tag_views",
+    tables.TAG_VIEWS,
     metadata,
     Column("tag_name", String(255), nullable=False),
     Column("timebucket", BigInteger, nullable=False),
@@ -153,7 +155,7 @@ tag_views = Table(
 Index("tag_views_pid_idx", tag_views.c.tag_name, tag_views.c.persistence_id, tag_views.c.tag_pid_sequence_nr)
 
 tag_write_progress = Table(
-    "tag_write_progress",
+    tables.TAG_WRITE_PROGRESS,
     metadata,
     Column("persistence_id", String(255), nullable=False),
     Column("tag", String(255), nullable=False),
@@ -166,7 +168,7 @@ tag_write_progress = Table(
 )
 
 tag_scanning = Table(
-    "tag_scanning",
+    tables.TAG_SCANNING,
     metadata,
     Column("persistence_id", String(255), nullable=False),
     Column("sequence_nr", BigInteger, nullable=False),
@@ -175,7 +177,7 @@ tag_scanning = Table(
 
 # Settings fixed once tagged data exists (the bucket size).
 tag_settings = Table(
-    "tag_settings",
+    tables.TAG_SETTINGS,
     metadata,
     Column("name", String(255), nullable=False),
     Column("value", String(255), nullable=False),
@@ -188,7 +190,7 @@ TAG_TABLES = (tag_views, tag_write_progress, tag_scanning, tag_settings)
 # One row per (projection, slice): which worker process may consume the slice and until when (database
 # clock). ``epoch`` grows each time the slice changes hands: a fencing token for handlers and tests.
 projection_lease = Table(
-    "projection_lease",
+    tables.PROJECTION_LEASE,
     metadata,
     Column("projection_name", String(255), nullable=False),
     Column("slice", Integer, nullable=False),
@@ -200,7 +202,7 @@ projection_lease = Table(
 
 # Live worker processes of a projection (heartbeats): the balancer splits 0..1023 among them.
 projection_worker = Table(
-    "projection_worker",
+    tables.PROJECTION_WORKER,
     metadata,
     Column("projection_name", String(255), nullable=False),
     Column("owner", String(255), nullable=False),
@@ -215,7 +217,7 @@ PROJECTION_TABLES = (projection_lease, projection_worker)
 # Envelopes a projection with ``on_failure="dead-letter"`` could not handle (or decode): kept with their
 # payload so they can be inspected and replayed (``pgjournal projection dead-letters NAME --retry``).
 projection_dead_letter = Table(
-    "projection_dead_letter",
+    tables.PROJECTION_DEAD_LETTER,
     metadata,
     Column("projection_name", String(255), nullable=False),
     Column("projection_key", String(255), nullable=False),
@@ -237,7 +239,7 @@ DEAD_LETTER_TABLES = (projection_dead_letter,)
 # Facts about how this database's payloads were written, recorded by migrations and read at open: see
 # pgjournal.admin.stored_format. Applications read it; only migrations write it.
 pgjournal_format = Table(
-    "pgjournal_format",
+    tables.PGJOURNAL_FORMAT,
     metadata,
     Column("name", String(255), nullable=False),
     Column("value", String(255), nullable=False),
@@ -252,7 +254,7 @@ FORMAT_TABLES = (pgjournal_format,)
 # alone, which Akka's statements satisfy as well (they update the one row) and which makes a second row per
 # persistence id impossible. A deleted state is a row with an empty payload and ser_id 0, as Akka writes it.
 durable_state = Table(
-    "durable_state",
+    tables.DURABLE_STATE,
     metadata,
     Column("slice", Integer, nullable=False),
     Column("entity_type", String(255), nullable=False),
@@ -275,7 +277,7 @@ STATE_TABLES = (durable_state,)
 # The data key of each persistence id whose payloads are encrypted (pgjournal.keystore.PostgresKeyStore),
 # wrapped by a key-encryption key the database never sees. Deleting a row crypto-shreds that persistence id.
 payload_keys = Table(
-    "pgjournal_payload_keys",
+    tables.PAYLOAD_KEYS,
     metadata,
     Column("persistence_id", String(255), nullable=False),
     Column("wrapped_key", LargeBinary, nullable=False),
@@ -291,7 +293,7 @@ KEY_TABLES = (payload_keys,)
 # oldest of these. ``writer`` is the ``event_journal.writer`` of its events and ``entity_types`` the entity
 # types it appended to, so a writer that stopped heartbeating can be recovered from the journal by others.
 tag_batch_writers = Table(
-    "tag_batch_writers",
+    tables.TAG_BATCH_WRITERS,
     metadata,
     Column("id", String(255), nullable=False),
     Column("writer", String(255), nullable=False),

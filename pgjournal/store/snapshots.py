@@ -9,14 +9,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
-from pgjournal.store import Query, Read, rows, schema
+from pgjournal.store import Query, Read, rows, tables
 from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
     from pgjournal.dialects import Dialect
     from pgjournal.store.events import EventStore
 
-SNAPSHOT_TABLE = schema.snapshot.name
+SNAPSHOT_TABLE = tables.SNAPSHOT
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,14 @@ from typing import Any
 import psycopg.errors
 
 from pgjournal.errors import InvalidArgument, LoadConflict
-from pgjournal.store import Query, Read, rows, scalars, schema
+from pgjournal.store import Query, Read, rows, scalars, tables
 
 #: A row with this persistence id marks a slice as read up to its timestamp with nothing seen at it.
 MARKER_PID = ""
 #: pgjournal's offset table, and Akka Projection R2DBC's (the same columns and key): a projection with
 #: ``ProjectionSettings(offset_table=AKKA_OFFSET_TABLE)`` continues from an Akka projection's offsets of the
 #: same name, and Akka continues from its offsets.
-OFFSET_TABLE = schema.projection_timestamp_offset_store.name
+OFFSET_TABLE = tables.PROJECTION_TIMESTAMP_OFFSET_STORE
 AKKA_OFFSET_TABLE = "akka_projection_timestamp_offset_store"
 OFFSET_TABLES = (OFFSET_TABLE, AKKA_OFFSET_TABLE)
 #: Projection names of a Spark load job's watermarks (``LOAD_PREFIX + job``) and its ledger (``+ LEDGER_SUFFIX``).

@@ -53,6 +53,17 @@ def test_upgrade_from_empty_and_idempotent(empty_dsn: str) -> None:
         assert [e.seq_nr for e in journal.append("Cart|1", ["a"])] == [1]
 
 
+def test_the_revisions_read_from_the_scripts_are_alembics() -> None:
+    # a journal's open checks currency against revisions read from the scripts' source, not through Alembic
+    from alembic.script import ScriptDirectory
+
+    from pgjournal.admin.migrate import alembic_config, known_revisions
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert head_revision() == script.get_current_head()
+    assert known_revisions() == {revision.revision for revision in script.walk_revisions()}
+
+
 def test_journal_open_with_migrate(empty_dsn: str) -> None:
     with Journal.open(empty_dsn, migrate=True) as journal:
         journal.append("Cart|1", ["a"])

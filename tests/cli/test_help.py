@@ -16,10 +16,14 @@ pytestmark = pytest.mark.mode_independent
 
 
 def command_paths() -> Iterator[tuple[str, ...]]:
+    # through list_commands/get_command, as a command line reaches them: the root imports its groups on demand
     def walk(command, path: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
         yield path
-        for name, sub in sorted(getattr(command, "commands", {}).items()):
-            yield from walk(sub, (*path, name))
+        if not hasattr(command, "list_commands"):
+            return
+        ctx = command.context_class(command)
+        for name in command.list_commands(ctx):
+            yield from walk(command.get_command(ctx, name), (*path, name))
 
     yield from walk(typer.main.get_command(app), ())
 

@@ -27,8 +27,9 @@ from support.projection_handlers import AUDIT_DDL
 from support.projection_workers import Writers, check_no_overlap, stop_all, worker_env
 
 from pgjournal import Journal
-from pgjournal.projections.examples import counter_mismatches, ensure_table
+from pgjournal.projections.examples import counter_mismatches, counter_projection, ensure_table
 from pgjournal.projections.leases import LeaseManager
+from pgjournal.projections.workers import Worker
 from pgjournal.store.leases import live_leases
 
 pytestmark = pytest.mark.mode_independent
@@ -205,3 +206,39 @@ def test_a_lease_cycle_meeting_another_workers_insert_on_a_serializable_database
     assert not isinstance(outcome[0], BaseException), outcome[0]
     held, target = outcome[0]  # type: ignore[misc]
     assert (len(held), target) == (1024, range(1024))
+
+
+def test_cycles_start_an_interval_apart_however_long_one_takes(dsn: str) -> None:
+    """A cycle that took most of the interval (a loaded database) is followed by a short wait, not by a whole
+    interval: the next renewal comes in time for the lease's deadline."""
+    with Journal.open(dsn) as journal:
+        worker = Worker(journal, counter_projection(journal, "paced", "Acct"), lease_duration=8.0)
+        assert worker.interval == 2.0 and not worker.settling()
+        assert worker.pause(100.0, 100.5) == 1.5
+        assert worker.pause(100.0, 101.9) == pytest.approx(0.1)
+        assert worker.pause(100.0, 103.0) == 0.0
+
+
+def test_a_new_worker_gets_its_share_while_the_shares_settle_not_at_the_next_renewal(dsn: str) -> None:
+    """Driven cycle by cycle: a second worker lacks its share after its first cycle, so both cycle at a quarter of
+    the interval (it waiting for slices, the first holding slices it must give up) until the shares are settled;
+    then at the interval again."""
+    with Journal.open(dsn, **SETTINGS) as journal:
+        first = Worker(journal, counter_projection(journal, "shared", "Acct"), lease_duration=8.0)
+        second = Worker(journal, counter_projection(journal, "shared", "Acct"), lease_duration=8.0)
+        try:
+            first.step()
+            assert len(first.leases.held) == 1024 and not first.settling()
+            second.step()
+            assert second.leases.held == {} and len(second.leases.target) == 512 and second.settling()
+            assert second.pause(0.0, 0.0) == first.interval / 4
+            for _ in range(20):  # each worker's cycles while the shares settle
+                first.step()
+                second.step()
+                if not (first.settling() or second.settling()):
+                    break
+            assert set(first.leases.held) == set(range(512)) and set(second.leases.held) == set(range(512, 1024))
+            assert first.pause(0.0, 0.0) == second.pause(0.0, 0.0) == first.interval
+        finally:
+            first.shutdown()
+            second.shutdown()
