@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import psycopg.conninfo
+import pytest
 from rich.console import Console
 
 from pgjournal import Journal
 from pgjournal.cli.demo import command_line, look_commands, print_commands
+
+pytestmark = pytest.mark.mode_independent
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.mode_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("psycopg", "sqlalchemy", "alembic", "mako", "pygments", "rich", "pyspark", "pgjournal.projections",
          "pgjournal.spark", "pgjournal.journal", "pgjournal.cli.tags", "pgjournal.cli.shard")
