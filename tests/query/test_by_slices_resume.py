@@ -45,6 +45,8 @@ class Reader:
 
     def __init__(self, journal: Face, offset: Any) -> None:
         self.got: list[Any] = []
+        #: Each envelope's offset as it was handed out: none may change afterwards (offsets are filled in place).
+        self.handed: list[str] = []
         self.error: BaseException | None = None
         self.live = journal.query.events_by_slices("Late", 0, 1023, offset)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -53,6 +55,7 @@ class Reader:
     def _read(self) -> None:
         try:
             for envelope in self.live:
+                self.handed.append(str(envelope.offset))
                 self.got.append(envelope)
         except BaseException as exc:  # reported by stop(); a test that failed before it ends the face under it
             self.error = exc
@@ -66,6 +69,7 @@ class Reader:
         self.thread.join(10)
         assert not self.thread.is_alive()
         assert self.error is None, self.error
+        assert [str(e.offset) for e in self.got] == self.handed, "an offset changed after it was handed out"
         return self.got[-1].offset
 
 
@@ -87,6 +91,8 @@ def first_query_then_commit(journal: Face, dsn: str, mode: str) -> tuple[list[An
     return that event is committed, below the offset's timestamp in portable mode."""
     journal.append("Late|before", [{"n": 1}])
     with psycopg.connect(dsn) as held:
+        # The test's own instrument: a SERIALIZABLE database (the portable test pass) could refuse its commit.
+        held.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         insert_in(held, "Late|held", after=0)
         ((held_at,),) = held.execute("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Late|held'")
         journal.append("Late|after", [{"n": 1}])
