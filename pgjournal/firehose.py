@@ -72,7 +72,8 @@ def later(a: TimestampOffset, b: TimestampOffset) -> TimestampOffset:
     for pid, seq_nr in b.seen.items():
         seen[pid] = max(seq_nr, seen.get(pid, 0))
     read = max((t for t in (a.read_timestamp, b.read_timestamp) if t is not None), default=None)
-    return TimestampOffset.trusted(a.timestamp, read, seen)
+    settled = max(a.floor, b.floor)
+    return TimestampOffset.trusted(a.timestamp, read, seen, None if settled == a.timestamp else settled)
 
 
 def _reaches(a: TimestampOffset, b: TimestampOffset) -> bool:

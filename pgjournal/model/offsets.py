@@ -65,11 +65,19 @@ class TimestampOffset:
     ``timestamp`` is the ``db_timestamp`` of the last event consumed; ``seen`` holds, for every persistence
     id consumed *at exactly that timestamp*, its sequence number, so resuming skips those and nothing else.
     ``read_timestamp`` is the database clock when the row was read (lag = read - timestamp).
+
+    ``settled`` (``None``: the timestamp itself) is where a reader that reads ahead of what may still commit
+    (portable mode: no visibility horizon) had consumed *everything* before; between it and ``timestamp`` it
+    consumed exactly the events that ``seen`` covers (per persistence id its number and all before it: the
+    reader delivers each persistence id's events in order), so ``seen`` names every persistence id it consumed
+    there. An event that commits late below ``timestamp`` but after ``settled`` is not covered, and a query
+    resumed from the offset delivers it.
     """
 
     timestamp: datetime
     read_timestamp: datetime | None = None
     seen: Mapping[str, int] = field(default_factory=dict)
+    settled: datetime | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.timestamp, datetime) or self.timestamp.tzinfo is None:
@@ -85,28 +93,44 @@ class TimestampOffset:
             raise InvalidArgument(f"TimestampOffset.seen must map persistence ids (strings) to sequence numbers "
                                   f">= 1 (and < 2**63), got {self.seen!r}")
         object.__setattr__(self, "seen", MappingProxyType(dict(self.seen)))
+        if self.settled is not None:
+            if not isinstance(self.settled, datetime) or self.settled.tzinfo is None:
+                raise InvalidArgument(f"TimestampOffset.settled must be None or a timezone-aware datetime, "
+                                      f"got {self.settled!r}")
+            if self.settled > self.timestamp:
+                raise InvalidArgument(f"TimestampOffset.settled ({format_timestamp(self.settled)}) must not be after "
+                                      f"its timestamp ({format_timestamp(self.timestamp)})")
+            if self.settled == self.timestamp:
+                object.__setattr__(self, "settled", None)  # the same position, one form
 
     @classmethod
-    def trusted(cls, timestamp: datetime, read_timestamp: datetime | None, seen: Mapping[str, int]
-                ) -> TimestampOffset:
+    def trusted(cls, timestamp: datetime, read_timestamp: datetime | None, seen: Mapping[str, int],
+                settled: datetime | None = None) -> TimestampOffset:
         """An offset from values read from the journal (aware timestamps, stored pids and sequence numbers),
         without the checks: a query builds one per envelope, and the checks cost more than the rest of it."""
-        return cls.adopted(timestamp, read_timestamp, dict(seen))
+        return cls.adopted(timestamp, read_timestamp, dict(seen), settled)
 
     @classmethod
-    def adopted(cls, timestamp: datetime, read_timestamp: datetime | None, seen: dict[str, int]) -> TimestampOffset:
+    def adopted(cls, timestamp: datetime, read_timestamp: datetime | None, seen: dict[str, int],
+                settled: datetime | None = None) -> TimestampOffset:
         """:meth:`trusted` that keeps ``seen`` itself (behind a read-only view) instead of a copy: for a caller
-        that never changes that dict afterwards (the by-slice cursor replaces its map, never changes it)."""
+        that never changes that dict afterwards (the by-slice query makes a new map, never changes one handed
+        out). ``settled``: before ``timestamp``, or ``None``."""
         offset = _new(cls)
         # Filled in place: the frozen class's __setattr__ is not on this path (one per envelope read).
         fields = offset.__dict__
         fields["timestamp"], fields["read_timestamp"] = timestamp, read_timestamp
-        fields["seen"] = MappingProxyType(seen)
+        fields["seen"], fields["settled"] = MappingProxyType(seen), settled
         return offset
+
+    @property
+    def floor(self) -> datetime:
+        """Everything before this was consumed: ``settled``, or the timestamp."""
+        return self.timestamp if self.settled is None else self.settled
 
     def covers(self, ts: datetime, pid: str, seq_nr: int) -> bool:
         """Whether the event ``(ts, pid, seq_nr)`` lies at or before this offset (a query from it skips it)."""
-        return ts < self.timestamp or (ts == self.timestamp and seq_nr <= self.seen.get(pid, 0))
+        return ts < self.floor or (ts <= self.timestamp and seq_nr <= self.seen.get(pid, 0))
 
     def __str__(self) -> str:
         body: dict[str, Any] = {"ts": format_timestamp(self.timestamp)}
@@ -114,16 +138,18 @@ class TimestampOffset:
             body["read"] = format_timestamp(self.read_timestamp)
         if self.seen:
             body["seen"] = dict(sorted(self.seen.items()))
+        if self.settled is not None:
+            body["settled"] = format_timestamp(self.settled)
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TimestampOffset):
             return NotImplemented
-        return (self.timestamp, self.read_timestamp, dict(self.seen)) == (
-            other.timestamp, other.read_timestamp, dict(other.seen))
+        return (self.timestamp, self.read_timestamp, dict(self.seen), self.settled) == (
+            other.timestamp, other.read_timestamp, dict(other.seen), other.settled)
 
     def __hash__(self) -> int:
-        return hash((self.timestamp, tuple(sorted(self.seen.items()))))
+        return hash((self.timestamp, self.settled, tuple(sorted(self.seen.items()))))
 
     @classmethod
     def parse(cls, text: str) -> TimestampOffset:
@@ -136,13 +162,14 @@ class TimestampOffset:
             body = load_json(text)
             ts = parse_timestamp(body["ts"], "offset timestamp")
             read = parse_timestamp(body["read"], "offset read timestamp") if "read" in body else None
+            settled = parse_timestamp(body["settled"], "offset settled timestamp") if "settled" in body else None
             seen = body.get("seen", {})
             if not isinstance(seen, dict) or not all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 2**63
                 for k, v in seen.items()
             ):
                 raise ValueError("seen must map persistence ids to sequence numbers >= 1 (and < 2**63)")
-            extra = set(body) - {"ts", "read", "seen"}
+            extra = set(body) - {"ts", "read", "seen", "settled"}
             if extra:
                 raise ValueError(f"unknown field(s) {', '.join(sorted(extra))}")
         except InvalidArgument:
@@ -153,7 +180,7 @@ class TimestampOffset:
                 f'malformed timestamp offset {shown!r} ({exc}); expected {{"ts":"2026-11-21T16:01:02.123456Z",'
                 '"seen":{"pid":1}} or an ISO 8601 timestamp'
             ) from None
-        return cls(ts, read, seen)
+        return cls(ts, read, seen, settled)
 
 
 @dataclass(frozen=True, order=False)

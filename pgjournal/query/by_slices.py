@@ -61,8 +61,9 @@ if TYPE_CHECKING:
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 #: A row the gate lets through, with what its envelope needs: (row, source, and the main cursor's timestamp,
-#: seen map and read timestamp at that moment). Envelopes are made from them as the reader takes them.
-Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime]
+#: seen map and read timestamp at that moment, and the offset's ``settled``: ``None`` when it is the timestamp).
+#: Envelopes are made from them as the reader takes them.
+Delivery = tuple[tuple[Any, ...], Source, datetime, dict[str, int], datetime, "datetime | None"]
 
 
 @dataclass
@@ -133,9 +134,9 @@ class EventRows:
         last_id, last_manifest, plain = None, None, False
         for delivery in deliveries:
             if delivery[0].__class__ is tuple:  # a Delivery (a row starts with its slice)
-                row, at_source, at, seen, at_read = delivery
+                row, at_source, at, seen, at_read, settled = delivery
             else:
-                row, at_source, at, seen, at_read = delivery, source, delivery[4], None, read_timestamp
+                row, at_source, at, seen, at_read, settled = delivery, source, delivery[4], None, read_timestamp, None
             slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, _, _ = row
             if ser_id != last_id or manifest != last_manifest:
                 last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
@@ -148,7 +149,7 @@ class EventRows:
             if event is _UNSET:
                 event = deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
             yield make(pid, seq_nr, slice_, entity_type, ts,
-                       offset_of(at, at_read, seen if seen is not None else {pid: seq_nr}), event,
+                       offset_of(at, at_read, seen if seen is not None else {pid: seq_nr}, settled), event,
                        tuple(tags) if tags else (), None if meta_id is None else metadata_of(row, serializers),
                        at_source)
 
@@ -175,12 +176,31 @@ class SliceQuery:
         self.start = _start_offset(offset)
         self.main = _Cursor(self.start.timestamp, dict(self.start.seen))
         self.read_timestamp = self.start.read_timestamp or self.start.timestamp
+        #: Everything before this was delivered, or consumed before the query (the offsets' ``settled``). With
+        #: the visibility horizon (nothing commits below it) it is the main cursor's timestamp. Without it the main
+        #: cursor passes events whose transactions are still open, and a query resumed from an offset must still
+        #: deliver them: only what every event before it has committed by (the clock minus
+        #: ``backtracking_behind_current_time``), read by the main cursor or a backtracking pass, is settled.
+        self.settled = self.start.floor
+        #: How far behind its db_timestamp an event may commit and still be delivered; ``None`` where nothing
+        #: below the main cursor commits late (the horizon), or nothing that does is delivered (backtracking off).
+        self.late: timedelta | None = None
+        #: Per persistence id delivered at or after ``settled``: (the highest number delivered, its db_timestamp);
+        #: an offset's ``seen`` names them all (made on the first delivery, see :meth:`_settle`).
+        self.unsettled: dict[str, tuple[int, datetime]] | None = None
+        self.pruned_at: datetime | None = None
+        #: The clock minus ``late`` at the current main page (its rows before that are settled once read).
+        self.safe_line = EPOCH
+        #: What the current backtracking pass settles once it ends.
+        self.bt_settles = EPOCH
         #: Per persistence id the highest sequence number delivered, stamped with its db_timestamp (evicted
         #: once older than the backtracking window: such a persistence id cannot come back).
         self.gate: Gate[datetime] = Gate()
         self.window = timedelta(seconds=self.settings.backtracking_window)
         self.bt_behind = timedelta(seconds=self.settings.backtracking_behind_current_time)
         self.use_horizon = journal.capabilities.writer_horizon
+        if not self.use_horizon and self.settings.backtracking_enabled:
+            self.late = self.bt_behind
         #: The primary's horizon, or on a standby the primary's once replayed (pgjournal.core.replica).
         self.tracker = journal.reader_horizon(self.rows.horizon_relations)
         self.lag = metrics.LIVE_LAG.labels(self.entity_type, metrics.slices_label(min_slice, max_slice))
@@ -217,6 +237,7 @@ class SliceQuery:
         limit = self.main_limit()
         rows = yield self.page(self.main, horizon.safe, limit)
         self.read_timestamp = horizon.now
+        self._safe_line(horizon)
         out = yield from self.sift_step(rows, source, main=True)
         self.behind = len(rows) >= limit
         self.after_main(len(rows), horizon)
@@ -232,6 +253,7 @@ class SliceQuery:
         if len(rows) < self.settings.buffer_size:
             self.bt_resume = self.bt_until
             self.backtracking = None
+            self._settle_to(min(self.bt_settles, self.main.ts))
         return out, len(rows)
 
     def poll_step(self, notified: bool) -> Step[tuple[list[Delivery], int]]:
@@ -271,9 +293,11 @@ class SliceQuery:
                 break
         if not self.settings.backtracking_enabled or self.use_horizon:
             return  # below the visibility horizon the main pages missed nothing
-        # Late commits below the bound that the main pages passed: one backtracking pass catches them.
-        self.backtracking = _Cursor(max(self.start.timestamp, self.main.ts - self.window - self.bt_behind))
+        # Late commits below the bound that the main pages passed (before the offset too, after what it settled):
+        # one backtracking pass catches them.
+        self.backtracking = _Cursor(self._backtrack_from(self.main.ts - self.window - self.bt_behind))
         self.bt_until = horizon.safe
+        self.bt_settles = self._settles(self.bt_until, horizon)
         while self.backtracking is not None:
             yield self._made(self.backtracking_page_step())
 
@@ -283,6 +307,7 @@ class SliceQuery:
         limit = self.main_limit()
         rows = yield self.page(self.main, horizon.safe, limit)
         self.read_timestamp = horizon.now
+        self._safe_line(horizon)
         bare = hasattr(self.rows, "envelopes")
         deliveries = yield from self.sift_step(rows, Source.QUERY, main=True, bare=bare)
         self.behind = len(rows) >= limit
@@ -322,6 +347,7 @@ class SliceQuery:
         # second row shares it (``seen`` None: ``{lone_pid: lone_seq}``). Both cursors keep it (the next page
         # skips what it holds, see :class:`_Cursor`); only the main cursor's goes into offsets.
         start = self.start
+        page_from = cursor.ts
         start_ts = start.timestamp.astimezone(rows[0][4].tzinfo)
         take_next, judge, deliver = self.gate.take_next, self.gate.judge, self.gate.deliver
         read_timestamp = self.read_timestamp
@@ -355,13 +381,84 @@ class SliceQuery:
                     out.extend((yield from self._fill_step(pid, after, seq_nr)))  # type: ignore[arg-type]
                 deliver(pid, seq_nr, ts)
             if not main:
-                append((row, source, main_ts, main_seen, read_timestamp))
+                append((row, source, main_ts, main_seen, read_timestamp, None))
             elif seen is not None:
-                append((row, source, ts_at, seen, read_timestamp))
+                append((row, source, ts_at, seen, read_timestamp, None))
             else:
-                append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp))
+                append(row if bare else (row, source, ts_at, {pid: seq_nr}, read_timestamp, None))
         cursor.ts, cursor.seen = ts_at, seen if seen is not None else {lone_pid: lone_seq}
+        if self.late is not None:
+            out = self._settle(out, source, page_from if main else None)
         return out if self.tags is None else self._tagged(out)
+
+    # -- what an offset settles (no visibility horizon) ------------------------------------------------
+
+    def _safe_line(self, horizon: Horizon) -> None:
+        if self.late is not None:
+            self.safe_line = horizon.now - self.late
+
+    def _settles(self, until: datetime, horizon: Horizon) -> datetime:
+        """What a backtracking pass up to ``until`` begun at ``horizon`` settles: the rows before ``until``
+        that had all committed when it began."""
+        return until if self.late is None else min(until, horizon.now - self.late)
+
+    def _settle_to(self, settled: datetime) -> None:
+        if self.late is not None and settled > self.settled:
+            self.settled = settled
+            if self.unsettled is not None:
+                self.unsettled = self._pruned(self.unsettled)
+
+    def _settle(self, out: list[Any], source: Source, page_from: datetime | None) -> list[Any]:
+        """The deliveries of a page (``page_from``: a main page's start; ``None``: a backtracking page) with
+        offsets that say what they settled (see :attr:`settled`): a main row read where every event before it
+        had committed (catch-up, or below the safe line) settles up to its timestamp, and its offset is the
+        plain one; else the offset's ``seen`` names every persistence id delivered since ``settled``. An offset
+        handed out is never changed afterwards: each gets maps of its own."""
+        unsettled = self.unsettled
+        if unsettled is None:
+            # What the offset started from covers (its ``seen``) and what came before the first page (snapshots),
+            # stamped no earlier than they can be.
+            unsettled = {pid: (seq_nr, self.start.timestamp) for pid, seq_nr in self.start.seen.items()}
+            unsettled.update((pid, v) for pid, v in self.gate.delivered.items() if v[1] >= self.settled)
+        # A main page reads on from where everything before was settled: its rows below the safe line settle.
+        advancing = page_from is not None and self.settled >= page_from
+        safe_line = self.safe_line
+        named: dict[str, int] | None = None
+        made: list[Any] = []
+        append = made.append
+        for delivery in out:
+            if delivery[0].__class__ is tuple:
+                row, at_source, at, seen, read_timestamp, _ = delivery
+            else:
+                row, at_source, at, seen, read_timestamp = delivery, source, delivery[4], None, self.read_timestamp
+            pid, seq_nr, ts = row[2], row[3], row[4]
+            unsettled[pid] = (seq_nr, ts)  # the gate delivers each persistence id in order: its highest
+            if advancing and at_source is not Source.BACKTRACKING:
+                settles = min(at, safe_line)
+                if settles > self.settled:
+                    self.settled, named = settles, None
+            if self.settled >= at:
+                append(delivery)  # everything before its timestamp settled: the plain offset
+                continue
+            if named is None:
+                unsettled = self._pruned(unsettled)
+                named = {p: v[0] for p, v in unsettled.items()}
+            else:
+                named = {**named, pid: seq_nr}
+            if seen:  # what was read at its timestamp (the cursor skips those rows on resuming)
+                named = {**named, **{p: q for p, q in seen.items() if q > named.get(p, 0)}}
+            append((row, at_source, at, named, read_timestamp, self.settled))
+        self.unsettled = unsettled if len(unsettled) <= self.settings.buffer_size else self._pruned(unsettled)
+        return made
+
+    def _pruned(self, unsettled: dict[str, tuple[int, datetime]]) -> dict[str, tuple[int, datetime]]:
+        """``unsettled`` without the persistence ids delivered only before ``settled`` (kept, they only make
+        seen maps longer: what they say, that those events were delivered, is true)."""
+        settled = self.settled
+        if self.pruned_at == settled:
+            return unsettled
+        self.pruned_at = settled
+        return {pid: v for pid, v in unsettled.items() if v[1] >= settled}
 
     def _tagged(self, deliveries: list[Any]) -> list[Any]:
         """The deliveries whose events carry one of the filter's tags: the markers of a portable page, and the
@@ -377,8 +474,8 @@ class SliceQuery:
 
     def envelope(self, delivery: Delivery) -> Any:
         """The envelope of a delivery; its offset is the main cursor's position when its row was delivered."""
-        row, source, ts, seen, read_timestamp = delivery
-        return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen), source)
+        row, source, ts, seen, read_timestamp, settled = delivery
+        return self.rows.envelope(row, TimestampOffset.trusted(ts, read_timestamp, seen, settled), source)
 
     def envelopes(self, deliveries: list[Any], source: Source = Source.QUERY, read_timestamp: datetime | None = None
                   ) -> Iterator[Any]:
@@ -392,14 +489,14 @@ class SliceQuery:
 
     def _one_by_one(self, deliveries: list[Delivery]) -> Iterator[Any]:
         envelope, trusted = self.rows.envelope, TimestampOffset.trusted
-        for row, source, ts, seen, read_timestamp in deliveries:
-            yield envelope(row, trusted(ts, read_timestamp, seen), source)
+        for row, source, ts, seen, read_timestamp, settled in deliveries:
+            yield envelope(row, trusted(ts, read_timestamp, seen, settled), source)
 
     def _unknown(self, predecessors: dict[str, tuple[int, datetime]]) -> Unknown:
         """The gate's policy for a persistence id not met yet: delivered up to its predecessor when that is
         before this query (or forgotten), ``None`` when the predecessor still has to be delivered."""
         start = self.start
-        floor = max(start.timestamp, self.gate.forgotten_before)
+        floor = max(start.floor, self.gate.forgotten_before)
 
         def unknown(pid: str, seq_nr: int) -> int | None:
             if seq_nr == 1 or pid not in predecessors:
@@ -428,7 +525,7 @@ class SliceQuery:
     def _fill_step(self, pid: str, after: int | None, before: int) -> Step[list[Delivery]]:
         """Load and deliver the events of ``pid`` between what was delivered and ``before`` (``after`` None:
         all of them since the query's start, or since the gate forgot)."""
-        floor = EPOCH if after is not None else max(self.start.timestamp, self.gate.forgotten_before)
+        floor = EPOCH if after is not None else max(self.start.floor, self.gate.forgotten_before)
         rows = yield statement(self.journal.events.between(pid, after or 0, before, floor), binary=True, utc=True)
         out: list[Delivery] = []
         for row in rows:
@@ -436,18 +533,20 @@ class SliceQuery:
             if after is None and self.start.covers(ts, pid, seq_nr):
                 continue  # consumed before this query started
             self.gate.deliver(pid, seq_nr, ts)
-            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp))
+            out.append((row, Source.BACKTRACKING, self.main.ts, self.main.seen, self.read_timestamp, None))
         return out
 
     # -- failure atomicity ---------------------------------------------------------------------------
 
     def checkpoint(self) -> tuple[Any, ...]:
         return (_clone(self.main), _clone(self.backtracking), self.gate.checkpoint(), self.bt_until, self.bt_resume,
-                self.idle_polls, self.rows_since_backtracking, self.read_timestamp)
+                self.idle_polls, self.rows_since_backtracking, self.read_timestamp, self.settled,
+                None if self.unsettled is None else dict(self.unsettled), self.bt_settles, self.pruned_at)
 
     def restore(self, saved: tuple[Any, ...]) -> None:
         (self.main, self.backtracking, gate, self.bt_until, self.bt_resume, self.idle_polls,
-         self.rows_since_backtracking, self.read_timestamp) = saved
+         self.rows_since_backtracking, self.read_timestamp, self.settled, self.unsettled, self.bt_settles,
+         self.pruned_at) = saved
         self.gate.restore(gate)
 
     # -- scheduling ----------------------------------------------------------------------------------
@@ -459,18 +558,29 @@ class SliceQuery:
         if not self.settings.backtracking_enabled or self.backtracking is not None:
             return
         behind = self.bt_resume is None or self.main.ts - self.bt_resume > self.window / 2
-        if self.idle_polls >= 5 or self.rows_since_backtracking >= 3 * self.settings.buffer_size or behind:
+        # Many persistence ids delivered since what is settled make every offset's seen map long: settle them.
+        named = self.unsettled is not None and len(self.unsettled) >= self.settings.buffer_size
+        if self.idle_polls >= 5 or self.rows_since_backtracking >= 3 * self.settings.buffer_size or behind or named:
             self.start_backtracking(horizon)
 
     def start_backtracking(self, horizon: Horizon) -> None:
         earliest = self.main.ts - self.window
         start = earliest - self.bt_behind if self.bt_resume is None else max(self.bt_resume, earliest)
-        start = max(start, self.start.timestamp)
+        start = self._backtrack_from(start)
         self.bt_until = min(self.main.ts + timedelta(microseconds=1), horizon.now - self.bt_behind)
         if start >= self.bt_until:
             return
+        self.bt_settles = self._settles(self.bt_until, horizon)
         self.backtracking = _Cursor(start)
         self.idle_polls = self.rows_since_backtracking = 0
+
+    def _backtrack_from(self, start: datetime) -> datetime:
+        """Where a backtracking pass that would start at ``start`` starts: never before the offset's position, but
+        the first pass from an offset that settled less than its timestamp from what it settled (a late commit
+        may lie anywhere after that)."""
+        if self.bt_resume is None and self.start.settled is not None:
+            return self.start.settled
+        return max(start, self.start.floor)
 
     def _forget(self, before: datetime) -> None:
         self.gate.forget(before)

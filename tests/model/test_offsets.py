@@ -129,3 +129,25 @@ def test_an_offset_covers_what_lies_before_it_and_what_it_saw_at_its_timestamp()
     assert not offset.covers(at, "a", 4) and not offset.covers(at, "b", 1)
     assert not offset.covers(at + timedelta(microseconds=1), "a", 1)
     assert not TimestampOffset(at).covers(at, "a", 1)
+
+
+def test_an_offset_that_settled_less_covers_before_it_only_what_it_names() -> None:
+    """``settled``: everything before it consumed; between it and the timestamp exactly what ``seen`` covers."""
+    at = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    settled = at - timedelta(seconds=5)
+    offset = TimestampOffset(at, seen={"a": 3, "b": 7}, settled=settled)
+    assert offset.floor == settled
+    assert offset.covers(settled - timedelta(microseconds=1), "z", 99)
+    assert offset.covers(at - timedelta(seconds=1), "b", 7) and offset.covers(at, "a", 3)
+    assert not offset.covers(at - timedelta(seconds=1), "b", 8), "after what it names, a late commit"
+    assert not offset.covers(settled, "z", 1), "a persistence id it does not name"
+    assert not offset.covers(at + timedelta(microseconds=1), "a", 1)
+    assert TimestampOffset.parse(str(offset)) == offset and '"settled":' in str(offset)
+    assert offset != TimestampOffset(at, seen={"a": 3, "b": 7})
+    # Settled at its timestamp is the plain offset, in one form.
+    assert TimestampOffset(at, seen={"a": 3}, settled=at) == TimestampOffset(at, seen={"a": 3})
+    assert TimestampOffset(at, settled=at).settled is None
+    with pytest.raises(InvalidArgument, match=r"settled \(.*\) must not be after"):
+        TimestampOffset(at, settled=at + timedelta(microseconds=1))
+    with pytest.raises(InvalidArgument, match="settled must be None or a timezone-aware"):
+        TimestampOffset(at, settled=datetime(2024, 5, 1))  # naive on purpose
