@@ -3,7 +3,11 @@
 Only a transaction that holds a write lock (``RowExclusiveLock``) on ``event_journal`` or one of its
 partitions can still commit journal rows; idle ``psql`` sessions, ``pg_dump``, reports and Spark JDBC reads
 hold at most a read lock and never hold readers back (Marten's gap liveness probe reasons the same way).
-``pg_locks`` is readable by every role.
+``pg_locks`` is readable by every role. A lock needs no right on the table (a reader's ``PREPARE`` of an
+INSERT takes one), so only holders whose session can write the table count: its login role, a role it may
+become, or a definer-rights function or view of a role that can (:data:`pgjournal.store.catalog.WRITERS_SQL`
+says how); every other lock holds nobody back. Rights are read in the same statement as the clock, and a
+session that gets the right later can only write rows stamped after it got it.
 
 The write path takes ``db_timestamp`` from ``clock_timestamp()`` inside its INSERT, i.e. *after* the
 statement holds that lock (``GREATEST`` only raises it). So a writer that a reader does not see in
