@@ -103,7 +103,8 @@ class HorizonTracker:
             clock = yield Statement(CLOCK_SQL, prepare=False)
             now = clock[0][0]
             return Horizon(now, now - self._margin)
-        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)}, prepare=False)
+        # Prepared once run often (psycopg's default): planning the rights checks costs more than running them.
+        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)})
         now = rows[0][0]
         writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
         safe = now - self._margin
