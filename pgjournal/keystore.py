@@ -257,16 +257,18 @@ class PostgresKeyStore:
                 f"owner runs VACUUM {sql.TABLE}; VACUUM (FULL) {sql.TABLE}")
         deadline, pause = time.monotonic() + RECLAIM_WAIT, 0.05
         while True:
-            if self._vacuum(sql.VACUUM) and not self._run(sql.dead_rows(), one=True)[0]:
+            vacuumed = self._vacuum(sql.VACUUM)
+            if vacuumed and not self._run(sql.dead_rows(), one=True)[0]:
                 if self._vacuum(sql.REWRITE):
                     return
-                if time.monotonic() + pause > deadline:
+                vacuumed = False  # the rewrite's lock was held
+            if time.monotonic() + pause > deadline:
+                if not vacuumed:
                     holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in self._run(sql.lockers()))
                     raise RetriesExhausted(
                         f"{what}another session holds a lock on {sql.TABLE} ({holders or 'gone since'}), so the "
                         f"table could not be rewritten and the deleted keys' bytes stay in its file (waited "
                         f"{RECLAIM_WAIT:.0f} s); run the key store's reclaim() once that transaction ended")
-            elif time.monotonic() + pause > deadline:
                 raise RetriesExhausted(
                     f"{what}a transaction older than the deletion may still see a deleted key, so its bytes stay in "
                     f"{sql.TABLE}'s file (waited {RECLAIM_WAIT:.0f} s); run the key store's reclaim() once such "
