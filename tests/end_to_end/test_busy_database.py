@@ -4,6 +4,7 @@ reading role may not see them. Every consumer gets every event of its range once
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import subprocess
@@ -19,6 +20,7 @@ from support.eventually import eventually
 from support.held_writes import holds_write_lock, insert_in, prepared_insert_held
 
 from pgjournal import HorizonBlocked, Journal
+from pgjournal.aio import AsyncJournal
 from pgjournal.core.horizon import HorizonTracker
 from pgjournal.model.offsets import NoOffset, Offset
 
@@ -177,6 +179,33 @@ def test_a_write_lock_of_a_role_that_cannot_write_the_journal_holds_no_reader_ba
     latencies = sorted(recorder.arrived[key] - at for key, at in committed.items())
     assert latencies[-1] < LATENCY_BOUND < hold / 2, f"slowest delivery {latencies[-1]:.2f} s in a {hold:.1f} s hold"
     recorder.assert_exactly_once_in_order(stored(dsn))
+
+
+async def test_asyncio_a_write_lock_of_a_reader_holds_no_reader_back(dsn: str, roles: Roles) -> None:
+    arrived: dict[tuple[str, int], float] = {}
+
+    async def read(live: object) -> None:
+        async for env in live:  # type: ignore[attr-defined]
+            arrived.setdefault((env.persistence_id, env.seq_nr), time.monotonic())
+
+    with prepared_insert_held(roles.dsn(dsn, roles.reader), "event_journal") as held:
+        async with AsyncJournal.open(roles.dsn(dsn, roles.writer), **FAST) as journal:
+            live = journal.query.events_by_slices(ENTITY, 0, 1023)
+            task = asyncio.create_task(read(live))
+            committed = {}
+            for i in range(5):
+                (env,) = await journal.append(f"{ENTITY}|aio", [{"n": i}])
+                committed[(env.persistence_id, env.seq_nr)] = time.monotonic()
+                deadline = time.monotonic() + 15
+                while (env.persistence_id, env.seq_nr) not in arrived and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.5)  # the scenario: appends spread through the hold
+            live.close()
+            await asyncio.wait_for(task, 5)
+        assert holds_write_lock(dsn, held.info.backend_pid, "event_journal")
+    assert set(arrived) == set(committed), "events not delivered through the reader's lock"
+    slowest = max(arrived[key] - at for key, at in committed.items())
+    assert slowest < LATENCY_BOUND, f"slowest delivery {slowest:.2f} s"
 
 
 def writers_seen(dsn: str) -> set[int | None]:
