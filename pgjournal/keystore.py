@@ -121,6 +121,8 @@ _ABSENT = b""
 _RETRIES = 5
 #: Seconds :meth:`PostgresKeyStore.reclaim` waits for transactions that may still see a deleted key to end.
 RECLAIM_WAIT = 10.0
+#: Seconds a VACUUM of the key table waits in the lock queue before it steps aside (key lookups wait behind it).
+LOCK_WAIT = 0.1
 
 
 class PostgresKeyStore:
@@ -243,7 +245,9 @@ class PostgresKeyStore:
 
         A transaction that began before a key was deleted may still see its row, and a rewrite keeps what it may
         see: the key store waits for such transactions for up to :data:`RECLAIM_WAIT` seconds, then raises
-        :class:`RetriesExhausted` (the bytes stay until they end and this runs again). Raises
+        :class:`RetriesExhausted` (the bytes stay until they end and this runs again). The same for a session that
+        holds any lock on the table (the rewrite needs it alone): the rewrite queues :data:`LOCK_WAIT` at a time, so
+        key lookups never wait long behind it, and the error names that session. Raises
         :class:`InsufficientPrivilege` when the role may not vacuum the table."""
         what = f"the key of persistence id {persistence_id!r} is deleted, but " if persistence_id else ""
         if not self._run(sql.may_vacuum(), one=True)[0]:
@@ -253,17 +257,36 @@ class PostgresKeyStore:
                 f"owner runs VACUUM {sql.TABLE}; VACUUM (FULL) {sql.TABLE}")
         deadline, pause = time.monotonic() + RECLAIM_WAIT, 0.05
         while True:
-            self._run(sql.VACUUM, rowcount=True)
-            if not self._run(sql.dead_rows(), one=True)[0]:
-                self._run(sql.REWRITE, rowcount=True)
-                return
+            vacuumed = self._vacuum(sql.VACUUM)
+            if vacuumed and not self._run(sql.dead_rows(), one=True)[0]:
+                if self._vacuum(sql.REWRITE):
+                    return
+                vacuumed = False  # the rewrite's lock was held
             if time.monotonic() + pause > deadline:
+                if not vacuumed:
+                    holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in self._run(sql.lockers()))
+                    raise RetriesExhausted(
+                        f"{what}another session holds a lock on {sql.TABLE} ({holders or 'gone since'}), so the "
+                        f"table could not be rewritten and the deleted keys' bytes stay in its file (waited "
+                        f"{RECLAIM_WAIT:.0f} s); run the key store's reclaim() once that transaction ended")
                 raise RetriesExhausted(
                     f"{what}a transaction older than the deletion may still see a deleted key, so its bytes stay in "
                     f"{sql.TABLE}'s file (waited {RECLAIM_WAIT:.0f} s); run the key store's reclaim() once such "
                     "transactions ended")
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    def _vacuum(self, statement: tuple[str, tuple[Any, ...]]) -> bool:
+        """Run a VACUUM of the key table, waiting at most :data:`LOCK_WAIT` for its lock; ``False`` when another
+        session held a conflicting one. A rewrite's ACCESS EXCLUSIVE request waiting in the lock queue would stop
+        every key lookup and append behind it for as long as the holder (any role that may connect can take a
+        lock on the table without a right to it) keeps its transaction open; so it queues briefly, steps
+        aside and tries again."""
+        try:
+            self._run(statement, rowcount=True, lock_wait=LOCK_WAIT)
+        except psycopg.errors.LockNotAvailable:
+            return False
+        return True
 
     def _unwrap(self, wrapped: bytes, pid: str) -> bytes:
         try:
@@ -293,14 +316,25 @@ class PostgresKeyStore:
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
 
-    def _run(self, query: tuple[str, tuple[Any, ...]], *, one: bool = False, rowcount: bool = False) -> Any:
+    def _run(self, query: tuple[str, tuple[Any, ...]], *, one: bool = False, rowcount: bool = False,
+             lock_wait: float | None = None) -> Any:
         """Run one statement (its own transaction); serialization failures and deadlocks (SERIALIZABLE databases
-        such as CockroachDB) are tried again: every statement of the store may run twice."""
+        such as CockroachDB) are tried again: every statement of the store may run twice. ``lock_wait``: seconds
+        the statement may wait for a lock, else :class:`psycopg.errors.LockNotAvailable` is raised."""
         for attempt in range(1, _RETRIES + 2):
             try:
                 with self._pool.connection() as conn:
-                    cur = conn.execute(*query)
-                    return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
+                    if lock_wait is None:
+                        cur = conn.execute(*query)
+                        return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
+                    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(lock_wait * 1000)}ms",))
+                    try:
+                        cur = conn.execute(*query)
+                        return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
+                    finally:
+                        conn.execute("RESET lock_timeout")
+            except psycopg.errors.LockNotAvailable:
+                raise
             except PoolTimeout:
                 raise DatabaseUnavailable(f"key store: no connection to {mask_dsn(self.dsn)}") from None
             except psycopg.errors.UndefinedTable:

@@ -22,6 +22,10 @@ migrations then run as the *owner* role the script creates. The script:
   write a projection's offsets. Every other role sees every row, as without row-level security (the owner
   and superusers bypass it).
 
+Reader and loader get limits (:data:`READ_ONLY_LIMITS`, and ``transaction_timeout`` on PostgreSQL 17+) so that a
+transaction they forget open ends on its own; they are role defaults, which a session may change. No role may
+create a large object (EXECUTE on the ``lo_`` functions that make one is revoked from PUBLIC in the database).
+
 The refusals, role by role, are in SECURITY.md and tested in ``tests/security/test_role_boundaries.py``.
 
 No password is in the script (set them with ``\\password`` or ``ALTER ROLE ... PASSWORD``). PUBLIC loses
@@ -49,6 +53,18 @@ from pgjournal.store.keys import TABLE as KEY_TABLE
 from pgjournal.store.schema import metadata
 from pgjournal.store.shard_layout import LAYOUT_TABLE
 from pgjournal.store.timestamp_offsets import LOAD_PREFIX, OFFSET_TABLE
+
+#: The reader's and loader's defaults (``ALTER ROLE ... SET``): an idle transaction of theirs ends after 5 s
+#: (pgjournal's own reads run in autocommit; a key table rewrite waits up to 10 s for locks to go), a statement
+#: after an hour (an export reads a range of slices per statement).
+READ_ONLY_LIMITS = {"idle_in_transaction_session_timeout": "5s", "statement_timeout": "1h"}
+#: Their whole transaction's limit, PostgreSQL 17+ (``transaction_timeout``): statements one after another
+#: would otherwise keep a transaction open for good.
+TRANSACTION_LIMIT = "1h"
+#: The functions that create a large object (``lo_import`` reads server files and is a superuser's anyway):
+#: EXECUTE revoked from PUBLIC in the journal's database.
+LARGE_OBJECT_MAKERS = ("lo_from_bytea(oid, bytea)", "lo_create(oid)", "lo_creat(integer)", "lo_import(text)",
+                       "lo_import(text, oid)")
 
 _ROLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -91,6 +107,11 @@ def role_script(
         f"END IF;\n  ALTER ROLE {_quote_ident(name)} {attributes};"
         for name in names
     )
+    limits = "\n".join(f"ALTER ROLE {role} SET {name} = '{value}';" for role in (r, ld)
+                       for name, value in READ_ONLY_LIMITS.items())
+    transaction_limits = "\n".join(f"    ALTER ROLE {role} SET transaction_timeout = '{TRANSACTION_LIMIT}';"
+                                   for role in (r, ld))
+    large_objects = ", ".join(LARGE_OBJECT_MAKERS)
     horizon = (f"GRANT pg_read_all_stats TO {w}, {r}, {ld};\n" if visibility_horizon else
                "-- (not granted: pg_read_all_stats for the visibility horizon; see pgjournal.admin.roles)\n")
     return f"""-- pgjournal least-privilege roles: owner {owner}, writer {writer}, reader {reader}, loader {loader}.
@@ -149,6 +170,18 @@ END $tables$;
 -- Tables that later migrations create (as the owner) get the same grants (event_journal keeps its own).
 ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT SELECT ON TABLES TO {w}, {r}, {ld};
 ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA {s} GRANT INSERT, UPDATE, DELETE ON TABLES TO {w};
+
+-- Reader and loader: a transaction they forget open, or a statement left running, ends on its own (defaults
+-- the session may change: see SECURITY.md, "Roles").
+{limits}
+DO $limits$ BEGIN
+  IF current_setting('server_version_num')::int >= 170000 THEN
+{transaction_limits}
+  END IF;
+END $limits$;
+
+-- Large objects are rows of pg_largeobject that any role may create: nobody here needs them.
+REVOKE EXECUTE ON FUNCTION {large_objects} FROM PUBLIC;
 {horizon}COMMIT;
 """
 

@@ -3,7 +3,11 @@
 Only a transaction that holds a write lock (``RowExclusiveLock``) on ``event_journal`` or one of its
 partitions can still commit journal rows; idle ``psql`` sessions, ``pg_dump``, reports and Spark JDBC reads
 hold at most a read lock and never hold readers back (Marten's gap liveness probe reasons the same way).
-``pg_locks`` is readable by every role.
+``pg_locks`` is readable by every role. A lock needs no right on the table (a reader's ``PREPARE`` of an
+INSERT takes one), so only holders whose session can write the table count: its login role, a role it may
+become, or a definer-rights function or view of a role that can (:data:`pgjournal.store.catalog.WRITERS_SQL`
+says how); every other lock holds nobody back. Rights are read in the same statement as the clock, and a
+session that gets the right later can only write rows stamped after it got it.
 
 The write path takes ``db_timestamp`` from ``clock_timestamp()`` inside its INSERT, i.e. *after* the
 statement holds that lock (``GREATEST`` only raises it). So a writer that a reader does not see in
@@ -99,7 +103,8 @@ class HorizonTracker:
             clock = yield Statement(CLOCK_SQL, prepare=False)
             now = clock[0][0]
             return Horizon(now, now - self._margin)
-        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)}, prepare=False)
+        # Prepared once run often (psycopg's default): planning the rights checks costs more than running them.
+        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)})
         now = rows[0][0]
         writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
         safe = now - self._margin

@@ -23,9 +23,39 @@ SEES_ALL_SESSIONS_SQL = """
 SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER') FROM pg_roles
 WHERE rolname = current_user"""
 
-# The clock, then every transaction that holds a write lock on a journal table (one row with NULLs when
-# there is none). ``xact_start`` is NULL where this role may not see the session. Rows are unpacked in
-# pgjournal.core.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction, xact_start.
+# Whether role {role} may write the rows of relation {rel}: add rows, change them (a column's UPDATE is
+# enough) or delete them. Owners and superusers may; PUBLIC's grants count.
+_WRITES = ("(has_table_privilege({role}, {rel}, 'DELETE') "
+           "OR has_any_column_privilege({role}, {rel}, 'INSERT, UPDATE'))")
+# ... or a role it may become (SET ROLE, inherited or not: MEMBER is every membership, of any option).
+_MAY_WRITE = ("EXISTS (SELECT FROM pg_roles AS m WHERE pg_has_role({role}, m.oid, 'MEMBER') AND "
+              + _WRITES.format(role="m.oid", rel="{rel}") + ")")
+# Whether the session of login role a.usesysid can write journal relation l.relation: every lock holder that
+# can is a journal writer. A lock alone needs no right (PREPARE of an INSERT takes RowExclusiveLock), so a
+# session that can write no row (a reader's, a loader's) holds no reader back. A session can write through:
+#   its login role or a role it may become (pg_stat_activity.usesysid, visible to every role, is the login
+#   role; SET ROLE and SET SESSION AUTHORIZATION only reach roles it is a member of, or any for a superuser);
+#   a function running with its owner's rights (SECURITY DEFINER, also as a trigger, which needs no EXECUTE
+#   right): any such function whose owner may write the relation makes every session a writer;
+#   a view or rule over the relation whose owner may write it (the rewritten statement runs with the view
+#   owner's rights), for a session that may write that view or table.
+# A session with no statistics row (a prepared transaction, a backend newer than this transaction's snapshot
+# of pg_stat_activity) counts as a writer. Rights are read in the same statement as the clock: a right granted
+# later can only let a session write rows stamped after that grant, i.e. after this reading.
+_JOURNAL_WRITER = ("(a.usesysid IS NULL OR " + _MAY_WRITE.format(role="a.usesysid", rel="l.relation")
+                   + " OR EXISTS (SELECT FROM pg_proc AS f WHERE f.prosecdef AND "
+                   + _MAY_WRITE.format(role="f.proowner", rel="l.relation") + ")"
+                   + " OR EXISTS (SELECT FROM pg_depend AS d JOIN pg_rewrite AS rw ON rw.oid = d.objid "
+                   "JOIN pg_class AS v ON v.oid = rw.ev_class "
+                   "WHERE d.classid = 'pg_rewrite'::regclass AND d.refclassid = 'pg_class'::regclass "
+                   "AND d.refobjid = l.relation AND v.oid <> l.relation AND "
+                   + _MAY_WRITE.format(role="v.relowner", rel="l.relation") + " AND "
+                   + _MAY_WRITE.format(role="a.usesysid", rel="v.oid") + "))")
+
+# The clock, then every transaction that can write a journal table and holds a write lock on one (one row
+# with NULLs when there is none). ``xact_start`` is NULL where this role may not see the session. Rows are
+# unpacked in pgjournal.core.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction,
+# xact_start.
 WRITERS_SQL = """
 SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
 FROM (SELECT 1) AS one LEFT JOIN (
@@ -34,6 +64,7 @@ FROM (SELECT 1) AS one LEFT JOIN (
     WHERE l.locktype = 'relation' AND l.mode = 'RowExclusiveLock'
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND l.relation = ANY(%(relations)s::oid[]) AND l.pid IS DISTINCT FROM pg_backend_pid()
+      AND """ + _JOURNAL_WRITER + """
 ) AS w ON true"""
 CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
 # The primary's WAL insert position in bytes, read after a horizon reading (pgjournal.core.replica): every commit

@@ -48,3 +48,11 @@ def dead_rows() -> Query:
     """The dead rows the table's statistics count: after a VACUUM, those it had to keep because a transaction
     may still see them (and deletes counted since)."""
     return "SELECT pg_stat_get_dead_tuples(%s::regclass)", (TABLE,)
+
+
+def lockers() -> Query:
+    """The other sessions holding a lock on the table (backend pid, login role): what a rewrite waits for."""
+    return ("SELECT DISTINCT l.pid, a.usename FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
+            "WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.pid IS DISTINCT FROM pg_backend_pid() ORDER BY l.pid", (TABLE,))

@@ -4,6 +4,7 @@ reading role may not see them. Every consumer gets every event of its range once
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import subprocess
@@ -14,11 +15,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from support import FAST, Roles
+from support import FAST, Roles, role_dsn
 from support.eventually import eventually
-from support.held_writes import insert_in
+from support.held_writes import holds_write_lock, insert_in, prepared_insert_held
 
 from pgjournal import HorizonBlocked, Journal
+from pgjournal.aio import AsyncJournal
+from pgjournal.core.horizon import HorizonTracker
 from pgjournal.model.offsets import NoOffset, Offset
 
 pytestmark = pytest.mark.postgres_only("the visibility horizon in a busy database")
@@ -149,6 +152,104 @@ def test_readers_and_dumps_do_not_hold_back_live_delivery(dsn: str, other: str) 
         latencies = sorted(recorder.arrived[key] - at for key, at in committed.items())
         assert latencies[-1] < LATENCY_BOUND, f"{other}: slowest delivery {latencies[-1]:.2f} s"
         recorder.assert_exactly_once_in_order(stored(dsn))
+
+
+# -- a write lock taken without the right to write ------------------------------------------------------
+
+
+@pytest.mark.parametrize("viewer", ["writer", "superuser", "reader"])
+@pytest.mark.parametrize("holder", ["reader", "loader"])
+def test_a_write_lock_of_a_role_that_cannot_write_the_journal_holds_no_reader_back(
+        dsn: str, roles: Roles, holder: str, viewer: str) -> None:
+    """A reader's (or loader's) prepared INSERT left open holds a RowExclusiveLock on the journal: live readers
+    as every role still deliver within their bound through a hold many times longer, one-shot reads neither
+    wait nor fail."""
+    viewer_dsn = dsn if viewer == "superuser" else roles.dsn(dsn, getattr(roles, viewer))
+    holder_dsn = roles.dsn(dsn, getattr(roles, holder))
+    with Journal.open(roles.dsn(dsn, roles.writer), **FAST) as writer, \
+            Journal.open(viewer_dsn, **{**FAST, "backtracking_behind_current_time": 0.5}) as journal, \
+            prepared_insert_held(holder_dsn, "event_journal") as held, recording(journal) as recorder:
+        started = time.monotonic()
+        committed: dict[tuple[str, int], float] = {}
+        for round_ in range(5):
+            committed.update(append_timed(writer, f"{ENTITY}|{round_}", 5))
+            eventually(lambda: set(recorder.arrived) >= set(committed), timeout=15)
+            time.sleep(1.0)  # the scenario: appends spread through the hold
+        assert list(journal.query.current_events_by_slices(ENTITY, 0, 1023)), "a one-shot read through the hold"
+        assert holds_write_lock(dsn, held.info.backend_pid, "event_journal")
+        hold = time.monotonic() - started
+    latencies = sorted(recorder.arrived[key] - at for key, at in committed.items())
+    assert latencies[-1] < LATENCY_BOUND < hold / 2, f"slowest delivery {latencies[-1]:.2f} s in a {hold:.1f} s hold"
+    recorder.assert_exactly_once_in_order(stored(dsn))
+
+
+async def test_asyncio_a_write_lock_of_a_reader_holds_no_reader_back(dsn: str, roles: Roles) -> None:
+    arrived: dict[tuple[str, int], float] = {}
+
+    async def read(live: object) -> None:
+        async for env in live:  # type: ignore[attr-defined]
+            arrived.setdefault((env.persistence_id, env.seq_nr), time.monotonic())
+
+    with prepared_insert_held(roles.dsn(dsn, roles.reader), "event_journal") as held:
+        async with AsyncJournal.open(roles.dsn(dsn, roles.writer), **FAST) as journal:
+            live = journal.query.events_by_slices(ENTITY, 0, 1023)
+            task = asyncio.create_task(read(live))
+            committed = {}
+            for i in range(5):
+                (env,) = await journal.append(f"{ENTITY}|aio", [{"n": i}])
+                committed[(env.persistence_id, env.seq_nr)] = time.monotonic()
+                deadline = time.monotonic() + 15
+                while (env.persistence_id, env.seq_nr) not in arrived and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.5)  # the scenario: appends spread through the hold
+            live.close()
+            await asyncio.wait_for(task, 5)
+        assert holds_write_lock(dsn, held.info.backend_pid, "event_journal")
+    assert set(arrived) == set(committed), "events not delivered through the reader's lock"
+    slowest = max(arrived[key] - at for key, at in committed.items())
+    assert slowest < LATENCY_BOUND, f"slowest delivery {slowest:.2f} s"
+
+
+def writers_seen(dsn: str) -> set[int | None]:
+    """The backends the visibility horizon waits for, as a superuser reads it."""
+    with Journal.open(dsn) as journal, psycopg.connect(dsn, autocommit=True) as conn:
+        return {w.pid for w in HorizonTracker(journal.capabilities).read(conn).writers}
+
+
+def test_a_lock_holder_that_can_write_through_another_role_a_definer_function_or_a_view_is_waited_for(
+        dsn: str, roles: Roles, server_dsn: str) -> None:
+    """Who may write the journal in some way is a writer, whatever its login role holds itself: a member of the
+    writer role that does not inherit its rights (it may SET ROLE), a role that may call a SECURITY DEFINER
+    function of the writer's, a role that may insert into a view of the writer's over the journal."""
+    member = f"{roles.writer}_member"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE \"{member}\" LOGIN NOINHERIT PASSWORD 'x' IN ROLE \"{roles.writer}\"")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'GRANT CONNECT ON DATABASE "{conn.info.dbname}" TO "{member}"')
+        with prepared_insert_held(role_dsn(dsn, member, "x"), "event_journal") as held:
+            assert held.info.backend_pid in writers_seen(dsn)
+        assert not writers_seen(dsn)
+        with prepared_insert_held(roles.dsn(dsn, roles.reader), "event_journal") as held:
+            assert held.info.backend_pid not in writers_seen(dsn)  # a reader's lock alone is no write
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE FUNCTION append_for_others() RETURNS void LANGUAGE sql SECURITY DEFINER "
+                             "AS 'SELECT 1'")
+                conn.execute(f'ALTER FUNCTION append_for_others() OWNER TO "{roles.writer}"')
+            assert held.info.backend_pid in writers_seen(dsn)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("DROP FUNCTION append_for_others()")
+            assert held.info.backend_pid not in writers_seen(dsn)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE VIEW journal_inbox AS SELECT * FROM event_journal")
+                conn.execute(f'ALTER VIEW journal_inbox OWNER TO "{roles.writer}"')
+                conn.execute(f'GRANT INSERT ON journal_inbox TO "{roles.reader}"')
+            assert held.info.backend_pid in writers_seen(dsn)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{member}"')
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{member}"')
 
 
 # -- slow journal writers: waited for, never skipped ---------------------------------------------------

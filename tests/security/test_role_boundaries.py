@@ -111,3 +111,17 @@ def test_the_wrapped_data_keys_are_read_by_the_writer_and_the_loader_never_by_th
         assert keys.key("Customer|7") == key
     assert refused(roles.dsn(dsn, roles.loader), "DELETE FROM pgjournal_payload_keys")
     assert refused(roles.dsn(dsn, roles.loader), "INSERT INTO pgjournal_payload_keys VALUES ('x', '\\x00', now())")
+
+
+def test_the_reader_and_the_loader_have_limits_and_no_role_makes_large_objects(dsn: str, roles: Roles) -> None:
+    for role in (roles.reader, roles.loader):
+        with psycopg.connect(roles.dsn(dsn, role)) as conn:
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("5s",)
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("1h",)
+            if conn.info.server_version >= 170000:
+                assert conn.execute("SHOW transaction_timeout").fetchone() == ("1h",)
+    for role in roles.all:  # a large object is a row of pg_largeobject: an INSERT nobody was granted
+        for statement in ("SELECT lo_from_bytea(0, '\\x00')", "SELECT lo_create(0)", "SELECT lo_creat(-1)"):
+            assert refused(roles.dsn(dsn, role), statement), f"{role}: {statement}"
+    with psycopg.connect(dsn) as conn:  # what a superuser does is not changed
+        assert conn.execute("SELECT lo_unlink(lo_from_bytea(0, '\\x00'))").fetchone() == (1,)

@@ -5,14 +5,18 @@ key table's file; the other persistence ids' data and keys keep working. Run as 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from support import FAST, Roles
 from support.eventually import eventually
+from support.held_writes import prepared_insert_held
 from support.projection_handlers import FAST_PROJECTION
 
 from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted, keystore
@@ -152,3 +156,84 @@ def test_a_transaction_older_than_the_shredding_keeps_the_key_until_it_ends_then
     keys.reclaim()
     assert not found(relation_files(dsn), bytes(wrapped))
     assert keys.key(KEPT) == kept
+
+
+@contextlib.contextmanager
+def timed_lookups(dsn: str, master: bytes, pid: str) -> Iterator[list[float]]:
+    """Another process's key lookups of ``pid`` (no cache), one after another: how long each took."""
+    took: list[float] = []
+    stop = threading.Event()
+
+    def look_up() -> None:
+        with PostgresKeyStore(dsn, master_key=master, cache_ttl=0) as other:
+            while not stop.is_set():
+                start = time.monotonic()
+                other.key(pid)
+                took.append(time.monotonic() - start)
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=look_up, daemon=True)
+    thread.start()
+    try:
+        eventually(lambda: took, "a first lookup")
+        yield took
+    finally:
+        stop.set()
+        thread.join(60)
+
+
+@pytest.fixture
+def master() -> bytes:
+    return os.urandom(32)
+
+
+def shredder(dsn: str, roles: Roles, master: bytes) -> PostgresKeyStore:
+    """The key store of the role that can shred (as the ``keys`` fixture), with a given master key."""
+    return PostgresKeyStore(roles.dsn(dsn, roles.writer if maintains(dsn) else roles.owner), master_key=master,
+                            cache_ttl=0)
+
+
+@pytest.mark.parametrize("holder", ["reader", "loader"])
+def test_a_lock_held_on_the_key_table_by_a_reading_role_stops_no_lookup_and_no_shredding(
+        dsn: str, roles: Roles, master: bytes, holder: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's (or loader's) prepared INSERT into the key table left open, its role's limit lifted: the key is
+    shredded at once, other processes' lookups never wait behind the rewrite, and the rewrite that must wait for
+    that transaction names it, then completes once it ended."""
+    monkeypatch.setattr(keystore, "RECLAIM_WAIT", 3.0, raising=False)
+    with shredder(dsn, roles, master) as keys:
+        keys.create_key(GONE)
+        kept = keys.create_key(KEPT)
+        with psycopg.connect(dsn) as conn:
+            [(wrapped,)] = conn.execute("SELECT wrapped_key FROM pgjournal_payload_keys WHERE persistence_id = %s",
+                                        (GONE,)).fetchall()
+        with prepared_insert_held(roles.dsn(dsn, getattr(roles, holder)), "pgjournal_payload_keys") as held, \
+                timed_lookups(roles.dsn(dsn, roles.writer), master, KEPT) as took:
+            named = (r"another session holds a lock on pgjournal_payload_keys "
+                     rf"\(backend {held.info.backend_pid} \(role '{getattr(roles, holder)}'\)\)")
+            with pytest.raises(RetriesExhausted, match=named):
+                keys.delete_key(GONE)
+            assert keys.key(GONE) is None  # shredded all the same; only its bytes wait for the rewrite
+            assert len(took) > 10 and max(took) < 1.0, f"a lookup took {max(took):.2f} s"
+        keys.reclaim()
+        assert not found(relation_files(dsn), bytes(wrapped))
+        assert keys.key(KEPT) == kept
+
+
+@pytest.mark.parametrize("holder", ["reader", "loader"])
+def test_shredding_completes_through_a_transaction_a_reading_role_forgot_open(
+        dsn: str, roles: Roles, master: bytes, holder: str) -> None:
+    """The same lock left open within the role's limits: the server ends that idle transaction, and the
+    shredding, waiting for it without stopping anyone, completes."""
+    with shredder(dsn, roles, master) as keys:
+        keys.create_key(GONE)
+        with psycopg.connect(dsn) as conn:
+            [(wrapped,)] = conn.execute("SELECT wrapped_key FROM pgjournal_payload_keys WHERE persistence_id = %s",
+                                        (GONE,)).fetchall()
+        with prepared_insert_held(roles.dsn(dsn, getattr(roles, holder)), "pgjournal_payload_keys",
+                                  lift_limits=False) as held, \
+                timed_lookups(roles.dsn(dsn, roles.writer), master, KEPT) as took:
+            assert keys.delete_key(GONE)
+            assert max(took) < 1.0, f"a lookup took {max(took):.2f} s"
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                held.execute("SELECT 1")
+        assert not found(relation_files(dsn), bytes(wrapped))
