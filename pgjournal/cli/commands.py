@@ -196,10 +196,10 @@ def info(
 
 def _sharded_info(shard: list[str]) -> None:
     from pgjournal.cli import shard as shard_cli
-    from pgjournal.shards import ShardedJournal, ShardSettings
+    from pgjournal.shards import ShardedJournal
 
     shard_cli.status(shard)
-    with reported(), ShardedJournal.open(ShardSettings.parse("\n".join(shard)), notify=False) as journal:
+    with reported(), ShardedJournal.open(shard_cli.shard_settings_of(shard), notify=False) as journal:
         views = [info_view(database) for database in journal.journals]
     for (low, high), view in zip(journal.shards.ranges, views, strict=True):
         console.rule(f"slices {low}-{high}")
