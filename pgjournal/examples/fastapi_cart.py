@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -59,10 +58,11 @@ from pgjournal.examples.shopping_cart import (
     ShoppingCart,
 )
 from pgjournal.model.offsets import NoOffset, parse_offset
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import NUMBER_OF_SLICES
 from pgjournal.server.dsn import mask_dsn
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 
 #: Each typed error's answer, most specific first: the client's mistakes and conflicts are 4xx with the message
 #: (it names the value and what was expected); everything else is the service's trouble, 503 with a fixed text,

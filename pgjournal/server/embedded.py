@@ -29,7 +29,6 @@ import errno
 import fcntl
 import hashlib
 import importlib.util
-import logging
 import os
 import pwd
 import secrets
@@ -47,8 +46,9 @@ from urllib.parse import quote
 import platformdirs
 
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable
+from pgjournal.model.printable import printable_logger
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 
 HOME_ENV = "PGJOURNAL_HOME"
 DATABASE = "pgjournal"
