@@ -166,12 +166,12 @@ async def test_a_journal_opened_on_the_standby_itself_refuses_live_by_slice_read
             opened.query.events_by_slices("Direct", 0, 1023)
         with pytest.raises(ConfigurationError, match=refused):
             opened.durable_state.changes_by_slices("Direct", 0, 1023)
-    with Journal.open(pair.standby_dsn, **dict(FAST, standby_live_reads=True)) as told:
-        with told.query.events_by_slices("Direct", 0, 1023) as live:
-            assert next(iter(live)).persistence_id == "Direct|1"
-    async with AsyncJournal.open(pair.standby_dsn, **dict(FAST, standby_live_reads=True)) as told_async:
-        async with told_async.query.events_by_slices("Direct", 0, 1023) as alive:
-            assert (await anext(aiter(alive))).persistence_id == "Direct|1"
+    told = dict(FAST, standby_live_reads=True)
+    with Journal.open(pair.standby_dsn, **told) as journal, journal.query.events_by_slices("Direct", 0, 1023) as live:
+        assert next(iter(live)).persistence_id == "Direct|1"
+    async with AsyncJournal.open(pair.standby_dsn, **told) as opened, \
+            opened.query.events_by_slices("Direct", 0, 1023) as alive:
+        assert (await anext(aiter(alive))).persistence_id == "Direct|1"
 
 
 def test_a_replica_that_is_no_standby_is_refused_at_open(pair: StandbyPair) -> None:
