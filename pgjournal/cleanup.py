@@ -27,13 +27,13 @@ everything that is gone: the report lists it (:class:`OffsetWarning`) and the CL
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import ConfigurationError, InvalidArgument
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.store import cleanup as sql
 from pgjournal.tags.reconciliation import wait_for_tag_writers
@@ -42,7 +42,7 @@ from pgjournal.validation import check_name, check_persistence_id
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
-_log = logging.getLogger(__name__)
+_log = printable_logger(__name__)
 
 
 @dataclass

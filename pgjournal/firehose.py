@@ -38,7 +38,6 @@ passes the error to its attached consumers.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from typing import TYPE_CHECKING
 from pgjournal.errors import ConfigurationError, InvalidArgument, SlowConsumer
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import check_slice_range
 from pgjournal.model.timeuuid import EPOCH
 from pgjournal.query.gate import DUPLICATE, GAP, Gate
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
     from pgjournal.runtime.live import LiveQuery
 
-_log = logging.getLogger(__name__)
+_log = printable_logger(__name__)
 Key = tuple[str, int, int]
 
 

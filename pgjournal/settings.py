@@ -49,6 +49,10 @@ class Settings:
     #: Readers on a standby (``Journal.open(dsn, replica=...)``): how long a poll waits for the standby to replay
     #: the primary's newest horizon before it reads below an older one (pgjournal.core.replica).
     replica_replay_wait: float = 0.1
+    #: A journal opened on a hot standby itself (no primary named): live by-slice reads there anyway. Off, they are
+    #: refused (``ConfigurationError``): the standby shows none of the primary's writers, so a commit later than the
+    #: backtracking window is never delivered; ``Journal.open(primary, replica=standby)`` reads it safely.
+    standby_live_reads: bool = False
     #: A sharded journal whose write is refused by a moved range's guard waits at most this long for the
     #: databases' layout records to agree on the new layout before it raises (pgjournal.shards.routing).
     layout_wait: float = 5.0

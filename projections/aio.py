@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import TYPE_CHECKING
 
 from pgjournal.aio import AsyncLiveQuery, AsyncQuery
 from pgjournal.errors import ProjectionFailed
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import Offset
+from pgjournal.model.printable import printable_logger
 
 from .handlers import Projection
 from .logic import RangeLogic
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
     from pgjournal.shards import AsyncShardedJournal
 
-log = logging.getLogger("projections")
+log = printable_logger("projections")
 
 
 class AsyncRangeRunner(RangeLogic):

@@ -10,7 +10,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pgjournal.cli.support import DsnOption, ShardOption, console, fail, open_journal, reported, shown
+from pgjournal.cli.support import (
+    DsnOption,
+    ShardOption,
+    console,
+    fail,
+    open_journal,
+    reported,
+    shard_settings_of,
+    shown,
+)
 from pgjournal.journal import Journal
 from pgjournal.model.offsets import format_timestamp, parse_timestamp
 from pgjournal.model.slices import parse_slice_range
@@ -33,11 +42,11 @@ def databases(dsn: str | None, shard: list[str] | None) -> Iterator[list[tuple[t
         with open_journal(dsn) as journal:
             yield [((0, 1023), journal)]
         return
-    from pgjournal.shards import ShardedJournal, ShardSettings
+    from pgjournal.shards import ShardedJournal
 
     if dsn is not None:
         fail("give --dsn (one database) or --shard (a sharded journal), not both")
-    with reported(), ShardedJournal.open(ShardSettings.parse("\n".join(shard)), notify=False) as sharded:
+    with reported(), ShardedJournal.open(shard_settings_of(shard), notify=False) as sharded:
         yield list(zip(sharded.shards.ranges, sharded.journals, strict=True))
 
 
@@ -108,8 +117,6 @@ def run_cmd(
 ) -> None:
     """Run NAME with N worker processes; they share the slices with any other workers of NAME (leases).
     Ctrl-C stops them cleanly (leases released)."""
-    from pgjournal.shards import ShardSettings
-
     from .workers import load_factory, run_workers, worker_main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
@@ -119,7 +126,7 @@ def run_cmd(
         if shards is not None:
             if dsn is not None:
                 fail("give --dsn (one database) or --shard (a sharded journal), not both")
-            ShardSettings.parse(shards)  # bad ranges or DSNs: a message before any worker starts
+            shard_settings_of(shard)  # bad ranges or DSNs: a message before any worker starts
         if workers == 1:
             code = worker_main(dsn, name, entity_type, handler, {}, lease_duration, None, shards)
         else:

@@ -15,7 +15,6 @@ Rows are locked in slice order by both statements, so they cannot deadlock each 
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -25,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import InvalidArgument, LeaseLost
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import NUMBER_OF_SLICES, check_slice_range
 from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import RetryPolicy
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from pgjournal.journal import Journal
 
-log = logging.getLogger("projections.leases")
+log = printable_logger("projections.leases")
 
 
 ALL_SLICES = range(NUMBER_OF_SLICES)

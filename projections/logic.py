@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-import logging
 import random
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
@@ -31,6 +30,7 @@ import psycopg.errors
 from pgjournal.errors import ConfigurationError, InvalidArgument, JournalError, LeaseLost, ProjectionFailed
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import check_slice_range
 from pgjournal.query.by_pid import ByPersistenceId
 from pgjournal.query.gate import Verdict
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 DEADLOCK_RETRIES = 10
 DEAD_LETTER_SAVEPOINT = "pgjournal_dead_letter"
 
-log = logging.getLogger("projections")
+log = printable_logger("projections")
 
 
 class LeaseGuard(Protocol):

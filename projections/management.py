@@ -153,7 +153,9 @@ def status(journal: Journal, name: str, entity_types: Sequence[str] | None = Non
         leases = {lease.slice: lease.owner for lease in lease_sql.live_leases(name).all(conn)}
         workers = lease_sql.live_workers(name).all(conn)
         types = sorted(entity_types) if entity_types else sorted(offsets().entity_types(name).all(conn))
-        shown = sorted(set(latest) | set(leases))
+        # With leases every slice is shown (a slice nobody holds is a range of its own, owner unknown), so every
+        # slice needs its lag; without them, only the slices with offsets.
+        shown = list(range(NUMBER_OF_SLICES)) if leases else sorted(latest)
         lags = run(lags_step(types, {s: latest[s].timestamp_offset if s in latest else None for s in shown},
                              journal.horizon_tracker()), conn)
     ranges: list[RangeStatus] = []

@@ -15,7 +15,6 @@ The rules are :class:`projections.logic.RangeLogic`'s (shared with the asyncio r
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import MutableMapping
@@ -27,6 +26,7 @@ import psycopg
 from pgjournal.errors import ProjectionFailed
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import Offset
+from pgjournal.model.printable import printable_logger
 from pgjournal.query import Query
 from pgjournal.runtime.live import LiveQuery
 from pgjournal.runtime.steps import run
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["DEADLOCK_RETRIES", "LeaseGuard", "RangeRunner", "RunContext", "Stats",
            "current_context", "lookback", "run_range"]
 
-log = logging.getLogger("projections")
+log = printable_logger("projections")
 
 
 @dataclass

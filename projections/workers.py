@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed, ShardLayoutMismatch
+from pgjournal.model.printable import printable_logger
 from pgjournal.shards import ShardedJournal, ShardSettings
 from pgjournal.shards.routing import Unsettled
 
@@ -40,7 +41,7 @@ from .shards import range_journal
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
-log = logging.getLogger("pgjournal.projections.workers")
+log = printable_logger("pgjournal.projections.workers")
 
 Factory = Callable[["Journal", str, str], Projection]
 

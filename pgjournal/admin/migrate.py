@@ -87,7 +87,26 @@ def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None =
 def _connect(dsn: str) -> psycopg.Connection:
     from pgjournal.server.connections import connect
 
-    return connect(dsn, doing="migrate")  # no statement timeout: DDL may wait for locks
+    conn = connect(dsn, doing="migrate")  # no statement timeout: DDL may wait for locks
+    try:
+        check_encoding(conn, dsn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def check_encoding(conn: psycopg.Connection, dsn: str) -> None:
+    """Refuse a database whose encoding is not UTF8 before anything is changed. Persistence ids, tags and
+    manifests are checked as UTF-8 text (:mod:`pgjournal.validation`); another encoding cannot hold all of
+    them, and ``SQL_ASCII`` stores any bytes unchecked (the server converts nothing, drivers read its text
+    back as bytes), so names that are not text would be accepted and fail their readers later."""
+    encoding = conn.info.parameter_status("server_encoding")
+    if encoding != "UTF8":
+        raise SchemaNotMigrated(
+            f"cannot migrate {mask_dsn(dsn)}: its database has encoding {encoding or 'unknown'}, pgjournal needs "
+            "UTF8; nothing was changed. Create the database with UTF8, e.g. CREATE DATABASE name ENCODING "
+            "'UTF8' TEMPLATE template0")
 
 
 def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> list[adoption.Step]:

@@ -99,6 +99,7 @@ class AsyncQuery:
                  before_poll: Callable[[], Awaitable[None]] | None = None) -> AsyncLiveQuery[Any]:
         """A live by-slice query (``first``: items handed out before its first poll; ``before_poll`` awaited
         before each poll, what it raises ending the query)."""
+        self._journal.check_live_by_slices()
 
         async def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
             if before_poll is not None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
 
+from pgjournal.model.printable import printable_logger
 from pgjournal.runtime.signals import LISTEN, SEND_INTERVAL, SENDER_SETUP, notify_sql, wakes
 
-_log = logging.getLogger("pgjournal.runtime.signals")
+_log = printable_logger("pgjournal.runtime.signals")
 
 
 class AsyncSignals:

@@ -16,7 +16,17 @@ import typer
 
 from pgjournal.cli.groups import GROUPS
 from pgjournal.cli.lazy import LazyGroup
-from pgjournal.cli.support import DsnOption, ShardOption, console, fail, open_journal, parse_json, reported, shown
+from pgjournal.cli.support import (
+    DsnOption,
+    ShardOption,
+    console,
+    fail,
+    open_journal,
+    parse_json,
+    reported,
+    shard_settings_of,
+    shown,
+)
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -210,10 +220,10 @@ def info(
 
 def _sharded_info(shard: list[str]) -> None:
     from pgjournal.cli import shard as shard_cli
-    from pgjournal.shards import ShardedJournal, ShardSettings
+    from pgjournal.shards import ShardedJournal
 
     shard_cli.status(shard)
-    with reported(), ShardedJournal.open(ShardSettings.parse("\n".join(shard)), notify=False) as journal:
+    with reported(), ShardedJournal.open(shard_settings_of(shard), notify=False) as journal:
         views = [info_view(database) for database in journal.journals]
     for (low, high), view in zip(journal.shards.ranges, views, strict=True):
         console.rule(f"slices {low}-{high}")

@@ -9,21 +9,18 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pgjournal.cli.groups import group_help
-from pgjournal.cli.support import ShardOption, console, reported, shown
+from pgjournal.cli.support import ShardOption, console, reported, shard_settings_of, shown
 from pgjournal.errors import InvalidArgument
 from pgjournal.server.dsn import mask_dsn
-from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings, migrate_all
+from pgjournal.shards import SHARDS_ENV, ShardedJournal, ShardSettings
 from pgjournal.shards.layout import Layout, format_range
+from pgjournal.shards.migrate import migrate_resolved
 from pgjournal.shards.move import Mover, MoveStatus
 from pgjournal.shards.move_plan import Action, parse_moved_range
 from pgjournal.store import shard_guard, stats
 from pgjournal.store.shard_layout import layout_table_exists
 
 shard_app = typer.Typer(help=group_help("shard"), no_args_is_help=True)
-
-
-def _settings(shards: list[str] | None) -> ShardSettings:
-    return ShardSettings.parse("\n".join(shards)) if shards else ShardSettings.from_env()
 
 
 def _print(title: str, shards: ShardSettings, layout: Layout) -> None:
@@ -37,8 +34,7 @@ def _print(title: str, shards: ShardSettings, layout: Layout) -> None:
 def migrate(shard: ShardOption = None) -> None:
     """Migrate every database (as `pgjournal migrate`), then record the layout in each."""
     with reported():
-        shards = _settings(shard)
-        layout = migrate_all(shards)
+        layout, shards = migrate_resolved(shard_settings_of(shard))
     _print("migrated", shards, layout)
 
 
@@ -48,9 +44,9 @@ def status(shard: ShardOption = None) -> None:
     size of its journal tables and its visibility horizon (how far behind its clock, and the journal writers
     holding it back)."""
     with reported():
-        shards = _settings(shard)
+        shards = shard_settings_of(shard)
         with ShardedJournal.open(shards, notify=False) as journal:
-            layout = journal.layout
+            layout, shards = journal.layout, journal.shards  # the layout routed: the records', after a move
             rows, moves = [], []
             for database in journal.journals:
                 with database.connection() as conn:
@@ -91,7 +87,7 @@ def move(slices: Annotated[str, typer.Option("--slices", help="The range to move
     move that was killed is resumed (--resume) or rolled back (--rollback)."""
     with reported():
         moved = parse_moved_range(slices)
-        shards = _settings(shard)
+        shards = shard_settings_of(shard)
         if keep < 0:
             raise InvalidArgument(f"--keep must be at least 0 seconds, got {keep}")
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[rows]:,} rows"),
@@ -123,13 +119,17 @@ def move(slices: Annotated[str, typer.Option("--slices", help="The range to move
 
 
 def _print_move(status: MoveStatus, title: str) -> None:
+    """The databases of the range before and after the move, by layout version (one column when nothing is left
+    to move: a finished move run again)."""
     move = status.move
-    table = Table("slices", f"database in layout version {move.before.version}",
-                  f"database in layout version {move.after.version}",
+    changes = move.before != move.after
+    columns = ([f"database in layout version {move.before.version}"] if changes else []) + [
+        f"database in layout version {move.after.version}"]
+    table = Table("slices", *columns,
                   title=f"{title}: slices {format_range(move.moved)}, next step: {status.next.value}")
     for bounds, member in move.after.members:
         was = next((m for b, m in move.before.members if b[0] <= bounds[0] and bounds[1] <= b[1]), "")
-        table.add_row(format_range(bounds), str(was), str(member))
+        table.add_row(format_range(bounds), *([str(was)] if changes else []), str(member))
     console.print(table)
     if status.next is not Action.DONE and status.rows:
         console.print(f"{status.rows:,} rows copied so far")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from pgjournal.journal import Journal
+    from pgjournal.shards import ShardSettings
 
 
 class _OnFirstUse:
@@ -51,6 +52,17 @@ DsnOption = Annotated[
 ShardOption = Annotated[list[str] | None, typer.Option(
     "--shard", help="RANGE=DSN, e.g. 0-511=postgresql://a/journal; once per database; spare=DSN: a database "
     f"holding no range yet, a move's future target (default: {SHARDS_ENV}).")]
+
+
+def shard_settings_of(shards: list[str] | None) -> ShardSettings:
+    """The settings of ``--shard`` (one ``RANGE=DSN``, ``spare=DSN`` or ``replica:RANGE=DSN`` each), else of
+    :data:`SHARDS_ENV`: the text form ``ShardedJournal.open`` reads (:meth:`ShardSettings.parse`). Every command
+    taking ``--shard`` reads them here, then lets the journal (or ``migrate_all``) resolve them as ``open`` does:
+    settings a move left behind, with its target as a spare, are routed by the records; what is printed is the
+    layout routed, never the settings as given."""
+    from pgjournal.shards import ShardSettings
+
+    return ShardSettings.parse("\n".join(shards)) if shards else ShardSettings.from_env()
 
 
 def shown(text: object) -> str:

@@ -35,6 +35,9 @@ class Capabilities:
     role: str = ""
     #: ``durable_state`` (OID): durable state changes take their horizon from its writers instead.
     state_relations: tuple[int, ...] = ()
+    #: The server is in recovery (a hot standby, ``pg_is_in_recovery()``; PostgreSQL only): its ``pg_locks``
+    #: show none of the primary's writers.
+    in_recovery: bool = False
 
     @classmethod
     def resolve(cls, conn: psycopg.Connection, settings: Settings) -> Capabilities:
@@ -55,6 +58,10 @@ class Capabilities:
             relations = tuple(oid for oid in (yield from rows_of(catalog.journal_relations())) if oid is not None)
             state_relations = tuple(oid for oid in (yield from rows_of(catalog.state_relations()))
                                     if oid is not None)
+        in_recovery = False
+        if dialect.supports_visibility_horizon:
+            replayed = yield from first_of(catalog.replayed())
+            in_recovery = bool(replayed and replayed.recovering)
         return cls(
             notify=settings.uses_notifications,
             writer_horizon=writer_horizon and bool(relations),
@@ -64,6 +71,7 @@ class Capabilities:
             longest_transaction=settings.backtracking_behind_current_time,
             role=role,
             state_relations=state_relations,
+            in_recovery=in_recovery,
         )
 
     def describe(self) -> str:

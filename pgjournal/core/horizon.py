@@ -33,13 +33,13 @@ databases have no such view; there (and in portable mode) the bound is the datab
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import HorizonBlocked
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.timeuuid import EPOCH
 from pgjournal.runtime import metrics
 from pgjournal.runtime.steps import Sleep, Statement, Step, run
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from pgjournal.core.capabilities import Capabilities
 
-log = logging.getLogger("pgjournal.core.horizon")
+log = printable_logger("pgjournal.core.horizon")
 
 @dataclass(frozen=True)
 class Writer:

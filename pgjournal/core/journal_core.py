@@ -99,6 +99,18 @@ class JournalCore:
         return ReplicaHorizon(tracker, self.run_on_primary, replay_wait=self.settings.replica_replay_wait,
                               replica=self.replica_dsn)
 
+    def check_live_by_slices(self) -> None:
+        """Refuse a live by-slice read on a hot standby opened as if it were the journal (no ``replica=``): the
+        standby's ``pg_locks`` show none of the primary's writers, so its horizon is the clock and a commit later
+        than the backtracking window is never delivered. Setting ``standby_live_reads`` reads there anyway."""
+        if self.capabilities.in_recovery and self.replica_dsn is None and not self.settings.standby_live_reads:
+            raise ConfigurationError(
+                f"{mask_dsn(self.dsn)} is a hot standby (in recovery): a live by-slice read there could miss "
+                "commits later than the backtracking window, since the standby shows none of the primary's "
+                "writers. Open the journal on the primary with replica= naming the standby "
+                f"(Journal.open(primary_dsn, replica=standby_dsn), or {REPLICA_ENV}), or set standby_live_reads="
+                "True to read here anyway")
+
     def run_on_primary(self, step: Step[Any]) -> Any:
         """Run ``step`` on a connection to ``dsn`` (the face's ``run``: its result, or an awaitable of it)."""
         raise NotImplementedError

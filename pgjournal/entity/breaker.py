@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -19,8 +18,9 @@ import psycopg.errors
 
 from pgjournal.entity.errors import CircuitOpen
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable, WriteOutcomeUnknown
+from pgjournal.model.printable import printable_logger
 
-_log = logging.getLogger("pgjournal.entity")
+_log = printable_logger("pgjournal.entity")
 
 
 class BreakerState(enum.StrEnum):

@@ -7,11 +7,11 @@ warning, and the entity replays from its first event: a stale snapshot costs tim
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgjournal.entity.model import Entity, Recovered
 from pgjournal.errors import SerializationError
+from pgjournal.model.printable import printable_logger
 from pgjournal.query.by_pid import ByPersistenceId
 from pgjournal.runtime.steps import Call, Step
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 S = TypeVar("S")
-_log = logging.getLogger("pgjournal.entity")
+_log = printable_logger("pgjournal.entity")
 
 
 def snapshot_metadata(entity: Entity[Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ is locked), so a late commit cannot slip past the check.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -43,6 +42,7 @@ from pgjournal.errors import (
     InvalidArgument,
     WriteOutcomeUnknown,
 )
+from pgjournal.model.printable import printable_logger
 from pgjournal.runtime.steps import Call, Sleep, Step, first_of
 from pgjournal.validation import check_persistence_id, check_tags
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 S = TypeVar("S")
-_log = logging.getLogger("pgjournal.entity")
+_log = printable_logger("pgjournal.entity")
 
 DEFAULT_SNAPSHOT_EVERY = 100
 

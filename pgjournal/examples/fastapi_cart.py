@@ -10,8 +10,9 @@ Routes: ``GET /carts/{id}``; ``POST /carts/{id}/items`` (add), ``PUT /carts/{id}
 ``DELETE /carts/{id}/items/{item}`` (remove), ``POST /carts/{id}/checkout``; each answers the cart and its
 ``seq_nr``. A command the cart's rules refuse, or another writer's that got there first, is ``409 Conflict``
 (nothing was written); bad input (a cart id over 255 characters, a bad offset) ``400`` naming it, a bad body
-``422``; a database that cannot be reached, or any other failure of the journal, ``503`` with ``Retry-After`` and a
-body that says only what kind of failure it was (the connection string and the driver's message go to the log).
+``422`` naming each field and rule; a database that cannot be reached, or any other failure of the journal,
+``503`` with ``Retry-After`` and a body that says only what kind of failure it was (the connection string and
+the driver's message go to the log).
 ``GET /events`` streams ``events_by_slices("cart", min_slice, max_slice)``: each event's SSE ``id`` is its offset,
 so a client that reconnects with ``Last-Event-ID`` (or ``?offset=``) goes on exactly after the last event it
 received. The feed ends when the server shuts down (:class:`Server`): a deploy's SIGTERM stops the service at
@@ -25,13 +26,13 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pgjournal.aio import AsyncJournal
@@ -57,10 +58,11 @@ from pgjournal.examples.shopping_cart import (
     ShoppingCart,
 )
 from pgjournal.model.offsets import NoOffset, parse_offset
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import NUMBER_OF_SLICES
 from pgjournal.server.dsn import mask_dsn
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 
 #: Each typed error's answer, most specific first: the client's mistakes and conflicts are 4xx with the message
 #: (it names the value and what was expected); everything else is the service's trouble, 503 with a fixed text,
@@ -167,6 +169,16 @@ def create_app(dsn: str | None = None, **settings: Any) -> FastAPI:
     @app.exception_handler(DomainError)
     async def refused(_request: Request, exc: DomainError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=409)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_request: Request, exc: RequestValidationError) -> Response:
+        """FastAPI's own answer quotes the input back and fails (a 500) on text it cannot encode; this one
+        names each field and rule, ASCII-escaped, without the input."""
+        detail = [{"loc": list(error.get("loc", ())), "msg": str(error.get("msg", "")), "type": error.get("type")}
+                  for error in exc.errors()]
+        text = "; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in detail)
+        return Response(json.dumps({"error": text, "detail": detail}), status_code=422,
+                        media_type="application/json")
 
     @app.exception_handler(JournalError)
     async def journal_error(_request: Request, exc: JournalError) -> JSONResponse:

@@ -4,6 +4,10 @@ two names."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any
+
 # Python's idea of printable: not C0, DEL or C1 (Cc), format characters (Cf: bidi embeddings, overrides and
 # isolates, zero-width characters, soft hyphen, BOM, tag characters), line and paragraph separators (Zl, Zp),
 # spaces other than ' ' (Zs: a no-break space passes for a space), surrogates, private-use and unassigned code
@@ -43,3 +47,73 @@ def json_printable(encoded: str) -> str:
 def _utf16(char: str) -> list[int]:
     data = char.encode("utf-16-be", "surrogatepass")
     return [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]
+
+
+class _Shown:
+    """A log record's argument as ``%s`` shows it: :func:`printable` (``%r`` is the value's own ``repr``, which
+    already escapes what is not printable)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return printable(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class PrintableRecords(logging.Filter):
+    """Log records as the CLI prints names: a persistence id, tag, writer id or error message from the database or
+    the user, formatted into a record with ``%s``, has its control characters written as visible escapes, so it
+    can neither drive the terminal (``ESC ]``, ``ESC [2J``) nor forge a line (a newline). Numbers pass as they
+    are (``%d``, ``%.1f`` still format them); a traceback attached to the record is escaped line by line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = printable(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(a if isinstance(a, (int, float)) else _Shown(a) for a in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {k: v if isinstance(v, (int, float)) else _Shown(v) for k, v in record.args.items()}
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _traceback(record.exc_info)
+        if record.stack_info:
+            record.stack_info = _lines(record.stack_info)
+        return True
+
+
+_FORMATTER = logging.Formatter()
+_RECORDS = PrintableRecords()
+
+
+def _lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.splitlines())
+
+
+def _traceback(exc_info: Any) -> str:
+    """The traceback as logging formats it, each exception's message of the chain on one line (a newline in it
+    would start a line of the attacker's), then every line escaped."""
+    text = _FORMATTER.formatException(exc_info)
+    exc, seen = exc_info[1], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            message = str(exc)
+        except Exception:  # a message that cannot be made: logging shows what it can
+            message = ""
+        if message and printable(message) != message:
+            text = text.replace(message, printable(message))
+        exc = exc.__cause__ or exc.__context__
+    return _lines(text)
+
+
+def printable_logger(name: str) -> logging.Logger:
+    """The logger of ``name`` with :class:`PrintableRecords`: every pgjournal module logs through one (a filter
+    on a logger applies to the records logged on it, not on its children, so each gets its own)."""
+    logger = logging.getLogger(name)
+    if _RECORDS not in logger.filters:
+        logger.addFilter(_RECORDS)
+    return logger

@@ -646,6 +646,7 @@ class BySlices:
     def run_live(self, query: SliceQuery, before_poll: Callable[[], None] | None = None) -> LiveQuery[Any]:
         """:meth:`live` of a query built (and perhaps prepared) by the caller; ``before_poll`` runs before each
         poll (what it raises ends the query, see :class:`~pgjournal.runtime.live.LiveQuery`)."""
+        self._journal.check_live_by_slices()
 
         def poll(notified: bool) -> tuple[Made[Delivery, Any], int]:
             if before_poll is not None:

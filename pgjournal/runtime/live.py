@@ -22,7 +22,6 @@ as :class:`Made` (each made when it is taken), which the loop hands out one by o
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
@@ -34,10 +33,11 @@ import psycopg
 from psycopg_pool import PoolClosed
 
 from pgjournal.errors import DatabaseUnavailable, JournalClosed
+from pgjournal.model.printable import printable_logger
 
 T = TypeVar("T")
 D = TypeVar("D")
-_log = logging.getLogger(__name__)
+_log = printable_logger(__name__)
 #: A read cancelled by a concurrent write (serialization failure, deadlock): run it again, it is not down.
 CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)

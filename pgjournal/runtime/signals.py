@@ -9,7 +9,6 @@ care. Signals are a latency optimisation only: a lost one means a query waits fo
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import threading
 import time
@@ -19,6 +18,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgjournal.model.printable import printable_logger
+
 CHANNEL = "pgjournal_events"
 #: Seconds between two rounds of signals from one process (the most a signal waits behind another).
 SEND_INTERVAL = 0.005
@@ -27,7 +28,7 @@ SEND_INTERVAL = 0.005
 #: commits behind it; a signal lost in a crash costs only latency.
 SENDER_SETUP = "SET synchronous_commit = off"
 LISTEN = f"LISTEN {CHANNEL}"
-_log = logging.getLogger(__name__)
+_log = printable_logger(__name__)
 
 
 def wakes(wanted: frozenset[str] | None, entity_type: str | None) -> bool:

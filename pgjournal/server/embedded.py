@@ -30,7 +30,6 @@ import fcntl
 import grp
 import hashlib
 import importlib.util
-import logging
 import os
 import pwd
 import re
@@ -50,8 +49,9 @@ from urllib.parse import quote
 import platformdirs
 
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable
+from pgjournal.model.printable import printable_logger
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 
 HOME_ENV = "PGJOURNAL_HOME"
 DATABASE = "pgjournal"

@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -126,6 +126,18 @@ class Mover:
             if opened[-1].row is None:
                 raise SchemaNotMigrated(f"no shard layout record in the database of {self.shards.where(index)}: "
                                         "run `pgjournal shard migrate` first")
+        for dsn in self.shards.spares:  # settings a move left behind reach the layout's new databases as spares
+            if dsn == self.target_dsn:
+                continue
+            try:
+                conn = connect(dsn, self.settings, doing="move slices with")
+            except DatabaseUnavailable as exc:
+                raise DatabaseUnavailable(f"the spare database {mask_dsn(dsn)}: {exc}; nothing was moved") from None
+            row = _read_row(conn)
+            if row is None:  # no layout's database (yet): nothing of the move is there
+                conn.close()
+                continue
+            opened.append(_Database(dsn, conn, row))
         try:
             conn = connect(self.target_dsn, self.settings, doing="move slices to")
         except DatabaseUnavailable as exc:
@@ -134,8 +146,10 @@ class Mover:
             check_schema(conn)
         except SchemaNotMigrated as exc:
             conn.close()
-            raise SchemaNotMigrated(f"the target database {mask_dsn(self.target_dsn)} is not migrated: {exc}; "
-                                    "run `pgjournal migrate --dsn ...` on it first") from None
+            # The schema check names the command to run once; `pgjournal shard migrate` also migrates spares.
+            raise SchemaNotMigrated(f"the target database {mask_dsn(self.target_dsn)} is not migrated: {exc} "
+                                    "(with --dsn naming it, or list it as spare=DSN to `pgjournal shard migrate`)"
+                                    ) from None
         target = _Database(self.target_dsn, conn, _read_row(conn))
         for database in opened:
             assert database.row is not None
@@ -217,11 +231,15 @@ class Mover:
         :class:`DatabaseUnavailable` when a database is lost under a step (its transaction did not commit: the
         records say where to resume)."""
         step = "status"
+        moving: Move | None = None
         try:
             while True:
                 status = self.status()
                 if status.next is Action.DONE:
-                    return status
+                    # Once done, the records no longer say where the range came from: the final status keeps the
+                    # move this run made (its layouts before and after), not the finished layout twice.
+                    return status if moving is None else replace(status, move=moving)
+                moving = status.move
                 step = status.next.value
                 self.progress(step, status.rows)
                 {Action.PLAN: self._plan, Action.COPY: self._copy, Action.CATCH_UP: self._catch_up,

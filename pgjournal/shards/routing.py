@@ -10,7 +10,6 @@ the new one, never a mix.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
@@ -21,12 +20,13 @@ from psycopg_pool import PoolClosed
 
 from pgjournal.errors import ConcurrencyConflict, InvalidArgument, JournalClosed, ShardLayoutMismatch
 from pgjournal.model.offsets import Offset
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.shards.layout import Layout, Record, ShardSettings, SliceRange, agreed_layout, format_range
 from pgjournal.validation import check_persistence_id
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 J = TypeVar("J")
 T = TypeVar("T")
 

@@ -58,7 +58,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import threading
 import time
 import uuid
@@ -72,6 +71,7 @@ import psycopg
 from pgjournal.buckets import BucketSize, check_bucket_size_step
 from pgjournal.core.journal_core import lost_connection
 from pgjournal.errors import DatabaseUnavailable, JournalError, TagFlushFailed, WriteOutcomeUnknown
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.timeuuid import lsb_key
 from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import RetryPolicy
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
     from pgjournal.settings import Settings
 
-log = logging.getLogger("pgjournal.write.tag_batcher")
+log = printable_logger("pgjournal.write.tag_batcher")
 R = TypeVar("R")
 
 

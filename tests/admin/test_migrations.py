@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, pool
+from support import database_dsn
 
 from pgjournal import ConfigurationError, DatabaseUnavailable, Journal, SchemaNotMigrated
 from pgjournal.admin.migrate import VERSION_TABLE, current_revision, head_revision, upgrade, upgrade_sql
@@ -161,3 +163,19 @@ def test_database_from_a_newer_pgjournal(dsn: str) -> None:
         Journal.open(dsn)
     with pytest.raises(SchemaNotMigrated, match=r"Can't locate revision identified by '9999'.*upgrade pgjournal"):
         upgrade(dsn)
+
+
+def test_a_database_not_in_utf8_is_refused_before_any_change(server_dsn: str) -> None:
+    """SQL_ASCII stores any bytes unchecked and its text reads back as bytes: refused with the encoding named,
+    nothing created (before: a TypeError from deep inside the migration)."""
+    name = f"pgjournal_ascii_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+    dsn = database_dsn(server_dsn, name)
+    try:
+        with pytest.raises(SchemaNotMigrated, match="encoding SQL_ASCII, pgjournal needs UTF8; nothing was changed"):
+            upgrade(dsn)
+        assert table_names(dsn) == set()
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")

@@ -147,6 +147,35 @@ def test_a_standby_that_has_not_replayed_holds_its_readers_back_and_counts_in_th
     assert envelope.persistence_id == "Paused|1" and delivered_at >= resumed
 
 
+async def test_a_journal_opened_on_the_standby_itself_refuses_live_by_slice_reads(pair: StandbyPair) -> None:
+    """No primary named: the standby's horizon would be the clock (it shows none of the primary's writers) and a
+    commit later than the backtracking window never delivered. Live by-slice reads are refused naming ``replica=``
+    on both faces, current ones are not, and ``standby_live_reads=True`` reads live there anyway."""
+    refused = r"is a hot standby \(in recovery\).*replica="
+    with Journal.open(pair.primary_dsn, **FAST) as writer:
+        writer.append("Direct|1", [{"n": 1}])
+    pair.wait_replayed()
+    with Journal.open(pair.standby_dsn, **FAST) as journal:
+        with pytest.raises(ConfigurationError, match=refused):
+            journal.query.events_by_slices("Direct", 0, 1023)
+        with pytest.raises(ConfigurationError, match=refused):
+            journal.durable_state.changes_by_slices("Direct", 0, 1023)
+        with pytest.raises(ConfigurationError, match=refused):
+            journal.query.events_by_slices_starting_from_snapshots("Direct", 0, 1023, transform=lambda s: s)
+        assert [e.persistence_id for e in journal.query.current_events_by_slices("Direct", 0, 1023)] == ["Direct|1"]
+    async with AsyncJournal.open(pair.standby_dsn, **FAST) as opened:
+        with pytest.raises(ConfigurationError, match=refused):
+            opened.query.events_by_slices("Direct", 0, 1023)
+        with pytest.raises(ConfigurationError, match=refused):
+            opened.durable_state.changes_by_slices("Direct", 0, 1023)
+    told = dict(FAST, standby_live_reads=True)
+    with Journal.open(pair.standby_dsn, **told) as journal, journal.query.events_by_slices("Direct", 0, 1023) as live:
+        assert next(iter(live)).persistence_id == "Direct|1"
+    async with AsyncJournal.open(pair.standby_dsn, **told) as opened, \
+            opened.query.events_by_slices("Direct", 0, 1023) as alive:
+        assert (await anext(aiter(alive))).persistence_id == "Direct|1"
+
+
 def test_a_replica_that_is_no_standby_is_refused_at_open(pair: StandbyPair) -> None:
     with pytest.raises(ConfigurationError, match="is not a standby"):
         Journal.open(pair.primary_dsn, replica=pair.primary_dsn)

@@ -262,3 +262,17 @@ def test_sigterm_ends_the_sse_streams_and_the_service_at_once(dsn: str) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_an_item_id_that_is_not_text_is_a_422_naming_it(service: str, dsn: str) -> None:
+    """``"\\ud800"`` in JSON is a lone surrogate, not text: refused as bad input naming the field, nothing written
+    (FastAPI's own 422 quoted the input back and could not encode it: a 500)."""
+    with httpx.Client(base_url=service, timeout=30) as http:
+        answer = http.post("/carts/c9/items", content=b'{"item_id": "\\ud800", "quantity": 1}',
+                           headers={"content-type": "application/json"})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"].startswith("body.item_id: Input should be a valid string")
+        assert "\\ud800" not in answer.text  # the input is not quoted back
+        assert http.post("/carts/c9/items", json={"item_id": "socks", "quantity": 1}).status_code == 201
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM event_journal WHERE persistence_id = 'cart|c9'").fetchone() == (1,)

@@ -86,3 +86,24 @@ def test_run_with_two_worker_processes(dsn: str) -> None:
             held = conn.execute("SELECT count(*) FROM projection_lease WHERE owner IS NOT NULL").fetchone()[0]
         assert held == 0, log  # released on a clean stop
         assert management.status(journal, "two").workers == []
+
+
+def test_status_with_leases_over_some_slices(dsn: str, journal: Journal) -> None:
+    """A worker of one database of a sharded journal (or one still starting) leases only part of the slices: the
+    others are shown as a range nobody owns, with their lag, not a failure."""
+    from pgjournal.projections.leases import LeaseManager
+
+    append_many(journal, "Cart", 6, 2)
+    leases = LeaseManager(journal, "partial", duration=60, slices=(0, 511))
+    held, _ = leases.cycle()
+    try:
+        assert sorted(held) == list(range(512))
+        result = invoke(dsn, "status", "partial", "-e", "Cart")
+        assert result.exit_code == 0, result.output
+        assert "running, 1 live worker(s)" in result.output
+        state = management.status(journal, "partial", ["Cart"])
+        assert [(r.min_slice, r.max_slice, r.owner) for r in state.ranges] == [(0, 511, leases.owner),
+                                                                                  (512, 1023, None)]
+        assert all(r.lag is not None for r in state.ranges)
+    finally:
+        leases.leave()

@@ -114,6 +114,9 @@ def test_after_shredding_no_table_and_no_file_holds_the_plaintext_or_the_key(
         for secret in (SECRET[GONE].encode(), bytes(wrapped), key):
             assert not found(everything, secret), f"{secret!r} is still in a table"
             assert not found(files, secret), f"{secret!r} is still in a relation's file"
+        # In clear by design (SECURITY.md, "Shredded data"): the shredded persistence id and its tags, for the
+        # indexes, routing and the tag view that read them.
+        assert found(everything, GONE.encode()) and found(everything, b"customer")
         # What was not shredded keeps working: the other persistence id's events, snapshot and dead letters.
         assert [e.event["email"] for e in journal.query.current_events_by_persistence_id(KEPT)] == [SECRET[KEPT]] * 2
         assert journal.load_snapshot(KEPT).snapshot == {"email": SECRET[KEPT]}

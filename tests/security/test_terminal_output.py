@@ -104,6 +104,54 @@ def test_json_lines_stay_json_and_safe(stored: str) -> None:
     assert [json.loads(line)["pid"] for line in lines] == [f"{ENTITY_TYPE}|1"]
 
 
+FORGED = "w\x1b]0;owned\x07\x1b[2J\nall checks passed"  # a batched tag writer's id: title, clear, a forged line
+
+
+def test_log_lines_show_a_name_from_the_database_escaped(stored: str) -> None:
+    """A silent batched tag writer's id is logged by ``tags events`` (readers wait for it) and ``tags recover``
+    (it is recovered): on one line, as its visible escape, with no forged line of its own."""
+    import psycopg
+
+    with psycopg.connect(stored) as conn:
+        conn.execute("INSERT INTO tag_batch_writers (id, writer, entity_types, complete_before, heartbeat) "
+                     "VALUES (%s, 'ghost', ARRAY['Cart'], now() - interval '1 hour', now() - interval '1 hour')",
+                     (FORGED,))
+    for args in (("tags", "events", "plain"), ("tags", "recover")):
+        output = pgjournal(stored, *args)
+        assert "batched tag writer" in output, output
+        assert_on_one_line(output, FORGED)
+        assert "all checks passed" not in [line.strip() for line in output.splitlines()], output
+
+
+def test_log_records_escape_their_arguments_and_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    """The rule every pgjournal logger follows (``printable_logger``): ``%s`` arguments and a traceback's lines
+    escaped, ``%d`` and ``%r`` as they are, the record's text on one line."""
+    from pgjournal.model.printable import printable_logger
+
+    log = printable_logger("pgjournal.test_terminal_output")
+    with caplog.at_level("INFO", logger=log.name):
+        log.info("writer %s wrote %d row(s) of %r", FORGED, 3, "p\x1b")
+        try:
+            raise ValueError(FORGED)
+        except ValueError:
+            log.exception("failed on %s", "x\ny")
+    handler = caplog.handler
+    lines = [handler.format(record) for record in caplog.records]
+    assert lines[0].endswith(f"writer {printable(FORGED)} wrote 3 row(s) of 'p\\x1b'"), lines[0]
+    assert "failed on x\\ny" in lines[1] and f"ValueError: {printable(FORGED)}" in lines[1], lines[1]
+    assert_no_raw_controls("".join(lines))
+    assert not any(line.strip() == "all checks passed" for text in lines for line in text.splitlines())
+
+
+def test_every_module_logs_through_the_printable_logger() -> None:
+    """The rule in one place: no module of pgjournal (add-ons included) takes a logger but through
+    ``printable_logger``, so no log call can print a name raw."""
+    root = Path(__file__).resolve().parents[2]
+    found = sorted(str(path.relative_to(root)) for place in ("pgjournal", "projections", "spark")  # add-ons: links
+                   for path in (root / place).rglob("*.py") if "logging.getLogger(" in path.read_text(encoding="utf-8"))
+    assert found == ["pgjournal/model/printable.py"], found
+
+
 def test_printable_escapes_what_a_terminal_acts_on() -> None:
     assert printable("a\x1b[2J\nb\x7f\x9b\u202e\u2028\U000e0001\u00a0c") == \
         "a\\x1b[2J\\nb\\x7f\\x9b\\u202e\\u2028\\U000e0001\\xa0c"

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from support import FAST
 
+import pgjournal
 from pgjournal import Journal
 from pgjournal.admin.migrate import current_revision, head_revision
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable, SchemaNotMigrated, ShardLayoutMismatch
@@ -79,6 +80,12 @@ def test_a_mismatch_with_the_settings_or_between_databases_is_refused(shard_data
         ShardedJournal.open([dsns[0]], **FAST)
     with pytest.raises(ShardLayoutMismatch, match="migrate does not change a layout"):
         migrate_all(ShardSettings.of([dsns[0]]))
+    # The public name, caught by meaning: a configuration that does not match the databases (still a ValueError
+    # for callers that catch bad settings that way).
+    with pytest.raises(pgjournal.ShardLayoutMismatch) as refused:
+        ShardedJournal.open([dsns[0]], **FAST)
+    assert isinstance(refused.value, ConfigurationError) and isinstance(refused.value, ValueError)
+    assert "ShardLayoutMismatch" in pgjournal.__all__
     migrate_all(ShardSettings.of(dsns[2:]))  # another journal's pair
     with pytest.raises(ShardLayoutMismatch, match="the databases disagree"):
         ShardedJournal.open([dsns[0], dsns[3]], **FAST)

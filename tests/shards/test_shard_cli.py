@@ -4,6 +4,7 @@ horizon), ``pgjournal info`` and the projection commands over every database of 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -132,3 +133,62 @@ def test_projection_management_acts_on_every_database_of_a_sharded_journal(
     assert "resumed in 2 databases" in invoke("resume", "p")
     both = runner.invoke(app, ["projection", "list", "--dsn", dsns[0], *shards])
     assert both.exit_code == 1 and "not both" in both.output
+
+
+def database_id(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        return str(conn.execute("SELECT database_id FROM pgjournal_shard_layout").fetchone()[0])[:8]  # type: ignore[index]
+
+
+def rows_of(output: str) -> dict[str, list[str]]:
+    """A table's rows by their first cell (a slice range), each cell as printed (database ids by their first 8
+    characters: a narrow terminal cuts them)."""
+    return {cells[0]: [c[:8] for c in cells[1:]] for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                              for line in output.splitlines() if line.count("│") >= 3)
+            if cells and cells[0][:1].isdigit()}
+
+
+def test_after_a_move_the_settings_of_before_with_the_target_as_a_spare_work_in_every_shard_command(
+        shard_databases: Callable[..., list[str]]) -> None:
+    """``shard migrate`` migrates the spares it is given; the move's table shows where each range was and is; and
+    the settings of before plus ``spare=`` (which ``ShardedJournal.open`` routes by the records) are taken by
+    ``shard status``, ``info``, ``shard migrate`` and a next ``shard move``, each printing the layout routed."""
+    a, b = shard_databases(2, migrated=False)
+    c, d = shard_databases(2, migrated=False)
+    runner = CliRunner()
+    before = ["--shard", f"0-511={a}", "--shard", f"512-1023={b}"]
+
+    def invoke(*args: str) -> Any:
+        result = runner.invoke(app, list(args), terminal_width=250)
+        result.text = " ".join(result.output.split())
+        return result
+
+    assert invoke("shard", "migrate", *before).exit_code == 0
+    unmigrated = invoke("shard", "move", "--slices", "512-767", "--to", c, *before)
+    assert unmigrated.exit_code == 1, unmigrated.output
+    assert unmigrated.text.count("run `") == 1 and "`pgjournal migrate`" in unmigrated.text, unmigrated.output  # once
+    migrated = invoke("shard", "migrate", *before, "--shard", f"spare={c}", "--shard", f"spare={d}")
+    assert migrated.exit_code == 0, migrated.output
+    with psycopg.connect(c) as conn:  # the schema, and no layout: a spare is no layout's database yet
+        assert conn.execute("SELECT to_regclass('event_journal') IS NOT NULL, "
+                            "to_regclass('pgjournal_shard_layout') IS NULL").fetchone() == (True, True)
+    with ShardedJournal.open(ShardSettings.of([a, b])) as journal:
+        journal.append(next(f"p{i}" for i in range(999) if 512 <= slice_for_persistence_id(f"p{i}") <= 767), ["x"])
+    ids = {"a": database_id(a), "b": database_id(b)}
+    moved = invoke("shard", "move", "--slices", "512-767", "--to", c, *before)
+    assert moved.exit_code == 0, moved.output
+    ids["c"] = database_id(c)
+    assert "database in layout version 1" in moved.output and "database in layout version 2" in moved.output
+    assert rows_of(moved.output) == {"0-511": [ids["a"], ids["a"]], "512-767": [ids["b"], ids["c"]],
+                                     "768-1023": [ids["b"], ids["b"]]}, moved.output
+    stale = [*before, "--shard", f"spare={c}", "--shard", f"spare={d}"]
+    for command in (["shard", "status"], ["info"], ["shard", "migrate"]):
+        result = invoke(*command, *stale)
+        assert result.exit_code == 0, (command, result.output)
+        assert "layout version 2" in result.output, (command, result.output)
+        shown = rows_of(result.output)
+        assert {k: v[1] for k, v in shown.items() if k in ("0-511", "512-767", "768-1023")} == {
+            "0-511": ids["a"], "512-767": ids["c"], "768-1023": ids["b"]}, (command, result.output)
+    again = invoke("shard", "move", "--slices", "512-639", "--to", d, *stale)  # the source is known as a spare
+    assert again.exit_code == 0, again.output
+    assert "512-639" in again.text and "640-767" in again.text and "layout version 3" in again.output
