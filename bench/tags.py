@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from pgjournal import Journal
 from pgjournal.buckets import BucketSize
@@ -296,21 +297,30 @@ def _catchup_teardown(ctx: Context, state: dict[str, Any]) -> None:
 
 
 def _explain_page(ctx: Context, journal: Journal) -> None:
-    """The plan of the stream's first page, custom and generic (a page read whole is prepared: after a few runs the
-    server may keep a generic plan)."""
+    """The plan of the stream's first page: as an unnamed statement (a custom plan) and prepared with a generic
+    plan (a page read whole is prepared: after a few runs the server may keep a generic plan)."""
     stream = TagStream(journal, CATCHUP_TAG, NoOffset, live=False)
     sql, params = tag_store.page(CATCHUP_TAG, stream._bound(stream._pos), 2**62, 2**62, journal.settings.buffer_size)
+    numbered = sql
+    for i in range(1, len(params) + 1):
+        numbered = numbered.replace("%s", f"${i}", 1)
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
     with journal.connection() as conn:
-        for mode in ("auto", "force_generic_plan"):
-            conn.execute(f"SET plan_cache_mode = {mode}")
-            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params).fetchone()[0][0]
-            node = plan["Plan"]
-            ctx.note(f"tag page of {journal.settings.buffer_size} ({mode}): {plan['Execution Time']:.2f} ms, shared "
-                     f"buffers hit+read {node.get('Shared Hit Blocks', 0) + node.get('Shared Read Blocks', 0)}, plan "
-                     f"{_plan_shape(node)}")
-            ctx.extra[f"page_plan_{mode}"] = {"execution_ms": plan["Execution Time"], "shape": _plan_shape(node),
-                                              "index_cond": _first(node, "Index Cond")}
+        custom = conn.execute(explain + sql, params).fetchone()[0][0]
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE bench_tag_page (text, bigint, bigint, bigint, bigint, bigint, int) AS " + numbered)
+        values = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(v) for v in params)
+        generic = conn.execute(psycopg.sql.SQL(explain + "EXECUTE bench_tag_page ({})").format(values)
+                               ).fetchone()[0][0]
+        conn.execute("DEALLOCATE bench_tag_page")
         conn.execute("RESET plan_cache_mode")
+    for mode, plan in (("custom", custom), ("generic", generic)):
+        node = plan["Plan"]
+        ctx.note(f"tag page of {journal.settings.buffer_size} ({mode} plan): {plan['Execution Time']:.2f} ms, shared "
+                 f"buffers hit+read {node.get('Shared Hit Blocks', 0) + node.get('Shared Read Blocks', 0)}, plan "
+                 f"{_plan_shape(node)}")
+        ctx.extra[f"page_plan_{mode}"] = {"execution_ms": plan["Execution Time"], "shape": _plan_shape(node),
+                                          "index_cond": _first(node, "Index Cond")}
 
 
 def _plan_shape(node: dict[str, Any]) -> str:
