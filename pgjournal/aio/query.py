@@ -152,7 +152,7 @@ class AsyncQuery:
         """The tag view's bucket size is checked when the query is made (hence ``await``)."""
         stream = await self._tag_stream(tag, offset, live=True)
 
-        async def poll(notified: bool) -> tuple[list[TagEnvelope], int]:
+        async def poll(notified: bool) -> tuple[Made[Any, TagEnvelope], int]:
             return await self._run(stream.poll_step(notified))  # type: ignore[no-any-return]
 
         return self._journal.live_query(poll, entity_types=None)

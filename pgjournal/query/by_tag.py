@@ -33,21 +33,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import psycopg
-
 from pgjournal.buckets import BucketSize, parse_first_time_bucket
+from pgjournal.codec.akka_formats import REFUSED, read_json
 from pgjournal.errors import InvalidArgument, MissingTaggedEventsError, SerializationError
 from pgjournal.model.envelope import Source
 from pgjournal.model.offsets import NoOffset, Offset, TimeBasedUUID
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.model.timeuuid import EPOCH, UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
 from pgjournal.query.gate import DUPLICATE, NEXT, Gate
-from pgjournal.runtime.live import LiveQuery
+from pgjournal.runtime.live import LiveQuery, Made
 from pgjournal.runtime.steps import MORE, Sleep, Step, drive, run_pooled, statement
 from pgjournal.store import tags as store
 from pgjournal.tags.statement_writer import bucket_size
@@ -59,21 +58,26 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 MAX_MISSING = 5000
-#: Rows per chunk while a page streams in (chunked results need libpq 17; older ones read whole pages).
-STREAM_CHUNK = 50 if psycopg.pq.version() >= 170000 else 1
+#: Rows per chunk when a page streams in (> 1; chunked results need libpq 17), else whole pages. Whole pages are
+#: the default: psycopg hands a streamed row out one at a time, dearer per row than reading a page at once, and
+#: on a shared machine that client CPU costs more than the overlap with the server gains (``python -m bench
+#: tags-catchup``); a page read whole is also prepared once.
+STREAM_CHUNK = 1
+_UNSET: Any = object()
 _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
 
 
 class TagEnvelope:
     """An event read by tag. ``offset`` is where the stream stands after it (see the module docstring);
-    ``timestamp`` is the event's own TimeUUID and ``db_timestamp`` its time (the writer's clock)."""
+    ``timestamp`` is the event's own TimeUUID and ``db_timestamp`` its time (the writer's clock). Both are made
+    when asked: a catch-up keeps only their integers (``pos`` ``None``: the stream stood at the event itself)."""
 
     __slots__ = ("_lsb", "_pos", "_ticks", "event", "metadata", "persistence_id", "seq_nr", "source", "tag",
                  "tag_pid_sequence_nr", "writer_uuid")
 
     def __init__(self, tag: str, persistence_id: str, seq_nr: int, tag_pid_sequence_nr: int, ticks: int, lsb: int,
-                 pos: tuple[int, int], event: Any, metadata: Any, writer_uuid: str, source: Source) -> None:
+                 pos: tuple[int, int] | None, event: Any, metadata: Any, writer_uuid: str, source: Source) -> None:
         self.tag = tag
         self.persistence_id = persistence_id
         self.seq_nr = seq_nr
@@ -92,7 +96,8 @@ class TagEnvelope:
 
     @property
     def offset(self) -> TimeBasedUUID:
-        return TimeBasedUUID(from_key(*self._pos))
+        pos = self._pos
+        return TimeBasedUUID(from_key(self._ticks, self._lsb) if pos is None else from_key(*pos))
 
     @property
     def db_timestamp(self) -> datetime:
@@ -214,28 +219,70 @@ class TagStream:
             self._upper = upper
         return upper
 
-    def _decode(self, row: Sequence[Any], pos: tuple[int, int], source: Source) -> TagEnvelope:
-        ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, meta_manifest, meta, writer = row
+    def _decode(self, row: Sequence[Any], pos: tuple[int, int] | None, source: Source) -> TagEnvelope:
+        ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, _, _, writer = row
+        event = self._deserialize(ser_id, manifest, payload, pid, seq_nr)
+        metadata = None if meta_id is None else self._metadata(row)
+        return TagEnvelope(self._tag, pid, seq_nr, tag_seq, ticks, lsb, pos, event, metadata, writer, source)
+
+    def _deserialize(self, ser_id: int, manifest: str, payload: bytes, pid: str, seq_nr: int) -> Any:
         serializers = self._serializers
         try:  # the tag is named in an error only: a second decode, to build the message where it is needed
-            event = serializers.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
-            metadata = None if meta_id is None else serializers.deserialize(
-                meta_id, meta_manifest or "", meta, persistence_id=pid, seq_nr=seq_nr)
+            return serializers.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
         except SerializationError:
-            where = f" of persistence id {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
-            event = serializers.deserialize(ser_id, manifest, payload, where=where, persistence_id=pid,
-                                            seq_nr=seq_nr)
-            metadata = None if meta_id is None else serializers.deserialize(
-                meta_id, meta_manifest or "", meta, where=f" of the metadata{where}", persistence_id=pid,
-                seq_nr=seq_nr)
-        return TagEnvelope(self._tag, pid, seq_nr, tag_seq, ticks, lsb, pos, event, metadata, writer, source)
+            return serializers.deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr,
+                                           where=f" of persistence id {pid!r} seq_nr {seq_nr} (tag {self._tag!r})")
+
+    def _metadata(self, row: Sequence[Any]) -> Any:
+        pid, seq_nr, meta_id, meta_manifest, meta = row[2], row[4], row[8], row[9], row[10]
+        serializers = self._serializers
+        try:
+            return serializers.deserialize(meta_id, meta_manifest or "", meta, persistence_id=pid, seq_nr=seq_nr)
+        except SerializationError:
+            where = f" of the metadata of persistence id {pid!r} seq_nr {seq_nr} (tag {self._tag!r})"
+            return serializers.deserialize(meta_id, meta_manifest or "", meta, where=where, persistence_id=pid,
+                                           seq_nr=seq_nr)
+
+    def maker(self, source: Source) -> Callable[[Any], TagEnvelope]:
+        """How a poll's deliveries become envelopes, each when it is taken (:class:`~pgjournal.runtime.live.Made`:
+        a page of thousands is not kept alive at once, the garbage collector's cost). A delivery is a row the
+        main cursor took (its envelope from ``source``, the stream standing at it) or ``(row, position, source)``
+        (gaps, back tracking: :meth:`_decode`). A payload that is plain JSON
+        (:meth:`SerializerRegistry.plain_json`) is read here (:data:`~pgjournal.codec.akka_formats.read_json`;
+        what it refuses, and the error of one that does not decode, is left to ``deserialize``): the common case
+        at less per row (a catch-up's cost)."""
+        tag, decode, deserialize, metadata = self._tag, self._decode, self._deserialize, self._metadata
+        plain_json, read, envelope = self._serializers.plain_json, read_json, TagEnvelope
+        last_id: int | None = None
+        last_manifest: str | None = None
+        plain = False  # whether (last_id, last_manifest) is plain JSON, asked once per poll and kind of payload
+
+        def make(delivery: Any) -> TagEnvelope:
+            nonlocal last_id, last_manifest, plain
+            if delivery[0].__class__ is tuple:
+                return decode(*delivery)
+            ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, _, _, writer = delivery
+            if ser_id != last_id or manifest != last_manifest:
+                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
+            event = _UNSET
+            if plain:
+                try:
+                    event = read(payload)
+                except REFUSED:
+                    event = _UNSET  # deserialize decides (or raises the error)
+            if event is _UNSET:
+                event = deserialize(ser_id, manifest, payload, pid, seq_nr)
+            return envelope(tag, pid, seq_nr, tag_seq, ticks, lsb, None, event,
+                            None if meta_id is None else metadata(delivery), writer, source)
+
+        return make
 
     def _in_current_bucket(self, ticks: int) -> bool:
         return self._bucket(ticks) >= self._size.bucket_of(int(time.time() * 1000))
 
     # -- delivery ------------------------------------------------------------------------------------
 
-    def _deliver_rows(self, rows: list[tuple[Any, ...]], source: Source, out: list[TagEnvelope]) -> None:
+    def _deliver_rows(self, rows: list[tuple[Any, ...]], source: Source, out: list[Any]) -> None:
         """Deliver rows of one pid in tag sequence order, skipping what was delivered already."""
         gate = self._gate
         for row in sorted(rows, key=lambda r: r[3]):
@@ -246,7 +293,7 @@ class TagStream:
             if key > self._pos:
                 self._pos = key
             gate.deliver(pid, tag_seq, None)
-            out.append(self._decode(row, self._pos, source))
+            out.append((row, self._pos, source))
 
     def _unknown_at(self, ticks: int) -> Any:
         """The gate's policy for a persistence id met for the first time in a row at ``ticks``: from NoOffset it
@@ -262,7 +309,7 @@ class TagStream:
 
         return unknown
 
-    def _check_row_step(self, row: tuple[Any, ...], source: Source, out: list[TagEnvelope]) -> Step[bool]:
+    def _check_row_step(self, row: tuple[Any, ...], source: Source, out: list[Any]) -> Step[bool]:
         """Handle one row in stream order; False when the stream must wait (a gap is open)."""
         pid, tag_seq = row[2], row[3]
         known = self._gate.last(pid) is not None
@@ -280,7 +327,7 @@ class TagStream:
                                                source=source, out=out))
 
     def _open_gap_step(self, pid: str, first_missing: int, row: tuple[Any, ...], *, fail: bool, timeout: float,
-                       source: Source, out: list[TagEnvelope]) -> Step[bool]:
+                       source: Source, out: list[Any]) -> Step[bool]:
         wanted = set(range(first_missing, row[3]))
         if fail and len(wanted) > MAX_MISSING:
             raise MissingTaggedEventsError(self._tag, pid, sorted(wanted),
@@ -288,7 +335,7 @@ class TagStream:
         self._gap = _Gap(pid, wanted, time.monotonic() + timeout, fail, [row], timeout)
         return (yield from self._search_gap_step(source, out))
 
-    def _search_gap_step(self, source: Source, out: list[TagEnvelope]) -> Step[bool]:
+    def _search_gap_step(self, source: Source, out: list[Any]) -> Step[bool]:
         gap = self._gap
         assert gap is not None
         found = yield statement(store.missing(self._tag, gap.pid, min(gap.missing), max(gap.missing) + 1,
@@ -322,23 +369,29 @@ class TagStream:
         for pid, lowest in rows:
             self._gate.assume(pid, lowest - 1, None)
 
-    def poll(self, notified: bool = False) -> tuple[list[TagEnvelope], int]:
+    def poll(self, notified: bool = False) -> tuple[Made[Any, TagEnvelope], int]:
         """:meth:`poll_step` on a connection of the journal's pool."""
         return run_pooled(self.poll_step(notified), self._journal.connection)
 
-    def poll_step(self, notified: bool = False) -> Step[tuple[list[TagEnvelope], int]]:
-        """The next envelopes and the number of rows read; on an exception the state is as before (the
-        shared live loop retries a poll that lost the database, and nothing of it was delivered)."""
+    def poll_step(self, notified: bool = False) -> Step[tuple[Made[Any, TagEnvelope], int]]:
+        """The next envelopes (made as they are taken, see :meth:`maker`) and the number of rows read; on an
+        exception the state is as before (the shared live loop retries a poll that lost the database, and
+        nothing of it was delivered)."""
+        deliveries, rows = yield from self._deliveries_step(notified)
+        return Made(deliveries, self.maker(Source.NOTIFIED if notified else Source.QUERY)), rows
+
+    def _deliveries_step(self, notified: bool) -> Step[tuple[list[Any], int]]:
+        """A poll's deliveries (see :meth:`maker`) and rows read; on an exception the state is as before."""
         saved = self._checkpoint()
         try:
-            items, rows = yield from self._poll_step(notified)
+            deliveries, rows = yield from self._poll_step(notified)
         except BaseException:
             self._restore(saved)
             raise
-        self._delivered_last = len(items)
-        return items, rows
+        self._delivered_last = len(deliveries)
+        return deliveries, rows
 
-    def current_steps(self) -> Iterator[Step[list[TagEnvelope]]]:
+    def current_steps(self) -> Iterator[Step[Iterator[TagEnvelope]]]:
         """A current query: polls until the bound; while a gap is open and a poll brought nothing, the next one
         waits a moment (up to 50 ms, never past the gap's deadline)."""
         pause = 0.0
@@ -350,11 +403,13 @@ class TagStream:
             if not self._delivered_last and self._gap is not None:
                 pause = min(0.05, max(0.001, self._gap.deadline - time.monotonic()))
 
-    def _paused_poll_step(self, pause: float) -> Step[list[TagEnvelope]]:
+    def _paused_poll_step(self, pause: float) -> Step[Iterator[TagEnvelope]]:
         if pause:
             yield Sleep(pause)
-        items, _rows = yield from self.poll_step()
-        return items
+        deliveries, _rows = yield from self._deliveries_step(False)
+        # Made by map as they are taken (cheaper per envelope than Made, which a live query needs: there an
+        # envelope that cannot be made stays first; a current query ends at it).
+        return map(self.maker(Source.QUERY), deliveries)
 
     def _checkpoint(self) -> tuple[Any, ...]:
         gap = self._gap
@@ -368,8 +423,8 @@ class TagStream:
          self._upper, self.exhausted) = saved
         self._gate.restore(gate)
 
-    def _poll_step(self, notified: bool) -> Step[tuple[list[TagEnvelope], int]]:
-        out: list[TagEnvelope] = []
+    def _poll_step(self, notified: bool) -> Step[tuple[list[Any], int]]:
+        out: list[Any] = []
         source = Source.NOTIFIED if notified else Source.QUERY
         if not self._initial_scan_done:
             yield from self._initial_scan_step()
@@ -379,20 +434,21 @@ class TagStream:
         if upper <= self._pos[0]:
             self.exhausted = True
             return out, 0
-        # Rows arrive in chunks while earlier ones are decoded: the server fills the page on the other core
-        # meanwhile. A row that needs more queries ends the fast path: the rest of the page is read first (one
-        # connection runs one query at a time), then handled below.
+        # Streamed (STREAM_CHUNK), rows arrive in chunks while earlier ones are taken. A row that needs more
+        # queries ends the fast path: the rest of the page is read first (one connection runs one query at a
+        # time), then handled below. Envelopes are made later, as they are taken (see maker).
         size = STREAM_CHUNK
         rows = yield statement(store.page(self._tag, self._bound(self._pos), self._bucket(upper), upper, self._limit),
                                binary=True, stream=size if size > 1 else 0)
-        take_leading, decode = self._gate.take_leading, self._decode
+        take_leading = self._gate.take_leading
         read = 0
         rest: list[tuple[Any, ...]] = []
         while rows and not rest:
             taken = take_leading(rows, None)  # the common case, here: each row the next of its persistence id
-            for row in rows[:taken] if taken < len(rows) else rows:
-                key = self._pos = (row[0], row[1])
-                out.append(decode(row, key, source))
+            if taken:
+                out.extend(rows[:taken] if taken < len(rows) else rows)
+                last = rows[taken - 1]
+                self._pos = (last[0], last[1])
             rest = rows[taken:]
             read += len(rows)
             rows = yield MORE
@@ -420,7 +476,7 @@ class TagStream:
         yield Sleep(max(0.0, min(0.05, self._gap.deadline - time.monotonic())))
         return self._limit
 
-    def _back_track_step(self, out: list[TagEnvelope]) -> Step[None]:
+    def _back_track_step(self, out: list[Any]) -> Step[None]:
         now = time.monotonic()
         period: float | None
         if now >= self._next_long:

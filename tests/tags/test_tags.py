@@ -5,7 +5,11 @@ tag settings); the tests that fake the writer's clock or hold its progress row p
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import itertools
+import json
+import math
 import os
 import threading
 import time
@@ -18,7 +22,7 @@ from support import PORTABLE
 from support.faces import Face, Kind, open_face
 from support.tags import IN_STATEMENT, TAGS, collect, progress, tag_rows, tags_written
 
-from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, Source
+from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, SerializationError, Source
 from pgjournal.buckets import BucketSize
 from pgjournal.model.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
 from pgjournal.query.by_tag import MissingTaggedEventsError, TagEnvelope
@@ -381,25 +385,60 @@ def test_events_straddling_bucket_boundaries(face_kind: Kind, dsn: str, monkeypa
 
 
 def test_a_failed_poll_changes_nothing_and_is_retried(tface: Face, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The database lost in the middle of a page: the live loop retries, nothing is lost or repeated."""
-    from pgjournal.query.by_tag import TagStream
+    """The database lost in the middle of a page (streamed in chunks, the first one taken): the live loop
+    retries, nothing is lost or repeated."""
+    from pgjournal.query.gate import Gate
 
+    monkeypatch.setattr("pgjournal.query.by_tag.STREAM_CHUNK", 2)
     tface.append("Cart|1", [1, 2, 3], tags=["x"])
     tface.append("Cart|2", [1, 2], tags=["x"])
     settle(tface)
-    real, calls = TagStream._decode, {"n": 0}
+    real, calls = Gate.take_leading, {"n": 0}
 
-    def flaky(self: TagStream, *args: Any) -> TagEnvelope:
+    def flaky(self: Gate[Any], *args: Any) -> int:
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 2:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return real(self, *args)
 
-    monkeypatch.setattr(TagStream, "_decode", flaky)
+    monkeypatch.setattr(Gate, "take_leading", flaky)
     with tface.query.events_by_tag("x") as stream:
         envs = collect(stream, 5)
-    assert calls["n"] > 5
+    assert calls["n"] > 3
     assert_exactly_once_in_order(envs, {"Cart|1": 3, "Cart|2": 2})
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    item: str
+
+
+def test_a_catch_up_decodes_each_payload_as_deserialize_does(tface: Face, dsn: str) -> None:
+    """The catch-up's plain-JSON shortcut gives what ``deserialize`` gives: plain JSON as data (what msgspec
+    refuses, NaN, out of float range, gzip, as ``json.loads`` reads it), a registered type as its class, other
+    payloads through their own path; a payload that does not decode raises deserialize's error naming the row and
+    the tag when the reader takes it, and a live query hands it out again rather than skip it."""
+    tface.serializers.register(Added, "cart.added")
+    tface.append("Cart|1", [{"n": 1}, Added("sku-1"), 7, {"é": "ü"}, 0, 0, 0], tags=["x"])
+    tags_written(tface)
+    big = gzip.compress(b'{"big": "' + b"x" * 40_000 + b'"}')
+    for seq_nr, payload in ((5, b"NaN"), (6, b'{"x": 1e400}'), (7, big)):
+        sql(dsn, "UPDATE tag_views SET ser_id = 31, ser_manifest = 'com.example.Any', event = %s "
+                 "WHERE persistence_id = 'Cart|1' AND sequence_nr = %s", (payload, seq_nr))
+    settle(tface)
+    events = [e.event for e in tface.query.current_events_by_tag("x")]
+    assert events[:4] == [{"n": 1}, Added("sku-1"), 7, {"é": "ü"}]
+    assert math.isnan(events[4]) and events[5] == json.loads('{"x": 1e400}') and events[6] == {"big": "x" * 40_000}
+    sql(dsn, "UPDATE tag_views SET event = %s WHERE persistence_id = 'Cart|1' AND sequence_nr = 2", (b'{"n": \xff',))
+    read = iter(tface.query.current_events_by_tag("x"))
+    assert next(read).event == {"n": 1}
+    with pytest.raises(SerializationError, match=r"'Cart\|1' seq_nr 2 \(tag 'x'\)"):
+        next(read)
+    with tface.query.events_by_tag("x") as live:
+        assert next(live).event == {"n": 1}
+        for _ in range(2):
+            with pytest.raises(SerializationError, match=r"'Cart\|1' seq_nr 2 \(tag 'x'\)"):
+                next(live)
 
 
 def test_long_back_track_finds_what_the_short_one_cannot(face_kind: Kind, dsn: str,
