@@ -25,6 +25,8 @@ from pgjournal.model.replication import (
     event_metadata_of,
 )
 
+pytestmark = pytest.mark.mode_independent
+
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "akka_replicated.proto"
 FIXTURES = HERE / "fixtures" / "replicated"

@@ -34,6 +34,8 @@ from pgjournal.model.replication import (
     java_order,
 )
 
+pytestmark = pytest.mark.mode_independent
+
 # -- replication ids ------------------------------------------------------------------------------------
 
 
