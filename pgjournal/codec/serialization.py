@@ -329,6 +329,33 @@ class SerializerRegistry:
                 persistence_id=persistence_id, seq_nr=seq_nr, ser_id=ser_id, manifest=manifest,
             ) from exc
 
+    def bulk_reader(self, fallback: Callable[[int, str, bytes, str, int], Any] | None = None
+                    ) -> Callable[[int, str, bytes, str, int], Any]:
+        """A reader of many rows' payloads, ``read(ser_id, manifest, payload, persistence_id, seq_nr)``: plain
+        JSON (:meth:`plain_json`, asked once per run of rows of one kind) read by
+        :data:`~pgjournal.codec.akka_formats.read_json`, the common case of a catch-up at less per row; anything
+        else, and what ``read_json`` refuses, by ``fallback`` (default: :meth:`deserialize`), for its value or its
+        error. The rule of every bulk reader (by slices, by tag), so they read what :meth:`deserialize` reads."""
+        deserialize, plain_json, read_fast, refused = self.deserialize, self.plain_json, akka.read_json, akka.REFUSED
+        slow = fallback or (lambda ser_id, manifest, payload, pid, seq_nr: deserialize(
+            ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr))
+        last_id: int | None = None
+        last_manifest: str | None = None
+        plain = False
+
+        def read(ser_id: int, manifest: str, payload: bytes, pid: str, seq_nr: int) -> Any:
+            nonlocal last_id, last_manifest, plain
+            if ser_id != last_id or manifest != last_manifest:
+                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
+            if plain:
+                try:
+                    return read_fast(payload)
+                except refused:
+                    pass  # the fallback decides (or raises the error)
+            return slow(ser_id, manifest, payload, pid, seq_nr)
+
+        return read
+
     def plain_json(self, ser_id: int, manifest: str) -> bool:
         """Whether a payload of ``(ser_id, manifest)`` deserializes to its JSON document as it is (Jackson
         JSON of a manifest with no registered type or upcaster; :meth:`deserialize` not overridden): a bulk

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pgjournal.codec.akka_formats import REFUSED, read_json
 from pgjournal.core.horizon import Horizon
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
@@ -125,29 +124,19 @@ class EventRows:
         """:meth:`envelope` of each delivery (a :data:`Delivery`, or a bare row of a page read at
         ``read_timestamp``, delivered alone at its timestamp: see :meth:`SliceQuery.sift_step`), made as they
         are taken, at less per row (a catch-up's cost): the offset keeps the cursor's seen map (replaced, never
-        changed) without a copy; a payload that is plain JSON (:meth:`SerializerRegistry.plain_json`) is read
-        here (:data:`~pgjournal.codec.akka_formats.read_json`; what it refuses, and the error of one that does not
-        decode, is left to ``deserialize``); the envelope is made without checks (:func:`new_envelope`)."""
+        changed) without a copy; payloads are read by the registry's bulk reader
+        (:meth:`~pgjournal.codec.serialization.SerializerRegistry.bulk_reader`); the envelope is made without
+        checks (:func:`new_envelope`)."""
         serializers = self._serializers
-        deserialize, plain_json, read = serializers.deserialize, serializers.plain_json, read_json
+        read = serializers.bulk_reader()
         offset_of, make = TimestampOffset.adopted, new_envelope
-        last_id, last_manifest, plain = None, None, False
         for delivery in deliveries:
             if delivery[0].__class__ is tuple:  # a Delivery (a row starts with its slice)
                 row, at_source, at, seen, at_read, settled = delivery
             else:
                 row, at_source, at, seen, at_read, settled = delivery, source, delivery[4], None, read_timestamp, None
             slice_, entity_type, pid, seq_nr, ts, ser_id, manifest, payload, tags, meta_id, _, _ = row
-            if ser_id != last_id or manifest != last_manifest:
-                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
-            event = _UNSET
-            if plain:
-                try:
-                    event = read(payload)
-                except REFUSED:
-                    event = _UNSET  # deserialize decides (or raises the error)
-            if event is _UNSET:
-                event = deserialize(ser_id, manifest, payload, persistence_id=pid, seq_nr=seq_nr)
+            event = read(ser_id, manifest, payload, pid, seq_nr)
             yield make(pid, seq_nr, slice_, entity_type, ts,
                        offset_of(at, at_read, seen if seen is not None else {pid: seq_nr}, settled), event,
                        tuple(tags) if tags else (), None if meta_id is None else metadata_of(row, serializers),
@@ -584,9 +573,6 @@ class SliceQuery:
 
     def _forget(self, before: datetime) -> None:
         self.gate.forget(before)
-
-
-_UNSET: Any = object()
 
 
 def _next(_pid: str, seq_nr: int) -> int:

@@ -39,7 +39,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pgjournal.buckets import BucketSize, parse_first_time_bucket
-from pgjournal.codec.akka_formats import REFUSED, read_json
 from pgjournal.errors import InvalidArgument, MissingTaggedEventsError, SerializationError
 from pgjournal.model.envelope import Source
 from pgjournal.model.offsets import NoOffset, Offset, TimeBasedUUID
@@ -63,7 +62,6 @@ MAX_MISSING = 5000
 #: on a shared machine that client CPU costs more than the overlap with the server gains (``python -m bench
 #: tags-catchup``); a page read whole is also prepared once.
 STREAM_CHUNK = 1
-_UNSET: Any = object()
 _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
 
@@ -247,31 +245,16 @@ class TagStream:
         """How a poll's deliveries become envelopes, each when it is taken (:class:`~pgjournal.runtime.live.Made`:
         a page of thousands is not kept alive at once, the garbage collector's cost). A delivery is a row the
         main cursor took (its envelope from ``source``, the stream standing at it) or ``(row, position, source)``
-        (gaps, back tracking: :meth:`_decode`). A payload that is plain JSON
-        (:meth:`SerializerRegistry.plain_json`) is read here (:data:`~pgjournal.codec.akka_formats.read_json`;
-        what it refuses, and the error of one that does not decode, is left to ``deserialize``): the common case
-        at less per row (a catch-up's cost)."""
+        (gaps, back tracking: :meth:`_decode`). Payloads are read by the registry's bulk reader
+        (:meth:`~pgjournal.codec.serialization.SerializerRegistry.bulk_reader`), the tag named in an error."""
         tag, decode, deserialize, metadata = self._tag, self._decode, self._deserialize, self._metadata
-        plain_json, read, envelope = self._serializers.plain_json, read_json, TagEnvelope
-        last_id: int | None = None
-        last_manifest: str | None = None
-        plain = False  # whether (last_id, last_manifest) is plain JSON, asked once per poll and kind of payload
+        read, envelope = self._serializers.bulk_reader(deserialize), TagEnvelope
 
         def make(delivery: Any) -> TagEnvelope:
-            nonlocal last_id, last_manifest, plain
             if delivery[0].__class__ is tuple:
                 return decode(*delivery)
             ticks, lsb, pid, tag_seq, seq_nr, ser_id, manifest, payload, meta_id, _, _, writer = delivery
-            if ser_id != last_id or manifest != last_manifest:
-                last_id, last_manifest, plain = ser_id, manifest, plain_json(ser_id, manifest)
-            event = _UNSET
-            if plain:
-                try:
-                    event = read(payload)
-                except REFUSED:
-                    event = _UNSET  # deserialize decides (or raises the error)
-            if event is _UNSET:
-                event = deserialize(ser_id, manifest, payload, pid, seq_nr)
+            event = read(ser_id, manifest, payload, pid, seq_nr)
             return envelope(tag, pid, seq_nr, tag_seq, ticks, lsb, None, event,
                             None if meta_id is None else metadata(delivery), writer, source)
 
