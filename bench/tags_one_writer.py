@@ -1,4 +1,4 @@
-"""Where the default tag path's time goes at one writer (issue 33): ``python -m bench.tags_one_writer [--n N]``.
+"""Where the default tag path's time goes at one writer: ``python -m bench.tags_one_writer [--n N]``.
 
 Three probes, each on a scratch database of the bench server, rounds interleaved, one writer:
 
