@@ -32,12 +32,23 @@ class _OnFirstUse:
         self._options = options
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _made(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._made(), name)
+
+    # Rich's progress bars and live displays enter their console (``with console:``), and a special method is
+    # looked up on the type, never through ``__getattr__``.
+    def __enter__(self) -> Console:
+        return self._made().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._made().__exit__(*exc)
 
 
 # No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
