@@ -5,7 +5,9 @@ SCRAM-only plugin (spark/scram.py) answers for it. Another local user holding th
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import psycopg.conninfo
@@ -83,3 +85,18 @@ def test_the_embedded_dsn_goes_to_jdbc_without_its_password_when_the_plugin_is_t
     assert jdbc_target(dsn).url.endswith("?requireAuth=scram-sha-256")
     plain = dsn.replace("require_auth=scram-sha-256&", "")
     assert "?" not in jdbc_target(plain, scram_plugin=True).url
+
+
+def test_without_javac_the_session_goes_without_the_plugin_and_says_so(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pgjournal.spark import scram
+    from pgjournal.spark.session import find_jdbc_jar
+
+    driver = find_jdbc_jar(allow_maven=False).path
+    assert driver
+    monkeypatch.setattr(scram, "_built", {})
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))  # a JRE: no bin/javac
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger=scram.__name__):
+        assert scram.plugin_jar(driver) is None
+    assert "no javac" in caplog.text and "password as a property" in caplog.text
