@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -11,6 +12,8 @@ from pgjournal.errors import ConfigurationError
 from pgjournal.server.connections import connection_kwargs
 from pgjournal.server.dsn import check_dsn, dsn_password, mask_dsn, resolve_dsn
 from pgjournal.settings import Settings
+
+from .scram import PASSFILE_PROPERTY, PLUGIN_CLASS
 
 # libpq keyword -> PgJDBC property (https://jdbc.postgresql.org/documentation/use/).
 _PROPERTY_NAMES = {
@@ -25,7 +28,7 @@ _PROPERTY_NAMES = {
     "options": "options",
     "target_session_attrs": "targetServerType",
     # libpq's list of accepted methods (the embedded server's DSN: SCRAM only); PgJDBC 42.7.13 refuses the
-    # others as libpq does; older drivers (42.5.5) ignore the property (SECURITY.md, "The embedded default").
+    # others as libpq does; older drivers (42.5.5) ignore the property, hence spark/scram.py's plugin.
     "require_auth": "requireAuth",
 }
 # libpq keywords that have no JDBC meaning for a read; ignored rather than refused.
@@ -51,15 +54,23 @@ class JdbcTarget:
         return {"url": self.url, **self.properties}
 
 
-def jdbc_target(dsn: str | None = None) -> JdbcTarget:
+def jdbc_target(dsn: str | None = None, *, scram_plugin: bool = False) -> JdbcTarget:
     """Convert a libpq DSN (``postgresql://u:p@h:5432/db?sslmode=require`` or ``host=h dbname=db``) to JDBC.
 
     ``None`` means the configured DSN or the embedded server. Unix-socket hosts are refused: the JDBC driver
-    needs TCP. Errors mask the password.
+    needs TCP. Errors mask the password. ``scram_plugin``: the session's driver can load
+    :data:`spark.scram.PLUGIN_CLASS` (:func:`spark.scram.in_session`); a DSN that requires SCRAM
+    (``require_auth=scram-sha-256``, as the embedded server's) then has the plugin read its password file when
+    the server asks for a SCRAM exchange, and never for anything else. Otherwise the password goes as a property.
+    The authentication rules (``requireAuth``, the plugin) are parameters of the URL, which names no secret.
     """
     resolved = check_dsn(resolve_dsn(dsn))
     params = psycopg.conninfo.conninfo_to_dict(resolved)
-    if params.pop("passfile", None):  # the driver reads no libpq password file: the password goes as a property
+    passfile = params.pop("passfile", None)
+    plugin = scram_plugin and params.get("require_auth") == "scram-sha-256"
+    if plugin:
+        passfile = passfile or os.environ.get("PGPASSFILE")  # as libpq (and dsn_password) would read
+    elif passfile:  # the driver reads no libpq password file: the password goes as a property
         params["password"] = dsn_password(resolved)
     hosts = str(params.pop("host", "") or params.pop("hostaddr", "") or "localhost").split(",")
     params.pop("hostaddr", None)
@@ -94,6 +105,16 @@ def jdbc_target(dsn: str | None = None) -> JdbcTarget:
         if key == "target_session_attrs":
             value = _TARGET_TYPES.get(str(value), str(value))
         properties[name] = str(value)
+    # Who may have the password travels in the URL: Spark lower-cases the property names of a read by predicates
+    # (spark.read.jdbc(..., predicates=...)), and PgJDBC's are case-sensitive, so as properties they would be
+    # dropped without a word on the reads by slice range.
+    rules = {"requireAuth": properties.pop("requireAuth")} if "requireAuth" in properties else {}
+    if plugin:
+        rules["authenticationPluginClassName"] = PLUGIN_CLASS
+        if passfile and "password" not in properties:
+            rules[PASSFILE_PROPERTY] = str(passfile)
+    if rules:
+        url += "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in rules.items())
     # As every pgjournal connection (pgjournal/server/connections.py): a bounded connect and TCP keepalives. No
     # socket timeout: one partition's read may legitimately stream for long.
     properties.setdefault("connectTimeout", str(connection_kwargs(Settings.load())["connect_timeout"]))

@@ -33,7 +33,7 @@ from pgjournal.model.timeuuid import EPOCH
 from pgjournal.store import catalog
 from pgjournal.store.timestamp_offsets import OFFSET_TABLE
 
-from . import files
+from . import files, scram
 from .jdbc import jdbc_target
 from .progress import ProgressCallback, tracked
 from .read import (
@@ -218,7 +218,7 @@ def load_events(
                                or not 0 <= behind < 86_400):
         raise InvalidArgument(f"behind must be a number of seconds from 0 to 86400, got {behind!r}")
     started = time.perf_counter()
-    target = jdbc_target(dsn)
+    target = jdbc_target(dsn, scram_plugin=scram.in_session(spark))
     with Journal.open(dsn, portable=portable, notify=False, pool_min_size=1, pool_max_size=1) as journal, \
             journal.connection() as conn:
         check_load_rights(conn)

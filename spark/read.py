@@ -32,6 +32,7 @@ from pgjournal.server.dsn import mask_dsn, resolve_dsn
 from pgjournal.shards.layout import SHARDS_ENV, ShardSettings
 from pgjournal.validation import MAX_NAME_LENGTH
 
+from . import scram
 from .arrow import KEY_COLUMN
 from .decode import REDACTED, PayloadDecoder, decoding_function, texts_function
 from .jdbc import JdbcTarget, jdbc_target
@@ -205,13 +206,29 @@ def jdbc_frame(
 
 def jdbc_error(exc: BaseException) -> str:
     """The PostgreSQL driver's message inside a Spark/py4j error (first line, password masked)."""
-    text = str(exc)
+    text = _driver_message(exc) or str(exc)
     for marker in ("PSQLException: ", "SQLException: ", "ConnectException: "):
         if marker in text:
             text = text.split(marker, 1)[1]
             break
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return mask_dsn(lines[0] if lines else type(exc).__name__)
+
+
+def _driver_message(exc: BaseException) -> str | None:
+    """The message of the driver's exception among the causes of the JVM's (Spark 4 wraps a failed connection
+    as ``FAILED_JDBC.CONNECTION`` "Couldn't connect to the database", which says neither where nor why)."""
+    cause = getattr(exc, "_origin", None)  # pyspark's CapturedException: the Java throwable, through py4j
+    try:
+        for _ in range(20):
+            if cause is None:
+                return None
+            if str(cause.getClass().getName()).startswith("org.postgresql."):
+                return f"PSQLException: {cause.getMessage()}"
+            cause = cause.getCause()
+    except Exception:  # not a py4j object, or the gateway is gone: the Python text will do
+        return None
+    return None
 
 
 def stored_format(dsn: str | None) -> StoredFormat:
@@ -327,7 +344,7 @@ def read_events(
     if sharded is not None:
         check_recorded_layout(sharded)
     databases = [(dsn, tuple(ranges))] if sharded is None else ranges_by_database(sharded, ranges)
-    frames = [jdbc_frame(spark, jdbc_target(at), table,
+    frames = [jdbc_frame(spark, jdbc_target(at, scram_plugin=scram.in_session(spark)), table,
                          predicates(held, entity_type=check_entity_type(entity_type), since=lower, until=upper,
                                     include_deleted=include_deleted), fetch_size=fetch_size)
               for at, held in databases]

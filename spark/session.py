@@ -7,6 +7,7 @@ Anything missing raises :class:`~pgjournal.errors.ConfigurationError` that says 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pgjournal.errors import ConfigurationError
 
+from . import scram
 from .datasource import register
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ INSTALL_JAR = (
     "install the PostgreSQL JDBC driver (Debian/Ubuntu: apt-get install -y libpostgresql-jdbc-java, which provides "
     f"{DEBIAN_JAR}) or set {JAR_ENV} to the path of postgresql-<version>.jar"
 )
+log = logging.getLogger(__name__)
+
 INSTALL_PYSPARK = "install PySpark: pip install 'pgjournal[spark]' (pyspark and pyarrow)"
 
 # Only errors from Spark and its libraries (warnings such as NativeCodeLoader's "Unable to load native-hadoop
@@ -161,7 +165,8 @@ def spark_session(
     Python workers run on this interpreter; the session time zone is UTC; logs show errors only; the UI is
     off; memory and shuffle partitions suit a 2-core machine. Settings apply only when this call starts
     the JVM: an existing session is returned as it is. Under spark-submit, its options are used instead
-    (pass the driver with ``--jars /usr/share/java/postgresql.jar``).
+    (pass the driver and :mod:`spark.scram`'s plugin with ``--jars /usr/share/java/postgresql.jar,$(python -m
+    pgjournal.spark.scram /usr/share/java/postgresql.jar)``).
     """
     from pyspark.sql import SparkSession
 
@@ -169,6 +174,10 @@ def spark_session(
         session = (SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
                    .config("spark.ui.showConsoleProgress", "false").getOrCreate())
         session.sparkContext.setLogLevel("ERROR")
+        if not scram.in_session(session):
+            log.warning("spark-submit was given no %s*.jar (python -m pgjournal.spark.scram DRIVER_JAR prints it): "
+                        "Spark's JDBC driver gets the password as a property, which PgJDBC before 42.7 hands to "
+                        "whatever asks on the port in clear text", scram.JAR_PREFIX)
         register(session, serializers=serializers)
         return session
     java, jar = check_spark_available()
@@ -195,8 +204,13 @@ def spark_session(
         # for each instead of sorting the partition's rows by directory first.
         .config("spark.sql.maxConcurrentOutputFileWriters", "16")
     )
-    builder = builder.config("spark.jars", jar.path) if jar.path else builder.config("spark.jars.packages",
-                                                                                      jar.package or "")
+    if jar.path:
+        # The plugin beside the driver in spark.jars: PgJDBC loads it by name through the driver's own class
+        # loader (spark.driver.extraClassPath would put it where org.postgresql's interfaces are not seen).
+        plugin = scram.plugin_jar(jar.path)
+        builder = builder.config("spark.jars", f"{jar.path},{plugin}" if plugin else jar.path)
+    else:  # Maven's 42.7.13 reads requireAuth itself
+        builder = builder.config("spark.jars.packages", jar.package or "")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
