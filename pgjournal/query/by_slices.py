@@ -326,6 +326,9 @@ class SliceQuery:
             return out
         cursor = self.main if main else self.backtracking
         assert cursor is not None
+        if self.late is not None and self.unsettled is None:
+            # Taken before the gate runs over this page: an offset names only what was delivered before it.
+            self.unsettled = self._first_unsettled()
         contiguous = self.rows.contiguous
         predecessors = (yield from self._predecessors_step(rows)) if contiguous else {}
         unknown = self._unknown(predecessors) if contiguous else _next
@@ -403,12 +406,7 @@ class SliceQuery:
         had committed (catch-up, or below the safe line) settles up to its timestamp, and its offset is the
         plain one; else the offset's ``seen`` names every persistence id delivered since ``settled``. An offset
         handed out is never changed afterwards: each gets maps of its own."""
-        unsettled = self.unsettled
-        if unsettled is None:
-            # What the offset started from covers (its ``seen``) and what came before the first page (snapshots),
-            # stamped no earlier than they can be.
-            unsettled = {pid: (seq_nr, self.start.timestamp) for pid, seq_nr in self.start.seen.items()}
-            unsettled.update((pid, v) for pid, v in self.gate.delivered.items() if v[1] >= self.settled)
+        unsettled = self.unsettled if self.unsettled is not None else self._first_unsettled()
         # A main page reads on from where everything before was settled: its rows below the safe line settle.
         advancing = page_from is not None and self.settled >= page_from
         safe_line = self.safe_line
@@ -439,6 +437,13 @@ class SliceQuery:
             append((row, at_source, at, named, read_timestamp, self.settled))
         self.unsettled = unsettled if len(unsettled) <= self.settings.buffer_size else self._pruned(unsettled)
         return made
+
+    def _first_unsettled(self) -> dict[str, tuple[int, datetime]]:
+        """What the offset started from covers (its ``seen``) and what was delivered before the first page
+        (snapshots), stamped no earlier than they can be."""
+        unsettled = {pid: (seq_nr, self.start.timestamp) for pid, seq_nr in self.start.seen.items()}
+        unsettled.update((pid, v) for pid, v in self.gate.delivered.items() if v[1] >= self.settled)
+        return unsettled
 
     def _pruned(self, unsettled: dict[str, tuple[int, datetime]]) -> dict[str, tuple[int, datetime]]:
         """``unsettled`` without the persistence ids delivered only before ``settled`` (kept, they only make

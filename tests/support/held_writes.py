@@ -25,8 +25,12 @@ def insert_in(conn: psycopg.Connection, pid: str, after: int, count: int = 1) ->
 def prepared_insert_held(dsn: str, table: str, *, lift_limits: bool = True) -> Iterator[psycopg.Connection]:
     """A session as ``dsn``'s role that prepares an INSERT into ``table`` in a transaction it leaves open: it then
     holds a write lock (RowExclusiveLock) on ``table``, which needs no right on it. ``lift_limits``: it first
-    lifts its role's idle-in-transaction limit, as an attacker would (any session may)."""
+    lifts its role's idle-in-transaction limit, as an attacker would (any session may). At READ COMMITTED whatever
+    the database's default (SERIALIZABLE in portable test runs): an idle transaction then holds the lock and no
+    snapshot, the case under test (one that holds a snapshot too is the key store's "an older transaction may
+    still see the key", its own test)."""
     with psycopg.connect(dsn) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         if lift_limits:
             conn.execute("SET idle_in_transaction_session_timeout = 0")
         conn.execute(f"PREPARE held AS INSERT INTO {table} SELECT * FROM {table}")
