@@ -147,21 +147,8 @@ def test_a_home_that_is_a_link_or_not_ours_is_refused(tmp_path: Path) -> None:
 def test_a_home_of_an_earlier_version_is_secured_on_its_next_start(home: Path) -> None:
     """What an earlier pgjournal left: ``trust`` for every TCP connection, no password file, and as root the
     data directory inside the home. The next start secures it and keeps the data."""
-    server = EmbeddedServer(home).ensure_running()
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE kept (n int)")
-        conn.execute("INSERT INTO kept VALUES (42)")
-    server.stop()
-    (server.data_dir / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n")
-    server.passfile.unlink()
-    if AS_ROOT:
-        shutil.move(str(server.data_dir), str(home / "pgdata"))
     # The earlier version's server is running when the new one arrives: it must not be left open.
-    legacy = EmbeddedServer(home)
-    if AS_ROOT:
-        legacy.data_dir = home / "pgdata"
-        home.chmod(0o755)
-    legacy._start()
+    legacy = _trust_era_home(home)
     assert "kept" in "".join(map(str, psycopg.connect(without_password(legacy.dsn)).execute(
         "SELECT relname FROM pg_class WHERE relname = 'kept'").fetchone() or ()))  # open: trust
 
