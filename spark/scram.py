@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from pgjournal.errors import ConfigurationError
+from pgjournal.model.printable import printable_logger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,7 +49,7 @@ PASSFILE_PROPERTY = "pgjournalPassfile"
 JAR_PREFIX = "pgjournal-jdbc-scram-only-"
 SOURCE = Path(__file__).with_name("java") / "ScramOnly.java"
 
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 _built: dict[str, Path | None] = {}
 
 

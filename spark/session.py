@@ -7,7 +7,6 @@ Anything missing raises :class:`~pgjournal.errors.ConfigurationError` that says 
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pgjournal.errors import ConfigurationError
+from pgjournal.model.printable import printable_logger
 
 from . import scram
 from .datasource import register
@@ -40,7 +40,7 @@ INSTALL_JAR = (
     "install the PostgreSQL JDBC driver (Debian/Ubuntu: apt-get install -y libpostgresql-jdbc-java, which provides "
     f"{DEBIAN_JAR}) or set {JAR_ENV} to the path of postgresql-<version>.jar"
 )
-log = logging.getLogger(__name__)
+log = printable_logger(__name__)
 
 INSTALL_PYSPARK = "install PySpark: pip install 'pgjournal[spark]' (pyspark and pyarrow)"
 
