@@ -255,7 +255,8 @@ class PostgresKeyStore:
                 f"{what}this role may not vacuum {sql.TABLE} (grant it MAINTAIN on the table, PostgreSQL 17+, as "
                 f"`pgjournal roles` does): the wrapped bytes of deleted keys stay in the table's file until its "
                 f"owner runs VACUUM {sql.TABLE}; VACUUM (FULL) {sql.TABLE}")
-        deadline, pause = time.monotonic() + RECLAIM_WAIT, 0.05
+        started = time.monotonic()
+        deadline, pause = started + RECLAIM_WAIT, 0.05
         while True:
             vacuumed = self._vacuum(sql.VACUUM)
             if vacuumed and not self._run(sql.dead_rows(), one=True)[0]:
@@ -264,7 +265,8 @@ class PostgresKeyStore:
                 vacuumed = False  # the rewrite's lock was held
             if time.monotonic() + pause > deadline:
                 if not vacuumed:
-                    holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in self._run(sql.lockers()))
+                    holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in
+                                        self._run(sql.lockers(time.monotonic() - started)))
                     raise RetriesExhausted(
                         f"{what}another session holds a lock on {sql.TABLE} ({holders or 'gone since'}), so the "
                         f"table could not be rewritten and the deleted keys' bytes stay in its file (waited "
