@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -42,10 +43,11 @@ from pgjournal.entity.crdt import Dot
 from pgjournal.entity.errors import ConflictRetriesExhausted
 from pgjournal.entity.model import Effect, Entity, Recovered, check_entity_name
 from pgjournal.entity.repository import EntityRepository, RepositoryRules
-from pgjournal.errors import ConcurrencyConflict, ConfigurationError, InvalidArgument
+from pgjournal.errors import ConcurrencyConflict, ConfigurationError, InvalidArgument, NotSeenInTime
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.replication import (
     Arrival,
+    Ordering,
     ReplicaState,
     ReplicatedEventMetadata,
     ReplicationId,
@@ -55,7 +57,7 @@ from pgjournal.model.replication import (
     split_metadata,
 )
 from pgjournal.query.by_pid import ByPersistenceId
-from pgjournal.runtime.steps import Call, Step
+from pgjournal.runtime.steps import Call, Sleep, Step
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
@@ -277,6 +279,65 @@ async def aapply_replicated(journal: AsyncJournal, envelope: EventEnvelope, repl
     return await journal.run(apply_replicated_step(journal, envelope, replica))
 
 
+def replica_version_step(journal: JournalCore, replication_id: ReplicationId) -> Step[VersionVector]:
+    """The replica's version vector now: its last event's (an event without replication metadata counts as
+    ``{replica: seq_nr}``, as in recovery), empty for a replica with no event."""
+    pid = replication_id.persistence_id
+    register_replication_serializers(journal.serializers)
+    highest = yield Call(journal.highest_seq_nr, (pid,))  # type: ignore[attr-defined]
+    if highest == 0:
+        return VersionVector()
+    page = yield Call(journal.run, (ByPersistenceId(journal).page_step(pid, highest, highest),))  # type: ignore
+    if not page:  # the last event was deleted: only the whole replay knows the vector
+        return (yield from replica_state_step(journal, replication_id)).version
+    metadata, _ = split_metadata(page[-1].metadata)
+    return metadata.version if metadata is not None else VersionVector({replication_id.replica_id: highest})
+
+
+def _check_timeout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def wait_for_version_step(journal: JournalCore, replication_id: ReplicationId, version: VersionVector,
+                          timeout: float) -> Step[VersionVector]:
+    """:func:`wait_for_version` as a step, for either face."""
+    if not isinstance(replication_id, ReplicationId):
+        raise InvalidArgument(f"replication_id must be a ReplicationId, got {replication_id!r}")
+    if not isinstance(version, VersionVector):
+        raise InvalidArgument(f"version must be a VersionVector, got {version!r}")
+    limit = _check_timeout(timeout)
+    deadline = time.monotonic() + limit
+    pause = 0.01
+    while True:
+        seen = yield from replica_version_step(journal, replication_id)
+        if version.compare(seen) in (Ordering.BEFORE, Ordering.SAME):
+            return seen
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NotSeenInTime(
+                f"replica {replication_id.persistence_id!r} had not seen {version!r} within {limit}s: its vector is "
+                f"{seen!r}", waited_for=version, seen=seen, timeout=limit)
+        yield Sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
+
+
+def wait_for_version(journal: Journal, replication_id: ReplicationId, version: VersionVector, *,
+                     timeout: float) -> VersionVector:
+    """Read-your-writes across locations: wait until ``replication_id``'s replica (in ``journal``, this location's)
+    holds everything ``version`` covers (the ``state.version`` a command returned in another location: its vector is
+    the same or after it), at most ``timeout`` seconds, polling. Returns the replica's vector then; raises
+    :class:`~pgjournal.errors.NotSeenInTime` (``waited_for``, ``seen``) otherwise."""
+    return journal.run(wait_for_version_step(journal, replication_id, version, timeout))
+
+
+async def await_for_version(journal: AsyncJournal, replication_id: ReplicationId, version: VersionVector, *,
+                            timeout: float) -> VersionVector:
+    """:func:`wait_for_version`, awaited."""
+    return await journal.run(wait_for_version_step(journal, replication_id, version, timeout))
+
+
 class ReplicatedRules(RepositoryRules[Replicated[S]]):
     """What both faces' replicated repositories share over :class:`RepositoryRules`: the replica's persistence
     ids, recovery from the events' metadata, and each event appended with its own metadata.
@@ -374,5 +435,9 @@ __all__ = [
     "aapply_replicated",
     "apply_replicated",
     "apply_replicated_step",
+    "await_for_version",
     "replica_state_step",
+    "replica_version_step",
+    "wait_for_version",
+    "wait_for_version_step",
 ]

@@ -5,6 +5,7 @@ concurrent writes detected and converging, seen events dropped, conflicts kept u
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import pytest
@@ -20,11 +21,14 @@ from pgjournal.entity.replicated import (
     ReplicationContext,
     aapply_replicated,
     apply_replicated,
+    await_for_version,
+    wait_for_version,
 )
-from pgjournal.errors import InvalidPersistenceId
+from pgjournal.errors import InvalidArgument, InvalidPersistenceId, NotSeenInTime
 from pgjournal.model.replication import (
     ReplicatedComposite,
     ReplicatedEventMetadata,
+    ReplicationId,
     VersionVector,
     event_metadata_of,
 )
@@ -201,3 +205,42 @@ def test_bad_settings_and_ids_are_refused(face: Face) -> None:
         repository(face, Votes, "A", snapshot_every=10)
     with pytest.raises(InvalidPersistenceId, match=r"contains '\|'"):
         repository(face, Votes, "A").handle("a|b", 1)
+
+
+def wait(face: Face, replication_id: ReplicationId, version: VersionVector, timeout: float) -> VersionVector:
+    if face.kind == "blocking":
+        return wait_for_version(face.journal, replication_id, version, timeout=timeout)  # type: ignore[arg-type]
+    return face._runner.run(  # type: ignore[union-attr, no-any-return]
+        await_for_version(face.journal, replication_id, version, timeout=timeout))  # type: ignore[arg-type]
+
+
+def test_read_your_writes_waits_until_the_replica_has_seen_the_version(face: Face) -> None:
+    written = repository(face, Votes, "A").handle("poll-4", 7)
+    at_b = ReplicationId("Votes", "poll-4", "B")
+    with pytest.raises(NotSeenInTime, match=r"replica 'Votes\|poll-4\|B' had not seen VersionVector\(\{'A': 1\}\) "
+                                            r"within 0.2s: its vector is VersionVector\(\{\}\)") as timed_out:
+        wait(face, at_b, written.state.version, 0.2)
+    assert (timed_out.value.waited_for, timed_out.value.seen) == (written.state.version, VersionVector())
+    repository(face, Votes, "B").handle("poll-4", 1)  # B's own write is not what A's reader waits for
+    with pytest.raises(NotSeenInTime):
+        wait(face, at_b, written.state.version, 0.1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(wait, face, at_b, written.state.version, 60)
+        replicate(face, "Votes|poll-4|A", "B")
+        assert waiting.result(timeout=60) == VersionVector({"A": 1, "B": 1})
+    assert wait(face, at_b, VersionVector(), 0) == VersionVector({"A": 1, "B": 1})  # nothing to wait for
+    with pytest.raises(InvalidArgument, match="timeout must be a number of seconds >= 0, got -1"):
+        wait(face, at_b, written.state.version, -1)
+
+
+def test_a_command_of_several_events_after_an_arrival_is_decided_again_on_the_stored_state(face: Face) -> None:
+    a, b = repository(face, Recorder, "A"), repository(face, Recorder, "B")
+    a.handle("r-3", ["a1"])  # A's state is cached at seq_nr 1
+    b.handle("r-3", ["b1"])
+    replicate(face, "Recorder|r-3|B", "A")  # A's persistence id moves on behind the cache
+    result = a.handle("r-3", ["a3", "a4"])  # its append conflicts, recovers, decides again
+    assert [e for e, _ in result.state.state] == ["a1", "b1", "a3", "a4"]
+    assert stored_metadata(face, "Recorder|r-3|A")[2:] == [
+        ReplicatedEventMetadata("A", 3, VersionVector({"A": 3, "B": 1}), False),
+        ReplicatedEventMetadata("A", 4, VersionVector({"A": 4, "B": 1}), False)]
+    assert a.status()["conflicts"] == 1
