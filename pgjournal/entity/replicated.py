@@ -38,12 +38,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+import psycopg
+
 from pgjournal.entity.aio import AsyncEntityRepository
 from pgjournal.entity.crdt import Dot
 from pgjournal.entity.errors import ConflictRetriesExhausted
 from pgjournal.entity.model import Effect, Entity, Recovered, check_entity_name
 from pgjournal.entity.repository import EntityRepository, RepositoryRules
-from pgjournal.errors import ConcurrencyConflict, ConfigurationError, InvalidArgument, NotSeenInTime
+from pgjournal.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    InvalidArgument,
+    NotSeenInTime,
+    WriteOutcomeUnknown,
+)
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.replication import (
     Arrival,
@@ -389,6 +397,16 @@ class ReplicatedRules(RepositoryRules[Replicated[S]]):
                      expected: int) -> Any:
         raise NotImplementedError
 
+    @staticmethod
+    def _outcome_unknown(pid: str, count: int, expected: int, exc: psycopg.OperationalError) -> WriteOutcomeUnknown:
+        """A connection lost around the transaction of a command's events (its commit included): they may be
+        written. The command loop finds out as for an append (:meth:`_settle_unknown_step`)."""
+        unknown = WriteOutcomeUnknown(f"the connection was lost while the transaction appending {count} event(s) to "
+                                      f"{pid!r} after sequence number {expected} ended: they may or may not be "
+                                      f"written ({' '.join(str(exc).split()) or exc.__class__.__name__})")
+        unknown.__cause__ = exc
+        return unknown
+
 
 class ReplicatedRepository(ReplicatedRules[S], EntityRepository[Replicated[S]]):
     """Commands in, events persisted with their replication metadata, replies out, for one replicated entity type
@@ -403,9 +421,12 @@ class ReplicatedRepository(ReplicatedRules[S], EntityRepository[Replicated[S]]):
         # One event per append, each with its own metadata, in one transaction: all or nothing, as one append.
         if len(events) == 1:
             return self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags, metadata=metadata[0])
-        with self.journal.transaction() as tx:
-            for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
-                tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
+        try:
+            with self.journal.transaction() as tx:
+                for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
+                    tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
+        except psycopg.OperationalError as exc:
+            raise self._outcome_unknown(pid, len(events), expected, exc) from exc
         return None
 
 
@@ -419,9 +440,12 @@ class AsyncReplicatedRepository(ReplicatedRules[S], AsyncEntityRepository[Replic
         if len(events) == 1:
             return await self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags,
                                              metadata=metadata[0])
-        async with self.journal.transaction() as tx:
-            for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
-                await tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
+        try:
+            async with self.journal.transaction() as tx:
+                for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
+                    await tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
+        except psycopg.OperationalError as exc:
+            raise self._outcome_unknown(pid, len(events), expected, exc) from exc
         return None
 
 

@@ -6,13 +6,16 @@ concurrent writes detected and converging, seen events dropped, conflicts kept u
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from support.faces import Face, _Sync
 from test_crdt import Document, Labels, Votes
 
-from pgjournal import ConfigurationError
+from pgjournal import ConfigurationError, Journal
 from pgjournal.codec import replicated as wire
 from pgjournal.entity.replicated import (
     AsyncReplicatedRepository,
@@ -244,3 +247,30 @@ def test_a_command_of_several_events_after_an_arrival_is_decided_again_on_the_st
         ReplicatedEventMetadata("A", 3, VersionVector({"A": 3, "B": 1}), False),
         ReplicatedEventMetadata("A", 4, VersionVector({"A": 4, "B": 1}), False)]
     assert a.status()["conflicts"] == 1
+
+
+def test_a_connection_lost_as_a_commands_events_commit_is_settled_not_reported_unwritten(
+        journal: Journal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events of one command commit, then the connection is reported lost: the repository finds out they are
+    written (its retry conflicts with its own events) instead of telling the caller nothing was written."""
+    real = journal.transaction
+    lost = []
+
+    @contextlib.contextmanager
+    def commit_then_lose(**options: Any) -> Iterator[Any]:
+        with real(**options) as tx:
+            yield tx
+        if not lost:
+            lost.append(True)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(journal, "transaction", commit_then_lose)
+    recorder = ReplicatedRepository(journal, Recorder, replica="A")
+    result = recorder.handle("r-4", ["x", "y"])
+    assert lost and result.seq_nr == 2
+    assert [m.origin_sequence_nr for m in stored_metadata_of(journal, "Recorder|r-4|A")] == [1, 2]
+    assert recorder.status()["unknown_outcomes"] == 1
+
+
+def stored_metadata_of(journal: Journal, pid: str) -> list[ReplicatedEventMetadata]:
+    return [e.metadata for e in journal.query.current_events_by_persistence_id(pid)]
