@@ -40,24 +40,30 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import psycopg
 
+from pgjournal.codec.replicated import MetadataEntry
 from pgjournal.entity.aio import AsyncEntityRepository
 from pgjournal.entity.crdt import Dot
 from pgjournal.entity.errors import ConflictRetriesExhausted
 from pgjournal.entity.model import Effect, Entity, Recovered, check_entity_name
+from pgjournal.entity.recovery import snapshot_metadata
 from pgjournal.entity.repository import EntityRepository, RepositoryRules
 from pgjournal.errors import (
     ConcurrencyConflict,
     ConfigurationError,
     InvalidArgument,
     NotSeenInTime,
+    SerializationError,
     WriteOutcomeUnknown,
 )
 from pgjournal.model.envelope import EventEnvelope
+from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
     Arrival,
     Ordering,
     ReplicaState,
+    ReplicatedComposite,
     ReplicatedEventMetadata,
+    ReplicatedSnapshotMetadata,
     ReplicationId,
     VersionVector,
     arrival,
@@ -73,6 +79,7 @@ if TYPE_CHECKING:
     from pgjournal.journal import Journal
 
 S = TypeVar("S")
+_log = printable_logger("pgjournal.entity")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,14 @@ class ReplicatedEntity(Generic[S]):
         state: S = copy.deepcopy(self.initial_state)
         return state
 
+    def to_snapshot(self, state: S) -> Any:
+        """What is stored as the snapshot of ``state`` (default: the state itself, via the serializers)."""
+        return state
+
+    def from_snapshot(self, data: Any) -> S:
+        """The state stored by :meth:`to_snapshot`."""
+        return data  # type: ignore[no-any-return]
+
 
 def _check_replicas(entity: ReplicatedEntity[Any], replica: Any) -> frozenset[str]:
     name = f"{type(entity).__qualname__}.replicas"
@@ -216,14 +231,17 @@ class _Adapter(Entity[Replicated[Any]]):
     def new_state(self) -> Replicated[Any]:
         return Replicated(self.entity.new_state(), ReplicaState(self.replica))
 
+    def to_snapshot(self, state: Replicated[Any]) -> Any:
+        return self.entity.to_snapshot(state.state)
+
 
 def _replay_step(journal: JournalCore, pid: str, initial: Replicated[Any], adapter: _Adapter | None
                  ) -> Step[tuple[Replicated[Any], int, int]]:
-    """Replay ``pid`` from its first event: the state (``adapter`` None: the replica's alone), the highest
-    sequence number and the number of events replayed, page by page."""
+    """Replay ``pid`` after ``initial`` (its replica's seq_nr: 0, or a snapshot's): the state (``adapter`` None:
+    the replica's alone), the highest sequence number and the number of events replayed, page by page."""
     reader = ByPersistenceId(journal)  # type: ignore[arg-type]  # its steps only
     highest = yield Call(journal.highest_seq_nr, (pid,))  # type: ignore[attr-defined]
-    state, replayed, start = initial, 0, 1
+    state, replayed, start = initial, 0, initial.replica.seq_nr + 1
     while start <= highest:
         page = yield Call(journal.run, (reader.page_step(pid, start, highest),))  # type: ignore[attr-defined]
         if not page:
@@ -350,8 +368,9 @@ class ReplicatedRules(RepositoryRules[Replicated[S]]):
     """What both faces' replicated repositories share over :class:`RepositoryRules`: the replica's persistence
     ids, recovery from the events' metadata, and each event appended with its own metadata.
 
-    ``replica``: this location's replica id, one of the entity's ``replicas``. Snapshots are not taken yet
-    (``snapshot_every`` must be 0 or left out): recovery replays every event."""
+    ``replica``: this location's replica id, one of the entity's ``replicas``. A snapshot stores Akka's
+    ``ReplicatedSnapshotMetadata`` (the vector and what was seen of each replica) as its metadata's first entry
+    (34 / ``M``), the entity type and ``snapshot_version`` beside it; recovery starts from the latest usable one."""
 
     def __init__(self, journal: JournalCore, entity: ReplicatedEntity[S] | type[ReplicatedEntity[S]], *,
                  replica: str, snapshot_every: int | None = None, **settings: Any) -> None:
@@ -359,15 +378,12 @@ class ReplicatedRules(RepositoryRules[Replicated[S]]):
         if not isinstance(user, ReplicatedEntity):
             raise ConfigurationError(f"a replicated repository takes a ReplicatedEntity, got {type(user).__name__}")
         replicas = _check_replicas(user, replica)
-        if snapshot_every not in (None, 0):
-            raise ConfigurationError(f"snapshot_every must be 0 for a replicated entity (its snapshots are not "
-                                     f"written yet), got {snapshot_every!r}")
         self.replica = replica
         self.replicas = replicas
         adapter = _Adapter(user, replica, replicas)
         check_entity_name(adapter)
         register_replication_serializers(journal.serializers)
-        super().__init__(journal, adapter, snapshot_every=0, **settings)
+        super().__init__(journal, adapter, snapshot_every=snapshot_every, **settings)
         self._adapter = adapter
 
     def persistence_id(self, entity_id: str) -> str:
@@ -379,9 +395,54 @@ class ReplicatedRules(RepositoryRules[Replicated[S]]):
         return ReplicationId.parse(self.persistence_id(entity_id))
 
     def _recover_step(self, pid: str) -> Step[Recovered[Replicated[S]]]:
-        state, highest, replayed = yield from _replay_step(self.journal, pid, self._adapter.new_state(),
-                                                           self._adapter)
-        return Recovered(state, highest, None, replayed)
+        snapshot = yield from self._snapshot_step(pid)
+        initial = snapshot if snapshot is not None else self._adapter.new_state()
+        state, highest, replayed = yield from _replay_step(self.journal, pid, initial, self._adapter)
+        return Recovered(state, max(highest, state.replica.seq_nr),
+                         snapshot.replica.seq_nr if snapshot is not None else None, replayed)
+
+    def _snapshot_metadata(self, pid: str, state: Replicated[S]) -> Any:
+        # Akka's ReplicatedSnapshotMetadata first (Akka reads it), then the entity type and snapshot version that
+        # recovery checks, as the registry stores that dict.
+        check = self.journal.serializers.serialize(snapshot_metadata(self._adapter), persistence_id=pid)
+        return ReplicatedComposite(state.replica.snapshot_metadata(),
+                                   (MetadataEntry(check.ser_id, check.manifest, check.payload),))
+
+    def _snapshot_step(self, pid: str) -> Step[Replicated[S] | None]:
+        """The state of the latest usable snapshot (``None``: replay from the start). A snapshot of another entity
+        type or version, without replication metadata (an Akka snapshot with no version of ours to check), or
+        one that does not decode is ignored with a warning: a stale snapshot costs time, never correctness."""
+        try:
+            selected = yield Call(self.journal.load_snapshot, (pid,))
+        except SerializationError as exc:
+            _log.warning("ignoring the snapshot of %r: %s; replaying all events", pid, exc)
+            return None
+        if selected is None:
+            return None
+        wanted = snapshot_metadata(self._adapter)
+        metadata = selected.metadata
+        found: Any = None
+        if isinstance(metadata, ReplicatedComposite) and isinstance(metadata.metadata, ReplicatedSnapshotMetadata):
+            for entry in metadata.others:
+                try:
+                    found = self.journal.serializers.deserialize(entry.ser_id, entry.manifest, entry.payload,
+                                                                 persistence_id=pid)
+                except SerializationError:
+                    continue
+                if found == wanted:
+                    break
+        if found != wanted:
+            _log.warning("ignoring the snapshot of %r at seq_nr %d: its metadata is %r, this entity reads %r; "
+                         "replaying all events", pid, selected.seq_nr, metadata, wanted)
+            return None
+        try:
+            state = self._adapter.entity.from_snapshot(selected.snapshot)
+        except Exception as exc:
+            _log.warning("ignoring the snapshot of %r at seq_nr %d: from_snapshot failed (%s: %s); replaying all "
+                         "events", pid, selected.seq_nr, exc.__class__.__name__, exc)
+            return None
+        assert isinstance(metadata, ReplicatedComposite) and isinstance(metadata.metadata, ReplicatedSnapshotMetadata)
+        return Replicated(state, ReplicaState.from_snapshot(self.replica, selected.seq_nr, metadata.metadata))
 
     def _append_call(self, pid: str, events: tuple[Any, ...], expected: int, before: Any = None) -> Call:
         replica: ReplicaState = before.replica

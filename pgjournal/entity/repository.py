@@ -305,13 +305,17 @@ class RepositoryRules(Generic[S]):
         row = yield Call(self.journal.run, (first_of(self.journal.events.writer_of(pid, seq_nr)),))
         return row is not None and row[0] == self.journal.writer_id
 
+    def _snapshot_metadata(self, pid: str, state: S) -> Any:
+        """What a snapshot of ``state`` stores as its metadata (what recovery checks before it uses one)."""
+        return snapshot_metadata(self.entity)
+
     def _maybe_snapshot_step(self, pid: str, before: int, after: int, state: S) -> Step[None]:
         every = self.snapshot_every
         if every == 0 or after // every == before // every:
             return
         try:
             yield Call(self.journal.save_snapshot, (pid, after, self.entity.to_snapshot(state)),
-                       {"metadata": snapshot_metadata(self.entity)})
+                       {"metadata": self._snapshot_metadata(pid, state)})
             self._count("snapshots")
         except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
             _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,

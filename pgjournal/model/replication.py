@@ -471,15 +471,17 @@ class ReplicaState:
 
 @dataclass(frozen=True, slots=True)
 class ReplicatedComposite:
-    """Akka's ``CompositeMetadata`` (34 / ``M``) whose first entry is the replication metadata: the value a row with
-    other metadata beside it reads as, and the value to append to store it so. ``others`` stay undecoded."""
+    """Akka's ``CompositeMetadata`` (34 / ``M``) whose first entry is the replication metadata (an event's, or a
+    snapshot's): the value a row with other metadata beside it reads as, and the value to store it so. ``others``
+    stay undecoded."""
 
-    metadata: ReplicatedEventMetadata
+    metadata: ReplicatedEventMetadata | ReplicatedSnapshotMetadata
     others: tuple[wire.MetadataEntry, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.metadata, ReplicatedEventMetadata):
-            raise InvalidArgument(f"metadata must be a ReplicatedEventMetadata, got {self.metadata!r}")
+        if not isinstance(self.metadata, ReplicatedEventMetadata | ReplicatedSnapshotMetadata):
+            raise InvalidArgument(f"metadata must be a ReplicatedEventMetadata or ReplicatedSnapshotMetadata, got "
+                                  f"{self.metadata!r}")
         object.__setattr__(self, "others", tuple(wire.MetadataEntry(*entry) for entry in self.others))
 
     @property
@@ -499,6 +501,9 @@ class CompositeMetadataSerializer:
         if not isinstance(obj, ReplicatedComposite):
             raise SerializationError(f"Akka's serializer {wire.PAYLOAD} writes ReplicatedComposite values here, not "
                                      f"{type(obj).__qualname__}")
+        if isinstance(obj.metadata, ReplicatedSnapshotMetadata):
+            first = wire.MetadataEntry(wire.REPLICATED_EVENT_SOURCING, wire.SNAPSHOT_METADATA, obj.metadata.to_bytes())
+            return wire.COMPOSITE_METADATA, wire.encode_composite((first, *obj.others))
         _, manifest, payload = event_metadata_columns(obj.metadata, obj.others)
         return manifest, payload
 
@@ -507,10 +512,15 @@ class CompositeMetadataSerializer:
             raise SerializationError(f"manifest {manifest!r} of Akka's serializer {wire.PAYLOAD} is not read here; "
                                      f"expected {wire.COMPOSITE_METADATA!r}", ser_id=wire.PAYLOAD, manifest=manifest)
         found, others = event_metadata_of(wire.PAYLOAD, manifest, payload)
-        if found is None:
-            raise SerializationError("Akka's composite metadata without a ReplicatedEventMetadata entry is not read "
-                                     "here", ser_id=wire.PAYLOAD, manifest=manifest)
-        return ReplicatedComposite(found, others)
+        if found is not None:
+            return ReplicatedComposite(found, others)
+        for at, entry in enumerate(others):  # a snapshot's: its ReplicatedSnapshotMetadata, the first of the type
+            if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.SNAPSHOT_METADATA):
+                return ReplicatedComposite(ReplicatedSnapshotMetadata.from_bytes(entry.payload),
+                                           others[:at] + others[at + 1:])
+        raise SerializationError("Akka's composite metadata without a ReplicatedEventMetadata or "
+                                 "ReplicatedSnapshotMetadata entry is not read here", ser_id=wire.PAYLOAD,
+                                 manifest=manifest)
 
 
 def register_replication_serializers(registry: Any) -> None:
@@ -526,7 +536,7 @@ def split_metadata(value: Any) -> tuple[ReplicatedEventMetadata | None, VersionV
     """The replication metadata of an envelope's decoded ``metadata`` and the origin's vector: the one stored beside
     it (40 / ``DA`` in a composite), else the event's own vector when it is the origin's (an event written at its
     origin, or an Akka row that carries no origin vector). ``(None, None)`` for an event without one."""
-    if isinstance(value, ReplicatedComposite):
+    if isinstance(value, ReplicatedComposite) and isinstance(value.metadata, ReplicatedEventMetadata):
         return value.metadata, value.origin_version or value.metadata.version
     if isinstance(value, ReplicatedEventMetadata):
         return value, value.version
@@ -555,7 +565,7 @@ class Arrival:
         """:attr:`stored` as the ``meta_*`` columns hold it."""
         stored = self.stored
         if isinstance(stored, ReplicatedComposite):
-            return event_metadata_columns(stored.metadata, stored.others)
+            return event_metadata_columns(self.metadata, stored.others)
         return event_metadata_columns(stored)
 
 

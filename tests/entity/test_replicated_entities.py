@@ -17,6 +17,7 @@ from test_crdt import Document, Labels, Votes
 
 from pgjournal import ConfigurationError, Journal
 from pgjournal.codec import replicated as wire
+from pgjournal.entity.crdt import PNCounter
 from pgjournal.entity.replicated import (
     AsyncReplicatedRepository,
     ReplicatedEntity,
@@ -29,8 +30,10 @@ from pgjournal.entity.replicated import (
 )
 from pgjournal.errors import InvalidArgument, InvalidPersistenceId, NotSeenInTime
 from pgjournal.model.replication import (
+    ReplicaState,
     ReplicatedComposite,
     ReplicatedEventMetadata,
+    ReplicatedSnapshotMetadata,
     ReplicationId,
     VersionVector,
     event_metadata_of,
@@ -204,8 +207,6 @@ def test_sets_converge_with_an_add_concurrent_with_a_remove(face: Face) -> None:
 def test_bad_settings_and_ids_are_refused(face: Face) -> None:
     with pytest.raises(ConfigurationError, match=r"replica must be one of Votes.replicas \['A', 'B', 'C'\], got 'D'"):
         repository(face, Votes, "D")
-    with pytest.raises(ConfigurationError, match="snapshot_every must be 0"):
-        repository(face, Votes, "A", snapshot_every=10)
     with pytest.raises(InvalidPersistenceId, match=r"contains '\|'"):
         repository(face, Votes, "A").handle("a|b", 1)
 
@@ -274,3 +275,44 @@ def test_a_connection_lost_as_a_commands_events_commit_is_settled_not_reported_u
 
 def stored_metadata_of(journal: Journal, pid: str) -> list[ReplicatedEventMetadata]:
     return [e.metadata for e in journal.query.current_events_by_persistence_id(pid)]
+
+
+class SnapshotVotes(Votes):
+    """Votes whose counter is stored in snapshots as plain JSON."""
+
+    name = "SnapshotVotes"
+
+    def to_snapshot(self, state: PNCounter) -> Any:
+        return {"increments": dict(state.increments), "decrements": dict(state.decrements)}
+
+    def from_snapshot(self, data: Any) -> PNCounter:
+        return PNCounter(data["increments"], data["decrements"])
+
+
+class SnapshotVotesV2(SnapshotVotes):
+    snapshot_version = 2
+
+
+def test_snapshots_store_akkas_snapshot_metadata_and_recovery_starts_from_them(face: Face) -> None:
+    a = repository(face, SnapshotVotes, "A", snapshot_every=3)
+    a.handle("p-1", 1)
+    repository(face, SnapshotVotes, "B").handle("p-1", 10)
+    replicate(face, "SnapshotVotes|p-1|B", "A")  # seq_nr 2 at A: an arrival
+    a.handle("p-1", 100)  # seq_nr 3: crosses 3, a snapshot
+    a.handle("p-1", 1000)
+    with face.connection() as conn:
+        row = conn.execute("SELECT seq_nr, meta_ser_id, meta_ser_manifest, meta_payload FROM snapshot WHERE "
+                           "persistence_id = 'SnapshotVotes|p-1|A'").fetchone()
+    assert row is not None and row[:3] == (3, 34, "M")
+    first, check = wire.decode_composite(bytes(row[3]))
+    assert (first.ser_id, first.manifest) == (40, "RS")
+    assert ReplicatedSnapshotMetadata.from_bytes(first.payload) == ReplicatedSnapshotMetadata(
+        VersionVector({"A": 3, "B": 1}), {"B": 1})
+    assert face.serializers.deserialize(check.ser_id, check.manifest, check.payload) == {
+        "entity": "SnapshotVotes", "version": 1}
+    recovered = repository(face, SnapshotVotes, "A").load("p-1")
+    assert (recovered.seq_nr, recovered.snapshot_seq_nr, recovered.replayed) == (4, 3, 1)
+    assert recovered.state.state.value == 1111
+    assert recovered.state.replica == ReplicaState("A", 4, VersionVector({"A": 4, "B": 1}), {"B": 1})
+    other = repository(face, SnapshotVotesV2, "A").load("p-1")  # another snapshot version: ignored
+    assert (other.snapshot_seq_nr, other.replayed, other.state.replica) == (None, 4, recovered.state.replica)

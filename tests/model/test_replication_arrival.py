@@ -14,6 +14,7 @@ from pgjournal.model.replication import (
     ReplicaState,
     ReplicatedComposite,
     ReplicatedEventMetadata,
+    ReplicatedSnapshotMetadata,
     VersionVector,
     arrival,
     event_metadata_of,
@@ -93,7 +94,20 @@ def test_the_composite_serializer_reads_and_writes_akkas_composite() -> None:
     with pytest.raises(SerializationError, match="manifest 'X' of Akka's serializer 34 is not read here"):
         serializer.from_binary(stored.payload, "X")
     without = wire.encode_composite((wire.MetadataEntry(7, "", b"other"),))
-    with pytest.raises(SerializationError, match="without a ReplicatedEventMetadata entry"):
+    with pytest.raises(SerializationError, match="without a ReplicatedEventMetadata or ReplicatedSnapshotMetadata"):
         serializer.from_binary(without, "M")
     with pytest.raises(SerializationError, match="writes ReplicatedComposite values here, not dict"):
         serializer.to_binary({})
+
+
+def test_a_snapshots_composite_has_akkas_snapshot_metadata_first() -> None:
+    registry = SerializerRegistry()
+    register_replication_serializers(registry)
+    snapshot = ReplicatedSnapshotMetadata(VersionVector({"A": 3, "B": 1}), {"B": 1})
+    value = ReplicatedComposite(snapshot, (wire.MetadataEntry(7, "", b"check"),))
+    stored = registry.serialize(value)
+    assert (stored.ser_id, stored.manifest) == (34, "M")
+    assert wire.decode_composite(stored.payload) == (wire.MetadataEntry(40, "RS", snapshot.to_bytes()),
+                                                     wire.MetadataEntry(7, "", b"check"))
+    assert registry.deserialize(34, "M", stored.payload) == value
+    assert split_metadata(value) == (None, None)
