@@ -4,9 +4,11 @@ when the projection has not got there in time (not started, or paused)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
+from support.eventually import eventually
 from support.faces import Face
 from support.projection_handlers import FAST_PROJECTION
 
@@ -32,7 +34,8 @@ def counted(journal: Journal, name: str, pid: str) -> Any:
     return tuple(row) if row else None
 
 
-def test_a_wait_ends_once_the_projection_processed_the_write(face: Face, dsn: str) -> None:
+def test_a_wait_ends_once_the_projection_processed_the_write(face: Face, dsn: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     with Journal.open(dsn) as journal:
         ensure_counter_table(journal)
         projection = Projection("ryw", "Cart", counter_writer("ryw", max_wait=0.05), FAST_PROJECTION)
@@ -45,7 +48,9 @@ def test_a_wait_ends_once_the_projection_processed_the_write(face: Face, dsn: st
         try:
             wait(face, "ryw", first, 60)
             assert counted(journal, "ryw", "Cart|c1") == (1, 1)  # the read model shows the write
-            management.pause(journal, "ryw")
+            with caplog.at_level(logging.INFO, logger="projections"):
+                management.pause(journal, "ryw")
+                eventually(lambda: "projection ryw 0-1023 paused" in caplog.text, "the range noticed the pause")
             [second] = face.append("Cart|c1", [{"n": 2}])
             with pytest.raises(NotSeenInTime):
                 wait(face, "ryw", second, 0.5)
