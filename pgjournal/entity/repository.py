@@ -34,7 +34,7 @@ from pgjournal.entity.cache import LruCache
 from pgjournal.entity.errors import ConflictRetriesExhausted
 from pgjournal.entity.mailbox import Mailboxes, Pending
 from pgjournal.entity.model import CommandResult, Entity, Recovered, check_entity_name, effect_of
-from pgjournal.entity.recovery import recover, recover_step, snapshot_metadata
+from pgjournal.entity.recovery import recover_step, snapshot_metadata
 from pgjournal.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -196,7 +196,7 @@ class RepositoryRules(Generic[S]):
             current = self._cache.get(pid)
             cached = current is not None
             if current is None:
-                current = yield from recover_step(self.journal, self.entity, pid)
+                current = yield from self._recover_step(pid)
             state = current.state
             events: list[Any] = []
             outcomes: list[CommandResult[S] | Exception] = []
@@ -220,7 +220,7 @@ class RepositoryRules(Generic[S]):
                     continue
             else:
                 try:
-                    yield from self._append_step(pid, events, current.seq_nr)
+                    yield from self._append_step(pid, events, current.seq_nr, current.state)
                 except ConcurrencyConflict as conflict:
                     self._cache.drop(pid)
                     self._count("conflicts")
@@ -250,30 +250,35 @@ class RepositoryRules(Generic[S]):
         self._count("stale_cache")
         return True
 
-    def _append_step(self, pid: str, events: Iterable[Any], expected: int) -> Step[None]:
+    def _recover_step(self, pid: str) -> Step[Recovered[S]]:
+        """The stored state of ``pid`` (a replicated repository's recovery reads the events' metadata too)."""
+        return recover_step(self.journal, self.entity, pid)
+
+    def _append_step(self, pid: str, events: Iterable[Any], expected: int, before: Any = None) -> Step[None]:
         """Append, or raise: ConcurrencyConflict (someone else's events are there: nothing of ours written),
-        another error (nothing written) or WriteOutcomeUnknown (could not find out in time)."""
+        another error (nothing written) or WriteOutcomeUnknown (could not find out in time). ``before``: the
+        state the events were decided on."""
         events = tuple(events)
         try:
-            yield self._append_call(pid, events, expected)
+            yield self._append_call(pid, events, expected, before)
         except WriteOutcomeUnknown as unknown:
             self._count("unknown_outcomes")
             _log.warning("append to %r after seq_nr %d lost its connection: finding out whether it was written",
                          pid, expected)
-            yield from self._settle_unknown_step(pid, events, expected, unknown)
+            yield from self._settle_unknown_step(pid, events, expected, unknown, before)
 
-    def _append_call(self, pid: str, events: tuple[Any, ...], expected: int) -> Call:
+    def _append_call(self, pid: str, events: tuple[Any, ...], expected: int, before: Any = None) -> Call:
         return Call(self.journal.append, (pid, events), {"expected_seq_nr": expected, "tags": self._tags})
 
-    def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown
-                             ) -> Step[None]:
+    def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown,
+                             before: Any = None) -> Step[None]:
         deadline = time.monotonic() + self.unknown_outcome_timeout
         pause = 0.05
         last: BaseException = unknown
         while True:
             try:
                 try:
-                    yield self._append_call(pid, events, expected)
+                    yield self._append_call(pid, events, expected, before)
                     _log.info("append to %r after seq_nr %d: the first attempt had not been written; now it is",
                               pid, expected)
                     return
@@ -300,13 +305,17 @@ class RepositoryRules(Generic[S]):
         row = yield Call(self.journal.run, (first_of(self.journal.events.writer_of(pid, seq_nr)),))
         return row is not None and row[0] == self.journal.writer_id
 
+    def _snapshot_metadata(self, pid: str, state: S) -> Any:
+        """What a snapshot of ``state`` stores as its metadata (what recovery checks before it uses one)."""
+        return snapshot_metadata(self.entity)
+
     def _maybe_snapshot_step(self, pid: str, before: int, after: int, state: S) -> Step[None]:
         every = self.snapshot_every
         if every == 0 or after // every == before // every:
             return
         try:
             yield Call(self.journal.save_snapshot, (pid, after, self.entity.to_snapshot(state)),
-                       {"metadata": snapshot_metadata(self.entity)})
+                       {"metadata": self._snapshot_metadata(pid, state)})
             self._count("snapshots")
         except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
             _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,
@@ -336,7 +345,7 @@ class EntityRepository(RepositoryRules[S]):
         """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
         pid = self.persistence_id(entity_id)
         with self.breaker.guard():
-            return self._recovered(pid, recover(self.journal, self.entity, pid))
+            return self._recovered(pid, self.journal.run(self._recover_step(pid)))
 
     def _batch(self, pid: str, batch: list[Pending]) -> None:
         try:
