@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from pgjournal.aio.connections import async_limited_connection_class
 from pgjournal.core import journal_core as core
-from pgjournal.errors import DatabaseUnavailable
-from pgjournal.runtime.steps import R, Step, arun_pooled
+from pgjournal.runtime.steps import R, Work, arun_work
 from pgjournal.server.connections import unreachable
-from pgjournal.write.tag_batcher import Recovered, TagWriterRules, Work
+from pgjournal.write.tag_batcher import Recovered, TagWriterRules
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal
@@ -66,29 +65,7 @@ class AsyncTagBatcher(TagWriterRules):
                 raise self._report(exc) from exc
 
     async def _do(self, work: Work[R]) -> R:
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                factory = work.throw(error) if error is not None else work.send(result)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                result, error = await self._run(factory), None
-            except Exception as exc:
-                result, error = None, exc
-
-    async def _run(self, step: Callable[[], Step[R]]) -> R:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await arun_pooled(step(), self._connection)
-            except (DatabaseUnavailable, psycopg.Error) as exc:
-                pause = self._pause(attempt, exc)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
+        return await arun_work(work, self._connection, self._pause)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:

@@ -61,7 +61,7 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -74,8 +74,9 @@ from pgjournal.errors import DatabaseUnavailable, JournalError, TagFlushFailed, 
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.timeuuid import lsb_key
 from pgjournal.runtime import metrics
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.contention import RetryPolicy
-from pgjournal.runtime.steps import Step, run_pooled, statement
+from pgjournal.runtime.steps import Step, Work, run_work, statement
 from pgjournal.store import tags as store
 from pgjournal.store.tags import NO_UPTO, BatchPair
 from pgjournal.tags.writer_mode import check_mode_step
@@ -347,12 +348,6 @@ class Recovered:
     rows: int
 
 
-#: The orchestration of a writer's statements, for both faces: a generator that yields a factory of a fresh step
-#: for each statement (the face runs it on the writer's own connection, retrying transient failures, and sends
-#: back its result or throws its error in) and returns what the work returns.
-Work = Generator[Callable[[], Step[Any]], Any, R]
-
-
 class TagWriterRules:
     """What both faces of the batched writer do (the blocking :class:`TagBatcher` thread, the asyncio
     :class:`pgjournal.aio.tag_batcher.AsyncTagBatcher` task): the work of each operation as :data:`Work`, the
@@ -365,6 +360,8 @@ class TagWriterRules:
         self._retry = RetryPolicy.of(settings)
         self._retryable = journal.dialect.retryable_sqlstates
         self._interval = settings.tag_flush_interval
+        #: After failed rounds: twice the interval, doubling, to a quarter of the writer timeout.
+        self._slower = Backoff(2 * self._interval, 2.0, settings.tag_writer_timeout / 4)
         self._heartbeat = settings.tag_heartbeat_interval
         self._timeout = settings.tag_writer_timeout
         self._closing = False
@@ -510,7 +507,7 @@ class TagWriterRules:
 
     def _wait(self, failures: int) -> float:
         """How long the timer waits before its next round (longer after failed rounds)."""
-        return self._interval if not failures else min(self._timeout / 4, self._interval * 2 ** failures)
+        return self._interval if not failures else self._slower.delay(failures)
 
     def _report(self, exc: BaseException) -> TagFlushFailed:
         metrics.TAG_FLUSH_FAILURES.inc()
@@ -568,31 +565,8 @@ class TagBatcher(TagWriterRules):
                 raise self._report(exc) from exc
 
     def _do(self, work: Work[R]) -> R:
-        """Drive ``work``: each statement it asks for run with :meth:`_run` (the caller holds ``_io``)."""
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                factory = work.throw(error) if error is not None else work.send(result)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                result, error = self._run(factory), None
-            except Exception as exc:
-                result, error = None, exc
-
-    def _run(self, step: Callable[[], Step[R]]) -> R:
-        """Run a fresh ``step()`` on this writer's connection, retrying transient failures under the retry policy."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return run_pooled(step(), self._connection)
-            except (DatabaseUnavailable, psycopg.Error) as exc:
-                pause = self._pause(attempt, exc)
-                if pause is None:
-                    raise
-                time.sleep(pause)
+        """Drive ``work`` on this writer's connection, retrying transient failures (the caller holds ``_io``)."""
+        return run_work(work, self._connection, self._pause)
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:
