@@ -57,7 +57,10 @@ class Listening:
 
     def work(self) -> Work[None]:
         while not self._closed():
-            yield self._listen_step
+            try:
+                yield self._listen_step
+            except psycopg.Error:  # closed while it was reconnecting (see pause)
+                return
 
     def _listen_step(self) -> Step[None]:
         yield Statement(LISTEN)
@@ -69,8 +72,9 @@ class Listening:
                 self._wake(note.payload)
 
     def pause(self, _attempt: int, exc: BaseException) -> float | None:
-        """After a lost connection: the pause before the next; any other error ends the listener."""
-        if not isinstance(exc, psycopg.Error):
+        """After a lost connection: the pause before the next (none once closed); any other error ends the
+        listener."""
+        if not isinstance(exc, psycopg.Error) or self._closed():
             return None
         self._failures += 1
         _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
