@@ -293,6 +293,9 @@ class _AsyncFetch:
             await self.close_stream()
         if request.__class__ is Statement and self.conn is not None and request.stream <= 1:
             return await _execute(self.conn, request)  # the common case, first
+        if request.__class__ is Call and not request.connection:  # a face's operation (a group's statements)
+            result = request.fn(*request.args, **request.kwargs)
+            return await result if inspect.isawaitable(result) else result
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None
