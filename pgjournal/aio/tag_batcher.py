@@ -1,9 +1,10 @@
 """The asyncio face of the batched tag writer (:mod:`pgjournal.write.tag_batcher`): the same
-:class:`~pgjournal.write.tag_batcher.TagBatch` and the same work (:class:`~pgjournal.write.tag_batcher.TagWriterRules`:
-which statements, in which order, retried how), run by a task of the journal's event loop on a connection of its
-own, with an :class:`asyncio.Lock` keeping this writer's statements one at a time. Heartbeat, recovery and close
-behave as on the blocking face: ``AsyncJournal.close()`` writes what is pending or raises
-:class:`~pgjournal.errors.TagFlushFailed` (the writer's row stays, so its events are recovered)."""
+:class:`~pgjournal.write.tag_batch.TagBatch` and the same work
+(:class:`~pgjournal.write.tag_writer_rules.TagWriterRules`: which statements, in which order, retried how), run by a
+task of the journal's event loop on a connection of its own, with an :class:`asyncio.Lock` keeping this writer's
+statements one at a time. Heartbeat, recovery and close behave as on the blocking face: ``AsyncJournal.close()``
+writes what is pending or raises :class:`~pgjournal.errors.TagFlushFailed` (the writer's row stays, so its events are
+recovered)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pgjournal.aio.connections import async_limited_connection_class
 from pgjournal.core import journal_core as core
 from pgjournal.runtime.steps import R, Work, arun_work
 from pgjournal.server.connections import unreachable
-from pgjournal.write.tag_batcher import Recovered, TagWriterRules
+from pgjournal.write.tag_batch import Recovered
+from pgjournal.write.tag_writer_rules import TagWriterRules
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal
@@ -40,8 +42,8 @@ class AsyncTagBatcher(TagWriterRules):
     # -- the append path --------------------------------------------------------------------------------
 
     async def begin(self, entity_type: str) -> int:
-        """Before a tagged append runs (see :meth:`TagBatch.begin`); the first one of an entity type first records
-        it in this writer's row."""
+        """Before a tagged append runs (see :meth:`~pgjournal.write.tag_batch.TagBatch.begin`); the first one
+        of an entity type first records it in this writer's row."""
         if not self.batch.knows(entity_type):
             async with self._io:
                 await self._do(self._register_work(entity_type))
