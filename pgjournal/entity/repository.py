@@ -19,7 +19,6 @@ is locked), so a late commit cannot slip past the check.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import weakref
@@ -43,6 +42,7 @@ from pgjournal.errors import (
     WriteOutcomeUnknown,
 )
 from pgjournal.model.printable import printable_logger
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.steps import Call, Sleep, Step, first_of
 from pgjournal.validation import check_persistence_id, check_tags
 
@@ -54,6 +54,10 @@ S = TypeVar("S")
 _log = printable_logger("pgjournal.entity")
 
 DEFAULT_SNAPSHOT_EVERY = 100
+#: Before recovering again after a conflict: anything up to 2 ms, doubling to 50 ms.
+CONFLICT_BACKOFF = Backoff(0.002, 2.0, 0.05, jitter=1.0)
+#: Between the tries that find out whether an append with a lost connection was written.
+SETTLE_BACKOFF = Backoff(0.05, 2.0, 1.0)
 
 
 def _run_batch(pid: str, batch: list[Pending]) -> None:
@@ -230,7 +234,7 @@ class RepositoryRules(Generic[S]):
                                                        conflict.actual_seq_nr) from None
                     _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1,
                                attempt)
-                    yield Sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                    yield Sleep(CONFLICT_BACKOFF.delay(attempt))
                     continue
             self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
             if events:
@@ -273,9 +277,11 @@ class RepositoryRules(Generic[S]):
     def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown,
                              before: Any = None) -> Step[None]:
         deadline = time.monotonic() + self.unknown_outcome_timeout
-        pause = 0.05
+        tries = 0
         last: BaseException = unknown
         while True:
+            tries += 1
+            pause = SETTLE_BACKOFF.delay(tries)
             try:
                 try:
                     yield self._append_call(pid, events, expected, before)
@@ -297,7 +303,6 @@ class RepositoryRules(Generic[S]):
                     f"load({pid.partition('|')[2]!r}) before sending the command again"
                 ) from last
             yield Sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     def _written_by_us_step(self, pid: str, seq_nr: int) -> Step[bool]:
         """Was ``seq_nr`` of ``pid`` written by this journal? While we lead the entity's mailbox, no other
