@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from pgjournal.aio.connections import async_limited_connection_class
 from pgjournal.core import journal_core as core
 from pgjournal.errors import DatabaseUnavailable
 from pgjournal.runtime.steps import R, Step, arun_pooled
-from pgjournal.server.connections import unreachable
 from pgjournal.write.tag_batcher import Recovered, TagWriterRules, Work
 
 if TYPE_CHECKING:
@@ -94,7 +92,7 @@ class AsyncTagBatcher(TagWriterRules):
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
-            conn = self._conn = await self._open_connection()
+            conn = self._conn = await self._journal.open_connection()
         try:
             yield conn
         except psycopg.OperationalError as exc:
@@ -103,15 +101,6 @@ class AsyncTagBatcher(TagWriterRules):
                 raise
             await self._disconnect()
             raise lost from exc
-
-    async def _open_connection(self) -> psycopg.AsyncConnection:
-        """A connection made as the pool's are (autocommit, pgjournal's limits), for this writer alone."""
-        options = core.pool_options(self._journal.settings, self._journal.dsn)
-        try:
-            return await async_limited_connection_class(self._journal.settings).connect(
-                self._journal.dsn, **options["kwargs"])
-        except psycopg.OperationalError as exc:
-            raise unreachable(self._journal.dsn, exc) from None
 
     async def _disconnect(self) -> None:
         if self._conn is not None:

@@ -146,6 +146,12 @@ def first_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[Any]:
     return rows[0] if rows else None
 
 
+def count_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[int]:
+    """A step of one statement that returns no rows: its row count."""
+    count: int = yield statement(query, **options)
+    return count
+
+
 def joined(steps: Steps[T]) -> Step[list[T]]:
     """A sequence of steps as one step (all on one connection): the items of all of them."""
     out: list[T] = []

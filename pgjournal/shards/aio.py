@@ -89,6 +89,7 @@ class AsyncShardedJournal(Routed[AsyncJournal]):
         return cls(known, routing)
 
     async def close(self) -> None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.close`."""
         await _close_all(known.journal for known in self._known)
 
     async def __aenter__(self) -> AsyncShardedJournal:
@@ -136,31 +137,42 @@ class AsyncShardedJournal(Routed[AsyncJournal]):
     async def _records(self) -> list[Record | None]:
         return [await known.journal.run(read_record_step()) for known in self._known]
 
+    async def migrate(self) -> None:
+        """Migrate every database of the layout and record it (:func:`~pgjournal.shards.migrate.migrate_all`; in a
+        thread, as Alembic is blocking)."""
+        await asyncio.to_thread(migrate_all, self.shards, self.journals[0].settings)
+
     # -- writes, snapshots -----------------------------------------------------------------------------
 
     async def append(self, persistence_id: str, events: Iterable[Any], *, expected_seq_nr: int | None = None,
                      tags: Iterable[str] = (), metadata: Any = None) -> list[EventEnvelope]:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.append`."""
         batch, labels = once(events), once(tags)
         return await self._write(persistence_id, lambda journal: journal.append(
             persistence_id, batch, expected_seq_nr=expected_seq_nr, tags=labels, metadata=metadata))
 
     async def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.delete_events`."""
         return await self._write(persistence_id, lambda journal: journal.delete_events(persistence_id, to_seq_nr))
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.highest_seq_nr`."""
         return await self.journal_for(persistence_id).highest_seq_nr(persistence_id)
 
     async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                             tags: Iterable[str] = ()) -> None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.save_snapshot`."""
         await self._write(persistence_id, lambda journal: journal.save_snapshot(persistence_id, seq_nr, snapshot,
                                                                                 metadata=metadata, tags=tags))
 
     async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                             max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.load_snapshot`."""
         return await self.journal_for(persistence_id).load_snapshot(persistence_id, max_seq_nr=max_seq_nr,
                                                                     max_timestamp=max_timestamp)
 
     async def delete_snapshot(self, persistence_id: str) -> None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.delete_snapshot`."""
         await self._write(persistence_id, lambda journal: journal.delete_snapshot(persistence_id))
 
 
@@ -172,18 +184,22 @@ class AsyncShardedQuery:
 
     def current_events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1,
                                          to_seq_nr: int | None = None) -> AsyncIterator[EventEnvelope]:
+        """:meth:`~pgjournal.faces.AsyncReads.current_events_by_persistence_id`."""
         return self._journal.journal_for(persistence_id).query.current_events_by_persistence_id(
             persistence_id, from_seq_nr, to_seq_nr)
 
     def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
                                  ) -> AsyncLiveQuery[EventEnvelope]:
+        """:meth:`~pgjournal.faces.AsyncReads.events_by_persistence_id`."""
         return self._journal.journal_for(persistence_id).query.events_by_persistence_id(
             persistence_id, from_seq_nr, to_seq_nr)
 
     async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """:meth:`~pgjournal.faces.AsyncReads.timestamp_of`."""
         return await self._journal.journal_for(persistence_id).query.timestamp_of(persistence_id, seq_nr)
 
     async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        """:meth:`~pgjournal.faces.AsyncReads.load_envelope`."""
         return await self._journal.journal_for(persistence_id).query.load_envelope(persistence_id, seq_nr)
 
     async def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
@@ -212,20 +228,21 @@ class AsyncShardedQuery:
                 if closing is not None:
                     await closing()
 
-    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
-                                 offset: Offset = NoOffset) -> AsyncIterator[EventEnvelope]:
+    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                                 *, tags: Iterable[str] | None = None) -> AsyncIterator[EventEnvelope]:
         """Read from the one database holding ``min_slice..max_slice`` only."""
         return self._journal.journal_for_slices(min_slice, max_slice).query.current_events_by_slices(
-            entity_type, min_slice, max_slice, offset)
+            entity_type, min_slice, max_slice, offset, tags=tags)
 
-    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> AsyncFollowingSlices[EventEnvelope]:
+    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+                         tags: Iterable[str] | None = None) -> AsyncFollowingSlices[EventEnvelope]:
         """As ``ShardedQuery.events_by_slices``: live, following a move of the range by itself."""
-        return AsyncFollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
+        return AsyncFollowingSlices(self._journal, entity_type, min_slice, max_slice, offset, tags=tags)
 
     def current_events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
             transform: Callable[[Any], Any]) -> AsyncIterator[EventEnvelope]:
+        """:meth:`~pgjournal.faces.AsyncReads.current_events_by_slices_starting_from_snapshots`."""
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return query.current_events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                                       transform=transform)
@@ -233,6 +250,7 @@ class AsyncShardedQuery:
     async def events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
             transform: Callable[[Any], Any]) -> AsyncLiveQuery[EventEnvelope]:
+        """:meth:`~pgjournal.faces.AsyncReads.events_by_slices_starting_from_snapshots`."""
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return await query.events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                                     transform=transform)
@@ -242,17 +260,18 @@ class AsyncFollowingSlices(Generic[P]):
     """The asyncio face of ``FollowingSlices`` (the rule: :class:`~pgjournal.shards.routing.StreamFollow`)."""
 
     def __init__(self, journal: AsyncShardedJournal, entity_type: str, min_slice: int, max_slice: int,
-                 offset: Offset, rows: Callable[[AsyncJournal], SliceRows] | None = None) -> None:
-        self._sharded, self._entity_type, self._rows = journal, entity_type, rows
+                 offset: Offset, rows: Callable[[AsyncJournal], SliceRows] | None = None, *,
+                 tags: Iterable[str] | None = None) -> None:
+        self._sharded, self._entity_type, self._rows, self._tags = journal, entity_type, rows, tags
         self._follow = StreamFollow(journal, min_slice, max_slice, offset)
         self._closed = False
         self._live = self._open()
 
     def _open(self) -> AsyncLiveQuery[P]:
         follow = self._follow
-        query, rows = follow.journal.query, self._rows(follow.journal) if self._rows else None
-        return query.run_live(query.slice_query(self._entity_type, *follow.range, follow.offset, rows),
-                              before_poll=self._check)
+        by_slices, rows = follow.journal.by_slices, self._rows(follow.journal) if self._rows else None
+        query = by_slices.query(self._entity_type, *follow.range, follow.offset, rows, tags=self._tags)
+        return by_slices.run_live(query, before_poll=self._check)
 
     async def _check(self) -> None:
         if not self._follow.due():
@@ -308,18 +327,22 @@ class AsyncShardedDurableState:
         self._journal = journal
 
     async def get(self, persistence_id: str) -> DurableState | None:
+        """:meth:`~pgjournal.faces.AsyncDurableStates.get`."""
         return await self._journal.journal_for(persistence_id).durable_state.get(persistence_id)
 
     async def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
+        """:meth:`~pgjournal.faces.AsyncDurableStates.upsert`."""
         return await self._journal._write(persistence_id, lambda journal: journal.durable_state.upsert(
             persistence_id, revision, value, tag))
 
     async def delete(self, persistence_id: str, revision: int) -> DurableState:
+        """:meth:`~pgjournal.faces.AsyncDurableStates.delete`."""
         return await self._journal._write(persistence_id, lambda journal: journal.durable_state.delete(
             persistence_id, revision))
 
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> AsyncIterator[DurableStateChange]:
+        """:meth:`~pgjournal.faces.AsyncDurableStates.current_changes_by_slices`."""
         return self._journal.journal_for_slices(min_slice, max_slice).durable_state.current_changes_by_slices(
             entity_type, min_slice, max_slice, offset)
 

@@ -112,6 +112,7 @@ class ShardedJournal(Routed[Journal]):
         return cls(known, routing)
 
     def close(self) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.close`."""
         _close_all(known.journal for known in self._known)
 
     def __enter__(self) -> ShardedJournal:
@@ -171,6 +172,7 @@ class ShardedJournal(Routed[Journal]):
         return [known.journal.run(read_record_step()) for known in self._known]
 
     def migrate(self) -> None:
+        """Migrate every database of the layout and record it (:func:`~pgjournal.shards.migrate.migrate_all`)."""
         migrate_all(self.shards, self.journals[0].settings)
 
     # -- writes, snapshots -----------------------------------------------------------------------------
@@ -183,22 +185,27 @@ class ShardedJournal(Routed[Journal]):
             persistence_id, batch, expected_seq_nr=expected_seq_nr, tags=labels, metadata=metadata))
 
     def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
+        """:meth:`~pgjournal.faces.JournalFace.delete_events`."""
         return self._write(persistence_id, lambda journal: journal.delete_events(persistence_id, to_seq_nr))
 
     def highest_seq_nr(self, persistence_id: str) -> int:
+        """:meth:`~pgjournal.faces.JournalFace.highest_seq_nr`."""
         return self.journal_for(persistence_id).highest_seq_nr(persistence_id)
 
     def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                       tags: Iterable[str] = ()) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.save_snapshot`."""
         self._write(persistence_id, lambda journal: journal.save_snapshot(persistence_id, seq_nr, snapshot,
                                                                           metadata=metadata, tags=tags))
 
     def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                       max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        """:meth:`~pgjournal.faces.JournalFace.load_snapshot`."""
         return self.journal_for(persistence_id).load_snapshot(persistence_id, max_seq_nr=max_seq_nr,
                                                               max_timestamp=max_timestamp)
 
     def delete_snapshot(self, persistence_id: str) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.delete_snapshot`."""
         self._write(persistence_id, lambda journal: journal.delete_snapshot(persistence_id))
 
 
@@ -211,18 +218,22 @@ class ShardedQuery:
 
     def current_events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1,
                                          to_seq_nr: int | None = None) -> Iterator[EventEnvelope]:
+        """:meth:`~pgjournal.faces.Reads.current_events_by_persistence_id`."""
         return self._journal.journal_for(persistence_id).query.current_events_by_persistence_id(
             persistence_id, from_seq_nr, to_seq_nr)
 
     def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
                                  ) -> LiveQuery[EventEnvelope]:
+        """:meth:`~pgjournal.faces.Reads.events_by_persistence_id`."""
         return self._journal.journal_for(persistence_id).query.events_by_persistence_id(
             persistence_id, from_seq_nr, to_seq_nr)
 
     def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """:meth:`~pgjournal.faces.Reads.timestamp_of`."""
         return self._journal.journal_for(persistence_id).query.timestamp_of(persistence_id, seq_nr)
 
     def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope:
+        """:meth:`~pgjournal.faces.Reads.load_envelope`."""
         return self._journal.journal_for(persistence_id).query.load_envelope(persistence_id, seq_nr)
 
     def current_persistence_ids(self, after: str | None = None, limit: int | None = 1000, *,
@@ -233,21 +244,22 @@ class ShardedQuery:
                                for journal in self._journal.journals))
         return merged if limit is None else itertools.islice(merged, limit)
 
-    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
-                                 offset: Offset = NoOffset) -> Iterator[EventEnvelope]:
+    def current_events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
+                                 *, tags: Iterable[str] | None = None) -> Iterator[EventEnvelope]:
         """Read from the one database holding ``min_slice..max_slice`` only."""
         return self._journal.journal_for_slices(min_slice, max_slice).query.current_events_by_slices(
-            entity_type, min_slice, max_slice, offset)
+            entity_type, min_slice, max_slice, offset, tags=tags)
 
-    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
-                         ) -> FollowingSlices[EventEnvelope]:
+    def events_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+                         tags: Iterable[str] | None = None) -> FollowingSlices[EventEnvelope]:
         """Live, from the one database holding ``min_slice..max_slice``, following a move of the range by itself
         (:class:`FollowingSlices`)."""
-        return FollowingSlices(self._journal, entity_type, min_slice, max_slice, offset)
+        return FollowingSlices(self._journal, entity_type, min_slice, max_slice, offset, tags=tags)
 
     def current_events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
             transform: Callable[[Any], Any]) -> Iterator[EventEnvelope]:
+        """:meth:`~pgjournal.faces.Reads.current_events_by_slices_starting_from_snapshots`."""
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return query.current_events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                                       transform=transform)
@@ -255,6 +267,7 @@ class ShardedQuery:
     def events_by_slices_starting_from_snapshots(
             self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
             transform: Callable[[Any], Any]) -> SnapshotsThenLive:
+        """:meth:`~pgjournal.faces.Reads.events_by_slices_starting_from_snapshots`."""
         query = self._journal.journal_for_slices(min_slice, max_slice).query
         return query.events_by_slices_starting_from_snapshots(entity_type, min_slice, max_slice, offset,
                                                               transform=transform)
@@ -270,8 +283,8 @@ class FollowingSlices(Generic[P]):
     move that leaves the range across two databases. ``close()`` (or leaving ``with``) stops it."""
 
     def __init__(self, journal: ShardedJournal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
-                 rows: Callable[[Journal], SliceRows] | None = None) -> None:
-        self._sharded, self._entity_type, self._rows = journal, entity_type, rows
+                 rows: Callable[[Journal], SliceRows] | None = None, *, tags: Iterable[str] | None = None) -> None:
+        self._sharded, self._entity_type, self._rows, self._tags = journal, entity_type, rows, tags
         self._follow = StreamFollow(journal, min_slice, max_slice, offset)
         self._closed = False
         self._live = self._open()
@@ -279,7 +292,8 @@ class FollowingSlices(Generic[P]):
     def _open(self) -> LiveQuery[P]:
         follow = self._follow
         by_slices, rows = follow.journal.by_slices, self._rows(follow.journal) if self._rows else None
-        return by_slices.run_live(by_slices.query(self._entity_type, *follow.range, follow.offset, rows), self._check)
+        query = by_slices.query(self._entity_type, *follow.range, follow.offset, rows, tags=self._tags)
+        return by_slices.run_live(query, before_poll=self._check)
 
     def _check(self) -> None:
         if not self._follow.due():
@@ -336,18 +350,22 @@ class ShardedDurableState:
         self._journal = journal
 
     def get(self, persistence_id: str) -> DurableState | None:
+        """:meth:`~pgjournal.faces.DurableStates.get`."""
         return self._journal.journal_for(persistence_id).durable_state.get(persistence_id)
 
     def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
+        """:meth:`~pgjournal.faces.DurableStates.upsert`."""
         return self._journal._write(persistence_id, lambda journal: journal.durable_state.upsert(
             persistence_id, revision, value, tag))
 
     def delete(self, persistence_id: str, revision: int) -> DurableState:
+        """:meth:`~pgjournal.faces.DurableStates.delete`."""
         return self._journal._write(persistence_id, lambda journal: journal.durable_state.delete(persistence_id,
                                                                                                  revision))
 
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> Iterator[DurableStateChange]:
+        """:meth:`~pgjournal.faces.DurableStates.current_changes_by_slices`."""
         return self._journal.journal_for_slices(min_slice, max_slice).durable_state.current_changes_by_slices(
             entity_type, min_slice, max_slice, offset)
 

@@ -81,8 +81,7 @@ from pgjournal.store.tags import NO_UPTO, BatchPair
 from pgjournal.tags.writer_mode import check_mode_step
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore, JournalCore
     from pgjournal.settings import Settings
 
 log = printable_logger("pgjournal.write.tag_batcher")
@@ -526,9 +525,9 @@ class TagWriterRules:
 class TagBatcher(TagWriterRules):
     """The blocking face: the journal's batched tag writer, a thread that starts with the first tagged append."""
 
-    _journal: Journal
+    _journal: BlockingCore
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: BlockingCore) -> None:
         super().__init__(journal)
         #: This writer's statements, one at a time (the thread's, and a caller's flush or registration), on its
         #: own connection (opened at the first statement and again after a loss).
