@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Coroutine, Generator, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -82,12 +82,12 @@ class AsyncJournal(JournalCore):
 
     @classmethod
     def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
-             replica: str | None = None, **settings: Any) -> _Opening:
+             replica: str | None = None, **settings: Any) -> Opening[AsyncJournal]:
         """Connect (to the embedded server when no DSN is given or set) and check the schema, as
         :meth:`Journal.open <pgjournal.Journal.open>` does (``replica``: a hot standby for by-slice reads).
         ``journal = await AsyncJournal.open(...)``, or ``async with AsyncJournal.open(...) as journal:`` (closed
         when the block ends)."""
-        return _Opening(cls._open(dsn, serializers, migrate, replica, settings))
+        return Opening(cls._open(dsn, serializers, migrate, replica, settings))
 
     @classmethod
     async def _open(cls, dsn: str | None, serializers: SerializerRegistry | None, migrate: bool,
@@ -270,17 +270,25 @@ async def _connect(dsn: str, settings: Settings) -> psycopg.AsyncConnection:
         raise unreachable(dsn, exc) from None
 
 
-class _Opening:
-    """``await AsyncJournal.open(...)`` or ``async with AsyncJournal.open(...) as journal``."""
+class Closes(Protocol):
+    async def close(self) -> None: ...
 
-    def __init__(self, opening: Any) -> None:
+
+Opened = TypeVar("Opened", bound=Closes)
+
+
+class Opening(Generic[Opened]):
+    """What an asyncio journal's ``open`` returns: ``await`` it for the journal, or ``async with`` it (the journal
+    closed when the block ends)."""
+
+    def __init__(self, opening: Coroutine[Any, Any, Opened]) -> None:
         self._opening = opening
-        self._journal: AsyncJournal | None = None
+        self._journal: Opened | None = None
 
-    def __await__(self) -> Generator[Any, None, AsyncJournal]:
-        return self._opening.__await__()  # type: ignore[no-any-return]
+    def __await__(self) -> Generator[Any, None, Opened]:
+        return self._opening.__await__()
 
-    async def __aenter__(self) -> AsyncJournal:
+    async def __aenter__(self) -> Opened:
         self._journal = await self._opening
         return self._journal
 

@@ -238,6 +238,12 @@ def run_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractContex
     return _run(step, _SyncFetch(None, connection))
 
 
+def run_calls(step: Step[R]) -> R:
+    """Run a step that asks for no connection, only :class:`Call` and :class:`Sleep` (logic over a face's own
+    operations, such as a sharded journal's routing)."""
+    return _run(step, _SyncFetch(None))
+
+
 def _advance(step: Step[R], answer: Any, error: BaseException | None) -> tuple[bool, Any]:
     """Hand the step its answer (or raise ``error`` where it asked): ``(False, its next request)``, or
     ``(True, its result)``."""
@@ -338,6 +344,11 @@ async def arun_pooled(step: Step[R], connection: Callable[[], contextlib.Abstrac
         psycopg.AsyncConnection]]) -> R:
     """:func:`run_pooled` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
     return await _arun(step, _AsyncFetch(None, connection))
+
+
+async def arun_calls(step: Step[R]) -> R:
+    """:func:`run_calls` for asyncio: the operations it calls are awaited."""
+    return await _arun(step, _AsyncFetch(None))
 
 
 async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:

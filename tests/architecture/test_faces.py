@@ -21,6 +21,7 @@ from pgjournal.journal import Journal
 from pgjournal.query import Query
 from pgjournal.shards.aio import AsyncShardedDurableState, AsyncShardedJournal, AsyncShardedQuery
 from pgjournal.shards.journal import ShardedDurableState, ShardedJournal, ShardedQuery
+from pgjournal.shards.routed import RoutedDurableState, RoutedJournal, RoutedParts
 from pgjournal.shards.routing import Routed
 from pgjournal.state.durable_state import DurableStateRules, DurableStateStore
 
@@ -36,7 +37,7 @@ FACES: dict[type, tuple[type, ...]] = {
     faces.AsyncDurableStates: (AsyncDurableStateStore, AsyncShardedDurableState),
 }
 #: what a face shares with its twin through a base class (the shared rules): not a face operation
-SHARED_BASES = (JournalCore, BlockingCore, Routed, DurableStateRules)
+SHARED_BASES = (JournalCore, BlockingCore, Routed, RoutedJournal, RoutedParts, RoutedDurableState, DurableStateRules)
 
 #: what only one kind of journal offers, and why
 ONE_DATABASE = {
