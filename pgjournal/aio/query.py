@@ -14,7 +14,7 @@ from pgjournal.model.envelope import EventEnvelope
 from pgjournal.model.offsets import NoOffset, Offset
 from pgjournal.model.slices import entity_type_of
 from pgjournal.query.by_pid import PidSteps, check_range
-from pgjournal.query.by_slices import Delivery, SliceQuery, SliceRows
+from pgjournal.query.by_slices import Delivery, SliceQueries, SliceQuery, SliceRows
 from pgjournal.query.by_tag import TagEnvelope, TagStream
 from pgjournal.query.from_snapshots import Transform, snapshots_step
 from pgjournal.runtime.live import Made
@@ -134,18 +134,9 @@ class AsyncQuery:
         return self._journal.live_query(poll, entity_types=None)
 
 
-class AsyncBySlices:
+class AsyncBySlices(SliceQueries["AsyncJournal"]):
     """The asyncio face of by-slice queries (the twin of :class:`pgjournal.query.by_slices.BySlices`): runs
     :class:`SliceQuery` steps on the journal's pool, where by-slice reads go (the replica when it has one)."""
-
-    def __init__(self, journal: AsyncJournal, serializers: SerializerRegistry | None = None) -> None:
-        self._journal = journal
-        self._serializers = serializers
-
-    def query(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
-              rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> SliceQuery:
-        return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
-                          serializers=self._serializers, tags=tags)
 
     def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
                 rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> AsyncIterator[Any]:

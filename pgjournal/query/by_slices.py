@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pgjournal.core.horizon import Horizon
 from pgjournal.core.journal_core import BlockingCore, JournalCore
@@ -605,11 +605,14 @@ def _start_offset(offset: Offset) -> TimestampOffset:
     return offset
 
 
-class BySlices:
-    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool.
-    ``serializers``: decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+Face = TypeVar("Face", bound=JournalCore)
 
-    def __init__(self, journal: BlockingCore, serializers: SerializerRegistry | None = None) -> None:
+
+class SliceQueries(Generic[Face]):
+    """What both faces' by-slice queries share: making a :class:`SliceQuery` of the journal. ``serializers``:
+    decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: Face, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
         self._serializers = serializers
 
@@ -617,6 +620,10 @@ class BySlices:
               rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> SliceQuery:
         return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
                           serializers=self._serializers, tags=tags)
+
+
+class BySlices(SliceQueries[BlockingCore]):
+    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool."""
 
     def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
                 rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> Iterator[Any]:
