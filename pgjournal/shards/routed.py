@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 Shards = ShardSettings | Mapping[str, str] | Sequence[str]
 A = ParamSpec("A")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class Database(Protocol):
@@ -112,7 +113,7 @@ def blocking(step: Callable[A, Step[R]]) -> Callable[A, R]:
     def operation(*args: A.args, **kwargs: A.kwargs) -> R:
         return run_calls(step(*args, **kwargs))
 
-    return operation
+    return _named(operation)
 
 
 def awaited(step: Callable[A, Step[R]]) -> Callable[A, Coroutine[Any, Any, R]]:
@@ -122,6 +123,13 @@ def awaited(step: Callable[A, Step[R]]) -> Callable[A, Coroutine[Any, Any, R]]:
     async def operation(*args: A.args, **kwargs: A.kwargs) -> R:
         return await arun_calls(step(*args, **kwargs))
 
+    return _named(operation)
+
+
+def _named(operation: F) -> F:
+    """The operation named as the face names it (``append``, of the step ``append_step``)."""
+    operation.__name__ = operation.__name__.removesuffix("_step")
+    operation.__qualname__ = operation.__qualname__.removesuffix("_step")
     return operation
 
 
