@@ -17,7 +17,7 @@ from pgjournal.admin.stored_format import StoredFormat
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.core.capabilities import Capabilities
 from pgjournal.core.journal_core import (
-    JournalCore,
+    BlockingCore,
     lost_connection,
     no_connection,
     open_step,
@@ -34,7 +34,7 @@ from pgjournal.query.by_pid import ByPersistenceId
 from pgjournal.query.by_slices import BySlices
 from pgjournal.runtime.live import LiveQuery, Poll, T
 from pgjournal.runtime.signals import Signals
-from pgjournal.runtime.steps import R, Step, run, run_pooled
+from pgjournal.runtime.steps import R, Step, count_of, run, run_pooled
 from pgjournal.server.connections import PoolFront, connect, connection_kwargs, limited_connection_class, unreachable
 from pgjournal.settings import Settings
 from pgjournal.state.durable_state import DurableStateStore
@@ -47,7 +47,7 @@ from pgjournal.write.tag_batcher import TagBatcher
 from pgjournal.write.transaction import Transaction, transaction
 
 
-class Journal(JournalCore):
+class Journal(BlockingCore):
     """An event journal on one database. Thread-safe; open one per process and share it."""
 
     def __init__(self, dsn: str, settings: Settings, serializers: SerializerRegistry,
@@ -65,17 +65,17 @@ class Journal(JournalCore):
         self.replica_connections = None if self._replica_pool is None else PoolFront(self._replica_pool)
         #: The batched tag writer (``tag_batch_writer`` resolved True, see :mod:`pgjournal.write.tag_batcher`); None:
         #: tag rows are written in the append's own statement.
-        self.tag_writer = TagBatcher(self) if settings.batched_tags else None
+        self.tag_writer: TagBatcher | None = TagBatcher(self) if settings.batched_tags else None
         #: Appends of threads that would wait for a connection ride together (pgjournal.write.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.pipeline)
         self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None,
-                                   pipeline=self._pipeline)
+                                   pipeline=self._pipeline, tag_writer=self.tag_writer)
         self.by_pid = ByPersistenceId(self)
         self.by_slices = BySlices(self)
         self.snapshots = SnapshotStore(self)
         self.query = Query(self)
         #: Akka's durable state store: the latest state per persistence id, with revisions and changes.
-        self.durable_state = DurableStateStore(self)
+        self.durable_state = DurableStateStore(self, self.by_slices)
 
     @classmethod
     def open(
@@ -169,6 +169,7 @@ class Journal(JournalCore):
         return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None)
 
     def migrate(self) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.migrate`."""
         migrations.upgrade(self.dsn, self.settings.dialect)
 
     # -- writes --------------------------------------------------------------------------------------
@@ -182,12 +183,7 @@ class Journal(JournalCore):
         tags: Iterable[str] = (),
         metadata: Any = None,
     ) -> list[EventEnvelope]:
-        """Append ``events`` atomically after ``expected_seq_nr`` (the highest sequence number the caller
-        has seen, 0 for a new persistence id; ``None``: after whatever is there).
-
-        Raises :class:`~pgjournal.errors.ConcurrencyConflict` when another writer got there first; then
-        nothing of the batch is written.
-        """
+        """:meth:`~pgjournal.faces.JournalFace.append`."""
         return self._writer.append(
             persistence_id, events, expected_seq_nr=expected_seq_nr, tags=tags, metadata=metadata
         )
@@ -196,29 +192,32 @@ class Journal(JournalCore):
         """``with journal.transaction() as tx:`` appends (``tx.append``) and your own SQL (``tx.connection``)
         that commit or roll back together; see :mod:`pgjournal.write.transaction` for the rules. ``savepoints``: each
         append in a savepoint, so a conflict leaves the transaction usable."""
-        return transaction(self, savepoints=savepoints)
+        return transaction(self, self._writer.count, savepoints=savepoints)
 
     def delete_events(self, persistence_id: str, to_seq_nr: int) -> int:
         """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""
         pid = check_persistence_id(persistence_id)
         check_seq_nr(to_seq_nr, "to_seq_nr")
-        with self.connection() as conn:
-            return conn.execute(*self.events.mark_deleted(pid, to_seq_nr)).rowcount
+        return self.run(count_of(self.events.mark_deleted(pid, to_seq_nr)))
 
     def highest_seq_nr(self, persistence_id: str) -> int:
-        return self.by_pid.highest_seq_nr(persistence_id)
+        """:meth:`~pgjournal.faces.JournalFace.highest_seq_nr`."""
+        return self.run(self.by_pid.highest_seq_nr_step(check_persistence_id(persistence_id)))
 
     # -- snapshots -----------------------------------------------------------------------------------
 
     def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                       tags: Iterable[str] = ()) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.save_snapshot`."""
         self.snapshots.save(persistence_id, seq_nr, snapshot, metadata=metadata, tags=tags)
 
     def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                       max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        """:meth:`~pgjournal.faces.JournalFace.load_snapshot`."""
         return self.snapshots.load(persistence_id, max_seq_nr=max_seq_nr, max_timestamp=max_timestamp)
 
     def delete_snapshot(self, persistence_id: str) -> None:
+        """:meth:`~pgjournal.faces.JournalFace.delete_snapshot`."""
         self.snapshots.delete(persistence_id)
 
 

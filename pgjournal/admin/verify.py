@@ -36,7 +36,7 @@ from pgjournal.store.timestamp_offsets import OFFSET_TABLE
 if TYPE_CHECKING:
     import psycopg
 
-    from pgjournal.journal import Journal
+    from pgjournal.server.face import Connected
 
 
 @dataclass
@@ -101,7 +101,7 @@ def check_identity(conn: psycopg.Connection, result: CheckResult, limit: int) ->
             result.add(f"{pid!r}: entity type {row.entity_type!r}, expected {want_type!r}", limit)
 
 
-def verify(journal: Journal, *, examples: int = 10) -> Report:
+def verify(journal: Connected, *, examples: int = 10) -> Report:
     """Run every check on ``journal``'s database (read-only) and return what each found."""
     gaps = CheckResult("seq_nr gaps", "per persistence id, sequence numbers are contiguous")
     order = CheckResult("time order", "per persistence id, db_timestamp never goes down as seq_nr goes up")

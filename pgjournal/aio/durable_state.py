@@ -37,15 +37,13 @@ class AsyncDurableStateStore(DurableStateRules):
                                   offset: Offset = NoOffset) -> AsyncIterator[DurableStateChange]:
         """:meth:`DurableStateStore.current_changes_by_slices <pgjournal.DurableStateStore.current_changes_by_slices>`
         as an async iterator."""
-        query = self.journal.query
-        return query.run_current(query.slice_query(entity_type, min_slice, max_slice, offset, rows=self.rows()))
+        return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset, rows=self.rows())
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
                           ) -> AsyncLiveQuery[DurableStateChange]:
         """Like :meth:`current_changes_by_slices`, but keeps polling (woken by writers' signals); ``close()`` or
         leaving ``async with`` stops it."""
-        query = self.journal.query
-        return query.run_live(query.slice_query(entity_type, min_slice, max_slice, offset, rows=self.rows()))
+        return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset, rows=self.rows())
 
     async def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
         """:meth:`DurableStateStore.upsert <pgjournal.DurableStateStore.upsert>`: revision ``revision`` (the

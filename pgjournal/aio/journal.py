@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Coroutine, Generator, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -23,7 +23,7 @@ from pgjournal.aio.connections import AsyncPoolFront, async_limited_connection_c
 from pgjournal.aio.durable_state import AsyncDurableStateStore
 from pgjournal.aio.live import AsyncLiveQuery, AsyncPoll
 from pgjournal.aio.pipelining import AppendPipeline
-from pgjournal.aio.query import AsyncQuery
+from pgjournal.aio.query import AsyncBySlices, AsyncQuery
 from pgjournal.aio.signals import AsyncSignals
 from pgjournal.aio.tag_batcher import AsyncTagBatcher
 from pgjournal.aio.transaction import AsyncTransaction, transaction
@@ -32,15 +32,16 @@ from pgjournal.core import journal_core as core
 from pgjournal.core.capabilities import Capabilities
 from pgjournal.core.journal_core import JournalCore
 from pgjournal.model.envelope import EventEnvelope
+from pgjournal.query.by_pid import PidSteps
 from pgjournal.runtime.contention import KeyedLocks
 from pgjournal.runtime.live import T
-from pgjournal.runtime.steps import Step, arun, arun_pooled, first_of, statement
+from pgjournal.runtime.steps import Step, arun, arun_pooled, count_of
 from pgjournal.server.connections import connection_kwargs, unreachable
 from pgjournal.settings import Settings
 from pgjournal.state.snapshots import SelectedSnapshot, delete_statement, load_step, save_statement, save_step
 from pgjournal.validation import check_persistence_id, check_seq_nr
 from pgjournal.write.append_steps import append_step
-from pgjournal.write.event_writer import EventWriter
+from pgjournal.write.event_writer import WriterRules
 from pgjournal.write.group_commit import allowed_step
 
 
@@ -67,24 +68,26 @@ class AsyncJournal(JournalCore):
         #: append's own statement.
         self.tag_writer = AsyncTagBatcher(self) if settings.batched_tags else None
         #: What the blocking face's writer knows per persistence id, its counts, and signals after commit.
-        self._writer = EventWriter(self, after_commit=self.signals.written if self.signals else None)  # type: ignore
+        self._writer = WriterRules(self, after_commit=self.signals.written if self.signals else None)
         #: Appends of this journal's tasks to one persistence id take turns (pgjournal.runtime.contention), as threads
         #: do.
         self._turns = KeyedLocks(lock=asyncio.Lock)
         #: Appends that would wait for a connection are sent together (pgjournal.aio.pipelining).
         self._pipeline = AppendPipeline(self, settings.pool_max_size, enabled=settings.async_pipeline)
+        self.by_pid = PidSteps(self)
+        self.by_slices = AsyncBySlices(self)
         self.query = AsyncQuery(self)
         #: Durable state (pgjournal.state.durable_state's rules, awaited).
         self.durable_state = AsyncDurableStateStore(self)
 
     @classmethod
     def open(cls, dsn: str | None = None, *, serializers: SerializerRegistry | None = None, migrate: bool = False,
-             replica: str | None = None, **settings: Any) -> _Opening:
+             replica: str | None = None, **settings: Any) -> Opening[AsyncJournal]:
         """Connect (to the embedded server when no DSN is given or set) and check the schema, as
         :meth:`Journal.open <pgjournal.Journal.open>` does (``replica``: a hot standby for by-slice reads).
         ``journal = await AsyncJournal.open(...)``, or ``async with AsyncJournal.open(...) as journal:`` (closed
         when the block ends)."""
-        return _Opening(cls._open(dsn, serializers, migrate, replica, settings))
+        return Opening(cls._open(dsn, serializers, migrate, replica, settings))
 
     @classmethod
     async def _open(cls, dsn: str | None, serializers: SerializerRegistry | None, migrate: bool,
@@ -143,6 +146,16 @@ class AsyncJournal(JournalCore):
             return self.connection()
         return _Borrowed(self.replica_connections, self.replica_dsn, self.settings)
 
+    async def open_connection(self) -> psycopg.AsyncConnection:
+        """A connection of its own, made as the pool's are (autocommit, pgjournal's limits), for a background
+        writer that runs one heavy statement over and over (:mod:`pgjournal.aio.tag_batcher`). The caller closes
+        it."""
+        options = core.pool_options(self.settings, self.dsn)
+        try:
+            return await async_limited_connection_class(self.settings).connect(self.dsn, **options["kwargs"])
+        except psycopg.OperationalError as exc:
+            raise unreachable(self.dsn, exc) from None
+
     async def run(self, step: Step[T]) -> T:
         """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool (borrowed at its first statement)."""
         return await arun_pooled(step, self.connection)
@@ -156,6 +169,7 @@ class AsyncJournal(JournalCore):
                               else None, first)
 
     async def migrate(self) -> None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.migrate`."""
         await asyncio.to_thread(migrations.upgrade, self.dsn, self.settings.dialect)
 
     # -- writes --------------------------------------------------------------------------------------
@@ -199,30 +213,28 @@ class AsyncJournal(JournalCore):
         """Mark events up to ``to_seq_nr`` deleted (every read skips them; sequence numbers stay taken)."""
         pid = check_persistence_id(persistence_id)
         check_seq_nr(to_seq_nr, "to_seq_nr")
-        return await self.run(_statement_step(self.events.mark_deleted(pid, to_seq_nr)))
+        return await self.run(count_of(self.events.mark_deleted(pid, to_seq_nr)))
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
-        row = await self.run(first_of(self.events.highest_seq_nr(check_persistence_id(persistence_id))))
-        return int(row[0]) if row else 0
+        """:meth:`~pgjournal.faces.JournalFace.highest_seq_nr`."""
+        return await self.run(self.by_pid.highest_seq_nr_step(check_persistence_id(persistence_id)))
 
     # -- snapshots -----------------------------------------------------------------------------------
 
     async def save_snapshot(self, persistence_id: str, seq_nr: int, snapshot: Any, *, metadata: Any = None,
                             tags: Iterable[str] = ()) -> None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.save_snapshot`."""
         await self.run(save_step(save_statement(self, persistence_id, seq_nr, snapshot, metadata=metadata,
                                                 tags=tags), persistence_id))
 
     async def load_snapshot(self, persistence_id: str, *, max_seq_nr: int | None = None,
                             max_timestamp: datetime | None = None) -> SelectedSnapshot | None:
+        """:meth:`~pgjournal.faces.AsyncJournalFace.load_snapshot`."""
         return await self.run(load_step(self, persistence_id, max_seq_nr=max_seq_nr, max_timestamp=max_timestamp))
 
     async def delete_snapshot(self, persistence_id: str) -> None:
-        await self.run(_statement_step(delete_statement(self, persistence_id)))
-
-
-def _statement_step(query: tuple[str, Any]) -> Step[Any]:
-    """One statement that returns no rows: its row count."""
-    return (yield statement(query))
+        """:meth:`~pgjournal.faces.AsyncJournalFace.delete_snapshot`."""
+        await self.run(count_of(delete_statement(self, persistence_id)))
 
 
 class _Borrowed:
@@ -258,17 +270,25 @@ async def _connect(dsn: str, settings: Settings) -> psycopg.AsyncConnection:
         raise unreachable(dsn, exc) from None
 
 
-class _Opening:
-    """``await AsyncJournal.open(...)`` or ``async with AsyncJournal.open(...) as journal``."""
+class Closes(Protocol):
+    async def close(self) -> None: ...
 
-    def __init__(self, opening: Any) -> None:
+
+Opened = TypeVar("Opened", bound=Closes)
+
+
+class Opening(Generic[Opened]):
+    """What an asyncio journal's ``open`` returns: ``await`` it for the journal, or ``async with`` it (the journal
+    closed when the block ends)."""
+
+    def __init__(self, opening: Coroutine[Any, Any, Opened]) -> None:
         self._opening = opening
-        self._journal: AsyncJournal | None = None
+        self._journal: Opened | None = None
 
-    def __await__(self) -> Generator[Any, None, AsyncJournal]:
-        return self._opening.__await__()  # type: ignore[no-any-return]
+    def __await__(self) -> Generator[Any, None, Opened]:
+        return self._opening.__await__()
 
-    async def __aenter__(self) -> AsyncJournal:
+    async def __aenter__(self) -> Opened:
         self._journal = await self._opening
         return self._journal
 

@@ -15,10 +15,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgjournal.aio.connections import async_limited_connection_class
 from pgjournal.core import journal_core as core
 from pgjournal.runtime.steps import R, Work, arun_work
-from pgjournal.server.connections import unreachable
 from pgjournal.write.tag_batch import Recovered
 from pgjournal.write.tag_writer_rules import TagWriterRules
 
@@ -73,7 +71,7 @@ class AsyncTagBatcher(TagWriterRules):
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
-            conn = self._conn = await self._open_connection()
+            conn = self._conn = await self._journal.open_connection()
         try:
             yield conn
         except psycopg.OperationalError as exc:
@@ -82,15 +80,6 @@ class AsyncTagBatcher(TagWriterRules):
                 raise
             await self._disconnect()
             raise lost from exc
-
-    async def _open_connection(self) -> psycopg.AsyncConnection:
-        """A connection made as the pool's are (autocommit, pgjournal's limits), for this writer alone."""
-        options = core.pool_options(self._journal.settings, self._journal.dsn)
-        try:
-            return await async_limited_connection_class(self._journal.settings).connect(
-                self._journal.dsn, **options["kwargs"])
-        except psycopg.OperationalError as exc:
-            raise unreachable(self._journal.dsn, exc) from None
 
     async def _disconnect(self) -> None:
         if self._conn is not None:

@@ -6,8 +6,10 @@ connections."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -29,10 +31,11 @@ from pgjournal.errors import (
     InsufficientPrivilege,
     JournalError,
 )
-from pgjournal.runtime.live import Schedule
-from pgjournal.runtime.steps import Step, first_of
-from pgjournal.server.connections import ServerSilent, connection_kwargs
+from pgjournal.runtime.live import LiveQuery, Poll, Schedule, T
+from pgjournal.runtime.steps import R, Step, first_of
+from pgjournal.server.connections import PoolFront, ServerSilent, connection_kwargs
 from pgjournal.server.dsn import check_dsn, mask_dsn, redact, resolve_dsn
+from pgjournal.server.face import PendingTags
 from pgjournal.settings import Settings
 from pgjournal.store import catalog
 from pgjournal.store.snapshots import SnapshotSQL
@@ -123,6 +126,38 @@ class JournalCore:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({mask_dsn(self.dsn)!r}, dialect={self.settings.dialect!r})"
+
+
+class BlockingCore(JournalCore):
+    """:class:`JournalCore` with what the blocking face adds that the shared modules below it use: its pool's
+    connections, a connection of its own, running a step, and its live loop. :class:`~pgjournal.Journal` is the
+    one implementation; the reads, writes and stores below it are typed against this, never against it."""
+
+    #: The batched tag writer (``None``: tag rows are written in the append's own statement); set by the face.
+    tag_writer: PendingTags | None
+    #: Every borrowing of a pool connection goes through this front; set by the face.
+    connections: PoolFront
+
+    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """Borrow an autocommit connection from the pool (a broken one is discarded on return)."""
+        raise NotImplementedError
+
+    def read_connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """A connection for by-slice reads: to the replica when the journal has one, else :meth:`connection`."""
+        raise NotImplementedError
+
+    def open_connection(self) -> psycopg.Connection:
+        """A connection of its own, made as the pool's are; the caller closes it."""
+        raise NotImplementedError
+
+    def run(self, step: Step[R]) -> R:
+        """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool."""
+        raise NotImplementedError
+
+    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
+                   ) -> LiveQuery[T]:
+        """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on."""
+        raise NotImplementedError
 
 
 def pool_options(settings: Settings, dsn: str) -> dict[str, Any]:

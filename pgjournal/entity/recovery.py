@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pgjournal.entity.model import Entity, Recovered
 from pgjournal.errors import SerializationError
 from pgjournal.model.printable import printable_logger
-from pgjournal.query.by_pid import ByPersistenceId
+from pgjournal.query.by_pid import PidSteps
 from pgjournal.runtime.steps import Call, Step
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
+    from pgjournal.aio.journal import AsyncJournal
     from pgjournal.journal import Journal
 
 S = TypeVar("S")
@@ -27,9 +27,9 @@ def snapshot_metadata(entity: Entity[Any]) -> dict[str, Any]:
     return {"entity": entity.name, "version": entity.snapshot_version}
 
 
-def _from_snapshot_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[tuple[S, int] | None]:
+def _from_snapshot_step(journal: Journal | AsyncJournal, entity: Entity[S], pid: str) -> Step[tuple[S, int] | None]:
     try:
-        selected = yield Call(journal.load_snapshot, (pid,))  # type: ignore[attr-defined]
+        selected = yield Call(journal.load_snapshot, (pid,))
     except SerializationError as exc:
         _log.warning("ignoring the snapshot of %r: %s; replaying all events", pid, exc)
         return None
@@ -53,7 +53,7 @@ def recover(journal: Journal, entity: Entity[S], pid: str) -> Recovered[S]:
     return journal.run(recover_step(journal, entity, pid))
 
 
-def recover_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[Recovered[S]]:
+def recover_step(journal: Journal | AsyncJournal, entity: Entity[S], pid: str) -> Step[Recovered[S]]:
     """:func:`recover` as a step (:mod:`pgjournal.runtime.steps`) of the journal's own calls (blocking or asyncio),
     each on a connection of its own, replaying page by page (bounded memory)."""
     snapshot = yield from _from_snapshot_step(journal, entity, pid)
@@ -61,12 +61,12 @@ def recover_step(journal: JournalCore, entity: Entity[S], pid: str) -> Step[Reco
     # Read the highest sequence number first and replay up to it: every event up to it is committed, so the
     # state is exactly that of the stream at ``highest`` even while others append. Events the replay does
     # not return there were deleted (delete_events); their numbers stay taken.
-    reader = ByPersistenceId(journal)  # type: ignore[arg-type]  # its steps only
-    highest = yield Call(journal.highest_seq_nr, (pid,))  # type: ignore[attr-defined]
+    reader = PidSteps(journal)
+    highest = yield Call(journal.highest_seq_nr, (pid,))
     replayed = 0
     start = seq_nr + 1
     while start <= highest:
-        page = yield Call(journal.run, (reader.page_step(pid, start, highest),))  # type: ignore[attr-defined]
+        page = yield Call(journal.run, (reader.page_step(pid, start, highest),))
         if not page:
             break
         for envelope in page:

@@ -38,9 +38,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pgjournal.core.horizon import Horizon
+from pgjournal.core.journal_core import BlockingCore, JournalCore
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
@@ -54,7 +55,6 @@ from pgjournal.validation import check_name, check_persistence_id, check_tag_fil
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
-    from pgjournal.journal import Journal
 
 #: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
@@ -104,7 +104,7 @@ class EventRows:
 
     horizon_relations = None
 
-    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None, *,
+    def __init__(self, journal: JournalCore, serializers: SerializerRegistry | None = None, *,
                  tags: tuple[str, ...] | None = None, sparse: bool = True) -> None:
         self._journal = journal
         self._serializers = serializers if serializers is not None else journal.serializers
@@ -147,7 +147,7 @@ class SliceQuery:
     """The state of one events_by_slices query (or, with other ``rows``, a query of the same shape such as
     durable state's changes): cursors, the gate, and the steps that read pages through it."""
 
-    def __init__(self, journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+    def __init__(self, journal: JournalCore, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
                  rows: SliceRows | None = None, *, serializers: SerializerRegistry | None = None,
                  tags: Iterable[str] | None = None) -> None:
         self.journal = journal
@@ -605,11 +605,14 @@ def _start_offset(offset: Offset) -> TimestampOffset:
     return offset
 
 
-class BySlices:
-    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool.
-    ``serializers``: decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+Face = TypeVar("Face", bound=JournalCore)
 
-    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
+
+class SliceQueries(Generic[Face]):
+    """What both faces' by-slice queries share: making a :class:`SliceQuery` of the journal. ``serializers``:
+    decode with these instead of the journal's (see :class:`pgjournal.query.Query`)."""
+
+    def __init__(self, journal: Face, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
         self._serializers = serializers
 
@@ -617,6 +620,10 @@ class BySlices:
               rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> SliceQuery:
         return SliceQuery(self._journal, entity_type, min_slice, max_slice, offset, rows,
                           serializers=self._serializers, tags=tags)
+
+
+class BySlices(SliceQueries[BlockingCore]):
+    """The blocking face of by-slice queries: runs :class:`SliceQuery` steps on the journal's pool."""
 
     def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset,
                 rows: SliceRows | None = None, *, tags: Iterable[str] | None = None) -> Iterator[Any]:

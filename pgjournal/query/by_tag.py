@@ -54,7 +54,7 @@ from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore
 
 MAX_MISSING = 5000
 #: Rows per chunk when a page streams in (> 1; chunked results need libpq 17), else whole pages. Whole pages are
@@ -153,7 +153,7 @@ class TagStream:
     """The state of one events_by_tag query. Its polls are steps (:mod:`pgjournal.runtime.steps`): ``poll_step`` for a
     live query, ``current_steps`` for a current one; ``poll()`` runs one on the journal's pool."""
 
-    def __init__(self, journal: Journal, tag: str, offset: Offset, *, live: bool,
+    def __init__(self, journal: BlockingCore, tag: str, offset: Offset, *, live: bool,
                  serializers: SerializerRegistry | None = None, size: BucketSize | None = None) -> None:
         """``size``: the tag view's bucket size, checked against the database (the asyncio face checks it with
         :func:`pgjournal.buckets.check_bucket_size_step`); ``None``: looked up on the journal's pool."""
@@ -496,7 +496,7 @@ class TagStream:
 class ByTag:
     """The blocking face of events_by_tag: runs :class:`TagStream` steps on the journal's pool."""
 
-    def __init__(self, journal: Journal, serializers: SerializerRegistry | None = None) -> None:
+    def __init__(self, journal: BlockingCore, serializers: SerializerRegistry | None = None) -> None:
         self._journal = journal
         self._serializers = serializers
 

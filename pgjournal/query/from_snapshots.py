@@ -18,21 +18,21 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from pgjournal.core.journal_core import BlockingCore
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope, Source
 from pgjournal.model.offsets import NoOffset, Offset
-from pgjournal.query.by_slices import SliceQuery
+from pgjournal.query.by_slices import BySlices, SliceQuery
 from pgjournal.runtime.live import LiveQuery
 from pgjournal.runtime.steps import Step, run_pooled, statement
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
-    from pgjournal.journal import Journal
 
 Transform = Callable[[Any], Any]
 
 
-def _prepare(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
+def _prepare(journal: BlockingCore, entity_type: str, min_slice: int, max_slice: int, offset: Offset,
              transform: Transform, serializers: SerializerRegistry | None) -> tuple[SliceQuery, list[EventEnvelope]]:
     """The by-slice query with the snapshots' sequence numbers marked delivered, and the snapshot envelopes."""
     query = SliceQuery(journal, entity_type, min_slice, max_slice, offset, serializers=serializers)
@@ -71,10 +71,10 @@ def snapshots_step(query: SliceQuery, min_slice: int, max_slice: int, transform:
     return out
 
 
-def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+def current(journal: BlockingCore, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
             transform: Transform, serializers: SerializerRegistry | None = None) -> Iterator[EventEnvelope]:
     query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
-    events = journal.by_slices.run_current(query)
+    events = BySlices(journal).run_current(query)
 
     def chained() -> Iterator[EventEnvelope]:
         yield from snapshots
@@ -83,10 +83,10 @@ def current(journal: Journal, entity_type: str, min_slice: int, max_slice: int, 
     return chained()
 
 
-def live(journal: Journal, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
+def live(journal: BlockingCore, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset, *,
          transform: Transform, serializers: SerializerRegistry | None = None) -> SnapshotsThenLive:
     query, snapshots = _prepare(journal, entity_type, min_slice, max_slice, offset, transform, serializers)
-    return SnapshotsThenLive(snapshots, journal.by_slices.run_live(query))
+    return SnapshotsThenLive(snapshots, BySlices(journal).run_live(query))
 
 
 class SnapshotsThenLive:

@@ -150,6 +150,12 @@ def first_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[Any]:
     return rows[0] if rows else None
 
 
+def count_of(query: tuple[str, Any] | Read[Any], **options: Any) -> Step[int]:
+    """A step of one statement that returns no rows: its row count."""
+    count: int = yield statement(query, **options)
+    return count
+
+
 def joined(steps: Steps[T]) -> Step[list[T]]:
     """A sequence of steps as one step (all on one connection): the items of all of them."""
     out: list[T] = []
@@ -234,6 +240,12 @@ def run_pooled(step: Step[R], connection: Callable[[], contextlib.AbstractContex
     """Run ``step`` on a connection borrowed from ``connection()`` (e.g. ``journal.connection``) at its first
     statement and returned when it ends (a step that only sleeps borrows none)."""
     return _run(step, _SyncFetch(None, connection))
+
+
+def run_calls(step: Step[R]) -> R:
+    """Run a step that asks for no connection, only :class:`Call` and :class:`Sleep` (logic over a face's own
+    operations, such as a sharded journal's routing)."""
+    return _run(step, _SyncFetch(None))
 
 
 def _advance(step: Step[R], answer: Any, error: BaseException | None) -> tuple[bool, Any]:
@@ -339,6 +351,11 @@ async def arun_pooled(step: Step[R], connection: Callable[[], contextlib.Abstrac
         psycopg.AsyncConnection]]) -> R:
     """:func:`run_pooled` for asyncio: ``connection()`` is e.g. an ``AsyncConnectionPool``'s ``connection``."""
     return await _arun(step, _AsyncFetch(None, connection))
+
+
+async def arun_calls(step: Step[R]) -> R:
+    """:func:`run_calls` for asyncio: the operations it calls are awaited."""
+    return await _arun(step, _AsyncFetch(None))
 
 
 async def _arun(step: Step[R], fetch: _AsyncFetch) -> R:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 
@@ -30,8 +30,7 @@ from pgjournal.validation import check_name, check_persistence_id, check_seq_nr
 from pgjournal.write.failures import Failure, classify, refused, server_message, unknown
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore, JournalCore
 
 #: The timestamp of a state not written yet (the write step sets the database's).
 _NO_TIME = datetime.min
@@ -187,47 +186,54 @@ class DurableStateRules:
         return int(rows[0][0]) if rows else 0
 
 
+class SliceReads(Protocol):
+    """The blocking face's by-slice reads (:class:`pgjournal.query.by_slices.BySlices`, above this module), over
+    durable state's rows."""
+
+    def current(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset, rows: _StateRows
+                ) -> Iterator[Any]: ...
+
+    def live(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset, rows: _StateRows
+             ) -> LiveQuery[Any]: ...
+
+
 class DurableStateStore(DurableStateRules):
-    """The durable state store of a journal (``journal.durable_state``); thread-safe like the journal."""
+    """The durable state store of a journal (``journal.durable_state``); thread-safe like the journal.
+    ``by_slices``: the journal's by-slice reads, which its changes by slices run on."""
 
-    journal: Journal
+    journal: BlockingCore
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: BlockingCore, by_slices: SliceReads) -> None:
         super().__init__(journal)
+        self._by_slices = by_slices
         #: Writes of this process to one persistence id take turns; retries back off (pgjournal.runtime.contention).
         self._turns = KeyedLocks()
 
     # -- reads ---------------------------------------------------------------------------------------
 
     def get(self, persistence_id: str) -> DurableState | None:
-        """The current state (``deleted`` set after :meth:`delete`), ``None`` when never written."""
+        """:meth:`~pgjournal.faces.DurableStates.get`."""
         pid = check_persistence_id(persistence_id)
         return run_pooled(self.get_step(pid), self.journal.connection)
 
     def current_changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int,
                                   offset: Offset = NoOffset) -> Iterator[DurableStateChange]:
-        """The states of ``entity_type`` in slices ``min_slice..max_slice`` changed after ``offset``, up to the
-        bound seen when the query starts, in (db_timestamp, revision) order: each persistence id's latest
-        revision, each revision at most once."""
-        return self.journal.by_slices.current(entity_type, min_slice, max_slice, offset,
-                                              rows=self.rows())
+        """:meth:`~pgjournal.faces.DurableStates.current_changes_by_slices`."""
+        return self._by_slices.current(entity_type, min_slice, max_slice, offset, rows=self.rows())
 
     def changes_by_slices(self, entity_type: str, min_slice: int, max_slice: int, offset: Offset = NoOffset
                           ) -> LiveQuery[DurableStateChange]:
-        """Like :meth:`current_changes_by_slices`, but keeps polling; ``close()`` (or ``with``) stops it."""
-        return self.journal.by_slices.live(entity_type, min_slice, max_slice, offset,
-                                           rows=self.rows())
+        """:meth:`~pgjournal.faces.DurableStates.changes_by_slices`."""
+        return self._by_slices.live(entity_type, min_slice, max_slice, offset, rows=self.rows())
 
     # -- writes --------------------------------------------------------------------------------------
 
     def upsert(self, persistence_id: str, revision: int, value: Any, tag: str | None = None) -> DurableState:
-        """Store ``value`` as revision ``revision`` (the current revision + 1; 1 for a new persistence id) with
-        an optional ``tag``. Raises :class:`~pgjournal.errors.RevisionConflict` otherwise; nothing is written."""
+        """:meth:`~pgjournal.faces.DurableStates.upsert`."""
         return self._run(*self.upsert_write(persistence_id, revision, value, tag))
 
     def delete(self, persistence_id: str, revision: int) -> DurableState:
-        """Mark the state deleted at ``revision`` (the current revision + 1, as for :meth:`upsert`): Akka's
-        ``deleteObject(persistenceId, revision)``. A later upsert continues at ``revision + 1``."""
+        """:meth:`~pgjournal.faces.DurableStates.delete`."""
         return self._run(*self.delete_write(persistence_id, revision))
 
     def _run(self, pid: str, write: Step[DurableState]) -> DurableState:

@@ -17,8 +17,7 @@ from pgjournal.validation import check_persistence_id, check_seq_nr, check_tags
 from pgjournal.write.failures import guard_refusal
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore, JournalCore
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class SnapshotStore:
     """The blocking face of snapshots (``journal.snapshots``); the rules and statements are the functions
     below, which the asyncio face runs too."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: BlockingCore) -> None:
         self._journal = journal
         #: The statements over ``snapshot`` (store layer), also for by-slice reads
         #: (:mod:`pgjournal.query.from_snapshots`).

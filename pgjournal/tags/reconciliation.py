@@ -26,7 +26,7 @@ from pgjournal.tags.statement_writer import bucket_size
 from pgjournal.validation import check_name, check_persistence_id, check_tags
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.server.face import Connected
     from pgjournal.store import Query
 
 _UNIX_EPOCH_TICKS = 0x01B21DD213814000
@@ -39,7 +39,7 @@ def _random_lsb_bytes() -> int:
     return (0x80 << 56) | (secrets.randbits(62) & 0x3FFFFFFFFFFFFFFF) | (1 << 40)
 
 
-def wait_for_tag_writers(journal: Journal) -> None:
+def wait_for_tag_writers(journal: Connected) -> None:
     """Before a cleanup or :meth:`Reconciliation.delete_tag_view` deletes tag rows: wait, at most
     ``tag_writer_timeout``, until the batched tag writers of every process have written the tag rows of every
     event appended before now (their watermark past this moment; this journal's own writer is flushed), since a
@@ -64,7 +64,7 @@ def wait_for_tag_writers(journal: Journal) -> None:
 
 
 class Reconciliation:
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Connected) -> None:
         self._journal = journal
 
     def tags_of(self, persistence_id: str) -> list[str]:
@@ -159,7 +159,7 @@ class CleanupResult:
 class Cleanup:
     """Delete a persistence id's data. ``dry_run`` (the default) only counts what would go."""
 
-    def __init__(self, journal: Journal, *, dry_run: bool = True) -> None:
+    def __init__(self, journal: Connected, *, dry_run: bool = True) -> None:
         self._journal = journal
         self.dry_run = dry_run
 
@@ -197,7 +197,7 @@ class Cleanup:
 
     def delete_all_snapshots(self, persistence_id: str) -> CleanupResult:
         pid = check_persistence_id(persistence_id)
-        snapshots = self._journal.snapshots.sql
+        snapshots = self._journal.snapshot_sql
         return self._run(pid, "snapshots", snapshots.count(pid), snapshots.delete(pid))
 
     def delete_all(self, persistence_id: str, *, reset_sequence_number: bool = False) -> list[CleanupResult]:

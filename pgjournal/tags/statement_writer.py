@@ -28,12 +28,12 @@ from pgjournal.store.tags import one_tagged_event_sql, tagged_insert_sql
 from pgjournal.tags.writer_mode import ensure_mode_step
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.server.face import Configured, Connected
 
-_bucket_sizes: weakref.WeakKeyDictionary[Journal, BucketSize] = weakref.WeakKeyDictionary()
+_bucket_sizes: weakref.WeakKeyDictionary[Configured, BucketSize] = weakref.WeakKeyDictionary()
 
 
-def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
+def bucket_size(journal: Connected, *, record: bool = True) -> BucketSize:
     """The journal's bucket size, checked against the one recorded in the database; a writer (``record``)
     records it when none is. A reader records nothing: reading an empty tag view fixes no size."""
     size = _bucket_sizes.get(journal)
@@ -55,7 +55,7 @@ def bucket_size(journal: Journal, *, record: bool = True) -> BucketSize:
     return size
 
 
-def record_bucket_size(journal: Journal) -> Callable[[psycopg.Connection], None] | None:
+def record_bucket_size(journal: Configured) -> Callable[[psycopg.Connection], None] | None:
     """Until a tagged append of ``journal`` committed: what records the bucket size in the append's
     transaction (so an append that fails records nothing); ``None`` after that."""
     if journal in _bucket_sizes:
@@ -68,7 +68,7 @@ def record_bucket_size(journal: Journal) -> Callable[[psycopg.Connection], None]
     return record
 
 
-def bucket_size_recorded(journal: Journal) -> None:
+def bucket_size_recorded(journal: Configured) -> None:
     """A tagged append of ``journal`` committed, so its bucket size is recorded."""
     _bucket_sizes[journal] = BucketSize.parse(journal.settings.tag_bucket_size)
 
@@ -87,7 +87,7 @@ def statement_key(after: str, single: bool, tags: int, meta: bool) -> tuple[Any,
     return after, single, 2 if tags == 1 else 3, meta, GENERATOR.lsb_bytes
 
 
-def prepare(journal: Journal, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
+def prepare(journal: Configured, params: dict[str, Any], tags: tuple[str, ...], count: int, *,
             after_latest: bool = False, after: str | None = None, statement: str | None = None) -> str:
     """Add the tag parameters to ``params`` (built by the writer) and return the tagged statement
     (``statement``: the one this function returned for an append of the same shape, which it returns again). The

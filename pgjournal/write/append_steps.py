@@ -39,7 +39,7 @@ def attempt_step(journal: JournalCore, plan: AppendPlan, *, own_transaction: boo
     to record the tag view's bucket size does so in one transaction with its insert. ``savepoint``: inside the
     caller's transaction, in a savepoint, so a failed append leaves that transaction usable. No rows: the
     ``expected_seq_nr`` is above the highest stored one (a conflict; nothing of the attempt stays)."""
-    record = bool(plan.tags) and record_bucket_size(journal) is not None  # type: ignore[arg-type]
+    record = bool(plan.tags) and record_bucket_size(journal) is not None
     begin, keep, undo = (("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT") if savepoint
                          else ("BEGIN", "COMMIT", "ROLLBACK"))
     if savepoint:

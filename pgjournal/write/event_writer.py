@@ -36,6 +36,7 @@ from pgjournal.model.offsets import TimestampOffset
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.runtime import metrics
 from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
+from pgjournal.runtime.steps import first_of
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.store.binary_arrays import bytea_array
 from pgjournal.store.events import text_array
@@ -50,9 +51,9 @@ from pgjournal.validation import check_persistence_id, check_seq_nr, checked_tag
 from pgjournal.write.failures import Failure, classify, refused, server_message, unknown
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore, JournalCore
     from pgjournal.write.pipelining import AppendPipeline
+    from pgjournal.write.tag_batcher import TagBatcher
 
 #: Persistence ids whose append targets a writer keeps (a few hundred bytes each); past it, it starts over.
 TARGETS_KEPT = 50_000
@@ -200,7 +201,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     if in_statement:  # pgjournal.tags.statement_writer
         tagged = statement_key(after, single, len(tag_list), meta is not None)
         known = target.statements.get(tagged)
-        sql = prepare(journal, params, tag_list, len(encoded), after=after, statement=known)  # type: ignore[arg-type]
+        sql = prepare(journal, params, tag_list, len(encoded), after=after, statement=known)
         if known is None:
             target.statements[tagged] = sql
         stamp = stamp_time
@@ -235,24 +236,16 @@ def exhausted(pid: str, attempt: int, started: float, exc: psycopg.Error, retrie
         f"append_retries is {retries}; nothing was written, trying again later is safe")
 
 
-class EventWriter:
-    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id).
+class WriterRules:
+    """What both faces' writers share for one journal: the plan of an append (:func:`build` on what the writer
+    knows of the persistence id's last append), and what a commit or a failure means for it (counts, the
+    signal after commit). A face adds how the statement runs."""
 
-    The common append (a known persistence id, one event, no tags or metadata) is kept lean: on 2 cores the
-    client's CPU per append is throughput, and a raw single-row INSERT is the yardstick (bench ``append-cpu``).
-    """
-
-    def __init__(self, journal: Journal, after_commit: Callable[[int, str], None] | None = None,
-                 pipeline: AppendPipeline | None = None) -> None:
+    def __init__(self, journal: JournalCore, after_commit: Callable[[int, str], None] | None = None) -> None:
         self._journal = journal
         self._after_commit = after_commit
-        #: Appends that would wait for a connection ride in a group commit (pgjournal.write.pipelining).
-        self._pipeline = pipeline
         #: Per persistence id (see :class:`_Target`).
         self._targets: dict[str, _Target] = {}
-        #: Appends of this process to one persistence id take turns (pgjournal.runtime.contention).
-        self._turns = KeyedLocks()
-        self._retry = RetryPolicy.of(journal.settings)
         #: A tagged append of this writer committed (so the bucket size is recorded, see :meth:`count`).
         self._tags_recorded = False
 
@@ -263,35 +256,6 @@ class EventWriter:
             self._targets.clear()
         target = self._targets[pid] = _Target(pid, counts)
         return target
-
-    def append(
-        self,
-        persistence_id: str,
-        events: Iterable[Any],
-        *,
-        expected_seq_nr: int | None = None,
-        tags: Iterable[str] = (),
-        metadata: Any = None,
-    ) -> list[EventEnvelope]:
-        plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
-        if plan is None:
-            return []
-        batcher = self._journal.tag_writer if plan.tags else None
-        # The first tagged append records the bucket size and tag writer in its own transaction.
-        before = record_bucket_size(self._journal) if plan.tags else None
-        # The batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher).
-        ticket = batcher.begin(plan.entity_type) if batcher is not None else 0
-        started = time.perf_counter()
-        try:
-            rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp, plan=plan)
-        except BaseException as exc:
-            self.failed(plan)
-            if batcher is not None:
-                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
-            raise
-        if batcher is not None:
-            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
-        return self.committed(plan, rows, time.perf_counter() - started)
 
     def plan(self, persistence_id: str, events: Iterable[Any], expected_seq_nr: int | None, tags: Iterable[str],
              metadata: Any) -> AppendPlan | None:
@@ -323,6 +287,57 @@ class EventWriter:
             bucket_size_recorded(self._journal)
             self._tags_recorded = True
         metrics.APPEND_STATS.record(plan.target.counts, len(rows), seconds)
+
+
+
+class EventWriter(WriterRules):
+    """Appends events for one :class:`~pgjournal.Journal` (its connections, serializers and writer id).
+
+    The common append (a known persistence id, one event, no tags or metadata) is kept lean: on 2 cores the
+    client's CPU per append is throughput, and a raw single-row INSERT is the yardstick (bench ``append-cpu``).
+    """
+
+    _journal: BlockingCore
+
+    def __init__(self, journal: BlockingCore, after_commit: Callable[[int, str], None] | None = None,
+                 pipeline: AppendPipeline | None = None, tag_writer: TagBatcher | None = None) -> None:
+        super().__init__(journal, after_commit)
+        #: Appends that would wait for a connection ride in a group commit (pgjournal.write.pipelining).
+        self._pipeline = pipeline
+        #: The batched tag writer (the journal's), which writes tagged appends' tag rows after them.
+        self._tag_writer = tag_writer
+        #: Appends of this process to one persistence id take turns (pgjournal.runtime.contention).
+        self._turns = KeyedLocks()
+        self._retry = RetryPolicy.of(journal.settings)
+
+    def append(
+        self,
+        persistence_id: str,
+        events: Iterable[Any],
+        *,
+        expected_seq_nr: int | None = None,
+        tags: Iterable[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        plan = self.plan(persistence_id, events, expected_seq_nr, tags, metadata)
+        if plan is None:
+            return []
+        batcher = self._tag_writer if plan.tags else None
+        # The first tagged append records the bucket size and tag writer in its own transaction.
+        before = record_bucket_size(self._journal) if plan.tags else None
+        # The batched tag writer writes the tag view rows later (pgjournal.write.tag_batcher).
+        ticket = batcher.begin(plan.entity_type) if batcher is not None else 0
+        started = time.perf_counter()
+        try:
+            rows = self._execute(plan.target.pid, plan.sql, plan.params, before, plan.stamp, plan=plan)
+        except BaseException as exc:
+            self.failed(plan)
+            if batcher is not None:
+                batcher.failed(ticket, plan.pid, plan.slice, plan.tags, exc)
+            raise
+        if batcher is not None:
+            batcher.written(ticket, plan.pid, plan.slice, plan.tags, rows)
+        return self.committed(plan, rows, time.perf_counter() - started)
 
     def _execute(self, pid: str, sql: str, params: dict[str, Any],
                  before: Callable[[psycopg.Connection], None] | None = None,
@@ -399,7 +414,8 @@ class EventWriter:
 
     def _conflict(self, pid: str, expected: int | None) -> ConcurrencyConflict:
         try:
-            actual: int | None = self._journal.by_pid.highest_seq_nr(pid)
+            row = self._journal.run(first_of(self._journal.events.highest_seq_nr(pid)))
+            actual: int | None = int(row[0]) if row else 0
         except (psycopg.Error, JournalError):
             actual = None
         return conflict(pid, expected, actual)

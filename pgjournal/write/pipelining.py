@@ -24,7 +24,7 @@ from pgjournal.write.event_writer import AppendPlan
 from pgjournal.write.group_commit import BATCH, GroupCommit, Send
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore
 
 class Answer:
     """A thread's wait for the outcome of its append in a group, or for the drain handed to it."""
@@ -78,7 +78,7 @@ class AppendPipeline(GroupCommit[Answer]):
     """The queue of appends waiting for a connection and the drains (at most one per pool connection) that send
     them."""
 
-    def __init__(self, journal: Journal, drains: int, *, enabled: bool = True) -> None:
+    def __init__(self, journal: BlockingCore, drains: int, *, enabled: bool = True) -> None:
         self._lock = threading.Lock()
         super().__init__(enabled=enabled, guard=self._lock)
         self._journal = journal

@@ -68,15 +68,15 @@ from pgjournal.write.tag_batch import Recovered
 from pgjournal.write.tag_writer_rules import TagWriterRules
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore
 
 
 class TagBatcher(TagWriterRules):
     """The blocking face: the journal's batched tag writer, a thread that starts with the first tagged append."""
 
-    _journal: Journal
+    _journal: BlockingCore
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: BlockingCore) -> None:
         super().__init__(journal)
         #: This writer's statements, one at a time (the thread's, and a caller's flush or registration), on its
         #: own connection (opened at the first statement and again after a loss).

@@ -29,7 +29,7 @@ Rules (the same on both faces, written once in :class:`TransactionRules`):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -43,8 +43,7 @@ from pgjournal.write.event_writer import AppendPlan, plan_append
 from pgjournal.write.failures import Failure, classify
 
 if TYPE_CHECKING:
-    from pgjournal.core.journal_core import JournalCore
-    from pgjournal.journal import Journal
+    from pgjournal.core.journal_core import BlockingCore, JournalCore
 
 
 class TransactionRules:
@@ -150,8 +149,9 @@ class Transaction(TransactionRules):
 
 
 @contextlib.contextmanager
-def transaction(journal: Journal, *, savepoints: bool = False) -> Iterator[Transaction]:
-    """:meth:`Journal.transaction`."""
+def transaction(journal: BlockingCore, count: Callable[[AppendPlan, Rows], None], *,
+                savepoints: bool = False) -> Iterator[Transaction]:
+    """:meth:`Journal.transaction`; ``count``: the journal's writer's, given what committed."""
     with journal.connection() as conn:
         tx = Transaction(journal, conn, savepoints=savepoints)
         committing = False
@@ -163,4 +163,4 @@ def transaction(journal: Journal, *, savepoints: bool = False) -> Iterator[Trans
         except BaseException:
             tx.ended(committing=committing)
             raise
-        tx.committed(journal._writer.count)
+        tx.committed(count)

@@ -41,6 +41,7 @@ ORDER = (
     "query/",
     "journal.py",
     "aio/",
+    "faces.py",
     "shards/",
     "firehose.py",
     "cleanup.py",
@@ -177,6 +178,41 @@ def test_every_module_has_a_place_in_the_order() -> None:
 
 def test_packages_import_only_their_own_place_and_the_places_below() -> None:
     assert upward(import_graph()) == {}
+
+
+#: Type-only imports of a place above (annotations, not dependencies) still in the code; none is of a face (a module
+#: below ``journal.py`` types itself against ``core.journal_core.BlockingCore`` or ``server.face``, never against
+#: ``Journal``). A new one fails; removing one of these, take it off the list.
+ANNOTATIONS_FROM_ABOVE = {
+    ("pgjournal.codec.serialization", "pgjournal.admin.stored_format"),
+    ("pgjournal.codec.transcoding", "pgjournal.keystore"),
+    ("pgjournal.errors", "pgjournal.model.envelope"),
+    ("pgjournal.runtime.contention", "pgjournal.settings"),
+    ("pgjournal.store.durable_state", "pgjournal.dialects"),
+    ("pgjournal.store.events", "pgjournal.dialects"),
+    ("pgjournal.store.export", "pgjournal.dialects"),
+    ("pgjournal.store.snapshots", "pgjournal.dialects"),
+}
+
+
+def annotation_imports(path: Path) -> set[str]:
+    """The pgjournal modules ``path`` imports under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            found |= {sub.module for child in node.body for sub in ast.walk(child)
+                      if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("pgjournal")}
+    return found
+
+
+def test_no_module_names_a_place_above_in_its_annotations_but_the_known_ones() -> None:
+    rank = {name: i for i, name in enumerate(ORDER)}
+    core = [p for p in (ROOT / "pgjournal").rglob("*.py")
+            if not any(p.is_relative_to(ROOT / "pgjournal" / add_on.split(".")[1]) for add_on in ADD_ONS)]
+    found = {(module_name(p), target) for p in core for target in annotation_imports(p)
+             if place(target) in rank and rank[place(target)] > rank[place(module_name(p))]}
+    assert sorted(found - ANNOTATIONS_FROM_ABOVE) == []
+    assert sorted(ANNOTATIONS_FROM_ABOVE - found) == []  # gone: take it off the list
 
 
 def test_architecture_md_is_the_order() -> None:
