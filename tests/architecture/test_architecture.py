@@ -229,3 +229,13 @@ def test_the_sql_checker_sees_a_statement_in_an_f_string(tmp_path: Path) -> None
     module = tmp_path / "m.py"
     module.write_text('table = "t"\nconn.execute(f"TRUNCATE {table}")\nprint("select a colour")\n')
     assert sql_literals(module) == ["m.py:2: 'TRUNCATE '"]
+
+
+def test_every_error_is_a_public_name() -> None:
+    # "An error: in pgjournal/errors.py under JournalError, exported from pgjournal/__init__.py" (ARCHITECTURE.md)
+    tree = ast.parse((ROOT / "pgjournal" / "errors.py").read_text())
+    errors = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    init = ast.parse((ROOT / "pgjournal" / "__init__.py").read_text())
+    public = next(ast.literal_eval(node.value) for node in init.body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
+    assert sorted(errors - set(public)) == []
