@@ -239,3 +239,16 @@ def test_every_error_is_a_public_name() -> None:
     public = next(ast.literal_eval(node.value) for node in init.body
                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
     assert sorted(errors - set(public)) == []
+
+
+#: The native Spark source's layers, bottom first (ARCHITECTURE.md, Add-ons); ``source`` re-exports their names
+#: and is imported by none of them.
+SPARK_SOURCE_LAYERS = ("schema", "options", "planning", "filters", "batch", "stream", "datasource", "source")
+
+
+def test_the_spark_source_layers_import_downward() -> None:
+    graph = import_graph()
+    rank = {f"pgjournal.spark.{name}": i for i, name in enumerate(SPARK_SOURCE_LAYERS)}
+    upward_imports = {module: sorted(d for d in graph[module] if d in rank and rank[d] > rank[module])
+                      for module in rank}
+    assert {module: deps for module, deps in upward_imports.items() if deps} == {}
