@@ -109,7 +109,8 @@ def states(
     revision (deleted states flagged), read by slice range through the native format("pgjournal") source."""
     import time
 
-    from .source import SourceOptions, plan
+    from .options import SourceOptions
+    from .planning import plan
 
     options = {"table": "durable_state", "sliceRanges": str(slice_ranges), "decode": str(decode).lower(),
                **({"dsn": dsn} if dsn else {}), **({"entityType": entity_type} if entity_type else {}),

@@ -1,4 +1,4 @@
-"""``format("pgjournal")``: the data source Spark sees, joining the batch reader (:mod:`spark.source`) and
+"""``format("pgjournal")``: the data source Spark sees, joining the batch reader (:mod:`spark.batch`) and
 the stream reader (:mod:`spark.stream`).
 
 Spark pickles the registered class (PySpark's Python Data Source API) and makes an instance of it in a Python
@@ -12,8 +12,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, ClassVar
 
+from .batch import JournalBatchReader
+from .filters import PUSHDOWN_CONF
+from .options import SourceOptions
+from .planning import source_schema
+from .schema import FORMAT
 from .shipping import shipped
-from .source import FORMAT, PUSHDOWN_CONF, JournalBatchReader, SourceOptions, source_schema
 from .stream import JournalStreamReader
 
 try:

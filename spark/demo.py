@@ -20,7 +20,7 @@ from pgjournal.errors import ConfigurationError
 from pgjournal.store import stats
 
 from .jobs import LoadResult, export_events, load_events
-from .source import export_store
+from .planning import export_store
 from .system import SKIP_ENV, spark_skipped
 
 if TYPE_CHECKING:

@@ -34,15 +34,10 @@ from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.model.offsets import TimestampOffset
 
 from .arrow import ArrowRows
-from .source import (
-    RangePartition,
-    SourceOptions,
-    describe_ranges,
-    horizon_tracker,
-    plan_databases,
-    read_columns,
-    read_partition,
-)
+from .batch import RangePartition, read_partition
+from .options import SourceOptions, describe_ranges
+from .planning import horizon_tracker, plan_databases
+from .schema import read_columns
 
 try:
     from pyspark.sql.datasource import DataSourceStreamReader
@@ -103,7 +98,7 @@ class _Database:
 
 class JournalStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the journal per slice range, bounded by the visibility horizon; decodes with
-    ``serializers`` (see :func:`spark.source.reading_registry`). Of a sharded journal, each database's ranges
+    ``serializers`` (see :func:`spark.options.reading_registry`). Of a sharded journal, each database's ranges
     (``sliceRanges`` cut at the databases' boundaries) are bounded by that database's own horizon and read from it."""
 
     def __init__(self, options: SourceOptions, schema: StructType, serializers: SerializerRegistry | None = None

@@ -40,7 +40,7 @@ from pgjournal.shards.move_plan import (
 )
 from pgjournal.store import shard_guard as sql
 from pgjournal.store import shard_layout
-from pgjournal.store.catalog import WRITERS_SQL
+from pgjournal.store.catalog import writers
 from pgjournal.store.shard_guard import GUARDED_TABLES, Columns, Leaf, MoveRow, leaf_of
 
 Progressed = Callable[[str, int], None]
@@ -158,7 +158,7 @@ class Mover:
             conn.close()
             target = self._databases[target.row.database_id]
         self._target = target
-        if not target.conn.execute("SELECT pg_try_advisory_lock(hashtext('pgjournal shard move'))").fetchone()[0]:  # type: ignore[index]
+        if not sql.try_move_lock().one(target.conn):
             raise JournalError(f"another `pgjournal shard move` is running on {mask_dsn(self.target_dsn)}")
 
     def dsn_of(self, member: uuid.UUID) -> str | None:
@@ -462,9 +462,10 @@ class Mover:
         takes its lock later and stamps later still). A writer whose start this role may not see moves the mark
         back by the backtracking window."""
         oids = sql.table_oids().one(source.conn) or []
-        found = source.conn.execute(WRITERS_SQL, {"relations": oids}).fetchall()
-        mark = min([found[0][0], *(started for _, _, vxid, started in found if vxid is not None and started)])
-        if any(vxid is not None and started is None for _, _, vxid, started in found):
+        found = writers(oids).all(source.conn)
+        seen = [w.xact_start for w in found if w.virtualtransaction is not None and w.xact_start is not None]
+        mark = min([found[0].clock, *seen])
+        if any(w.virtualtransaction is not None and w.xact_start is None for w in found):
             mark -= timedelta(seconds=self.settings.backtracking_window)
         return mark
 
@@ -555,7 +556,7 @@ class Mover:
         target, source = self._target, self._databases[move.source]
         assert target is not None
         target.conn.execute(*sql.staging(table))
-        target.conn.execute(f"TRUNCATE pgjournal_moving_{table}")
+        target.conn.execute(*sql.truncate_staging(table))
         with source.conn.cursor().copy(*out_query) as out, \
                 target.conn.cursor().copy(*sql.copy_in(table, columns)) as into:
             for data in out:

@@ -4,7 +4,9 @@ Nothing here touches a pgjournal table's rows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pgjournal.store import Read, rows, scalars
@@ -67,6 +69,23 @@ FROM (SELECT 1) AS one LEFT JOIN (
       AND """ + _JOURNAL_WRITER + """
 ) AS w ON true"""
 CLOCK_SQL = "SELECT CURRENT_TIMESTAMP"
+
+
+@dataclass(frozen=True, slots=True)
+class WriterRow:
+    """A row of :data:`WRITERS_SQL`: the clock, then one writer (``None`` in each of its columns when none)."""
+
+    clock: datetime
+    pid: int | None
+    virtualtransaction: str | None
+    xact_start: datetime | None
+
+
+def writers(relations: Sequence[int]) -> Read[WriterRow]:
+    """:data:`WRITERS_SQL` over ``relations`` (oids), its rows by name."""
+    return rows(WriterRow, WRITERS_SQL, {"relations": list(relations)})
+
+
 # The primary's WAL insert position in bytes, read after a horizon reading (pgjournal.core.replica): every commit
 # that reading counted as done was inserted into the WAL before it.
 WAL_INSERTED_SQL = "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"

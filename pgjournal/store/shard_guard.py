@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from psycopg import sql
 from psycopg.rows import tuple_row
 
 from pgjournal.store import Query, Read, rows, scalars
@@ -71,19 +72,37 @@ def guard_expression(ranges: Sequence[tuple[int, int]]) -> str:
     return " OR ".join(f"slice BETWEEN {int(lo)} AND {int(hi)}" for lo, hi in ranges)
 
 
+def _composed(statement: sql.Composable) -> str:
+    # Identifiers quoted by psycopg; no connection is needed for that (the stores return text).
+    return statement.as_string(None)
+
+
 def set_guard(leaf: str, ranges: Sequence[tuple[int, int]]) -> Query:
     """Replace ``leaf``'s guard by one admitting ``ranges``: one statement, so one brief ACCESS EXCLUSIVE lock,
     taken after the transactions writing ``leaf`` ended."""
     if not _NAME.match(leaf):
         raise ValueError(f"not a table name: {leaf!r}")
-    return (f'ALTER TABLE "{leaf}" DROP CONSTRAINT IF EXISTS {GUARD}, '
-            f"ADD CONSTRAINT {GUARD} CHECK ({guard_expression(ranges)}) NOT VALID", ())
+    # DDL takes no parameters: the check is built from integers only (guard_expression).
+    return _composed(sql.SQL("ALTER TABLE {leaf} DROP CONSTRAINT IF EXISTS {guard}, ADD CONSTRAINT {guard} "
+                             "CHECK ({check}) NOT VALID").format(
+        leaf=sql.Identifier(leaf), guard=sql.Identifier(GUARD), check=sql.SQL(guard_expression(ranges)))), ()
 
 
 def drop_guard(leaf: str) -> Query:
     if not _NAME.match(leaf):
         raise ValueError(f"not a table name: {leaf!r}")
-    return f'ALTER TABLE "{leaf}" DROP CONSTRAINT IF EXISTS {GUARD}', ()
+    return _composed(sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS {}").format(
+        sql.Identifier(leaf), sql.Identifier(GUARD))), ()
+
+
+#: The advisory lock one move at a time holds on its target database (a session lock: released when the
+#: mover's connection closes, a killed mover's included).
+MOVE_LOCK = "pgjournal shard move"
+
+
+def try_move_lock() -> Read[bool]:
+    """Take :data:`MOVE_LOCK` for this session unless another holds it; whether it was taken."""
+    return scalars("SELECT pg_try_advisory_lock(hashtext(%s))", (MOVE_LOCK,))
 
 
 def lock_timeout(seconds: float) -> Query:
@@ -204,57 +223,75 @@ def _checked(table: str) -> str:
     return table
 
 
+def _names(names: Sequence[str], prefix: str | None = None) -> sql.Composed:
+    """``a, b`` (``t.a, t.b`` with ``prefix`` ``t``), each name quoted."""
+    return sql.SQL(", ").join(sql.Identifier(*((prefix,) if prefix else ()), name) for name in names)
+
+
+def _stamped(table: str, bounds: Sequence[tuple[datetime | None, str]]) -> tuple[sql.Composable, list[object]]:
+    """``slice BETWEEN %s AND %s`` and, where ``table`` has a change stamp (:data:`CHANGED_AT`), a condition on it
+    for each bound given (``(value, operator)``); the parameters after ``lo`` and ``hi``."""
+    where: list[sql.Composable] = [sql.SQL("slice BETWEEN %s AND %s")]
+    params: list[object] = []
+    for bound, op in bounds:
+        if bound is not None and table in CHANGED_AT:
+            where.append(sql.SQL("{} {} %s").format(sql.Identifier(CHANGED_AT[table]), sql.SQL(op)))
+            params.append(bound)
+    return sql.SQL(" AND ").join(where), params
+
+
 def copy_out(table: str, cols: Columns, lo: int, hi: int, since: datetime | None) -> Query:
     """``COPY ... TO STDOUT`` of ``table``'s rows of slices ``lo..hi`` (changed at or after ``since``)."""
-    listed = ", ".join(cols.names)
-    where = "slice BETWEEN %s AND %s"
-    params: tuple[object, ...] = (lo, hi)
-    if since is not None and table in CHANGED_AT:
-        where += f" AND {CHANGED_AT[table]} >= %s"
-        params = (lo, hi, since)
-    return f"COPY (SELECT {listed} FROM {_checked(table)} WHERE {where}) TO STDOUT (FORMAT BINARY)", params
+    where, params = _stamped(table, [(since, ">=")])
+    return _composed(sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT (FORMAT BINARY)").format(
+        _names(cols.names), sql.Identifier(_checked(table)), where)), (lo, hi, *params)
+
+
+def _staged(table: str) -> sql.Identifier:
+    """The temporary table a copy of ``table``'s rows is staged in on the target."""
+    return sql.Identifier(f"pgjournal_moving_{_checked(table)}")
 
 
 def staging(table: str) -> Query:
-    return (f"CREATE TEMP TABLE IF NOT EXISTS pgjournal_moving_{_checked(table)} "
-            f"(LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS", ())
+    return _composed(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+                             ).format(_staged(table), sql.Identifier(table))), ()
+
+
+def truncate_staging(table: str) -> Query:
+    """Empty ``table``'s staging table (a copy merged earlier in the same transaction left its rows there)."""
+    return _composed(sql.SQL("TRUNCATE {}").format(_staged(table))), ()
 
 
 def copy_in(table: str, cols: Columns) -> Query:
-    return f"COPY pgjournal_moving_{_checked(table)} ({', '.join(cols.names)}) FROM STDIN (FORMAT BINARY)", ()
+    return _composed(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(_staged(table), _names(cols.names))), ()
 
 
 def merge_staged(table: str, cols: Columns) -> Query:
     """The staged rows into ``table``: new rows inserted, changed rows updated (copying again is harmless)."""
-    listed = ", ".join(cols.names)
     rest = [c for c in cols.names if c not in cols.key]
-    sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in rest)
-    differs = (f"({', '.join(f'{table}.{c}' for c in rest)}) IS DISTINCT FROM "
-               f"({', '.join(f'EXCLUDED.{c}' for c in rest)})")
-    return (f"INSERT INTO {_checked(table)} ({listed}) SELECT {listed} FROM pgjournal_moving_{table} "
-            f"ON CONFLICT ({', '.join(cols.key)}) DO UPDATE SET {sets} WHERE {differs}", ())
+    sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest)
+    return _composed(sql.SQL("INSERT INTO {table} ({listed}) SELECT {listed} FROM {staged} ON CONFLICT ({key}) "
+                             "DO UPDATE SET {sets} WHERE ({old}) IS DISTINCT FROM ({new})").format(
+        table=sql.Identifier(_checked(table)), listed=_names(cols.names), staged=_staged(table),
+        key=_names(cols.key), sets=sets, old=_names(rest, table), new=_names(rest, "excluded"))), ()
 
 
 def delete_slices(table: str, lo: int, hi: int, limit: int | None = None) -> Query:
     """Delete ``table``'s rows of slices ``lo..hi`` (at most ``limit``, for batches)."""
+    name = sql.Identifier(_checked(table))
     if limit is None:
-        return f"DELETE FROM {_checked(table)} WHERE slice BETWEEN %s AND %s", (lo, hi)
-    return (f"DELETE FROM {_checked(table)} WHERE (tableoid, ctid) IN (SELECT tableoid, ctid FROM {table} "
-            "WHERE slice BETWEEN %s AND %s LIMIT %s)", (lo, hi, limit))
+        return _composed(sql.SQL("DELETE FROM {} WHERE slice BETWEEN %s AND %s").format(name)), (lo, hi)
+    return _composed(sql.SQL("DELETE FROM {0} WHERE (tableoid, ctid) IN (SELECT tableoid, ctid FROM {0} "
+                             "WHERE slice BETWEEN %s AND %s LIMIT %s)").format(name)), (lo, hi, limit)
 
 
 def digests(table: str, lo: int, hi: int, *, since: datetime | None = None,
             before: datetime | None = None) -> Read[tuple[int, int, int, int]]:
     """Per slice of ``lo..hi``: what :data:`DIGEST` checks, over the rows changed at or after ``since`` and
     before ``before`` where the table has a change stamp (:data:`CHANGED_AT`; the others: every row)."""
-    where = "slice BETWEEN %s AND %s"
-    params: list[object] = [lo, hi]
-    for bound, op in ((since, ">="), (before, "<")):
-        if bound is not None and table in CHANGED_AT:
-            where += f" AND {CHANGED_AT[table]} {op} %s"
-            params.append(bound)
-    return Read(f"SELECT slice, {DIGEST[_checked(table)]} FROM {table} WHERE {where} GROUP BY slice",
-                tuple(params), tuple_row)
+    where, params = _stamped(table, [(since, ">="), (before, "<")])
+    return Read(_composed(sql.SQL("SELECT slice, {} FROM {} WHERE {} GROUP BY slice").format(
+        sql.SQL(DIGEST[_checked(table)]), sql.Identifier(table), where)), (lo, hi, *params), tuple_row)
 
 
 def table_oids() -> Read[list[int]]:
@@ -352,21 +389,22 @@ def forget_deletes(upto: int) -> Query:
     return f"DELETE FROM {DELETE_LOG} WHERE id <= %s", (upto,)
 
 
-def _keyed(table: str, cols: Columns) -> str:
-    return " AND ".join(f"t.{c} = d.{c}" for c in cols.key)
+def _keyed(cols: Columns) -> sql.Composed:
+    return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier("t", c), sql.Identifier("d", c))
+                                 for c in cols.key)
 
 
 def delete_keys(table: str, cols: Columns, keys: str) -> Query:
     """Delete ``table``'s rows with the keys of ``keys`` (a JSON array of key objects)."""
-    return (f"DELETE FROM {_checked(table)} AS t USING jsonb_populate_recordset(NULL::{table}, %s::jsonb) AS d "
-            f"WHERE {_keyed(table, cols)}", (keys,))
+    return _composed(sql.SQL("DELETE FROM {0} AS t USING jsonb_populate_recordset(NULL::{0}, %s::jsonb) AS d "
+                             "WHERE {1}").format(sql.Identifier(_checked(table)), _keyed(cols))), (keys,)
 
 
 def copy_keys_out(table: str, cols: Columns, keys: str) -> Query:
     """``COPY ... TO STDOUT`` of ``table``'s rows with the keys of ``keys`` (those still there)."""
-    listed = ", ".join(f"t.{c}" for c in cols.names)
-    return (f"COPY (SELECT {listed} FROM {_checked(table)} AS t JOIN jsonb_populate_recordset(NULL::{table}, "
-            f"%s::jsonb) AS d ON {_keyed(table, cols)}) TO STDOUT (FORMAT BINARY)", (keys,))
+    return _composed(sql.SQL("COPY (SELECT {0} FROM {1} AS t JOIN jsonb_populate_recordset(NULL::{1}, %s::jsonb) "
+                             "AS d ON {2}) TO STDOUT (FORMAT BINARY)").format(
+        _names(cols.names, "t"), sql.Identifier(_checked(table)), _keyed(cols))), (keys,)
 
 
 def current_schema() -> Read[str]:
@@ -379,4 +417,4 @@ def clock() -> Read[datetime]:  # a row always
 
 
 def analyze(table: str) -> Query:
-    return f"ANALYZE {_checked(table)}", ()
+    return _composed(sql.SQL("ANALYZE {}").format(sql.Identifier(_checked(table)))), ()

@@ -241,3 +241,50 @@ def test_test_files_have_unique_names() -> None:
     for path in (ROOT / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}
+
+
+_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|TRUNCATE|CREATE|ALTER|DROP|COPY|WITH|LOCK|ANALYZE)\s")
+
+
+def sql_literals(path: Path) -> list[str]:
+    """The string literals (f-strings' text included) of ``path`` that begin as an SQL statement does."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.match(node.value):
+            found.append(f"{path.name}:{node.lineno}: {node.value[:40]!r}")
+    return found
+
+
+def test_the_shards_package_keeps_its_sql_in_the_store() -> None:
+    # the sharded journal and the move run the statements of store/shard_layout.py, store/shard_guard.py and
+    # store/catalog.py, as the rest of the code runs the store's
+    assert [hit for path in sorted((ROOT / "pgjournal" / "shards").glob("*.py")) for hit in sql_literals(path)] == []
+
+
+def test_the_sql_checker_sees_a_statement_in_an_f_string(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('table = "t"\nconn.execute(f"TRUNCATE {table}")\nprint("select a colour")\n')
+    assert sql_literals(module) == ["m.py:2: 'TRUNCATE '"]
+
+
+def test_every_error_is_a_public_name() -> None:
+    # "An error: in pgjournal/errors.py under JournalError, exported from pgjournal/__init__.py" (ARCHITECTURE.md)
+    tree = ast.parse((ROOT / "pgjournal" / "errors.py").read_text())
+    errors = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    init = ast.parse((ROOT / "pgjournal" / "__init__.py").read_text())
+    public = next(ast.literal_eval(node.value) for node in init.body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
+    assert sorted(errors - set(public)) == []
+
+
+#: The native Spark source's layers, bottom first (ARCHITECTURE.md, Add-ons); ``source`` re-exports their names
+#: and is imported by none of them.
+SPARK_SOURCE_LAYERS = ("schema", "options", "planning", "filters", "batch", "stream", "datasource", "source")
+
+
+def test_the_spark_source_layers_import_downward() -> None:
+    graph = import_graph()
+    rank = {f"pgjournal.spark.{name}": i for i, name in enumerate(SPARK_SOURCE_LAYERS)}
+    upward_imports = {module: sorted(d for d in graph[module] if d in rank and rank[d] > rank[module])
+                      for module in rank}
+    assert {module: deps for module, deps in upward_imports.items() if deps} == {}

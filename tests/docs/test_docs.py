@@ -70,6 +70,14 @@ def test_relative_links_resolve(path: Path) -> None:
     assert broken == []
 
 
+def test_every_page_is_in_the_docs_index() -> None:
+    index = ROOT / "docs" / "README.md"
+    linked = {(index.parent / target.partition("#")[0]).resolve()
+              for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", _prose(index))}
+    pages = {path.resolve() for path in (ROOT / "docs").glob("*.md") if path != index}
+    assert sorted(path.name for path in pages - linked) == []
+
+
 def _prose(path: Path) -> str:
     """The text outside code blocks."""
     return re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.MULTILINE | re.DOTALL)

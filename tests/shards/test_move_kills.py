@@ -1,4 +1,4 @@
-"""The online move (docs/sharding.md, section 6) under a kill -9 that is not the mover's (issue 34): a writer of
+"""The online move (docs/sharding.md, section 6) under a kill -9 that is not the mover's: a writer of
 the moved range killed between the copy and the seal, with an append in flight, and either server killed while
 the mover runs a step. Each leaves the old layout or the new, never a mix; the move resumes, and every event is
 in its one database exactly once (the mover's own kills: tests/shards/test_move.py)."""
