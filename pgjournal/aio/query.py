@@ -18,7 +18,7 @@ from pgjournal.query.by_slices import Delivery, SliceQueries, SliceQuery, SliceR
 from pgjournal.query.by_tag import TagEnvelope, TagStream
 from pgjournal.query.from_snapshots import Transform, snapshots_step
 from pgjournal.runtime.live import Made
-from pgjournal.runtime.steps import R, Step, adrive, arun_pooled
+from pgjournal.runtime.steps import R, Step, adrive, adrive_ahead, arun_pooled
 from pgjournal.tags.watermark import flushed_before_reading
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class AsyncQuery:
             with flushed_before_reading():
                 await self._journal.tag_writer.flush()
         stream = await self._tag_stream(tag, offset, live=False)
-        async for item in adrive(stream.current_steps(), self._journal.connection):
+        async for item in adrive_ahead(stream.current_steps(), self._journal.connection):
             yield item
 
     async def events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncLiveQuery[TagEnvelope]:

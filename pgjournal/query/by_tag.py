@@ -189,6 +189,8 @@ class TagStream:
         self._short_period = settings.tag_back_track_period
         self._long_period = settings.tag_back_track_long_period_seconds
         self._upper: int | None = None  # fixed for a current query
+        #: A live query's last upper bound while pages below it came back full (see _upper_bound_step).
+        self._live_upper: int | None = None
         self._initial_scan_done = False
         self.exhausted = False
         #: Envelopes the last poll delivered (a current query pauses while a gap is open and none came).
@@ -205,6 +207,10 @@ class TagStream:
     def _upper_bound_step(self) -> Step[int]:
         if self._upper is not None:
             return self._upper
+        if self._live_upper is not None and self._pos[0] < self._live_upper:
+            # Catching up (the last page came back full): what was settled below the last bound stays settled,
+            # so the rows below it are read first, without asking the horizon and the watermark per page.
+            return self._live_upper
         tracker = self._tracker
         horizon = (yield from tracker.read_step()) if self._live else (
             yield from tracker.settle_step(timeout=tracker.capabilities.longest_transaction))
@@ -371,6 +377,7 @@ class TagStream:
         except BaseException:
             self._restore(saved)
             raise
+        self._gate.commit()
         self._delivered_last = len(deliveries)
         return deliveries, rows
 
@@ -398,13 +405,14 @@ class TagStream:
         gap = self._gap
         gap_copy = None if gap is None else _Gap(gap.pid, set(gap.missing), gap.deadline, gap.fail,
                                                  list(gap.pending), gap.waited)
-        return (self._pos, self._gate.checkpoint(), gap_copy, self._next_short, self._next_long,
-                self._initial_scan_done, self._upper, self.exhausted)
+        self._gate.begin()  # the gate records what the poll changes (not a copy of every persistence id met)
+        return (self._pos, gap_copy, self._next_short, self._next_long, self._initial_scan_done, self._upper,
+                self._live_upper, self.exhausted)
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
-        (self._pos, gate, self._gap, self._next_short, self._next_long, self._initial_scan_done,
-         self._upper, self.exhausted) = saved
-        self._gate.restore(gate)
+        (self._pos, self._gap, self._next_short, self._next_long, self._initial_scan_done, self._upper,
+         self._live_upper, self.exhausted) = saved
+        self._gate.undo()
 
     def _poll_step(self, notified: bool) -> Step[tuple[list[Any], int]]:
         out: list[Any] = []
@@ -445,6 +453,8 @@ class TagStream:
             key = (row[0], row[1])
             if key > self._pos:
                 self._pos = key
+        # A full page: more rows may lie below this bound; the next poll reads them before asking for a new one.
+        self._live_upper = upper if self._live and read >= self._limit else None
         if read < self._limit and self._gap is None:
             self.exhausted = True
             if self._live:

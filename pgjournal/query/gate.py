@@ -73,9 +73,11 @@ class Gate(Generic[S]):
     Not thread-safe: one query (or one projection range) owns it.
     """
 
-    __slots__ = ("delivered", "forgotten_before")
+    __slots__ = ("_log", "delivered", "forgotten_before")
 
     def __init__(self) -> None:
+        #: The changes since :meth:`begin` (``None``: not recording), for :meth:`undo`.
+        self._log: list[Any] | None = None
         #: ``pid -> (highest number delivered, stamp)``.
         self.delivered: dict[str, tuple[int, S]] = {}
         #: Entries stamped before this were forgotten (see :meth:`forget`): a persistence id met again after
@@ -112,7 +114,9 @@ class Gate(Generic[S]):
     def take_leading(self, rows: Sequence[Sequence[Any]], stamp: S, pid_at: int = 2, seq_at: int = 3) -> int:
         """:meth:`take_next` for the rows of a page from the first on, while it holds, in one call: how many
         were delivered (a row holds its persistence id at ``pid_at`` and its number at ``seq_at``)."""
-        delivered = self.delivered
+        delivered, log = self.delivered, self._log
+        if log is not None:
+            return self._take_leading_logged(rows, stamp, pid_at, seq_at, log)
         for taken, row in enumerate(rows):
             pid, seq_nr = row[pid_at], row[seq_at]
             known = delivered.get(pid)
@@ -121,17 +125,43 @@ class Gate(Generic[S]):
             delivered[pid] = (seq_nr, stamp)
         return len(rows)
 
+    def _take_leading_logged(self, rows: Sequence[Sequence[Any]], stamp: S, pid_at: int, seq_at: int,
+                             log: list[Any]) -> int:
+        """:meth:`take_leading` while recording (:meth:`begin`): each taken row's previous entry is kept, in
+        one log entry for the run of rows (the same loop, apart so the common case pays nothing for it)."""
+        delivered = self.delivered
+        before: list[tuple[int, S] | None] = []
+        keep = before.append
+        taken = len(rows)
+        for at, row in enumerate(rows):
+            pid, seq_nr = row[pid_at], row[seq_at]
+            known = delivered.get(pid)
+            if not (seq_nr == 1 if known is None else seq_nr == known[0] + 1):
+                taken = at
+                break
+            keep(known)
+            delivered[pid] = (seq_nr, stamp)
+        if taken:
+            log.append((rows, pid_at, before))
+        return taken
+
     def deliver(self, pid: str, seq_nr: int, stamp: S) -> None:
         """Record event ``seq_nr`` of ``pid`` delivered (call it in sequence order)."""
+        if self._log is not None:
+            self._log.append((pid, self.delivered.get(pid)))
         self.delivered[pid] = (seq_nr, stamp)
 
     def assume(self, pid: str, seq_nr: int, stamp: S) -> None:
         """Count everything of ``pid`` up to ``seq_nr`` as delivered, unless ``pid`` is known already (what a
         caller learnt lies before its start)."""
+        if self._log is not None:
+            self._log.append((pid, self.delivered.get(pid)))
         self.delivered.setdefault(pid, (seq_nr, stamp))
 
     def drop(self, pid: str) -> None:
         """Forget ``pid`` (what its caller knows cannot come again)."""
+        if self._log is not None:
+            self._log.append((pid, self.delivered.get(pid)))
         self.delivered.pop(pid, None)
 
     def forget(self, before: datetime, when: Callable[[S], datetime] | None = None) -> None:
@@ -139,6 +169,8 @@ class Gate(Generic[S]):
         the stamp itself). The bound only moves forward."""
         if before <= self.forgotten_before:
             return
+        if self._log is not None:
+            self._log.append((self.delivered, self.forgotten_before))
         if when is None:
             self.delivered = {pid: v for pid, v in self.delivered.items() if v[1] >= before}  # type: ignore[operator]
         else:
@@ -147,12 +179,48 @@ class Gate(Generic[S]):
 
     def forget_where(self, stale: Callable[[S], bool]) -> None:
         """Forget the persistence ids whose stamp is ``stale`` (a bound per entry, e.g. per slice)."""
+        if self._log is not None:
+            self._log.append((self.delivered, self.forgotten_before))
         self.delivered = {pid: v for pid, v in self.delivered.items() if not stale(v[1])}
 
     # -- failure atomicity ---------------------------------------------------------------------------
 
     def checkpoint(self) -> tuple[Any, ...]:
+        """The whole state, for :meth:`restore` (a copy of the map: what :meth:`begin` avoids)."""
         return dict(self.delivered), self.forgotten_before
+
+    def begin(self) -> None:
+        """Record every change from now on, so :meth:`undo` can take them back: the cost of what changes, not
+        of a copy of the whole map (a tag stream's poll touches a page's persistence ids; the map holds every
+        persistence id the stream has met)."""
+        self._log = []
+
+    def commit(self) -> None:
+        """Keep the changes since :meth:`begin`; stop recording."""
+        self._log = None
+
+    def undo(self) -> None:
+        """Take back the changes since :meth:`begin`, newest first; stop recording."""
+        log, self._log = self._log, None
+        assert log is not None, "undo without begin"
+        delivered = self.delivered
+        for entry in reversed(log):
+            if entry[0].__class__ is dict:  # forget: the map before it
+                delivered, self.forgotten_before = entry
+                self.delivered = delivered
+            elif len(entry) == 3:  # a run of take_leading: each row's previous entry
+                rows, pid_at, before = entry
+                for row, known in zip(reversed(rows[:len(before)]), reversed(before), strict=True):
+                    if known is None:
+                        delivered.pop(row[pid_at], None)
+                    else:
+                        delivered[row[pid_at]] = known
+            else:
+                pid, known = entry
+                if known is None:
+                    delivered.pop(pid, None)
+                else:
+                    delivered[pid] = known
 
     def restore(self, saved: tuple[Any, ...]) -> None:
         delivered, self.forgotten_before = saved

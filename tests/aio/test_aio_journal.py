@@ -211,6 +211,23 @@ async def test_by_tag_current_and_live_match_the_blocking_face(aj: AsyncJournal,
         assert [e.event for e in await take(live, 1)] == ["late"]
 
 
+async def test_a_current_tag_query_left_early_leaves_no_page_read_running(dsn: str) -> None:
+    """The next page's step runs while the last page's envelopes are taken: a reader that stops gets it
+    cancelled, and the pool's one connection is free again."""
+    settings = dict(SETTINGS, **TAGS, buffer_size=2, pool_min_size=1, pool_max_size=1, connect_timeout=3)
+    async with AsyncJournal.open(dsn, **settings) as journal:
+        for i in range(7):
+            await journal.append(f"Cart|{i % 2}", [i], tags=["t"])
+        if journal.tag_writer is not None:
+            await journal.tag_writer.flush()
+        await asyncio.sleep(0.15)
+        assert [e.event for e in await collect(journal.query.current_events_by_tag("t"))] == list(range(7))
+        read = journal.query.current_events_by_tag("t")
+        assert [(await anext(read)).event for _ in range(3)] == [0, 1, 2]  # the step of the page after is started
+        await read.aclose()
+        assert (await asyncio.wait_for(journal.append("Cart|2", ["after"]), 5))[0].seq_nr == 1
+
+
 async def test_bad_arguments_are_named(aj: AsyncJournal) -> None:
     # (bad slice ranges and offsets: on both faces in tests/query/test_by_slices.py)
     with pytest.raises(InvalidArgument):

@@ -80,6 +80,31 @@ def test_assume_keeps_what_is_known_and_restore_undoes_a_failed_poll() -> None:
     assert gate.last("a") == 4
 
 
+def test_undo_takes_back_exactly_what_changed_since_begin_and_commit_keeps_it() -> None:
+    t0 = EPOCH + timedelta(days=1)
+    gate: Gate[object] = Gate()
+    for pid, seq_nr in (("a", 4), ("b", 1), ("gone", 2)):
+        gate.deliver(pid, seq_nr, ("before", pid))
+    before = dict(gate.delivered)
+    gate.begin()
+    rows = [(0, 0, "a", 5), (0, 0, "new", 1), (0, 0, "a", 6), (0, 0, "b", 3), (0, 0, "a", 7)]
+    assert gate.take_leading(rows, "page") == 3  # "b" 3 is a gap: the run stops there
+    gate.deliver("b", 2, "gap fill")
+    gate.assume("late", 9, None)
+    gate.assume("a", 1, None)  # known: unchanged
+    gate.drop("gone")
+    gate.forget(t0, when=lambda _stamp: EPOCH)  # the map replaced, nothing kept
+    gate.deliver("after forget", 1, t0)
+    gate.undo()
+    assert gate.delivered == before and gate.forgotten_before == EPOCH
+    gate.begin()
+    assert gate.take_leading(rows, "page") == 3
+    gate.commit()
+    assert (gate.last("a"), gate.last("new"), gate.last("b")) == (6, 1, 1)
+    assert gate.take_leading([(0, 0, "a", 7)], "page") == 1  # after commit nothing is recorded
+    assert gate._log is None
+
+
 def test_schedule_buffer_rule_signal_look_and_retries() -> None:
     schedule = Schedule(buffer_size=100, refresh_interval=2.0, settle=0.05, max_failures=2)
     schedule.polled(95, signalled=False)

@@ -22,10 +22,18 @@ from support import PORTABLE
 from support.faces import Face, Kind, open_face
 from support.tags import IN_STATEMENT, TAGS, collect, progress, tag_rows, tags_written
 
-from pgjournal import ConcurrencyConflict, ConfigurationError, Journal, JournalError, SerializationError, Source
+from pgjournal import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    Journal,
+    JournalError,
+    NoOffset,
+    SerializationError,
+    Source,
+)
 from pgjournal.buckets import BucketSize
 from pgjournal.model.timeuuid import GENERATOR, UUID_EPOCH_OFFSET, TimeUUIDGenerator, compare, ms_of_ticks, order_key
-from pgjournal.query.by_tag import MissingTaggedEventsError, TagEnvelope
+from pgjournal.query.by_tag import MissingTaggedEventsError, TagEnvelope, TagStream
 from pgjournal.tags import statement_writer as tag_write_module
 
 
@@ -265,6 +273,33 @@ def test_gap_fails_after_gap_timeout_naming_tag_pid_and_numbers(tface: Face, dsn
     assert time.monotonic() - started >= tface.settings.tag_gap_timeout
     assert (failure.value.tag, failure.value.persistence_id, failure.value.missing) == ("x", "Cart|g", [2, 3])
     assert "'Cart|g'" in str(failure.value) and "2, 3" in str(failure.value)
+
+
+def test_a_live_query_catching_up_reads_the_horizon_once_per_bound(dsn: str) -> None:
+    """Full pages below the last bound are read without asking the horizon and the watermark again (what was
+    settled stays settled); a page that is not full asks again, so new events are still seen."""
+    with Journal.open(dsn, **dict(IN_STATEMENT, buffer_size=10)) as journal:
+        for i in range(35):
+            journal.append(f"Cart|{i % 4}", [i], tags=["x"])
+        settle(journal)
+        stream = TagStream(journal, "x", NoOffset, live=True)
+        tracker, readings = stream._tracker, []
+        real_read = tracker.read_step
+
+        def counted() -> Any:
+            readings.append(1)
+            return (yield from real_read())
+
+        tracker.read_step = counted  # type: ignore[method-assign]
+        events: list[int] = []
+        while len(events) < 35:
+            made, _rows = stream.poll()
+            events.extend(e.event for e in made)
+        assert (events, len(readings)) == (list(range(35)), 1)
+        journal.append("Cart|9", [35], tags=["x"])
+        settle(journal)
+        made, _rows = stream.poll()
+        assert ([e.event for e in made], len(readings)) == ([35], 2)
 
 
 def test_first_event_missing_from_no_offset_is_a_gap(tface: Face, dsn: str) -> None:
