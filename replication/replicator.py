@@ -96,7 +96,7 @@ class Replicator:
         self.peer_replica = ReplicationId("T", "e", peer_replica).replica_id
         if self.local_replica == self.peer_replica:
             raise InvalidArgument(f"a replica does not replicate from itself ({local_replica!r})")
-        self.entity_type = ReplicationId(check_name(entity_type, "entity type"), "e", local_replica).entity_type
+        self.entity_type = ReplicationId(check_name(entity_type, "entity type"), "e", local_replica).type_name
         self.local = local
         self.writer = writer_of(self.peer_replica)
         self.stats = StreamStats()
