@@ -90,7 +90,7 @@ def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], 
             signal.signal(sig, lambda *_: stop.set())
     with contextlib.ExitStack() as opened:
         local: Journal = opened.enter_context(Journal.open(local_dsn, **(journal_settings or {})))
-        replicators = []
+        replicators: list[Replicator] = []
         for peer in peers:
             source = opened.enter_context(Journal.open(peer.dsn, **(peer_settings or journal_settings or {})))
             replicators.extend(Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait)

@@ -7,7 +7,6 @@ with a peer's connections cut."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
