@@ -5,13 +5,14 @@ anywhere against the same local database share every stream's slices."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import ConfigurationError
+from pgjournal.errors import ConfigurationError, JournalError
 from pgjournal.model.printable import printable_logger
 from pgjournal.projections.leases import default_owner
 from pgjournal.projections.workers import Worker, _Balancing
@@ -42,23 +43,44 @@ class Peer:
 
 
 class ReplicationWorker(_Balancing):
-    """The workers of every stream of this location in one process. :meth:`run` blocks until ``stop``."""
+    """The workers of every stream of this location in one process. :meth:`run` blocks until ``stop``.
+
+    ``later``: streams whose peer could not be opened yet, as functions that try again (each returns its
+    replicators, or raises while the peer does not answer); every lease cycle tries them, so a peer that is down
+    when the worker starts is replicated from once it answers, and the other streams run meanwhile."""
 
     def __init__(self, replicators: Sequence[Replicator], *, owner: str | None = None, lease_duration: float = 10.0,
-                 renew_interval: float | None = None) -> None:
-        if not replicators:
+                 renew_interval: float | None = None, later: Sequence[Callable[[], list[Replicator]]] = ()) -> None:
+        if not replicators and not later:
             raise ConfigurationError("a replication worker needs at least one stream (a peer and an entity type)")
         self.owner = owner or default_owner()
-        self.replicators = list(replicators)
-        self.parts: list[Worker] = [r.worker(owner=self.owner, lease_duration=lease_duration,
-                                             renew_interval=renew_interval) for r in self.replicators]
-        self.interval = min(part.interval for part in self.parts)
+        self._lease = {"lease_duration": lease_duration, "renew_interval": renew_interval}
+        self.replicators: list[Replicator] = []
+        self.parts: list[Worker] = []
+        self.later = list(later)
+        for replicator in replicators:
+            self._add(replicator)
+        self.interval = (min(part.interval for part in self.parts) if self.parts
+                         else renew_interval or lease_duration / 4)
+
+    def _add(self, replicator: Replicator) -> None:
+        self.replicators.append(replicator)
+        self.parts.append(replicator.worker(owner=self.owner, **self._lease))
 
     @property
     def failure(self) -> Any:  # type: ignore[override]
         return next((part.failure for part in self.parts if part.failure is not None), None)
 
     def step(self) -> None:
+        for attempt in list(self.later):
+            try:
+                opened = attempt()
+            except (JournalError, OSError) as exc:
+                log.info("%s: a peer does not answer yet (%s)", self.owner, exc)
+                continue
+            self.later.remove(attempt)
+            for replicator in opened:
+                self._add(replicator)
         failures: list[Exception] = []
         for part in self.parts:  # a stream whose cycle fails must not keep the others from theirs
             try:
@@ -69,7 +91,7 @@ class ReplicationWorker(_Balancing):
             raise failures[0]
 
     def settling(self) -> bool:
-        return any(part.settling() for part in self.parts)
+        return bool(self.later) or any(part.settling() for part in self.parts)
 
     def shutdown(self) -> None:
         for part in self.parts:
@@ -90,13 +112,16 @@ def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], 
             signal.signal(sig, lambda *_: stop.set())
     with contextlib.ExitStack() as opened:
         local: Journal = opened.enter_context(Journal.open(local_dsn, **(journal_settings or {})))
-        replicators: list[Replicator] = []
-        for peer in peers:
+
+        def streams_of(peer: Peer) -> list[Replicator]:
             source = opened.enter_context(Journal.open(peer.dsn, **(peer_settings or journal_settings or {})))
-            replicators.extend(Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait)
-                               for entity_type in entity_types)
-        worker = ReplicationWorker(replicators, lease_duration=lease_duration, renew_interval=renew_interval)
-        log.info("replication worker %s of %s started: %d stream(s)", worker.owner, replica, len(replicators))
+            return [Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait)
+                    for entity_type in entity_types]
+
+        later = [functools.partial(streams_of, peer) for peer in peers]
+        worker = ReplicationWorker([], later=later, lease_duration=lease_duration, renew_interval=renew_interval)
+        log.info("replication worker %s of %s started: %d peer(s), %d entity type(s)", worker.owner, replica,
+                 len(peers), len(entity_types))
         try:
             worker.run(stop)
         except Exception as exc:

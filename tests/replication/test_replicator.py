@@ -200,3 +200,69 @@ def test_a_peer_cut_off_resumes_where_it_stopped(locations: dict[str, tuple[str,
             us_via_proxy.close()
     assert proxy.cuts >= 1
     assert check_replicas(sub, TYPE, ENTITIES, converged=True) == 2 * 2 * 40
+
+
+def test_a_peer_is_read_with_its_reader_role_and_status_reports_each_peer(
+        dsn: str, roles: Any, shard_databases: Any) -> None:
+    # The peer ``us`` is this test's database with the least-privilege roles; ``eu`` reads it as the reader.
+    [eu_dsn] = shard_databases(1)
+    with Journal.open(dsn, **FAST) as us, Journal.open(eu_dsn, **FAST) as eu, \
+            Journal.open(roles.dsn(dsn, roles.reader), **FAST) as us_reader:
+        for i in range(5):
+            write_local(us, ReplicationId(TYPE, "r", "us"), f"us-{i}")
+        stream = Replicator(eu, "eu", us_reader, "us", TYPE, settings=SETTINGS)
+        runner = stream.run_range()
+        try:
+            eventually(lambda: len(rows_of(eu, "Counter|r|eu")) == 5, "us's events at eu")
+        finally:
+            stopped([runner])
+        assert check_replicas({"eu": eu, "us": us}, TYPE, ["r"], converged=True) == 5
+        with us.connection() as conn:  # nothing written at the peer: no offsets, no seen rows
+            assert conn.execute("SELECT count(*) FROM projection_timestamp_offset_store").fetchone()[0] == 0
+            assert conn.execute("SELECT count(*) FROM replication_seen").fetchone()[0] == 0
+        from typer.testing import CliRunner
+
+        from pgjournal.cli.commands import app
+
+        unreachable = "postgresql://nobody:secret-pw@127.0.0.1:1/nowhere?connect_timeout=2"
+        result = CliRunner().invoke(app, ["replication", "status", "--dsn", eu_dsn, "--replica", "eu",
+                                          "--peer", f"us={roles.dsn(dsn, roles.reader)}", "--peer",
+                                          f"ap={unreachable}", "-e", TYPE], env={"COLUMNS": "200"})
+        assert result.exit_code == 2, result.output
+        lines = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│ ")}
+        assert "available" in lines["us"] and "unavailable" not in lines["us"], result.output
+        assert "unavailable" in lines["ap"], result.output
+        assert "secret-pw" not in result.output
+        # 5 events appended by the stream within the minute: 5/60 per second.
+        assert "0.1" in lines["us"], result.output
+
+
+def test_a_peer_down_when_the_worker_starts_is_replicated_from_once_it_answers(
+        locations: dict[str, tuple[str, Journal]]) -> None:
+    from pgjournal.replication import Peer, run_replication
+
+    journals = {r: j for r, (_, j) in locations.items()}
+    dsns = {r: dsn for r, (dsn, _) in locations.items()}
+    for i in range(3):
+        write_local(journals["us"], ReplicationId(TYPE, "d", "us"), f"us-{i}")
+        write_local(journals["ap"], ReplicationId(TYPE, "d", "ap"), f"ap-{i}")
+    with fault_proxy(dsns["us"]) as (proxy, proxied):
+        proxy.refuse(True)
+        stop = threading.Event()
+        codes: list[int] = []
+        worker = threading.Thread(target=lambda: codes.append(run_replication(
+            dsns["eu"], "eu", [Peer("us", proxied), Peer("ap", dsns["ap"])], [TYPE], stop=stop, lease_duration=2,
+            journal_settings={**FAST, "connect_timeout": 1})))
+        worker.start()
+        try:
+            eventually(lambda: len(rows_of(journals["eu"], "Counter|d|eu")) == 3, "ap's events while us is down",
+                       timeout=60)
+            assert {r.meta.origin_replica for r in rows_of(journals["eu"], "Counter|d|eu")} == {"ap"}
+            proxy.refuse(False)
+            eventually(lambda: len(rows_of(journals["eu"], "Counter|d|eu")) == 6, "us's events once it answers",
+                       timeout=60)
+        finally:
+            stop.set()
+            worker.join(60)
+    assert codes == [0]
+    assert check_replicas(journals, TYPE, ["d"], converged=False) == 6
