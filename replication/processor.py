@@ -22,16 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import InvalidArgument
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
+from pgjournal.projections.aio import AsyncRangeRunner
 from pgjournal.projections.handlers import Grouped, Projection, ProjectionSettings
 from pgjournal.projections.leases import LeaseManager
 from pgjournal.projections.runner import RangeRunner
 from pgjournal.projections.workers import Worker
+from pgjournal.runtime.steps import Step, run, statement
 from pgjournal.validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
     import psycopg
 
+    from pgjournal.aio import AsyncJournal
     from pgjournal.codec.serialization import SerializerRegistry
+    from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
     from pgjournal.model.envelope import EventEnvelope
 
@@ -65,19 +69,19 @@ class AsStored:
         return getattr(self._inner, name)
 
 
-def as_stored(journal: Journal) -> SerializerRegistry:
+def as_stored(journal: JournalCore) -> SerializerRegistry:
     """:class:`AsStored` over ``journal``'s registry, typed as a registry for the queries' ``serializers=``."""
     return AsStored(journal.serializers)  # type: ignore[return-value]
 
 
-def append_events(conn: psycopg.Connection, journal: Journal, persistence_id: str, events: Sequence[Any], *,
-                  expected: int | None = None, metadata: Stored | None = None, tags: Sequence[str] | None = None,
-                  writer: str | None = None) -> list[tuple[int, Any]]:
-    """Append ``events`` to ``persistence_id`` of ``journal`` on ``conn``, inside its open transaction (the
-    processor's): after ``expected`` (``None``: after the latest event; a conflict raises the database's
-    ``UniqueViolation``, or appends nothing when ``expected`` does not exist). An event that is a :class:`Stored`
-    is written as it is, any other value through ``journal``'s serializers. Returns ``(seq_nr, db_timestamp)`` of
-    each; the journal's readers are signalled after the commit by the runner."""
+def append_events_step(journal: JournalCore, persistence_id: str, events: Sequence[Any], *,
+                       expected: int | None = None, metadata: Stored | None = None,
+                       tags: Sequence[str] | None = None, writer: str | None = None) -> Step[list[tuple[int, Any]]]:
+    """Append ``events`` to ``persistence_id`` of ``journal``, inside the open transaction of the connection the
+    step runs on (the processor's): after ``expected`` (``None``: after the latest event; a conflict raises the
+    database's ``UniqueViolation``; an ``expected`` that does not exist raises :class:`InvalidArgument`). An event
+    that is a :class:`Stored` is written as it is, any other value through ``journal``'s serializers. Returns
+    ``(seq_nr, db_timestamp)`` of each; the journal's readers are signalled after the commit by the runner."""
     pid = check_persistence_id(persistence_id)
     out: list[tuple[int, Any]] = []
     slice_ = slice_for_persistence_id(pid)
@@ -91,16 +95,27 @@ def append_events(conn: psycopg.Connection, journal: Journal, persistence_id: st
                   "meta_payload": metadata.payload if metadata else None, "ser_id": encoded.ser_id,
                   "manifest": encoded.manifest, "payload": bytes(encoded.payload)}
         sql = journal.events.append(slice_, single=True, after="latest" if expected is None else "expected")
-        row = conn.execute(sql, params).fetchone()
-        if row is None:
+        rows = yield statement((sql, params))
+        if not rows:
             raise InvalidArgument(f"cannot append to {pid!r} after seq_nr {expected}: that event does not exist")
-        out.append((row[0], row[1]))
+        out.append((rows[0][0], rows[0][1]))
         if expected is not None:
-            expected = row[0]
+            expected = rows[0][0]
     return out
 
 
-ProcessFn = Callable[["psycopg.Connection", "Sequence[EventEnvelope]"], Any]
+def append_events(conn: psycopg.Connection, journal: JournalCore, persistence_id: str, events: Sequence[Any], *,
+                  expected: int | None = None, metadata: Stored | None = None, tags: Sequence[str] | None = None,
+                  writer: str | None = None) -> list[tuple[int, Any]]:
+    """:func:`append_events_step` on a blocking connection (``await arun(append_events_step(...), conn)`` on an
+    asyncio one)."""
+    return run(append_events_step(journal, persistence_id, events, expected=expected, metadata=metadata, tags=tags,
+                                  writer=writer), conn)
+
+
+#: ``process(conn, envelopes)``: a plain function on the blocking face; on the asyncio face a coroutine function
+#: (of an ``AsyncConnection``) or a plain one.
+ProcessFn = Callable[[Any, "Sequence[EventEnvelope]"], Any]
 
 
 class ProcessorRunner(RangeRunner):
@@ -119,6 +134,19 @@ class ProcessorRunner(RangeRunner):
         self.processor.signal()
 
 
+class AsyncProcessorRunner(AsyncRangeRunner):
+    """:class:`ProcessorRunner` on the asyncio face (a task; ``process`` may be a coroutine function)."""
+
+    def __init__(self, processor: EventProcessor, min_slice: int, max_slice: int) -> None:
+        self.processor = processor
+        super().__init__(processor.target, processor.projection, min_slice, max_slice, source=processor.source,
+                         serializers=as_stored(processor.source) if processor.stored else None)
+
+    def _handled(self, envelopes: Sequence[EventEnvelope]) -> None:
+        super()._handled(envelopes)
+        self.processor.signal()
+
+
 class EventProcessor:
     """Read ``entity_type`` by slices from ``source``, hand each batch to ``process(conn, envelopes)`` in a
     transaction on ``target`` that also stores the offsets (under the projection name ``name``, in ``target``).
@@ -128,13 +156,16 @@ class EventProcessor:
     (:meth:`run_range`) or as a worker sharing the slices with the processor's other workers by lease
     (:meth:`worker`)."""
 
-    def __init__(self, target: Journal, source: Journal, name: str, entity_type: str, process: ProcessFn, *,
+    def __init__(self, target: Journal | AsyncJournal, source: Journal | AsyncJournal, name: str, entity_type: str,
+                 process: ProcessFn, *,
                  as_stored: bool = False, max_count: int = 500, max_wait: float = 0.1,
                  settings: ProjectionSettings | None = None) -> None:
         if settings is not None and settings.on_failure == "dead-letter" and source is not target:
             raise InvalidArgument("on_failure='dead-letter' copies the event from the target journal; a processor "
                                   "reading another database stops or skips")
-        self.target, self.source = target, source
+        #: The journals (both of one face: :class:`~pgjournal.Journal`, or :class:`~pgjournal.aio.AsyncJournal`).
+        self.target: Any = target
+        self.source: Any = source
         self.name = check_name(name, "processor name")
         self.entity_type = check_name(entity_type, "entity type")
         self.stored = as_stored
@@ -164,6 +195,13 @@ class EventProcessor:
     def run_range(self, min_slice: int = 0, max_slice: int = 1023) -> ProcessorRunner:
         """Start a runner over one slice range on a daemon thread (no leases); ``stop()`` and ``join()`` it."""
         runner = self.runner(min_slice, max_slice)
+        runner.start()
+        return runner
+
+    def arun_range(self, min_slice: int = 0, max_slice: int = 1023) -> AsyncProcessorRunner:
+        """The asyncio face (``target`` and ``source`` are :class:`~pgjournal.aio.AsyncJournal`\\ s): a runner over
+        one slice range started as a task of the running loop; ``stop()`` and ``await join()`` it."""
+        runner = AsyncProcessorRunner(self, min_slice, max_slice)
         runner.start()
         return runner
 

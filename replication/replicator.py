@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.errors
 
+from pgjournal.aio import AsyncJournal
 from pgjournal.errors import InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
@@ -36,13 +37,15 @@ from pgjournal.model.replication import (
 )
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections.handlers import ProjectionSettings
+from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, run, statement
 from pgjournal.store import replication as sql
 from pgjournal.validation import check_name
 
-from .processor import EventProcessor, Stored, append_events
+from .processor import EventProcessor, Stored, append_events_step
 
 if TYPE_CHECKING:
     from pgjournal.codec.replicated import MetadataEntry
+    from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
     from pgjournal.model.envelope import EventEnvelope
     from pgjournal.projections.workers import Worker
@@ -90,7 +93,8 @@ class Replicator:
     """The stream from ``peer_replica``'s journal ``peer`` into ``local_replica``'s journal ``local``, for
     ``entity_type``. ``peer`` is read only (a reader role there is enough)."""
 
-    def __init__(self, local: Journal, local_replica: str, peer: Journal, peer_replica: str, entity_type: str, *,
+    def __init__(self, local: Journal | AsyncJournal, local_replica: str, peer: Journal | AsyncJournal,
+                 peer_replica: str, entity_type: str, *,
                  max_count: int = 500, max_wait: float = 0.05, settings: ProjectionSettings | None = None) -> None:
         self.local_replica = ReplicationId("T", "e", local_replica).replica_id
         self.peer_replica = ReplicationId("T", "e", peer_replica).replica_id
@@ -100,14 +104,20 @@ class Replicator:
         self.local = local
         self.writer = writer_of(self.peer_replica)
         self.stats = StreamStats()
+        process = self.aprocess if isinstance(local, AsyncJournal) else self.process
         self.processor = EventProcessor(local, peer, stream_name(self.peer_replica, self.entity_type),
-                                        self.entity_type, self.process, as_stored=True, max_count=max_count,
+                                        self.entity_type, process, as_stored=True, max_count=max_count,
                                         max_wait=max_wait, settings=settings)
 
     # -- running -------------------------------------------------------------------------------------
 
     def run_range(self, min_slice: int = 0, max_slice: int = 1023) -> Any:
+        """The stream over one slice range on a daemon thread (no leases); ``stop()`` and ``join()`` it."""
         return self.processor.run_range(min_slice, max_slice)
+
+    def arun_range(self, min_slice: int = 0, max_slice: int = 1023) -> Any:
+        """The asyncio face (both journals :class:`~pgjournal.aio.AsyncJournal`\\ s): the stream as a task."""
+        return self.processor.arun_range(min_slice, max_slice)
 
     def worker(self, **lease: Any) -> Worker:
         return self.processor.worker(**lease)
@@ -141,41 +151,49 @@ class Replicator:
             out.setdefault(target, []).append(Arrival(target, env, found, tuple(others)))
         return out
 
-    def process(self, conn: psycopg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
-        """The processor's function: every arrival of the batch appended or dropped, in its transaction."""
+    def process_step(self, envelopes: Sequence[EventEnvelope]) -> Step[None]:
+        """Every arrival of the batch appended or dropped, in the transaction of the connection it runs on (the
+        processor's): one step for both faces (:meth:`process`, :meth:`aprocess`)."""
         arrivals = self.arrivals(envelopes)
         if not arrivals:
             return
-        conn.execute(*sql.lock(list(arrivals)))
+        yield statement(sql.lock(list(arrivals)))
         seen: dict[str, dict[str, int]] = {}
-        for row in sql.seen(list(arrivals)).all(conn):
+        for row in (yield from rows_of(sql.seen(list(arrivals)))):
             seen.setdefault(row.persistence_id, {})[row.origin_replica] = row.origin_seq_nr
         for target in sorted(arrivals):
-            self._replica_step(conn, target, arrivals[target], seen.get(target, {}))
+            yield from self._replica_step(target, arrivals[target], seen.get(target, {}))
         self.processor.wrote(self.entity_type)
 
-    def _replica_step(self, conn: psycopg.Connection, target: str, arrivals: list[Arrival],
-                      seen: dict[str, int]) -> None:
+    def process(self, conn: psycopg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
+        """The blocking processor's function."""
+        run(self.process_step(envelopes), conn)
+
+    async def aprocess(self, conn: psycopg.AsyncConnection, envelopes: Sequence[EventEnvelope]) -> None:
+        """The asyncio processor's function."""
+        await arun(self.process_step(envelopes), conn)
+
+    def _replica_step(self, target: str, arrivals: list[Arrival], seen: dict[str, int]) -> Step[None]:
         for attempt in range(1, RACE_ATTEMPTS + 1):
-            conn.execute(f"SAVEPOINT {SAVEPOINT}")
+            yield Statement(f"SAVEPOINT {SAVEPOINT}")
             try:
-                appended, dropped, highest = self._append(conn, target, arrivals, seen)
+                appended, dropped, highest = yield from self._append_step(target, arrivals, seen)
             except psycopg.errors.UniqueViolation:
-                conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
                 self.stats.races += 1
                 if attempt == RACE_ATTEMPTS:
                     raise
                 continue
-            conn.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            yield Statement(f"RELEASE SAVEPOINT {SAVEPOINT}")
             self.stats.appended += appended
             self.stats.seen += dropped
             if highest:
-                conn.execute(*sql.record_seen(target, highest))
+                yield statement(sql.record_seen(target, highest))
             return
 
-    def _append(self, conn: psycopg.Connection, target: str, arrivals: list[Arrival], seen: dict[str, int]
-                ) -> tuple[int, int, dict[str, int]]:
-        state = replica_state(conn, self.local, self.local_replica, target, seen)
+    def _append_step(self, target: str, arrivals: list[Arrival], seen: dict[str, int]
+                     ) -> Step[tuple[int, int, dict[str, int]]]:
+        state = yield from replica_state_step(self.local, self.local_replica, target, seen)
         appended = dropped = 0
         highest: dict[str, int] = {}
         for arrival in arrivals:
@@ -187,9 +205,9 @@ class Replicator:
             ser_id, manifest, payload = event_metadata_columns(stored, arrival.others)
             event = arrival.envelope.event
             assert isinstance(event, Stored)
-            [(seq_nr, _)] = append_events(conn, self.local, target, [event], expected=state.seq_nr,
-                                          metadata=Stored(ser_id, manifest, payload), tags=arrival.envelope.tags,
-                                          writer=self.writer)
+            [(seq_nr, _)] = yield from append_events_step(
+                self.local, target, [event], expected=state.seq_nr, metadata=Stored(ser_id, manifest, payload),
+                tags=arrival.envelope.tags, writer=self.writer)
             if seq_nr != after.seq_nr:
                 raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nr {seq_nr}, not {after.seq_nr}")
             state = after
@@ -198,13 +216,13 @@ class Replicator:
         return appended, dropped, highest
 
 
-def replica_state(conn: psycopg.Connection, journal: Journal, replica: str, persistence_id: str,
-                  seen: dict[str, int] | None = None) -> ReplicaState:
-    """The state of the replica ``persistence_id`` of ``replica`` after its last event, read on ``conn`` (in the
-    caller's transaction): that event's vector (``{replica: seq_nr}`` for one stored without replication
-    metadata) and ``seen``."""
+def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
+                       seen: dict[str, int] | None = None) -> Step[ReplicaState]:
+    """The state of the replica ``persistence_id`` of ``replica`` after its last event, read in the transaction
+    of the connection the step runs on: that event's vector (``{replica: seq_nr}`` for one stored without
+    replication metadata) and ``seen``."""
     slice_ = slice_for_persistence_id(persistence_id)
-    last = sql.last_event(journal.events.table(slice_), persistence_id, slice_).one(conn)
+    last = yield from first_of(sql.last_event(journal.events.table(slice_), persistence_id, slice_))
     if last is None:
         return ReplicaState(replica, 0, VersionVector(), seen or {})
     meta: ReplicatedEventMetadata | None = None
@@ -212,3 +230,9 @@ def replica_state(conn: psycopg.Connection, journal: Journal, replica: str, pers
         meta = event_metadata_of(last.meta_ser_id, last.meta_ser_manifest, bytes(last.meta_payload))[0]
     version = meta.version if meta is not None else VersionVector({replica: last.seq_nr})
     return ReplicaState(replica, last.seq_nr, version, seen or {})
+
+
+def replica_state(conn: psycopg.Connection, journal: JournalCore, replica: str, persistence_id: str,
+                  seen: dict[str, int] | None = None) -> ReplicaState:
+    """:func:`replica_state_step` on a blocking connection."""
+    return run(replica_state_step(journal, replica, persistence_id, seen), conn)

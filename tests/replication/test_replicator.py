@@ -266,3 +266,31 @@ def test_a_peer_down_when_the_worker_starts_is_replicated_from_once_it_answers(
             worker.join(60)
     assert codes == [0]
     assert check_replicas(journals, TYPE, ["d"], converged=False) == 6
+
+
+async def test_the_asyncio_face_runs_the_same_streams(locations: dict[str, tuple[str, Journal]]) -> None:
+    import asyncio
+
+    from pgjournal.aio import AsyncJournal
+
+    journals = {r: j for r, (_, j) in locations.items()}
+    dsns = {r: dsn for r, (dsn, _) in locations.items()}
+    for i in range(6):  # written with the blocking face, before and while the streams run
+        write_local(journals["eu"], ReplicationId(TYPE, "a", "eu"), f"eu-{i}")
+        write_local(journals["us"], ReplicationId(TYPE, "a", "us"), f"us-{i}")
+    async with AsyncJournal.open(dsns["eu"], **FAST) as eu, AsyncJournal.open(dsns["us"], **FAST) as us:
+        runners = [Replicator(eu, "eu", us, "us", TYPE, settings=SETTINGS).arun_range(),
+                   Replicator(us, "us", eu, "eu", TYPE, settings=SETTINGS).arun_range()]
+        try:
+            for _ in range(600):
+                if all(len(rows_of(journals[r], f"Counter|a|{r}")) == 12 for r in ("eu", "us")):
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            for r in runners:
+                r.stop()
+            for r in runners:
+                await r.join(15)
+                assert r.failed is None, r.failed
+    sub = {r: journals[r] for r in ("eu", "us")}
+    assert check_replicas(sub, TYPE, ["a"], converged=True) == 12
