@@ -256,3 +256,15 @@ class ShardLayoutMismatch(ConfigurationError):
     """The databases of a sharded journal (:mod:`pgjournal.shards`) disagree about the slice-range layout: with
     each other (a half-done change), with the settings (stale ranges, swapped DSNs), or with the layout this
     process opened with (it changed since). Nothing was written; reopen with the layout the databases record."""
+
+
+class NotSeenInTime(JournalError, TimeoutError):
+    """A read-your-writes wait ended before what it waited for was seen: a replica's version vector had not
+    reached the one asked for, or a projection had not passed the offset, within ``timeout`` seconds. Nothing
+    changed; ``waited_for`` and ``seen`` say what was asked and what was there at the end."""
+
+    def __init__(self, message: str, *, waited_for: object, seen: object, timeout: float) -> None:
+        self.waited_for = waited_for
+        self.seen = seen
+        self.timeout = timeout
+        super().__init__(message)

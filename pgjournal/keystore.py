@@ -43,6 +43,7 @@ from pgjournal.errors import (
     RetriesExhausted,
     SchemaNotMigrated,
 )
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.contention import TRANSIENT_ERRORS
 from pgjournal.server.connections import connection_kwargs
 from pgjournal.server.dsn import mask_dsn, redact, resolve_dsn
@@ -121,6 +122,8 @@ _ABSENT = b""
 _RETRIES = 5
 #: Seconds :meth:`PostgresKeyStore.reclaim` waits for transactions that may still see a deleted key to end.
 RECLAIM_WAIT = 10.0
+#: Between the reclaim's tries: 50 ms, doubling to 1 s.
+RECLAIM_BACKOFF = Backoff(0.05, 2.0, 1.0)
 #: Seconds a VACUUM of the key table waits in the lock queue before it steps aside (key lookups wait behind it).
 LOCK_WAIT = 0.1
 
@@ -255,8 +258,11 @@ class PostgresKeyStore:
                 f"{what}this role may not vacuum {sql.TABLE} (grant it MAINTAIN on the table, PostgreSQL 17+, as "
                 f"`pgjournal roles` does): the wrapped bytes of deleted keys stay in the table's file until its "
                 f"owner runs VACUUM {sql.TABLE}; VACUUM (FULL) {sql.TABLE}")
-        deadline, pause = time.monotonic() + RECLAIM_WAIT, 0.05
+        started = time.monotonic()
+        deadline, tries = started + RECLAIM_WAIT, 0
         while True:
+            tries += 1
+            pause = RECLAIM_BACKOFF.delay(tries)
             vacuumed = self._vacuum(sql.VACUUM)
             if vacuumed and not self._run(sql.dead_rows(), one=True)[0]:
                 if self._vacuum(sql.REWRITE):
@@ -264,7 +270,8 @@ class PostgresKeyStore:
                 vacuumed = False  # the rewrite's lock was held
             if time.monotonic() + pause > deadline:
                 if not vacuumed:
-                    holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in self._run(sql.lockers()))
+                    holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in
+                                        self._run(sql.lockers(time.monotonic() - started)))
                     raise RetriesExhausted(
                         f"{what}another session holds a lock on {sql.TABLE} ({holders or 'gone since'}), so the "
                         f"table could not be rewritten and the deleted keys' bytes stay in its file (waited "
@@ -274,7 +281,6 @@ class PostgresKeyStore:
                     f"{sql.TABLE}'s file (waited {RECLAIM_WAIT:.0f} s); run the key store's reclaim() once such "
                     "transactions ended")
             time.sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     def _vacuum(self, statement: tuple[str, tuple[Any, ...]]) -> bool:
         """Run a VACUUM of the key table, waiting at most :data:`LOCK_WAIT` for its lock; ``False`` when another

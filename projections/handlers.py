@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pgjournal.errors import InvalidArgument
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.store.timestamp_offsets import OFFSET_TABLE, check_offset_table
 from pgjournal.validation import check_name, check_tag_filter
 
@@ -111,7 +112,8 @@ class ProjectionSettings:
             raise InvalidArgument(f"on_failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}")
 
     def backoff_for(self, attempt: int) -> float:
-        return float(min(self.backoff_max, self.backoff * 2 ** (attempt - 1)))
+        """Seconds to wait before retry ``attempt`` (1 for the first) of a failed handler."""
+        return Backoff(self.backoff, 2.0, self.backoff_max).delay(attempt)
 
 
 @dataclass(frozen=True)

@@ -270,8 +270,10 @@ class OffsetStore:
     def delete_old_step(self) -> Step[int]:
         """:meth:`delete_old` as a step."""
         self.rows_since_delete = 0
-        count: int = yield statement(self.sql.delete_old(self.name, self.min_slice, self.max_slice,
-                                                         self.window.total_seconds()))
+        old = yield from rows_of(self.sql.old(self.name, self.min_slice, self.max_slice, self.window.total_seconds()))
+        if not old:
+            return 0
+        count: int = yield statement(self.sql.delete(self.name, old))
         return count
 
 

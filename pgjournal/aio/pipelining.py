@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgjournal.errors import JournalClosed
+from pgjournal.runtime.steps import arun
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan
-from pgjournal.write.group_commit import GroupCommit, cursors, failing, lost, returned_rows
+from pgjournal.write.group_commit import GroupCommit, Send
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal
@@ -86,34 +87,8 @@ class AppendPipeline(GroupCommit["asyncio.Future[Rows | None]"]):
 
     async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[Queued]) -> None:
         """Send ``batch`` as one transaction in one pipeline (:mod:`pgjournal.write.group_commit` has the rules)."""
-        kept = cursors(conn, len(batch))[: len(batch)]
-        sent = 0
-        try:
+        send = Send(self, conn, batch)
+        with send.guard():
             async with conn.pipeline() as pipeline:
-                for (plan, _future), cur in zip(batch, kept, strict=True):
-                    sent += 1
-                    try:
-                        await cur.execute(plan.sql, plan.params, prepare=True, binary=True)
-                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
-                        if lost(conn, exc):
-                            raise
-                try:
-                    await pipeline.sync()
-                    synced = True
-                except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
-                    if lost(conn, exc):
-                        raise
-                    await pipeline.sync()
-                    synced = False
-        except psycopg.Error as exc:
-            if not lost(conn, exc):
-                raise
-            self.on_lost(batch, sent, exc)
-            return
-        results = [cur.pgresult for cur in kept]
-        index = failing(synced, results)
-        if index is None:
-            self.on_commit(batch, [await cur.fetchall() if returned_rows(result) else None
-                                   for cur, result in zip(kept, results, strict=True)])
-        else:
-            self.on_rollback(batch, index)
+                await arun(send.pipeline_step(pipeline), conn)
+        await arun(send.outcome_step(), conn)

@@ -19,7 +19,7 @@ from pgjournal.query.by_tag import TagEnvelope, TagStream
 from pgjournal.query.from_snapshots import Transform, snapshots_step
 from pgjournal.runtime.live import Made
 from pgjournal.runtime.steps import Step, adrive, arun_pooled
-from pgjournal.write.tag_batcher import flushed_before_reading
+from pgjournal.tags.watermark import flushed_before_reading
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal

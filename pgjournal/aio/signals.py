@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import psycopg
 
 from pgjournal.model.printable import printable_logger
-from pgjournal.runtime.signals import LISTEN, SEND_INTERVAL, SENDER_SETUP, notify_sql, wakes
+from pgjournal.runtime.signals import SEND_INTERVAL, SENDER_SETUP, Listening, notify_sql, wakes
+from pgjournal.runtime.steps import arun_work
 
 _log = printable_logger("pgjournal.runtime.signals")
 
@@ -103,19 +103,13 @@ class AsyncSignals:
                 event.set()
 
     async def _listen_loop(self) -> None:
-        backoff = 0.1
-        while not self._closed:
-            try:
-                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
-                    await conn.execute(LISTEN)
-                    self._wake(None)  # anything sent while we were not listening is caught by a poll now
-                    backoff = 0.1
-                    async for note in conn.notifies():
-                        self._wake(note.payload)
-            except psycopg.Error as exc:
-                _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
-                await asyncio.sleep(random.uniform(backoff / 2, backoff))  # listeners do not reconnect in step
-                backoff = min(backoff * 2, 5.0)
+        listening = Listening(lambda: self._closed, self._wake, _receive)
+        await arun_work(listening.work(), self._listener_connection, listening.pause)
+
+    @contextlib.asynccontextmanager
+    async def _listener_connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
+            yield conn
 
     async def close(self) -> None:
         """Send what is pending, stop listening."""
@@ -128,3 +122,8 @@ class AsyncSignals:
         if self._sender is not None:
             with contextlib.suppress(psycopg.Error):
                 await asyncio.wait_for(self._sender, timeout=2)
+
+
+async def _receive(conn: psycopg.AsyncConnection) -> list[psycopg.Notify]:
+    """The next signals (close cancels the wait)."""
+    return [note async for note in conn.notifies(stop_after=1)]

@@ -1,25 +1,26 @@
 """The asyncio face of the batched tag writer (:mod:`pgjournal.write.tag_batcher`): the same
-:class:`~pgjournal.write.tag_batcher.TagBatch` and the same work (:class:`~pgjournal.write.tag_batcher.TagWriterRules`:
-which statements, in which order, retried how), run by a task of the journal's event loop on a connection of its
-own, with an :class:`asyncio.Lock` keeping this writer's statements one at a time. Heartbeat, recovery and close
-behave as on the blocking face: ``AsyncJournal.close()`` writes what is pending or raises
-:class:`~pgjournal.errors.TagFlushFailed` (the writer's row stays, so its events are recovered)."""
+:class:`~pgjournal.write.tag_batch.TagBatch` and the same work
+(:class:`~pgjournal.write.tag_writer_rules.TagWriterRules`: which statements, in which order, retried how), run by a
+task of the journal's event loop on a connection of its own, with an :class:`asyncio.Lock` keeping this writer's
+statements one at a time. Heartbeat, recovery and close behave as on the blocking face: ``AsyncJournal.close()``
+writes what is pending or raises :class:`~pgjournal.errors.TagFlushFailed` (the writer's row stays, so its events are
+recovered)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from pgjournal.aio.connections import async_limited_connection_class
 from pgjournal.core import journal_core as core
-from pgjournal.errors import DatabaseUnavailable
-from pgjournal.runtime.steps import R, Step, arun_pooled
+from pgjournal.runtime.steps import R, Work, arun_work
 from pgjournal.server.connections import unreachable
-from pgjournal.write.tag_batcher import Recovered, TagWriterRules, Work
+from pgjournal.write.tag_batch import Recovered
+from pgjournal.write.tag_writer_rules import TagWriterRules
 
 if TYPE_CHECKING:
     from pgjournal.aio.journal import AsyncJournal
@@ -41,8 +42,8 @@ class AsyncTagBatcher(TagWriterRules):
     # -- the append path --------------------------------------------------------------------------------
 
     async def begin(self, entity_type: str) -> int:
-        """Before a tagged append runs (see :meth:`TagBatch.begin`); the first one of an entity type first records
-        it in this writer's row."""
+        """Before a tagged append runs (see :meth:`~pgjournal.write.tag_batch.TagBatch.begin`); the first one
+        of an entity type first records it in this writer's row."""
         if not self.batch.knows(entity_type):
             async with self._io:
                 await self._do(self._register_work(entity_type))
@@ -66,29 +67,7 @@ class AsyncTagBatcher(TagWriterRules):
                 raise self._report(exc) from exc
 
     async def _do(self, work: Work[R]) -> R:
-        result: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                factory = work.throw(error) if error is not None else work.send(result)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            try:
-                result, error = await self._run(factory), None
-            except Exception as exc:
-                result, error = None, exc
-
-    async def _run(self, step: Callable[[], Step[R]]) -> R:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return await arun_pooled(step(), self._connection)
-            except (DatabaseUnavailable, psycopg.Error) as exc:
-                pause = self._pause(attempt, exc)
-                if pause is None:
-                    raise
-                await asyncio.sleep(pause)
+        return await arun_work(work, self._connection, self._pause)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:

@@ -22,13 +22,23 @@ from pgjournal.entity.aio import AsyncEntityRepository
 from pgjournal.entity.breaker import BreakerState, CircuitBreaker
 from pgjournal.entity.errors import CircuitOpen, ConflictRetriesExhausted
 from pgjournal.entity.model import CommandResult, DomainError, Effect, Entity, Recovered, persist
+from pgjournal.entity.replicated import (
+    AsyncReplicatedRepository,
+    CommandContext,
+    Replicated,
+    ReplicatedEntity,
+    ReplicatedRepository,
+    ReplicationContext,
+)
 from pgjournal.entity.repository import EntityRepository
 
 __all__ = [
     "AsyncEntityRepository",
+    "AsyncReplicatedRepository",
     "BreakerState",
     "CircuitBreaker",
     "CircuitOpen",
+    "CommandContext",
     "CommandResult",
     "ConflictRetriesExhausted",
     "DomainError",
@@ -36,5 +46,9 @@ __all__ = [
     "Entity",
     "EntityRepository",
     "Recovered",
+    "Replicated",
+    "ReplicatedEntity",
+    "ReplicatedRepository",
+    "ReplicationContext",
     "persist",
 ]

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pgjournal.entity.mailbox import Mailboxes, Pending
 from pgjournal.entity.model import CommandResult, Recovered
-from pgjournal.entity.recovery import recover_step
 from pgjournal.entity.repository import RepositoryRules
 from pgjournal.errors import WriteOutcomeUnknown
 
@@ -89,7 +88,7 @@ class AsyncEntityRepository(RepositoryRules[S]):
         """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
         pid = self.persistence_id(entity_id)
         with self.breaker.guard():
-            return self._recovered(pid, await self.journal.run(recover_step(self.journal, self.entity, pid)))
+            return self._recovered(pid, await self.journal.run(self._recover_step(pid)))
 
     async def _batch(self, pid: str, batch: list[Pending]) -> None:
         try:

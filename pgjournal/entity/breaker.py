@@ -19,6 +19,7 @@ import psycopg.errors
 from pgjournal.entity.errors import CircuitOpen
 from pgjournal.errors import ConfigurationError, DatabaseUnavailable, WriteOutcomeUnknown
 from pgjournal.model.printable import printable_logger
+from pgjournal.runtime.backoff import Backoff
 
 _log = printable_logger("pgjournal.entity")
 
@@ -56,6 +57,10 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._state = BreakerState.CLOSED
         self._failures = 0
+        #: How long it stays open: ``reset_timeout``, doubled by each failed trial, to ``max_reset_timeout``.
+        self._reopen = Backoff(self.reset_timeout, 2.0, self.max_reset_timeout)
+        #: Times it opened since it last closed (the failed trials plus one).
+        self._openings = 0
         self._pause = self.reset_timeout
         self._opened_at = 0.0
         self._trial_running = False
@@ -114,13 +119,14 @@ class CircuitBreaker:
             self._last_error = " ".join(f"{exc.__class__.__name__}: {exc}".split())[:300]
             if trial:
                 self._trial_running = False
-                self._pause = min(self._pause * 2, self.max_reset_timeout)
                 self._open()
             elif self._state is BreakerState.CLOSED and self._failures >= self.max_failures:
-                self._pause = self.reset_timeout
+                self._openings = 0
                 self._open()
 
     def _open(self) -> None:
+        self._openings += 1
+        self._pause = self._reopen.delay(self._openings)
         self._state = BreakerState.OPEN
         self._opened_at = time.monotonic()
         _log.warning("circuit breaker %r open after %d consecutive database failures (last: %s); failing fast "

@@ -19,7 +19,6 @@ is locked), so a late commit cannot slip past the check.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 import weakref
@@ -34,7 +33,7 @@ from pgjournal.entity.cache import LruCache
 from pgjournal.entity.errors import ConflictRetriesExhausted
 from pgjournal.entity.mailbox import Mailboxes, Pending
 from pgjournal.entity.model import CommandResult, Entity, Recovered, check_entity_name, effect_of
-from pgjournal.entity.recovery import recover, recover_step, snapshot_metadata
+from pgjournal.entity.recovery import recover_step, snapshot_metadata
 from pgjournal.errors import (
     ConcurrencyConflict,
     ConfigurationError,
@@ -43,6 +42,7 @@ from pgjournal.errors import (
     WriteOutcomeUnknown,
 )
 from pgjournal.model.printable import printable_logger
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.steps import Call, Sleep, Step, first_of
 from pgjournal.validation import check_persistence_id, check_tags
 
@@ -54,6 +54,10 @@ S = TypeVar("S")
 _log = printable_logger("pgjournal.entity")
 
 DEFAULT_SNAPSHOT_EVERY = 100
+#: Before recovering again after a conflict: anything up to 2 ms, doubling to 50 ms.
+CONFLICT_BACKOFF = Backoff(0.002, 2.0, 0.05, jitter=1.0)
+#: Between the tries that find out whether an append with a lost connection was written.
+SETTLE_BACKOFF = Backoff(0.05, 2.0, 1.0)
 
 
 def _run_batch(pid: str, batch: list[Pending]) -> None:
@@ -196,7 +200,7 @@ class RepositoryRules(Generic[S]):
             current = self._cache.get(pid)
             cached = current is not None
             if current is None:
-                current = yield from recover_step(self.journal, self.entity, pid)
+                current = yield from self._recover_step(pid)
             state = current.state
             events: list[Any] = []
             outcomes: list[CommandResult[S] | Exception] = []
@@ -220,7 +224,7 @@ class RepositoryRules(Generic[S]):
                     continue
             else:
                 try:
-                    yield from self._append_step(pid, events, current.seq_nr)
+                    yield from self._append_step(pid, events, current.seq_nr, current.state)
                 except ConcurrencyConflict as conflict:
                     self._cache.drop(pid)
                     self._count("conflicts")
@@ -230,7 +234,7 @@ class RepositoryRules(Generic[S]):
                                                        conflict.actual_seq_nr) from None
                     _log.debug("conflict on %r at seq_nr %d (attempt %d): recovering", pid, current.seq_nr + 1,
                                attempt)
-                    yield Sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                    yield Sleep(CONFLICT_BACKOFF.delay(attempt))
                     continue
             self._cache.put(pid, Recovered(state, current.seq_nr + len(events)))
             if events:
@@ -250,30 +254,37 @@ class RepositoryRules(Generic[S]):
         self._count("stale_cache")
         return True
 
-    def _append_step(self, pid: str, events: Iterable[Any], expected: int) -> Step[None]:
+    def _recover_step(self, pid: str) -> Step[Recovered[S]]:
+        """The stored state of ``pid`` (a replicated repository's recovery reads the events' metadata too)."""
+        return recover_step(self.journal, self.entity, pid)
+
+    def _append_step(self, pid: str, events: Iterable[Any], expected: int, before: Any = None) -> Step[None]:
         """Append, or raise: ConcurrencyConflict (someone else's events are there: nothing of ours written),
-        another error (nothing written) or WriteOutcomeUnknown (could not find out in time)."""
+        another error (nothing written) or WriteOutcomeUnknown (could not find out in time). ``before``: the
+        state the events were decided on."""
         events = tuple(events)
         try:
-            yield self._append_call(pid, events, expected)
+            yield self._append_call(pid, events, expected, before)
         except WriteOutcomeUnknown as unknown:
             self._count("unknown_outcomes")
             _log.warning("append to %r after seq_nr %d lost its connection: finding out whether it was written",
                          pid, expected)
-            yield from self._settle_unknown_step(pid, events, expected, unknown)
+            yield from self._settle_unknown_step(pid, events, expected, unknown, before)
 
-    def _append_call(self, pid: str, events: tuple[Any, ...], expected: int) -> Call:
+    def _append_call(self, pid: str, events: tuple[Any, ...], expected: int, before: Any = None) -> Call:
         return Call(self.journal.append, (pid, events), {"expected_seq_nr": expected, "tags": self._tags})
 
-    def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown
-                             ) -> Step[None]:
+    def _settle_unknown_step(self, pid: str, events: tuple[Any, ...], expected: int, unknown: WriteOutcomeUnknown,
+                             before: Any = None) -> Step[None]:
         deadline = time.monotonic() + self.unknown_outcome_timeout
-        pause = 0.05
+        tries = 0
         last: BaseException = unknown
         while True:
+            tries += 1
+            pause = SETTLE_BACKOFF.delay(tries)
             try:
                 try:
-                    yield self._append_call(pid, events, expected)
+                    yield self._append_call(pid, events, expected, before)
                     _log.info("append to %r after seq_nr %d: the first attempt had not been written; now it is",
                               pid, expected)
                     return
@@ -292,7 +303,6 @@ class RepositoryRules(Generic[S]):
                     f"load({pid.partition('|')[2]!r}) before sending the command again"
                 ) from last
             yield Sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     def _written_by_us_step(self, pid: str, seq_nr: int) -> Step[bool]:
         """Was ``seq_nr`` of ``pid`` written by this journal? While we lead the entity's mailbox, no other
@@ -300,13 +310,17 @@ class RepositoryRules(Generic[S]):
         row = yield Call(self.journal.run, (first_of(self.journal.events.writer_of(pid, seq_nr)),))
         return row is not None and row[0] == self.journal.writer_id
 
+    def _snapshot_metadata(self, pid: str, state: S) -> Any:
+        """What a snapshot of ``state`` stores as its metadata (what recovery checks before it uses one)."""
+        return snapshot_metadata(self.entity)
+
     def _maybe_snapshot_step(self, pid: str, before: int, after: int, state: S) -> Step[None]:
         every = self.snapshot_every
         if every == 0 or after // every == before // every:
             return
         try:
             yield Call(self.journal.save_snapshot, (pid, after, self.entity.to_snapshot(state)),
-                       {"metadata": snapshot_metadata(self.entity)})
+                       {"metadata": self._snapshot_metadata(pid, state)})
             self._count("snapshots")
         except Exception as exc:  # the events are written: a missing snapshot only makes recovery longer
             _log.warning("could not save the snapshot of %r at seq_nr %d: %s: %s", pid, after,
@@ -336,7 +350,7 @@ class EntityRepository(RepositoryRules[S]):
         """The entity's state as stored now (snapshot + replay, bypassing the cache)."""
         pid = self.persistence_id(entity_id)
         with self.breaker.guard():
-            return self._recovered(pid, recover(self.journal, self.entity, pid))
+            return self._recovered(pid, self.journal.run(self._recover_step(pid)))
 
     def _batch(self, pid: str, batch: list[Pending]) -> None:
         try:

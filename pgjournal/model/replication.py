@@ -464,3 +464,126 @@ class ReplicaState:
     def snapshot_metadata(self) -> ReplicatedSnapshotMetadata:
         """What a snapshot of this state stores."""
         return ReplicatedSnapshotMetadata(self.version, self.seen)
+
+
+# -- composite metadata and arrival ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedComposite:
+    """Akka's ``CompositeMetadata`` (34 / ``M``) whose first entry is the replication metadata (an event's, or a
+    snapshot's): the value a row with other metadata beside it reads as, and the value to store it so. ``others``
+    stay undecoded."""
+
+    metadata: ReplicatedEventMetadata | ReplicatedSnapshotMetadata
+    others: tuple[wire.MetadataEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, ReplicatedEventMetadata | ReplicatedSnapshotMetadata):
+            raise InvalidArgument(f"metadata must be a ReplicatedEventMetadata or ReplicatedSnapshotMetadata, got "
+                                  f"{self.metadata!r}")
+        object.__setattr__(self, "others", tuple(wire.MetadataEntry(*entry) for entry in self.others))
+
+    @property
+    def origin_version(self) -> VersionVector | None:
+        """The origin's vector stored beside the metadata (40 / ``DA``), ``None`` when there is none."""
+        for entry in self.others:
+            if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
+                return VersionVector.from_bytes(entry.payload)
+        return None
+
+
+class CompositeMetadataSerializer:
+    """Akka's ``PayloadSerializer`` (34) for its manifest ``M``, for a registry: a composite whose entries hold
+    replication metadata reads as a :class:`ReplicatedComposite`; its other manifests raise."""
+
+    def to_binary(self, obj: Any) -> tuple[str, bytes]:
+        if not isinstance(obj, ReplicatedComposite):
+            raise SerializationError(f"Akka's serializer {wire.PAYLOAD} writes ReplicatedComposite values here, not "
+                                     f"{type(obj).__qualname__}")
+        if isinstance(obj.metadata, ReplicatedSnapshotMetadata):
+            first = wire.MetadataEntry(wire.REPLICATED_EVENT_SOURCING, wire.SNAPSHOT_METADATA, obj.metadata.to_bytes())
+            return wire.COMPOSITE_METADATA, wire.encode_composite((first, *obj.others))
+        _, manifest, payload = event_metadata_columns(obj.metadata, obj.others)
+        return manifest, payload
+
+    def from_binary(self, payload: bytes, manifest: str) -> Any:
+        if manifest != wire.COMPOSITE_METADATA:
+            raise SerializationError(f"manifest {manifest!r} of Akka's serializer {wire.PAYLOAD} is not read here; "
+                                     f"expected {wire.COMPOSITE_METADATA!r}", ser_id=wire.PAYLOAD, manifest=manifest)
+        found, others = event_metadata_of(wire.PAYLOAD, manifest, payload)
+        if found is not None:
+            return ReplicatedComposite(found, others)
+        for at, entry in enumerate(others):  # a snapshot's: its ReplicatedSnapshotMetadata, the first of the type
+            if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.SNAPSHOT_METADATA):
+                return ReplicatedComposite(ReplicatedSnapshotMetadata.from_bytes(entry.payload),
+                                           others[:at] + others[at + 1:])
+        raise SerializationError("Akka's composite metadata without a ReplicatedEventMetadata or "
+                                 "ReplicatedSnapshotMetadata entry is not read here", ser_id=wire.PAYLOAD,
+                                 manifest=manifest)
+
+
+def register_replication_serializers(registry: Any) -> None:
+    """Register serializers 40 (:class:`ReplicatedEventSourcingSerializer`) and 34
+    (:class:`CompositeMetadataSerializer`) in a :class:`~pgjournal.codec.serialization.SerializerRegistry`, so
+    replicated rows read and write as Akka's."""
+    registry.register_serializer(wire.REPLICATED_EVENT_SOURCING, ReplicatedEventSourcingSerializer(),
+                                 ReplicatedEventMetadata, ReplicatedSnapshotMetadata, VersionVector)
+    registry.register_serializer(wire.PAYLOAD, CompositeMetadataSerializer(), ReplicatedComposite)
+
+
+def split_metadata(value: Any) -> tuple[ReplicatedEventMetadata | None, VersionVector | None]:
+    """The replication metadata of an envelope's decoded ``metadata`` and the origin's vector: the one stored beside
+    it (40 / ``DA`` in a composite), else the event's own vector when it is the origin's (an event written at its
+    origin, or an Akka row that carries no origin vector). ``(None, None)`` for an event without one."""
+    if isinstance(value, ReplicatedComposite) and isinstance(value.metadata, ReplicatedEventMetadata):
+        return value.metadata, value.origin_version or value.metadata.version
+    if isinstance(value, ReplicatedEventMetadata):
+        return value, value.version
+    return None, None
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """An arriving event's outcome at a replica: the state after it, the metadata stored with it, the origin's
+    vector, and the row's ``(meta_ser_id, meta_ser_manifest, meta_payload)``."""
+
+    state: ReplicaState
+    metadata: ReplicatedEventMetadata
+    origin_version: VersionVector
+
+    @property
+    def stored(self) -> ReplicatedEventMetadata | ReplicatedComposite:
+        """The value to append as the row's metadata: the metadata alone (40 / ``RE``), or with the origin's
+        vector beside it (34 / ``M``) when the stored vector is not the origin's."""
+        if self.origin_version == self.metadata.version:
+            return self.metadata
+        return ReplicatedComposite(self.metadata, (wire.MetadataEntry(
+            wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR, self.origin_version.to_bytes()),))
+
+    def columns(self) -> tuple[int, str, bytes]:
+        """:attr:`stored` as the ``meta_*`` columns hold it."""
+        stored = self.stored
+        if isinstance(stored, ReplicatedComposite):
+            return event_metadata_columns(self.metadata, stored.others)
+        return event_metadata_columns(stored)
+
+
+def arrival(state: ReplicaState, metadata: ReplicatedEventMetadata,
+            origin_version: VersionVector | None = None) -> Arrival | None:
+    """The arrival rule (:meth:`ReplicaState.receive`) with the origin's vector: ``None`` when seen, else what to
+    store. ``origin_version`` is the vector the event had at its origin (:func:`split_metadata` of the row read at
+    the peer); the flag is decided against it, so a relay that had seen both sides of a conflict does not hide it,
+    and it is kept beside the metadata so the replicas after this one decide the same. ``None``: the vector the
+    event arrived with (Akka's rule)."""
+    origin = metadata.version if origin_version is None else origin_version
+    received = state.receive(ReplicatedEventMetadata(metadata.origin_replica, metadata.origin_sequence_nr, origin,
+                                                     metadata.concurrent))
+    if received is None:
+        return None
+    after, stored = received
+    if origin != metadata.version:  # the relay's additions, which causal order has brought here already
+        merged = stored.version.merge(metadata.version)
+        stored = ReplicatedEventMetadata(stored.origin_replica, stored.origin_sequence_nr, merged, stored.concurrent)
+        after = ReplicaState(after.replica, after.seq_nr, merged, after.seen)
+    return Arrival(after, stored, origin)

@@ -102,7 +102,7 @@ class Query:
         With the batched tag writer, this journal's own tagged appends are written first (read-your-writes in
         the process); other processes' are read once their writer's watermark passed them."""
         from pgjournal.query.by_tag import ByTag
-        from pgjournal.write.tag_batcher import flushed_before_reading
+        from pgjournal.tags.watermark import flushed_before_reading
 
         if self._journal.tag_writer is not None:
             with flushed_before_reading():

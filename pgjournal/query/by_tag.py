@@ -49,8 +49,8 @@ from pgjournal.runtime.live import LiveQuery, Made
 from pgjournal.runtime.steps import MORE, Sleep, Step, drive, run_pooled, statement
 from pgjournal.store import tags as store
 from pgjournal.tags.statement_writer import bucket_size
+from pgjournal.tags.watermark import complete_before_step
 from pgjournal.validation import check_name
-from pgjournal.write.tag_batcher import complete_before_step
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry

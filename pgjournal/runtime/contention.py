@@ -11,7 +11,6 @@ exponential backoff and jitter, so writers that collided spread out instead of c
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg.errors
 
 from pgjournal.runtime import metrics
+from pgjournal.runtime.backoff import Backoff
 
 if TYPE_CHECKING:
     from pgjournal.settings import Settings
@@ -60,12 +60,17 @@ class KeyedLocks:
 @dataclass(frozen=True)
 class RetryPolicy:
     """At most ``retries`` more attempts after the first; before retry *n*, a random pause between half and
-    all of ``min(backoff_max, backoff * 2**(n-1))`` seconds ("equal jitter": it grows, and writers that
-    collided together come back apart)."""
+    all of ``min(backoff_max, backoff * 2**(n-1))`` seconds (:attr:`curve`, "equal jitter": it grows, and
+    writers that collided together come back apart)."""
 
     retries: int
     backoff: float
     backoff_max: float
+
+    @property
+    def curve(self) -> Backoff:
+        """The pauses as a :class:`~pgjournal.runtime.backoff.Backoff`."""
+        return Backoff(self.backoff, 2.0, self.backoff_max, jitter=0.5)
 
     @classmethod
     def of(cls, settings: Settings) -> RetryPolicy:
@@ -73,8 +78,7 @@ class RetryPolicy:
 
     def pause(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""
-        ceiling = min(self.backoff_max, self.backoff * 2 ** min(retry - 1, 60))
-        return random.uniform(ceiling / 2, ceiling)
+        return self.curve.delay(retry)
 
     def should_retry(self, attempt: int, sqlstate: str | None) -> bool:
         """After failed attempt number ``attempt`` (1 for the first) with ``sqlstate``: retry (after the
@@ -108,4 +112,4 @@ class RetryPolicy:
 
     def longest(self) -> float:
         """The longest all retries can wait in total (what a caller may wait before the final error)."""
-        return float(sum(min(self.backoff_max, self.backoff * 2 ** min(n - 1, 60)) for n in range(1, self.retries + 1)))
+        return self.curve.total(self.retries)

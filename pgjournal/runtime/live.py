@@ -22,7 +22,6 @@ as :class:`Made` (each made when it is taken), which the loop hands out one by o
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import deque
@@ -34,12 +33,17 @@ from psycopg_pool import PoolClosed
 
 from pgjournal.errors import DatabaseUnavailable, JournalClosed
 from pgjournal.model.printable import printable_logger
+from pgjournal.runtime.backoff import Backoff
 
 T = TypeVar("T")
 D = TypeVar("D")
 _log = printable_logger(__name__)
 #: A read cancelled by a concurrent write (serialization failure, deadlock): run it again, it is not down.
 CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+#: A poll cancelled by a serialization conflict runs again soon: anything up to 10 ms, doubling to 250 ms.
+CONFLICT_BACKOFF = Backoff(0.01, 2.0, 0.25, jitter=1.0)
+#: After a failed poll (the database gone, a connection lost): half to all of 100 ms, doubling to 5 s.
+FAILURE_BACKOFF = Backoff(0.1, 2.0, 5.0, jitter=0.5)
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
 
 #: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
@@ -116,7 +120,7 @@ class Schedule:
         under SERIALIZABLE, CockroachDB's default) is no failure: it runs again after a short jittered pause."""
         if getattr(exc, "sqlstate", None) in CONFLICT_SQLSTATES:
             self._conflicts += 1
-            self.delay = random.uniform(0, min(0.005 * 2 ** self._conflicts, 0.25))
+            self.delay = CONFLICT_BACKOFF.delay(self._conflicts)
             _log.debug("live query poll cancelled by a serialization conflict (%d in a row); again in %.3f s",
                        self._conflicts, self.delay)
             return None
@@ -129,8 +133,7 @@ class Schedule:
                 f"live query gave up after {self._failures} failed polls in a row over "
                 f"{time.monotonic() - self._failing_since:.1f} s (live_query_retries is "
                 f"{self._max_failures}); last: {type(exc).__name__}: {first_line}")
-        cap = min(0.1 * 2 ** (self._failures - 1), 5.0)
-        self.delay = random.uniform(cap / 2, cap)
+        self.delay = FAILURE_BACKOFF.delay(self._failures)
         _log.warning("live query poll failed (%s: %s); retrying in %.2f s (failure %d in a row)",
                      type(exc).__name__, first_line, self.delay, self._failures)
         return None

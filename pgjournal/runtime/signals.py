@@ -9,16 +9,17 @@ care. Signals are a latency optimisation only: a lost one means a query waits fo
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgjournal.model.printable import printable_logger
+from pgjournal.runtime.backoff import Backoff
+from pgjournal.runtime.steps import Call, Statement, Step, Work, run_work
 
 CHANNEL = "pgjournal_events"
 #: Seconds between two rounds of signals from one process (the most a signal waits behind another).
@@ -28,6 +29,8 @@ SEND_INTERVAL = 0.005
 #: commits behind it; a signal lost in a crash costs only latency.
 SENDER_SETUP = "SET synchronous_commit = off"
 LISTEN = f"LISTEN {CHANNEL}"
+#: Before the listener connects again: half to all of 100 ms, doubling to 5 s.
+RECONNECT = Backoff(0.1, 2.0, 5.0, jitter=0.5)
 _log = printable_logger(__name__)
 
 
@@ -35,6 +38,47 @@ def wakes(wanted: frozenset[str] | None, entity_type: str | None) -> bool:
     """Whether a subscriber to ``wanted`` (``None``: every entity type) is woken by a signal for ``entity_type``
     (``None``: the listener (re)connected and may have missed any signal)."""
     return entity_type is None or wanted is None or entity_type in wanted
+
+
+class Listening:
+    """The listener's rules, for both faces (:class:`Signals`' thread, the asyncio face's task): LISTEN on a
+    connection of its own, wake every subscriber when it (re)connects (a signal sent while nobody listened is
+    caught by a poll now), then wake the subscribers of each signal that arrives; a lost connection is opened
+    again after :data:`RECONNECT`'s pause (counted from the last time it listened), so listeners that lost
+    their server together do not reconnect in step. :meth:`work` runs with :func:`~pgjournal.runtime.steps.run_work`
+    or :func:`~pgjournal.runtime.steps.arun_work`, ``receive`` is the face's wait for signals on the connection."""
+
+    def __init__(self, closed: Callable[[], bool], wake: Callable[[str | None], None],
+                 receive: Callable[[Any], Any]) -> None:
+        self._closed = closed
+        self._wake = wake
+        self._receive = receive
+        self._failures = 0
+
+    def work(self) -> Work[None]:
+        while not self._closed():
+            try:
+                yield self._listen_step
+            except psycopg.Error:  # closed while it was reconnecting (see pause)
+                return
+
+    def _listen_step(self) -> Step[None]:
+        yield Statement(LISTEN)
+        self._failures = 0
+        self._wake(None)
+        while not self._closed():
+            notes = yield Call(self._receive, connection=True)
+            for note in notes:
+                self._wake(note.payload)
+
+    def pause(self, _attempt: int, exc: BaseException) -> float | None:
+        """After a lost connection: the pause before the next (none once closed); any other error ends the
+        listener."""
+        if not isinstance(exc, psycopg.Error) or self._closed():
+            return None
+        self._failures += 1
+        _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
+        return RECONNECT.delay(self._failures)
 
 
 def notify_sql(conn: psycopg.Connection, entity_types: Iterable[str]) -> str:
@@ -135,20 +179,13 @@ class Signals:
                     event.set()
 
     def _listen_loop(self) -> None:
-        backoff = 0.1
-        while not self._closed:
-            try:
-                with psycopg.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
-                    conn.execute(LISTEN)
-                    self._wake(None)  # anything sent while we were not listening is caught by a poll now
-                    backoff = 0.1
-                    while not self._closed:
-                        for note in conn.notifies(timeout=0.1):
-                            self._wake(note.payload)
-            except psycopg.Error as exc:
-                _log.debug("listener connection lost (%s); reconnecting", exc.__class__.__name__)
-                time.sleep(random.uniform(backoff / 2, backoff))  # jitter: listeners do not reconnect in step
-                backoff = min(backoff * 2, 5.0)
+        listening = Listening(lambda: self._closed, self._wake, _receive)
+        run_work(listening.work(), self._listener_connection, listening.pause)
+
+    @contextlib.contextmanager
+    def _listener_connection(self) -> Iterator[psycopg.Connection]:
+        with psycopg.connect(self._dsn, autocommit=True, **self._kwargs) as conn:
+            yield conn
 
     def close(self) -> None:
         with self._lock:
@@ -158,3 +195,8 @@ class Signals:
             if thread is not None:
                 with contextlib.suppress(RuntimeError):
                     thread.join(timeout=2)
+
+
+def _receive(conn: psycopg.Connection) -> list[psycopg.Notify]:
+    """The signals that arrive within 0.1 s (the listener then looks whether it was closed), at once when one does."""
+    return list(conn.notifies(timeout=0.1, stop_after=1))

@@ -21,6 +21,10 @@ A query that needs several connections in turn (a current query: one per page) i
 each returning a list of items (:data:`Steps`); :func:`drive` and :func:`adrive` run such a sequence, each
 step on a connection borrowed for it, and yield the items. The sequence is lazy: it makes the next step
 after the previous one ran, from what it returned or the state it left.
+
+Logic that runs one step after another, each on a fresh borrowing of a connection of its own and tried again
+after a transient failure (the batched tag writer's statements, the signals' listener), is :data:`Work`, run by
+:func:`run_work` and :func:`arun_work`: the rule of when to try again is the work's, the waiting the driver's.
 """
 
 from __future__ import annotations
@@ -289,6 +293,9 @@ class _AsyncFetch:
             await self.close_stream()
         if request.__class__ is Statement and self.conn is not None and request.stream <= 1:
             return await _execute(self.conn, request)  # the common case, first
+        if request.__class__ is Call and not request.connection:  # a face's operation (a group's statements)
+            result = request.fn(*request.args, **request.kwargs)
+            return await result if inspect.isawaitable(result) else result
         if isinstance(request, Sleep):
             await asyncio.sleep(request.seconds)
             return None
@@ -378,6 +385,58 @@ async def adrive(steps: Steps[T],
         for item in items:
             yield item
         step = _following(sequence, items)
+
+
+# -- work: steps each on a connection of its own, retried ---------------------------------------------------
+
+#: Logic that runs several steps, each on a fresh borrowing of one connection factory, and may try a step again
+#: after a failure: a generator that yields a factory of a fresh step for each (the driver runs it, retrying
+#: under the work's pause rule, and sends back its result or throws its error in) and returns the work's result.
+Work = Generator[Callable[[], Step[Any]], Any, R]
+#: The pause rule of a work: after failed try ``attempt`` (1 for the first) of a step with an error, the seconds
+#: to wait before trying it again, or ``None`` to give up (the error goes into the work).
+Pause = Callable[[int, BaseException], float | None]
+
+
+def run_work(work: Work[R], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]],
+             pause: Pause) -> R:
+    """Run ``work`` on blocking connections: each step on one borrowed from ``connection()`` for it (a lost one
+    is given back, the next try borrows another), retried under ``pause``."""
+    return run_pooled(_retried(work, pause, run_pooled, connection), connection)
+
+
+async def arun_work(work: Work[R], connection: Callable[[], contextlib.AbstractAsyncContextManager[
+        psycopg.AsyncConnection]], pause: Pause) -> R:
+    """:func:`run_work` for asyncio."""
+    return await arun_pooled(_retried(work, pause, arun_pooled, connection), connection)
+
+
+def _retried(work: Work[R], pause: Pause, runner: Callable[..., Any], connection: Any) -> Step[R]:
+    """``work`` as one step that borrows nothing itself: each of its steps a :class:`Call` of ``runner`` (the
+    face's :func:`run_pooled` or :func:`arun_pooled`) on ``connection``, a failed one tried again after a
+    :class:`Sleep` of what ``pause`` says."""
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                make = work.throw(error) if error is not None else work.send(result)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    result, error = (yield Call(runner, (make(), connection))), None
+                    break
+                except Exception as exc:
+                    wait = pause(attempt, exc)
+                    if wait is None:
+                        result, error = None, exc
+                        break
+                yield Sleep(wait)
+    finally:
+        work.close()
 
 
 def _arguments(call: Call, conn: Any) -> tuple[Any, ...]:

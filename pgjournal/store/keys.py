@@ -50,9 +50,13 @@ def dead_rows() -> Query:
     return "SELECT pg_stat_get_dead_tuples(%s::regclass)", (TABLE,)
 
 
-def lockers() -> Query:
-    """The other sessions holding a lock on the table (backend pid, login role): what a rewrite waits for."""
+def lockers(open_for: float) -> Query:
+    """The other sessions holding a lock on the table (backend pid, login role) in a transaction open for at least
+    ``open_for`` seconds: what a rewrite that tried for that long waited for (a key lookup that began since, holding
+    its lock for a moment, is not named)."""
     return ("SELECT DISTINCT l.pid, a.usename FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
             "WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.pid IS DISTINCT FROM pg_backend_pid() ORDER BY l.pid", (TABLE,))
+            "AND l.pid IS DISTINCT FROM pg_backend_pid() "
+            "AND (a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %s)) "
+            "ORDER BY l.pid", (TABLE, open_for))

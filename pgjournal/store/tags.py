@@ -141,7 +141,7 @@ def tagged_insert_sql(table: str, *, after_latest: bool = False, single: bool, o
 # * the TimeUUID's ticks are the event's db_timestamp (µs × 10), raised to one above the previous row of the
 #   (tag, persistence id) when needed (``ts_time`` of the progress, then row by row: events of one append
 #   share a db_timestamp), so TimeUUID order is tag sequence order; its low bytes are a hash of the
-#   persistence id (:func:`pgjournal.write.tag_batcher.pid_lsb`), passed in with it;
+#   persistence id (:func:`pgjournal.write.tag_batch.pid_lsb`), passed in with it;
 # * the progress only moves forward, and rows are written only after it: a second writer of the same pair
 #   reads the first's progress, or (both read the same one) its rows collide with the first's on the primary key
 #   and its statement fails whole with a unique violation (23505), which the writer retries: it then reads the

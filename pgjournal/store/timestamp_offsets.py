@@ -111,18 +111,23 @@ SELECT %(name)s, %(key)s, u.slice, u.pid, u.seq, u.ts, clock_timestamp()
 FROM unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
 {conflict}"""
 # Superseded rows (a higher event of the same pid has a row: its time is not earlier) and rows older than the
-# window behind their slice's latest; so a slice's latest time always keeps a row.
-DELETE_SQL = """
-DELETE FROM {table} AS s
-USING (
+# window behind their slice's latest; so a slice's latest time always keeps a row. Read first, then deleted by
+# key: in one statement (DELETE ... USING this query) a planner without statistics for the table (a fresh one,
+# not analysed yet) joined it by a nested loop that ran the window query again for every row, seconds per
+# delete from a thousand rows on.
+OLD_SQL = """
+SELECT slice, persistence_id, seq_nr, timestamp_offset FROM (
     SELECT slice, persistence_id, seq_nr, timestamp_offset,
            row_number() OVER (PARTITION BY slice, persistence_id ORDER BY seq_nr DESC, timestamp_offset DESC) AS rn,
            max(timestamp_offset) OVER (PARTITION BY slice) AS latest
     FROM {table}
     WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s) AS d
-WHERE s.projection_name = %(name)s AND s.slice = d.slice AND s.persistence_id = d.persistence_id
-  AND s.seq_nr = d.seq_nr AND s.timestamp_offset = d.timestamp_offset
-  AND (d.rn > 1 OR d.timestamp_offset < d.latest - %(window)s * INTERVAL '1 second')"""
+WHERE d.rn > 1 OR d.timestamp_offset < d.latest - %(window)s * INTERVAL '1 second'"""
+DELETE_SQL = """
+DELETE FROM {table} AS s
+USING unnest(%(slices)s::int[], %(pids)s::text[], %(seqs)s::bigint[], %(tss)s::timestamptz[]) AS u(slice, pid, seq, ts)
+WHERE s.projection_name = %(name)s AND s.slice = u.slice AND s.persistence_id = u.pid AND s.seq_nr = u.seq
+  AND s.timestamp_offset = u.ts"""
 CLEAR_SQL = """
 DELETE FROM {table}
 WHERE projection_name = %(name)s AND slice BETWEEN %(min)s AND %(max)s"""
@@ -143,9 +148,9 @@ class Offsets:
 
     def __init__(self, table: str = OFFSET_TABLE) -> None:
         self.table = check_offset_table(table)
-        self._latest, self._pids, self._delete, self._clear, self._latest_per_slice, self._at_latest = (
-            sql.format(table=self.table)
-            for sql in (LATEST_SQL, PIDS_SQL, DELETE_SQL, CLEAR_SQL, LATEST_PER_SLICE_SQL, AT_LATEST_SQL))
+        (self._latest, self._pids, self._old, self._delete, self._clear, self._latest_per_slice,
+         self._at_latest) = (sql.format(table=self.table) for sql in (
+            LATEST_SQL, PIDS_SQL, OLD_SQL, DELETE_SQL, CLEAR_SQL, LATEST_PER_SLICE_SQL, AT_LATEST_SQL))
         self._insert_fenced = INSERT_SQL.format(table=self.table, conflict="")
         self._insert_unfenced = INSERT_SQL.format(table=self.table, conflict="ON CONFLICT DO NOTHING")
 
@@ -163,15 +168,16 @@ class Offsets:
     def insert(self, name: str, key: str, offsets: Sequence[OffsetRow], *, fenced: bool) -> Query:
         """Insert the rows; ``fenced``: a row that exists already fails the statement (a unique violation),
         else it is left as it is."""
-        params: dict[str, Any] = {
-            "name": name, "key": key, "slices": [o.slice for o in offsets],
-            "pids": [o.persistence_id for o in offsets], "seqs": [o.seq_nr for o in offsets],
-            "tss": [o.timestamp for o in offsets]}
-        return (self._insert_fenced if fenced else self._insert_unfenced), params
+        return (self._insert_fenced if fenced else self._insert_unfenced), {"name": name, "key": key,
+                                                                            **_columns(offsets)}
 
-    def delete_old(self, name: str, min_slice: int, max_slice: int, window: float) -> Query:
-        """Delete superseded rows and rows ``window`` seconds older than their slice's latest (rowcount)."""
-        return self._delete, {"name": name, "min": min_slice, "max": max_slice, "window": window}
+    def old(self, name: str, min_slice: int, max_slice: int, window: float) -> Read[OffsetRow]:
+        """The superseded rows and the rows ``window`` seconds older than their slice's latest."""
+        return rows(OffsetRow, self._old, {"name": name, "min": min_slice, "max": max_slice, "window": window})
+
+    def delete(self, name: str, offsets: Sequence[OffsetRow]) -> Query:
+        """Delete these rows (rowcount)."""
+        return self._delete, {"name": name, **_columns(offsets)}
 
     def clear(self, name: str, min_slice: int, max_slice: int) -> Query:
         """Delete every row of the slices (rowcount)."""
@@ -210,6 +216,11 @@ class Offsets:
 
     def delete_slices(self, name: str, slices: Sequence[int]) -> Query:
         return f"DELETE FROM {self.table} WHERE projection_name = %s AND slice = ANY(%s)", (name, list(slices))
+
+
+def _columns(offsets: Sequence[OffsetRow]) -> dict[str, list[Any]]:
+    return {"slices": [o.slice for o in offsets], "pids": [o.persistence_id for o in offsets],
+            "seqs": [o.seq_nr for o in offsets], "tss": [o.timestamp for o in offsets]}
 
 
 def offsets(table: str = OFFSET_TABLE) -> Offsets:

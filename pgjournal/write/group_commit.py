@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 from psycopg.pq import ExecStatus
 
-from pgjournal.runtime.steps import Step, first_of
+from pgjournal.runtime.steps import Call, Step, first_of
 from pgjournal.settings import Settings
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan, failed
@@ -186,6 +186,79 @@ class GroupCommit(Generic[A]):
         rest = batch[:index] + batch[index + 1:]
         with self._guard:
             self.queue.extendleft(reversed(rest))
+
+
+class Send(Generic[A]):
+    """One group sent, for both faces: the statements and Syncs as steps of :class:`~pgjournal.runtime.steps.Call`
+    (the blocking driver calls the connection's methods, the asyncio driver awaits them), inside the pipeline the
+    face opens (``with``/``async with conn.pipeline()``, so a drain stopped mid-send still leaves it):
+
+        send = Send(rules, conn, batch)
+        with send.guard():
+            with conn.pipeline() as pipeline:
+                run(send.pipeline_step(pipeline), conn)
+        run(send.outcome_step(), conn)
+    """
+
+    def __init__(self, rules: GroupCommit[A], conn: Any, batch: list[tuple[AppendPlan, A]]) -> None:
+        self._rules = rules
+        self._conn = conn
+        self._batch = batch
+        self._kept = cursors(conn, len(batch))[: len(batch)]
+        #: Statements handed to the pipeline so far; whether the Sync came back clean (``None``: not known, the
+        #: connection was lost and the members are answered).
+        self._sent = 0
+        self._synced: bool | None = None
+
+    def pipeline_step(self, pipeline: Any) -> Step[None]:
+        """The group's statements and its Sync; an error that is not a lost connection is the group's failure,
+        told by its results (:func:`failing`), and the pipeline is synced again to leave it clean."""
+        for (plan, _answer), cur in zip(self._batch, self._kept, strict=True):
+            self._sent += 1
+            try:
+                yield Call(cur.execute, (plan.sql, plan.params), _EXECUTE)
+            except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
+                if lost(self._conn, exc):
+                    raise
+        try:
+            yield Call(pipeline.sync)
+            self._synced = True
+        except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
+            if lost(self._conn, exc):
+                raise
+            yield Call(pipeline.sync)
+            self._synced = False
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Around the pipeline: a lost connection answers the members (:meth:`GroupCommit.on_lost`); any other
+        error is raised."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            if not lost(self._conn, exc):
+                raise
+            self._synced = None
+            self._rules.on_lost(self._batch, self._sent, exc)
+
+    def outcome_step(self) -> Step[None]:
+        """After the pipeline: each member answered by what the group's results say (nothing to do once the
+        connection was lost)."""
+        if self._synced is None:
+            return
+        results = [cur.pgresult for cur in self._kept]
+        index = failing(self._synced, results)
+        if index is not None:
+            self._rules.on_rollback(self._batch, index)
+            return
+        rows: list[Rows | None] = []
+        for cur, result in zip(self._kept, results, strict=True):
+            rows.append((yield Call(cur.fetchall)) if returned_rows(result) else None)
+        self._rules.on_commit(self._batch, rows)
+
+
+#: How a group's statements run: prepared (each append's statement is one of few shapes), binary results.
+_EXECUTE: dict[str, Any] = {"prepare": True, "binary": True}
 
 
 def _answer(answer: Answer, rows: Rows | None) -> None:

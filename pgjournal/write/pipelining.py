@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgjournal.errors import JournalClosed
+from pgjournal.runtime.steps import run
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan
-from pgjournal.write.group_commit import BATCH, GroupCommit, cursors, failing, lost, returned_rows
+from pgjournal.write.group_commit import BATCH, GroupCommit, Send
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -152,34 +153,7 @@ class AppendPipeline(GroupCommit[Answer]):
 
     def _send(self, conn: psycopg.Connection[Any], batch: list[Queued]) -> None:
         """Send ``batch`` as one transaction in one pipeline (:mod:`pgjournal.write.group_commit` has the rules)."""
-        kept = cursors(conn, len(batch))[: len(batch)]
-        sent = 0
-        try:
-            with conn.pipeline() as pipeline:
-                for (plan, _answer), cur in zip(batch, kept, strict=True):
-                    sent += 1
-                    try:
-                        cur.execute(plan.sql, plan.params, prepare=True, binary=True)
-                    except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
-                        if lost(conn, exc):
-                            raise
-                try:
-                    pipeline.sync()
-                    synced = True
-                except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
-                    if lost(conn, exc):
-                        raise
-                    pipeline.sync()
-                    synced = False
-        except psycopg.Error as exc:
-            if not lost(conn, exc):
-                raise
-            self.on_lost(batch, sent, exc)
-            return
-        results = [cur.pgresult for cur in kept]
-        index = failing(synced, results)
-        if index is None:
-            self.on_commit(batch, [cur.fetchall() if returned_rows(result) else None
-                                   for cur, result in zip(kept, results, strict=True)])
-        else:
-            self.on_rollback(batch, index)
+        send = Send(self, conn, batch)
+        with send.guard(), conn.pipeline() as pipeline:
+            run(send.pipeline_step(pipeline), conn)
+        run(send.outcome_step(), conn)

@@ -185,6 +185,33 @@ def timed_lookups(dsn: str, master: bytes, pid: str) -> Iterator[list[float]]:
         thread.join(60)
 
 
+@contextlib.contextmanager
+def lock_taken_once_the_rewrite_tries(dsn: str, role_dsn: str) -> Iterator[None]:
+    """A session that takes a lock on the key table in a transaction begun only after the rewrite's first try
+    (the moment a key lookup in flight holds one), and keeps it: it did not make the rewrite wait, so the error
+    must not name it."""
+    stop, ready = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(dsn, autocommit=True) as watch:
+            eventually(lambda: watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'VACUUM%%'"
+            ).fetchone() != (0,), "the rewrite's first try", timeout=30)
+        with psycopg.connect(role_dsn) as conn:
+            conn.execute("SELECT count(*) FROM pgjournal_payload_keys")
+            ready.set()
+            stop.wait(60)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        yield
+        assert ready.is_set(), "the late session never took its lock"
+    finally:
+        stop.set()
+        thread.join(60)
+
+
 @pytest.fixture
 def master() -> bytes:
     return os.urandom(32)
@@ -213,7 +240,8 @@ def test_a_lock_held_on_the_key_table_by_a_reading_role_stops_no_lookup_and_no_s
                 timed_lookups(roles.dsn(dsn, roles.writer), master, KEPT) as took:
             named = (r"another session holds a lock on pgjournal_payload_keys "
                      rf"\(backend {held.info.backend_pid} \(role '{getattr(roles, holder)}'\)\)")
-            with pytest.raises(RetriesExhausted, match=named):
+            with lock_taken_once_the_rewrite_tries(dsn, roles.dsn(dsn, roles.writer)), \
+                    pytest.raises(RetriesExhausted, match=named):
                 keys.delete_key(GONE)
             assert keys.key(GONE) is None  # shredded all the same; only its bytes wait for the rewrite
             assert len(took) > 10 and max(took) < 1.0, f"a lookup took {max(took):.2f} s"

@@ -25,7 +25,7 @@ from pgjournal.model.timeuuid import (
     start_of,
     uuid_datetime,
 )
-from pgjournal.write.tag_batcher import TagBatch
+from pgjournal.write.tag_batch import TagBatch
 
 
 def cassandra_compare(a: uuid.UUID, b: uuid.UUID) -> int:
