@@ -6,9 +6,10 @@ It takes every event the peer holds, whatever its origin, and drops what the loc
 is this location, or its origin sequence number is at most the highest one held from that origin): that keeps
 each replica's persistence id a causal log with three locations or more. Per batch, in one transaction at this
 location: the replicas written are locked (the streams from different peers take turns), the seen rows and each
-replica's last event read, the arrival rule of :class:`~pgjournal.model.replication.ReplicaState` applied (the
-merged vector and the concurrent flag decided once, here), the events appended with the next sequence numbers
-(payload and tags copied as stored, never decoded), the seen rows raised and the stream's offsets stored.
+replica's last event read, the arrival rule applied (:func:`pgjournal.model.replication.arrival`: the merged vector
+and the concurrent flag decided once, here, the flag against the origin's vector, which is stored beside the
+metadata when it is not the stored one, 40 / ``DA``, so relays pass it on), the events appended with the next
+sequence numbers (payload and tags copied as stored, never decoded), the seen rows raised and the stream's offsets stored.
 
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
 the race for a sequence number fails, and the replica's events of the batch are read and written again from a
@@ -25,6 +26,7 @@ import psycopg
 import psycopg.errors
 
 from pgjournal.aio import AsyncJournal
+from pgjournal.codec import replicated as wire
 from pgjournal.errors import InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
@@ -35,6 +37,7 @@ from pgjournal.model.replication import (
     event_metadata_columns,
     event_metadata_of,
 )
+from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections.handlers import ProjectionSettings
 from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, run, statement
@@ -75,6 +78,9 @@ class Arrival:
     target: str
     envelope: EventEnvelope
     metadata: ReplicatedEventMetadata
+    #: The vector the event had at its origin (carried beside the metadata, 40 / ``DA``, by relays).
+    origin_version: VersionVector
+    #: Other metadata of the row, kept as it is.
     others: tuple[MetadataEntry, ...]
 
 
@@ -147,8 +153,15 @@ class Replicator:
             if found.origin_replica == self.local_replica:
                 self.stats.own += 1
                 continue
+            origin_version = found.version
+            kept: list[MetadataEntry] = []
+            for entry in others:
+                if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
+                    origin_version = VersionVector.from_bytes(entry.payload)
+                else:
+                    kept.append(entry)
             target = rid.with_replica(self.local_replica).persistence_id
-            out.setdefault(target, []).append(Arrival(target, env, found, tuple(others)))
+            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept)))
         return out
 
     def process_step(self, envelopes: Sequence[EventEnvelope]) -> Step[None]:
@@ -197,12 +210,14 @@ class Replicator:
         appended = dropped = 0
         highest: dict[str, int] = {}
         for arrival in arrivals:
-            received = state.receive(arrival.metadata)
+            received = arrival_rule(state, arrival.metadata, arrival.origin_version)
             if received is None:
                 dropped += 1
                 continue
-            after, stored = received
-            ser_id, manifest, payload = event_metadata_columns(stored, arrival.others)
+            after, stored = received.state, received.metadata
+            beside = [] if received.origin_version == stored.version else [wire.MetadataEntry(
+                wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR, received.origin_version.to_bytes())]
+            ser_id, manifest, payload = event_metadata_columns(stored, (*beside, *arrival.others))
             event = arrival.envelope.event
             assert isinstance(event, Stored)
             [(seq_nr, _)] = yield from append_events_step(

@@ -51,6 +51,8 @@ class Row:
     writer: str
     meta: ReplicatedEventMetadata
     payload: bytes
+    #: The origin's vector: stored beside the metadata (40 / DA) when it is not the stored one.
+    origin_version: VersionVector
 
 
 def rows_of(journal: Journal, pid: str) -> list[Row]:
@@ -60,9 +62,10 @@ def rows_of(journal: Journal, pid: str) -> list[Row]:
             "WHERE persistence_id = %s ORDER BY seq_nr", (pid,)).fetchall()
     out = []
     for seq_nr, writer, ser_id, manifest, meta, payload in found:
-        decoded, _ = event_metadata_of(ser_id, manifest, bytes(meta))
+        decoded, others = event_metadata_of(ser_id, manifest, bytes(meta))
         assert decoded is not None, f"{pid} seq_nr {seq_nr} has no replication metadata"
-        out.append(Row(seq_nr, writer, decoded, bytes(payload)))
+        beside = [VersionVector.from_bytes(e.payload) for e in others if (e.ser_id, e.manifest) == (40, "DA")]
+        out.append(Row(seq_nr, writer, decoded, bytes(payload), beside[0] if beside else decoded.version))
     return out
 
 
@@ -99,8 +102,11 @@ def check_replicas(journals: Mapping[str, Journal], entity_type: str, entity_ids
                     assert row.writer == writer_of(peer), row.writer
                     arrived = next(r.meta.version for r in logs[peer]
                                    if (r.meta.origin_replica, r.meta.origin_sequence_nr) == key)
-                    assert row.meta.version == arrived.merge(previous), f"{pid} {row.seq_nr}: vector"
-                    assert row.meta.concurrent == arrived.concurrent_with(previous), f"{pid} {row.seq_nr}: flag"
+                    # The flag is decided against the origin's vector (carried by relays), the relay's added.
+                    at_origin = origin[key]
+                    assert row.meta.version == at_origin.merge(previous).merge(arrived), f"{pid} {row.seq_nr}: vector"
+                    assert row.meta.concurrent == at_origin.concurrent_with(previous), f"{pid} {row.seq_nr}: flag"
+                    assert row.origin_version == at_origin, f"{pid} {row.seq_nr}: origin vector not carried"
                 # Causal order: every origin event the origin's vector covers is before it.
                 vector = origin[key]
                 causes = {k for k in origin if k != key and k[1] <= vector.version_at(k[0])}
