@@ -9,7 +9,8 @@ location: the replicas written are locked (the streams from different peers take
 replica's last event read, the arrival rule applied (:func:`pgjournal.model.replication.arrival`: the merged vector
 and the concurrent flag decided once, here, the flag against the origin's vector, which is stored beside the
 metadata when it is not the stored one, 40 / ``DA``, so relays pass it on), the events appended with the next
-sequence numbers (payload and tags copied as stored, never decoded), the seen rows raised and the stream's offsets stored.
+sequence numbers (payload and tags copied as stored, never decoded), the seen rows raised and the stream's
+offsets stored.
 
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
 the race for a sequence number fails, and the replica's events of the batch are read and written again from a
