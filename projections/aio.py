@@ -26,6 +26,7 @@ from .logic import RangeLogic
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
+    from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.shards import AsyncShardedJournal
 
 log = printable_logger("projections")
@@ -36,9 +37,11 @@ class AsyncRangeRunner(RangeLogic):
     (or a failure); or :meth:`start` it as a task and ``await join()``."""
 
     def __init__(self, journal: AsyncJournal | AsyncShardedJournal, projection: Projection, min_slice: int,
-                 max_slice: int) -> None:
-        super().__init__(journal, projection, min_slice, max_slice, guard=None, stop=asyncio.Event())
-        self.reading = AsyncQuery(self.journal, serializers=self.serializers)
+                 max_slice: int, *, source: AsyncJournal | AsyncShardedJournal | None = None,
+                 serializers: SerializerRegistry | None = None) -> None:
+        super().__init__(journal, projection, min_slice, max_slice, guard=None, stop=asyncio.Event(), source=source,
+                         serializers=serializers)
+        self.reading = AsyncQuery(self.source, serializers=self.serializers)
         self.task: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[EventEnvelope | BaseException] = asyncio.Queue()
         self._reader: tuple[AsyncLiveQuery[EventEnvelope], asyncio.Task[None]] | None = None

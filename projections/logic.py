@@ -44,6 +44,7 @@ from .offset_store import OffsetStore, Record, range_key
 from .shards import range_journal
 
 if TYPE_CHECKING:
+    from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.core.journal_core import JournalCore
 
 #: Deadlocks in a row on one commit before the range restarts.
@@ -122,12 +123,20 @@ class RangeLogic:
     supplies (see the module docstring). ``stop()`` ends the run."""
 
     def __init__(self, journal: Any, projection: Projection, min_slice: int, max_slice: int, *,
-                 guard: LeaseGuard | None, stop: Any) -> None:
+                 guard: LeaseGuard | None, stop: Any, source: Any = None,
+                 serializers: SerializerRegistry | None = None) -> None:
         if not isinstance(projection, Projection):
             raise InvalidArgument(f"projection must be a Projection, got {type(projection).__name__}")
         check_slice_range(min_slice, max_slice)
         #: The journal of the range: a sharded journal's database of these slices (offsets stored beside them).
         self.journal = range_journal(journal, min_slice, max_slice)
+        #: Where the events are read: the same journal, or another database's (a processor's source). The
+        #: offsets, leases and the handler's transaction stay in :attr:`journal`; the reads by persistence id
+        #: that validation and replay need go to the source.
+        self.source = self.journal if source is None else range_journal(source, min_slice, max_slice)
+        if self.foreign and projection.settings.on_failure == "dead-letter":
+            raise ConfigurationError("on_failure='dead-letter' copies the event from the journal of the offsets; "
+                                     "with a source in another database use 'stop' or 'skip'")
         self.projection = projection
         self.settings = projection.settings
         self.min_slice, self.max_slice = min_slice, max_slice
@@ -137,16 +146,16 @@ class RangeLogic:
         self.stats = Stats()
         self._metrics = _RangeMetrics(projection.name, metrics.slices_label(min_slice, max_slice))
         #: What the runner reads through: a payload that does not decode arrives as an Undecodable event.
-        self.serializers = lenient(self.journal)
-        self._replay = ByPersistenceId(self.journal, self.serializers)
+        self.serializers = serializers if serializers is not None else lenient(self.source)
+        self._replay = ByPersistenceId(self.source, self.serializers)
         #: ``threading.Event`` or ``asyncio.Event``: set by :meth:`stop`.
         self._stop = stop
-        self.lookback = lookback(self.journal, self.settings)
+        self.lookback = lookback(self.source, self.settings)
         self.time_window = max(self.settings.time_window, 2 * self.lookback)
         #: Why the run ended, when it failed.
         self.failed: BaseException | None = None
         #: The horizon the lag is measured under, remembered from reading to reading.
-        self._lag_tracker = self.journal.horizon_tracker()
+        self._lag_tracker = self.source.horizon_tracker()
 
     def stop(self) -> None:
         self._stop.set()
@@ -176,6 +185,11 @@ class RangeLogic:
     def _on(self, step: Step[Any]) -> Call:
         """Run ``step`` on a connection of the journal's pool."""
         return Call(self.journal.run, (step,))
+
+    @property
+    def foreign(self) -> bool:
+        """The events are read from another database than the one the offsets are stored in."""
+        return self.source is not self.journal
 
     # -- the restart loop ----------------------------------------------------------------------------
 
@@ -209,7 +223,8 @@ class RangeLogic:
     def offset_store(self) -> OffsetStore:
         return OffsetStore(self.journal, self.projection.name, self.projection.entity_type, self.min_slice,
                            self.max_slice, time_window=self.time_window, lookback=self.lookback,
-                           table=self.settings.offset_table, sparse=self.projection.tags is not None)
+                           table=self.settings.offset_table, sparse=self.projection.tags is not None,
+                           source=self.source if self.foreign else None)
 
     def _run_once_step(self) -> Step[None]:
         store = self.offset_store()
@@ -284,7 +299,7 @@ class RangeLogic:
         handled = {s: max((t for t in (store.latest.get(s), store.marked.get(s)) if t is not None), default=None)
                    for s in range(self.min_slice, self.max_slice + 1)}
         try:
-            lags = yield self._on(lags_step([self.projection.entity_type], handled, self._lag_tracker))
+            lags = yield Call(self.source.run, (lags_step([self.projection.entity_type], handled, self._lag_tracker),))
         except (psycopg.Error, JournalError) as exc:
             log.info("projection %s %s: lag not measured: %r", self.projection.name, self.key, exc)
             return
@@ -314,7 +329,8 @@ class RangeLogic:
             self.stats.rejected += 1
             log.info("projection %s: %r seq_nr %d rejected (processed up to %d): loading the missing events",
                      self.projection.name, env.persistence_id, env.seq_nr, validation.after)
-            out = yield from self._replay.events_step(env.persistence_id, validation.after + 1, env.seq_nr - 1)
+            replay = self._replay.events_step(env.persistence_id, validation.after + 1, env.seq_nr - 1)
+            out = (yield Call(self.source.run, (replay,))) if self.foreign else (yield from replay)
         out.append(env)
         for e in out:
             pending[e.persistence_id] = Record(e.slice, e.seq_nr, e.db_timestamp)
@@ -448,10 +464,10 @@ class RangeLogic:
         try:
             if isinstance(handler, ExactlyOnce):
                 for current in envelopes:
-                    yield Call(handler.handle, (decoded(self.journal, current),), connection=True)
+                    yield Call(handler.handle, (decoded(self.source, current),), connection=True)
             else:
                 assert isinstance(handler, Grouped)
-                yield Call(handler.handle, ([decoded(self.journal, e) for e in envelopes],), connection=True)
+                yield Call(handler.handle, ([decoded(self.source, e) for e in envelopes],), connection=True)
         except Exception as exc:
             yield Call(_with_limit, (lifted,), connection=True)
             raise _HandlerError(current) from exc
@@ -467,7 +483,7 @@ class RangeLogic:
                 if self.guard is not None and not self.guard.valid():
                     raise LeaseLost(f"lease of {self.key} not renewed in time")
                 try:
-                    yield Call(handler.handle, (decoded(self.journal, e),))
+                    yield Call(handler.handle, (decoded(self.source, e),))
                     self._handled([e])
                     break
                 except Exception as exc:
@@ -512,7 +528,7 @@ class RangeLogic:
         ser_id: int | None = None
         manifest: str | None = None
         try:
-            ser_id, manifest = yield self._on(serializer_of_step(self.journal, env))
+            ser_id, manifest = yield Call(self.source.run, (serializer_of_step(self.source, env),))
         except (psycopg.Error, JournalError) as exc:
             log.warning("projection %s: serializer of %r seq_nr %d not read: %r", self.projection.name,
                         env.persistence_id, env.seq_nr, exc)

@@ -35,7 +35,7 @@ from pgjournal.model.offsets import TimestampOffset
 from pgjournal.model.slices import check_slice_range
 from pgjournal.model.timeuuid import EPOCH
 from pgjournal.query.gate import Gate, Verdict, judge
-from pgjournal.runtime.steps import Step, first_of, rows_of, run, statement
+from pgjournal.runtime.steps import Call, Step, first_of, rows_of, run, statement
 from pgjournal.store.timestamp_offsets import MARKER_PID, OFFSET_TABLE, OffsetRow, check_offset_table, offsets
 from pgjournal.store.timestamp_offsets import range_key as range_key  # the runner's key of a range
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from pgjournal.journal import Journal
     from pgjournal.shards import ShardedJournal
+    from pgjournal.store.events import EventStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +76,16 @@ class OffsetStore:
 
     def __init__(self, journal: Journal | ShardedJournal, name: str, entity_type: str, min_slice: int,
                  max_slice: int, *, time_window: float, lookback: float = 0.0, table: str = OFFSET_TABLE,
-                 sparse: bool = False) -> None:
+                 sparse: bool = False, source: Journal | ShardedJournal | None = None) -> None:
         check_slice_range(min_slice, max_slice)
         #: The offset table (pgjournal's or Akka's, :data:`OFFSET_TABLES`) and the statements over it.
         self.table = check_offset_table(table)
         self.sql = offsets(self.table)
         #: A sharded journal's database of the range: the offsets are stored beside the slices.
         self.journal: Journal = range_journal(journal, min_slice, max_slice)
+        #: Where the events are, when not in :attr:`journal` (a processor's source): the probes of validation
+        #: and of the start offset read there, on a connection of its own.
+        self.source: Journal | None = None if source is None else range_journal(source, min_slice, max_slice)
         self.name = name
         self.entity_type = entity_type
         #: The projection reads a tag filter's events: a persistence id's numbers have holes (its events without
@@ -124,12 +128,18 @@ class OffsetStore:
         if empty and start is not None:
             # Slices never processed (or cleared): their events before ``start`` must not be skipped. Ranges
             # mark all their slices once they ran (advance_markers), so a plain restart does not run this.
-            first = yield from first_of(self.journal.events.first_event(self.entity_type, empty, start), prepare=False)
+            probe = first_of(self.events.first_event(self.entity_type, empty, start), prepare=False)
+            first = (yield from probe) if self.source is None else (yield Call(self.source.run, (probe,)))
             if first and first[0] is not None:
                 start = first[0]
         elif empty:
             return None
         return TimestampOffset(max(EPOCH, start)) if start is not None else None
+
+    @property
+    def events(self) -> EventStore:
+        """The statements over the events' table, in the database the events are in."""
+        return (self.source or self.journal).events
 
     def safe_point(self, slice_: int) -> datetime:
         """Every event of the slice before this time was processed (``EPOCH`` for a slice without a row)."""
@@ -176,7 +186,8 @@ class OffsetStore:
             return Verdict.DUPLICATE
         if env.seq_nr == 1 or self.sparse:
             return 0  # (sparse: its earlier tagged events in the window would have a record: none was delivered)
-        rows = yield statement(self.journal.events.previous(env.persistence_id, env.seq_nr, floor))
+        query = self.events.previous(env.persistence_id, env.seq_nr, floor)
+        rows = (yield statement(query)) if self.source is None else (yield Call(self.source.run, (_rows(query),)))
         prev_ts, before_floor = rows[0] if rows else (None, 0)
         if prev_ts is None or prev_ts < floor:
             return env.seq_nr - 1  # the previous event was processed (or deleted)
@@ -264,3 +275,7 @@ class OffsetStore:
             return 0
         count: int = yield statement(self.sql.delete(self.name, old))
         return count
+
+
+def _rows(query: tuple[str, Any]) -> Step[Any]:
+    return (yield statement(query))

@@ -44,6 +44,7 @@ from .logic import (
 from .offset_store import OffsetStore, Record
 
 if TYPE_CHECKING:
+    from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.journal import Journal
     from pgjournal.shards import ShardedJournal
 
@@ -62,9 +63,11 @@ class RangeRunner(RangeLogic):
     """One projection over ``min_slice..max_slice``. ``run()`` blocks until :meth:`stop` (or a failure)."""
 
     def __init__(self, journal: Journal | ShardedJournal, projection: Projection, min_slice: int, max_slice: int,
-                 *, guard: LeaseGuard | None = None) -> None:
-        super().__init__(journal, projection, min_slice, max_slice, guard=guard, stop=threading.Event())
-        self.reading = Query(self.journal, serializers=self.serializers)
+                 *, guard: LeaseGuard | None = None, source: Journal | ShardedJournal | None = None,
+                 serializers: SerializerRegistry | None = None) -> None:
+        super().__init__(journal, projection, min_slice, max_slice, guard=guard, stop=threading.Event(),
+                         source=source, serializers=serializers)
+        self.reading = Query(self.source, serializers=self.serializers)
         self.thread: threading.Thread | None = None
         self._inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue()
         self._reader: tuple[LiveQuery[EventEnvelope], threading.Thread, threading.Event] | None = None
@@ -118,7 +121,7 @@ class RangeRunner(RangeLogic):
     def _open_reader(self, offset: Offset) -> None:
         query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset,
                                              tags=self.projection.tags)
-        inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.journal.settings.buffer_size)
+        inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.source.settings.buffer_size)
         halt = threading.Event()
         reader = threading.Thread(target=_read, args=(query, inbox, halt), daemon=True,
                                   name=f"read-{self.projection.name}-{self.key}")

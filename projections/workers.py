@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = printable_logger("pgjournal.projections.workers")
 
 Factory = Callable[["Journal", str, str], Projection]
+#: ``(journal, projection, min_slice, max_slice, guard)`` to the runner of one leased range.
+RunnerFactory = Callable[["Journal", Projection, int, int, LeaseManager], RangeRunner]
 
 
 def load_factory(spec: str) -> Factory:
@@ -127,7 +129,7 @@ class Worker(_Balancing):
 
     def __init__(self, journal: Journal | ShardedJournal, projection: Projection, *, owner: str | None = None,
                  lease_duration: float = 10.0, renew_interval: float | None = None,
-                 slices: tuple[int, int] | None = None) -> None:
+                 slices: tuple[int, int] | None = None, runner: RunnerFactory | None = None) -> None:
         if slices is not None:
             journal = range_journal(journal, *slices)
         if isinstance(journal, ShardedJournal):
@@ -141,6 +143,9 @@ class Worker(_Balancing):
         self.interval = self.leases.renew_interval
         self.runners: dict[tuple[int, int, tuple[int, ...]], RangeRunner] = {}
         self.failure: ProjectionFailed | None = None
+        #: How a range's runner is made (a processor reading another database gives its own).
+        self.make_runner: RunnerFactory = runner or (
+            lambda journal, projection, lo, hi, guard: RangeRunner(journal, projection, lo, hi, guard=guard))
 
     def step(self) -> None:
         held, target = self.leases.cycle()
@@ -164,7 +169,7 @@ class Worker(_Balancing):
             lo, hi, _ = key
             if any(s in busy for s in range(lo, hi + 1)):
                 continue  # an old runner over some of these slices is still stopping
-            runner = RangeRunner(self.journal, self.projection, lo, hi, guard=self.leases)
+            runner = self.make_runner(self.journal, self.projection, lo, hi, self.leases)
             self.runners[key] = runner
             runner.start()
             log.info("%s: runs slices %d-%d", self.owner, lo, hi)

@@ -304,3 +304,19 @@ tag_batch_writers = Table(
 )
 
 TAG_BATCH_TABLES = (tag_batch_writers,)
+
+# -- Replication (revision 0010) ---------------------------------------------------------------------------
+# Per replica persistence id of a replicated entity and per origin replica: the highest origin sequence number
+# this location holds from that origin (docs/replication.md, section 4). The replication metadata is protobuf in
+# ``meta_payload``, so the journal cannot answer "seen?" by SQL; the replicator writes this row in the transaction
+# of the events it appends.
+replication_seen = Table(
+    tables.REPLICATION_SEEN,
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("origin_replica", String(255), nullable=False),
+    Column("origin_seq_nr", BigInteger, nullable=False),
+    PrimaryKeyConstraint("persistence_id", "origin_replica", name="replication_seen_pkey"),
+)
+
+REPLICATION_TABLES = (replication_seen,)

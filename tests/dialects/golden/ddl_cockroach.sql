@@ -217,5 +217,16 @@ CREATE INDEX IF NOT EXISTS event_journal_tagged_idx ON event_journal (entity_typ
 
 UPDATE pgjournal_version SET version_num='0009' WHERE pgjournal_version.version_num = '0008';
 
+-- Running upgrade 0009 -> 0010
+
+CREATE TABLE replication_seen (
+    persistence_id VARCHAR(255) NOT NULL, 
+    origin_replica VARCHAR(255) NOT NULL, 
+    origin_seq_nr BIGINT NOT NULL, 
+    CONSTRAINT replication_seen_pkey PRIMARY KEY (persistence_id, origin_replica)
+);
+
+UPDATE pgjournal_version SET version_num='0010' WHERE pgjournal_version.version_num = '0009';
+
 COMMIT;
 

@@ -1,0 +1,11 @@
+"""Replication across locations (add-on): a general event processor (read a journal by slices, this database's
+or another's; write events here; offsets in the same transaction) and the replicator built on it, which brings
+every event of a replicated entity from each peer location into this location's replica exactly once and in
+causal order (docs/replication.md)."""
+
+from .processor import AsStored, EventProcessor, ProcessorRunner, Stored, append_events
+from .replicator import Replicator, stream_name, writer_of
+from .workers import Peer, ReplicationWorker, run_replication
+
+__all__ = ["AsStored", "EventProcessor", "Peer", "ProcessorRunner", "ReplicationWorker", "Replicator", "Stored",
+           "append_events", "run_replication", "stream_name", "writer_of"]

@@ -1,0 +1,80 @@
+"""``pgjournal replication run | status``: this location's streams from its peers."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from pgjournal.cli.support import DsnOption, console, fail, open_journal, reported, shown
+from pgjournal.errors import JournalError
+from pgjournal.server.dsn import mask_dsn
+
+from .workers import Peer, run_replication
+
+replication_app = typer.Typer(
+    help="Replicated journals across locations: this location's streams from each peer, per entity type.",
+    no_args_is_help=True)
+
+ReplicaOption = Annotated[str, typer.Option("--replica", help="This location's replica id.")]
+PeerOption = Annotated[list[str], typer.Option(
+    "--peer", help="A peer location, REPLICA=DSN (repeatable); a role that may only read there is enough.")]
+TypeOption = Annotated[list[str], typer.Option("--entity-type", "-e", help="A replicated entity type (repeatable).")]
+
+
+def peers_of(texts: list[str], replica: str) -> list[Peer]:
+    try:
+        peers = [Peer.parse(text) for text in texts]
+    except JournalError as exc:
+        fail(str(exc))
+    if any(p.replica == replica for p in peers):
+        fail(f"{shown(replica)} is this location's replica id, not a peer's")
+    return peers
+
+
+@replication_app.command("run")
+def run_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, dsn: DsnOption = None,
+            lease_duration: Annotated[float, typer.Option(help="Seconds a slice lease lasts unless renewed.")] = 10.0,
+            ) -> None:
+    """Run this location's streams (every peer, every entity type) in this process until SIGTERM or SIGINT; more
+    processes started against the same database share the slices by lease."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
+    peers = peers_of(peer, replica)
+    with reported():
+        code = run_replication(dsn, replica, peers, entity_type, lease_duration=lease_duration)
+    raise typer.Exit(code)
+
+
+@replication_app.command("status")
+def status_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, dsn: DsnOption = None) -> None:
+    """Per stream: the peer available or not, the lag in seconds, events/s over the last minute, live workers."""
+    from pgjournal.journal import Journal
+
+    from .status import stream_status
+
+    peers = peers_of(peer, replica)
+    table = Table("peer", "entity type", "state", "lag (s)", "events/s", "workers")
+    unavailable = 0
+    with open_journal(dsn) as local:
+        for p in peers:
+            source: Any = None
+            error: str | None = None
+            with contextlib.ExitStack() as opened:
+                try:
+                    source = opened.enter_context(Journal.open(p.dsn, notify=False))
+                except JournalError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                for t in entity_type:
+                    s = stream_status(local, p.replica, source, t, error)
+                    unavailable += not s.available
+                    table.add_row(shown(p.replica), shown(t), "available" if s.available else "unavailable",
+                                  "-" if s.lag is None else f"{s.lag:.1f}", f"{s.rate:.1f}", str(s.workers))
+                    if s.error:
+                        console.print(f"{shown(p.replica)} ({shown(mask_dsn(p.dsn))}): {shown(s.error)}",
+                                      highlight=False)
+    console.print(table)
+    if unavailable:
+        raise typer.Exit(2)

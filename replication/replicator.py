@@ -1,0 +1,254 @@
+"""The replicator: one stream per (peer, entity type), each an :class:`~replication.processor.EventProcessor` that
+reads the peer's journal by slices and writes each event of a replica ``Type|entityId|peer`` into this
+location's replica ``Type|entityId|local`` (docs/replication.md, section 4).
+
+It takes every event the peer holds, whatever its origin, and drops what the local replica has seen (its origin
+is this location, or its origin sequence number is at most the highest one held from that origin): that keeps
+each replica's persistence id a causal log with three locations or more. Per batch, in one transaction at this
+location: the replicas written are locked (the streams from different peers take turns), the seen rows and each
+replica's last event read, the arrival rule applied (:func:`pgjournal.model.replication.arrival`: the merged vector
+and the concurrent flag decided once, here, the flag against the origin's vector, which is stored beside the
+metadata when it is not the stored one, 40 / ``DA``, so relays pass it on), the events appended with the next
+sequence numbers (payload and tags copied as stored, never decoded), the seen rows raised and the stream's
+offsets stored.
+
+A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
+the race for a sequence number fails, and the replica's events of the batch are read and written again from a
+savepoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import psycopg.errors
+
+from pgjournal.aio import AsyncJournal
+from pgjournal.codec import replicated as wire
+from pgjournal.errors import InvalidArgument, InvalidPersistenceId
+from pgjournal.model.printable import printable_logger
+from pgjournal.model.replication import (
+    ReplicaState,
+    ReplicatedEventMetadata,
+    ReplicationId,
+    VersionVector,
+    event_metadata_columns,
+    event_metadata_of,
+)
+from pgjournal.model.replication import arrival as arrival_rule
+from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.projections.handlers import ProjectionSettings
+from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, run, statement
+from pgjournal.store import replication as sql
+from pgjournal.validation import check_name
+
+from .processor import EventProcessor, Stored, append_events_step
+
+if TYPE_CHECKING:
+    from pgjournal.codec.replicated import MetadataEntry
+    from pgjournal.core.journal_core import JournalCore
+    from pgjournal.journal import Journal
+    from pgjournal.model.envelope import EventEnvelope
+    from pgjournal.projections.workers import Worker
+
+log = printable_logger("pgjournal.replication")
+
+#: Attempts of one replica's part of a batch when a local writer took its next sequence number meanwhile.
+RACE_ATTEMPTS = 20
+SAVEPOINT = "pgjournal_replica"
+
+
+def stream_name(peer: str, entity_type: str) -> str:
+    """The projection name of the stream from ``peer`` for ``entity_type`` (its offsets and leases at this
+    location)."""
+    return f"replication|{peer}|{entity_type}"
+
+
+def writer_of(peer: str) -> str:
+    """The ``writer`` of the events a stream from ``peer`` appends (status counts them by it)."""
+    return f"replication:{peer}"
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """An event read from the peer, as the arrival rule needs it."""
+
+    target: str
+    envelope: EventEnvelope
+    metadata: ReplicatedEventMetadata
+    #: The vector the event had at its origin (carried beside the metadata, 40 / ``DA``, by relays).
+    origin_version: VersionVector
+    #: Other metadata of the row, kept as it is.
+    others: tuple[MetadataEntry, ...]
+
+
+@dataclass
+class StreamStats:
+    """What a stream did (since it was made), for tests and logs."""
+
+    appended: int = 0
+    seen: int = 0
+    own: int = 0
+    skipped: int = 0
+    races: int = 0
+
+
+class Replicator:
+    """The stream from ``peer_replica``'s journal ``peer`` into ``local_replica``'s journal ``local``, for
+    ``entity_type``. ``peer`` is read only (a reader role there is enough)."""
+
+    def __init__(self, local: Journal | AsyncJournal, local_replica: str, peer: Journal | AsyncJournal,
+                 peer_replica: str, entity_type: str, *,
+                 max_count: int = 500, max_wait: float = 0.05, settings: ProjectionSettings | None = None) -> None:
+        self.local_replica = ReplicationId("T", "e", local_replica).replica_id
+        self.peer_replica = ReplicationId("T", "e", peer_replica).replica_id
+        if self.local_replica == self.peer_replica:
+            raise InvalidArgument(f"a replica does not replicate from itself ({local_replica!r})")
+        self.entity_type = ReplicationId(check_name(entity_type, "entity type"), "e", local_replica).type_name
+        self.local = local
+        self.writer = writer_of(self.peer_replica)
+        self.stats = StreamStats()
+        process = self.aprocess if isinstance(local, AsyncJournal) else self.process
+        self.processor = EventProcessor(local, peer, stream_name(self.peer_replica, self.entity_type),
+                                        self.entity_type, process, as_stored=True, max_count=max_count,
+                                        max_wait=max_wait, settings=settings)
+
+    # -- running -------------------------------------------------------------------------------------
+
+    def run_range(self, min_slice: int = 0, max_slice: int = 1023) -> Any:
+        """The stream over one slice range on a daemon thread (no leases); ``stop()`` and ``join()`` it."""
+        return self.processor.run_range(min_slice, max_slice)
+
+    def arun_range(self, min_slice: int = 0, max_slice: int = 1023) -> Any:
+        """The asyncio face (both journals :class:`~pgjournal.aio.AsyncJournal`\\ s): the stream as a task."""
+        return self.processor.arun_range(min_slice, max_slice)
+
+    def worker(self, **lease: Any) -> Worker:
+        return self.processor.worker(**lease)
+
+    # -- a batch -------------------------------------------------------------------------------------
+
+    def arrivals(self, envelopes: Sequence[EventEnvelope]) -> dict[str, list[Arrival]]:
+        """The events of the batch for the local replicas, per target persistence id in the peer's order; the
+        peer's own events of other persistence ids (not replicas of the peer) and this location's are left out."""
+        out: dict[str, list[Arrival]] = {}
+        for env in envelopes:
+            try:
+                rid = ReplicationId.parse(env.persistence_id)
+            except InvalidPersistenceId:
+                self.stats.skipped += 1
+                continue
+            if rid.replica_id != self.peer_replica:
+                self.stats.skipped += 1
+                continue
+            meta = env.metadata
+            found, others = (None, ()) if meta is None else event_metadata_of(meta.ser_id, meta.manifest,
+                                                                             meta.payload)
+            if found is None:
+                # Written at the peer before the entity was replicated: a local event there (ReplicaState.replay).
+                found = ReplicatedEventMetadata(self.peer_replica, env.seq_nr,
+                                                VersionVector({self.peer_replica: env.seq_nr}), False)
+            if found.origin_replica == self.local_replica:
+                self.stats.own += 1
+                continue
+            origin_version = found.version
+            kept: list[MetadataEntry] = []
+            for entry in others:
+                if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
+                    origin_version = VersionVector.from_bytes(entry.payload)
+                else:
+                    kept.append(entry)
+            target = rid.with_replica(self.local_replica).persistence_id
+            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept)))
+        return out
+
+    def process_step(self, envelopes: Sequence[EventEnvelope]) -> Step[None]:
+        """Every arrival of the batch appended or dropped, in the transaction of the connection it runs on (the
+        processor's): one step for both faces (:meth:`process`, :meth:`aprocess`)."""
+        arrivals = self.arrivals(envelopes)
+        if not arrivals:
+            return
+        yield statement(sql.lock(list(arrivals)))
+        seen: dict[str, dict[str, int]] = {}
+        for row in (yield from rows_of(sql.seen(list(arrivals)))):
+            seen.setdefault(row.persistence_id, {})[row.origin_replica] = row.origin_seq_nr
+        for target in sorted(arrivals):
+            yield from self._replica_step(target, arrivals[target], seen.get(target, {}))
+        self.processor.wrote(self.entity_type)
+
+    def process(self, conn: psycopg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
+        """The blocking processor's function."""
+        run(self.process_step(envelopes), conn)
+
+    async def aprocess(self, conn: psycopg.AsyncConnection, envelopes: Sequence[EventEnvelope]) -> None:
+        """The asyncio processor's function."""
+        await arun(self.process_step(envelopes), conn)
+
+    def _replica_step(self, target: str, arrivals: list[Arrival], seen: dict[str, int]) -> Step[None]:
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            yield Statement(f"SAVEPOINT {SAVEPOINT}")
+            try:
+                appended, dropped, highest = yield from self._append_step(target, arrivals, seen)
+            except psycopg.errors.UniqueViolation:
+                yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                self.stats.races += 1
+                if attempt == RACE_ATTEMPTS:
+                    raise
+                continue
+            yield Statement(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            self.stats.appended += appended
+            self.stats.seen += dropped
+            if highest:
+                yield statement(sql.record_seen(target, highest))
+            return
+
+    def _append_step(self, target: str, arrivals: list[Arrival], seen: dict[str, int]
+                     ) -> Step[tuple[int, int, dict[str, int]]]:
+        state = yield from replica_state_step(self.local, self.local_replica, target, seen)
+        appended = dropped = 0
+        highest: dict[str, int] = {}
+        for arrival in arrivals:
+            received = arrival_rule(state, arrival.metadata, arrival.origin_version)
+            if received is None:
+                dropped += 1
+                continue
+            after, stored = received.state, received.metadata
+            beside = [] if received.origin_version == stored.version else [wire.MetadataEntry(
+                wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR, received.origin_version.to_bytes())]
+            ser_id, manifest, payload = event_metadata_columns(stored, (*beside, *arrival.others))
+            event = arrival.envelope.event
+            assert isinstance(event, Stored)
+            [(seq_nr, _)] = yield from append_events_step(
+                self.local, target, [event], expected=state.seq_nr, metadata=Stored(ser_id, manifest, payload),
+                tags=arrival.envelope.tags, writer=self.writer)
+            if seq_nr != after.seq_nr:
+                raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nr {seq_nr}, not {after.seq_nr}")
+            state = after
+            highest[stored.origin_replica] = stored.origin_sequence_nr
+            appended += 1
+        return appended, dropped, highest
+
+
+def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
+                       seen: dict[str, int] | None = None) -> Step[ReplicaState]:
+    """The state of the replica ``persistence_id`` of ``replica`` after its last event, read in the transaction
+    of the connection the step runs on: that event's vector (``{replica: seq_nr}`` for one stored without
+    replication metadata) and ``seen``."""
+    slice_ = slice_for_persistence_id(persistence_id)
+    last = yield from first_of(sql.last_event(journal.events.table(slice_), persistence_id, slice_))
+    if last is None:
+        return ReplicaState(replica, 0, VersionVector(), seen or {})
+    meta: ReplicatedEventMetadata | None = None
+    if last.meta_ser_id is not None and last.meta_payload is not None:
+        meta = event_metadata_of(last.meta_ser_id, last.meta_ser_manifest, bytes(last.meta_payload))[0]
+    version = meta.version if meta is not None else VersionVector({replica: last.seq_nr})
+    return ReplicaState(replica, last.seq_nr, version, seen or {})
+
+
+def replica_state(conn: psycopg.Connection, journal: JournalCore, replica: str, persistence_id: str,
+                  seen: dict[str, int] | None = None) -> ReplicaState:
+    """:func:`replica_state_step` on a blocking connection."""
+    return run(replica_state_step(journal, replica, persistence_id, seen), conn)
