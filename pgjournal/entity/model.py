@@ -40,15 +40,9 @@ def persist(*events: Any, reply: Any = None) -> Effect:
     return Effect(events, reply)
 
 
-class Entity(Generic[S]):
-    """Base class of an event-sourced entity type.
-
-    Set ``name`` (the entity type: the persistence id is ``f"{name}|{entity_id}"``) and
-    ``initial_state``; implement :meth:`handle` and :meth:`apply`. States are values: never change one in
-    place (frozen dataclasses, tuples and ``dataclasses.replace`` make that natural), because commands
-    queued for one entity are decided one after the other on the same state objects, and the repository
-    caches them. One instance serves all entities of the type from many threads: keep it stateless.
-    """
+class EntityType(Generic[S]):
+    """What an entity type declares whatever its handlers take (:class:`Entity`, and the replicated one of
+    :mod:`pgjournal.entity.replicated`): its name, initial state, snapshot format and JSON types."""
 
     #: The entity type: the text before the first ``|`` of every persistence id of this entity.
     name: ClassVar[str]
@@ -61,14 +55,6 @@ class Entity(Generic[S]):
     #: Tags written with every event of this entity type.
     tags: ClassVar[Sequence[str]] = ()
 
-    def handle(self, state: S, command: Any) -> Effect | Sequence[Any] | None:
-        """Validate ``command`` against ``state``: return the events to persist or raise DomainError."""
-        raise NotImplementedError(f"{type(self).__qualname__} must implement handle(state, command)")
-
-    def apply(self, state: S, event: Any) -> S:
-        """The state after ``event``. Pure: no I/O, no validation (events are facts)."""
-        raise NotImplementedError(f"{type(self).__qualname__} must implement apply(state, event)")
-
     def new_state(self) -> S:
         state: S = copy.deepcopy(self.initial_state)
         return state
@@ -80,6 +66,26 @@ class Entity(Generic[S]):
     def from_snapshot(self, data: Any) -> S:
         """The state stored by :meth:`to_snapshot`."""
         return data  # type: ignore[no-any-return]
+
+
+class Entity(EntityType[S]):
+    """Base class of an event-sourced entity type.
+
+    Set ``name`` (the entity type: the persistence id is ``f"{name}|{entity_id}"``) and
+    ``initial_state``; implement :meth:`handle` and :meth:`apply`. States are values: never change one in
+    place (frozen dataclasses, tuples and ``dataclasses.replace`` make that natural), because commands
+    queued for one entity are decided one after the other on the same state objects, and the repository
+    caches them. One instance serves all entities of the type from many threads: keep it stateless.
+    """
+
+    def handle(self, state: S, command: Any) -> Effect | Sequence[Any] | None:
+        """Validate ``command`` against ``state``: return the events to persist or raise DomainError."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement handle(state, command)")
+
+    def apply(self, state: S, event: Any) -> S:
+        """The state after ``event``. Pure: no I/O, no validation (events are facts)."""
+        raise NotImplementedError(f"{type(self).__qualname__} must implement apply(state, event)")
+
 
 
 def effect_of(entity: Entity[Any], command: Any, result: Any) -> Effect:

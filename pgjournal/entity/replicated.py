@@ -31,7 +31,6 @@ next append conflict, and the command is decided again on the state that include
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from pgjournal.codec.replicated import MetadataEntry
 from pgjournal.entity.aio import AsyncEntityRepository
 from pgjournal.entity.crdt import Dot
 from pgjournal.entity.errors import ConflictRetriesExhausted
-from pgjournal.entity.model import Effect, Entity, Recovered, check_entity_name
+from pgjournal.entity.model import Effect, Entity, EntityType, Recovered, check_entity_name
 from pgjournal.entity.recovery import snapshot_metadata
 from pgjournal.entity.repository import EntityRepository, RepositoryRules
 from pgjournal.errors import (
@@ -140,7 +139,7 @@ class Replicated(Generic[S]):
         return self.replica.version
 
 
-class ReplicatedEntity(Generic[S]):
+class ReplicatedEntity(EntityType[S]):
     """Base class of a replicated entity type: :class:`~pgjournal.entity.Entity`'s settings, with ``replicas`` (every
     replica id) and handlers that take a context.
 
@@ -153,11 +152,6 @@ class ReplicatedEntity(Generic[S]):
     name: ClassVar[str]
     #: Every replica id (the locations that write this entity type).
     replicas: ClassVar[Sequence[str]] = ()
-    initial_state: ClassVar[Any] = None
-    snapshot_version: ClassVar[int] = 1
-    #: Dataclasses (events, state) registered as JSON under the manifest "{name}.{class name}".
-    types: ClassVar[Sequence[type]] = ()
-    tags: ClassVar[Sequence[str]] = ()
 
     def handle(self, state: S, command: Any, context: CommandContext) -> Effect | Sequence[Any] | None:
         """Validate ``command`` against ``state``: return the events to persist or raise DomainError."""
@@ -166,18 +160,6 @@ class ReplicatedEntity(Generic[S]):
     def apply(self, state: S, event: Any, context: ReplicationContext) -> S:
         """The state after ``event`` (local or replicated). Pure; see the class's note on order."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement apply(state, event, context)")
-
-    def new_state(self) -> S:
-        state: S = copy.deepcopy(self.initial_state)
-        return state
-
-    def to_snapshot(self, state: S) -> Any:
-        """What is stored as the snapshot of ``state`` (default: the state itself, via the serializers)."""
-        return state
-
-    def from_snapshot(self, data: Any) -> S:
-        """The state stored by :meth:`to_snapshot`."""
-        return data  # type: ignore[no-any-return]
 
 
 def _check_replicas(entity: ReplicatedEntity[Any], replica: Any) -> frozenset[str]:
