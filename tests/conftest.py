@@ -132,14 +132,21 @@ def journal(dsn: str) -> Iterator[Journal]:
 SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
 
 
+#: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) and the Spark
+#: tests (a JVM; one per worker would be two) are one group: one worker runs them one after another, so no two of
+#: them run side by side, while the other workers run the rest.
+TIMING_GROUP = "timing"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`); in portable mode, tests of a
-    PostgreSQL-only feature skip, naming it (``@pytest.mark.postgres_only``)."""
+    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), :data:`TIMING_GROUP` on the tests that
+    time the machine; in portable mode, tests of a PostgreSQL-only feature skip, naming it
+    (``@pytest.mark.postgres_only``)."""
     for item in items:
         if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
             item.add_marker(pytest.mark.unit)
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        if item.get_closest_marker("timing") is not None or item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
     if not PORTABLE:
         return
     for item in items:

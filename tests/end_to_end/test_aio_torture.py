@@ -23,6 +23,8 @@ from pgjournal.aio import AsyncJournal
 from pgjournal.model.offsets import Offset
 from pgjournal.store.events import insert_sql
 
+pytestmark = pytest.mark.timing
+
 ENTITY = "Torture"
 
 

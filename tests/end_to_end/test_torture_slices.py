@@ -21,6 +21,8 @@ from pgjournal import EventEnvelope, Journal, slice_for_persistence_id, slice_ra
 from pgjournal.model.offsets import Offset
 from pgjournal.runtime.live import LiveQuery
 
+pytestmark = pytest.mark.timing
+
 
 def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:
     return envelope.persistence_id, envelope.seq_nr

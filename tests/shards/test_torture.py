@@ -29,7 +29,7 @@ from pgjournal.runtime.live import LiveQuery
 from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal
 
-pytestmark = pytest.mark.mode_independent
+pytestmark = [pytest.mark.timing, pytest.mark.mode_independent]
 
 
 def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:

@@ -23,6 +23,8 @@ from pgjournal.model.slices import entity_type_of
 from pgjournal.runtime.live import LiveQuery
 from pgjournal.tags.statement_writer import prepare
 
+pytestmark = pytest.mark.timing
+
 TAG = "torture"
 
 
