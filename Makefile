@@ -22,8 +22,16 @@ demo: setup
 	$(PY) -m pgjournal.cli.demo
 
 # The slowest tests are printed at the end of every run, so the suite's cost stays in sight.
+# pytest-xdist runs the suite in WORKERS processes (`make test WORKERS=0`: in this one), each with an embedded
+# server of its own (tests/conftest.py); the tests marked `timing` run one after another on one worker (--dist
+# loadgroup), never beside each other. Two workers per core: the suite's processes (tests, servers, the JVM) use
+# about half a core on average when it runs in one process (they wait on conditions, subprocesses, the server), so
+# one worker per core would leave half the machine idle. MARKS: which tests (CI's first pass adds crash_states).
+WORKERS ?= $(shell echo $$(( 2 * $$(nproc 2>/dev/null || echo 1) )))
+MARKS ?= not slow and not crash_states
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: setup
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) -m "$(MARKS)" --durations=25
 
 # The database-free subset (tests/conftest.py marks it `unit`): codecs, models, validation, the import order;
 # the fuzzers at a tenth of their inputs.
@@ -31,7 +39,7 @@ test-fast: setup
 	PGJOURNAL_FUZZ_EXAMPLES=0.1 $(PY) -m pytest -q -m "unit and not slow and not spark" --durations=10
 
 test-all: setup
-	$(PY) -m pytest -q -m "" --durations=25
+	$(PY) -m pytest -q $(XDIST) -m "" --durations=25
 
 bench: setup
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"

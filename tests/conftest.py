@@ -13,6 +13,7 @@ import platformdirs
 import psycopg
 import psycopg.conninfo
 import pytest
+from hypothesis import HealthCheck, settings
 from support import FAST, PORTABLE, PORTABLE_ENV, SECRET, Roles, database_dsn, make_serializable
 from support.database import FreshDatabases, own_embedded_server
 from support.faces import KINDS, Face, Kind, open_face
@@ -28,8 +29,20 @@ TEST_DSN_ENV = "PGJOURNAL_TEST_DSN"
 #: fixed path in the shared temporary folder could be created first by another user). Set for the whole
 #: session, so the CLI and worker processes the tests start find the same server.
 TEST_HOME = platformdirs.user_cache_path("pgjournal") / "test-server"
-if not os.environ.get(TEST_DSN_ENV) and not os.environ.get(HOME_ENV):
-    os.environ[HOME_ENV] = str(TEST_HOME)
+#: Under pytest-xdist (``make test``), each worker process has a server of its own, in the home named above (or
+#: in ``PGJOURNAL_HOME``) with the worker's id appended: a test may restart, reconfigure or count the sessions of
+#: "the" server, which another worker's tests must not see. The CLI and worker processes a test starts inherit it.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if not os.environ.get(TEST_DSN_ENV):
+    _home = os.environ.get(HOME_ENV) or str(TEST_HOME)
+    # A pytest a test starts inherits both variables: its home is already the worker's.
+    os.environ[HOME_ENV] = f"{_home}-{XDIST_WORKER}" if XDIST_WORKER and not _home.endswith(f"-{XDIST_WORKER}") \
+        else _home
+
+#: Property tests check what a function returns, not how fast: Hypothesis's per-example deadline (200 ms) and its
+#: too-slow health check time the machine, and failed a model test with two suites beside it on 2 cores.
+settings.register_profile("pgjournal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("pgjournal")
 
 
 def _no_fsync(dsn: str) -> None:
@@ -119,12 +132,21 @@ def journal(dsn: str) -> Iterator[Journal]:
 SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
 
 
+#: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) and the Spark
+#: tests (a JVM; one per worker would be two) are one group: one worker runs them one after another, so no two of
+#: them run side by side, while the other workers run the rest.
+TIMING_GROUP = "timing"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`); in portable mode, tests of a
-    PostgreSQL-only feature skip, naming it (``@pytest.mark.postgres_only``)."""
+    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), :data:`TIMING_GROUP` on the tests that
+    time the machine; in portable mode, tests of a PostgreSQL-only feature skip, naming it
+    (``@pytest.mark.postgres_only``)."""
     for item in items:
         if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("timing") is not None or item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
     if not PORTABLE:
         return
     for item in items:

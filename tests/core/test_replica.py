@@ -35,7 +35,7 @@ from pgjournal.aio import AsyncJournal
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.shards import AsyncShardedJournal, ShardedJournal, ShardSettings, migrate_all
 
-pytestmark = [pytest.mark.mode_independent, pytest.mark.servers]
+pytestmark = [pytest.mark.timing, pytest.mark.mode_independent, pytest.mark.servers]
 
 #: Backtracking far behind (only the main query could deliver a late event within a test).
 NO_BACKTRACKING: dict[str, Any] = dict(FAST, backtracking_enabled=False)

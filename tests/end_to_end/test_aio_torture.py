@@ -17,13 +17,17 @@ import pytest
 from support import FAST
 from support.aio import check_once_in_order, eventually
 from support.restarting import passed
+from support.torture import arun_for_at_least, written_rows
 
 from pgjournal import ConcurrencyConflict, NoOffset, slice_for_persistence_id, slice_ranges
 from pgjournal.aio import AsyncJournal
 from pgjournal.model.offsets import Offset
 from pgjournal.store.events import insert_sql
 
+pytestmark = pytest.mark.timing
+
 ENTITY = "Torture"
+COUNT = "SELECT count(*) FROM event_journal WHERE entity_type = %s"
 
 
 async def fast_writer(journal: AsyncJournal, stop: asyncio.Event, rng: random.Random, pids: list[str]) -> None:
@@ -111,7 +115,8 @@ async def torture(dsn: str, seconds: float, *, restarts: bool = True, gaps: bool
                                                     [f"{ENTITY}|slow-{i}-{k}" for k in range(5)])) for i in range(2)]
         if gaps:
             writing.append(asyncio.create_task(gap_writer(journal, stop_writers, consumers, f"{ENTITY}|gap-0", made)))
-        await asyncio.sleep(seconds)
+        await arun_for_at_least(seconds, lambda: written_rows(dsn, COUNT, ENTITY) > 200 and (not gaps or made[0] >= 1),
+                                "the writers wrote enough to prove anything")
         stop_writers.set()
         await asyncio.gather(*writing)
         with psycopg.connect(dsn) as conn:

@@ -7,6 +7,7 @@ what the argument parser refuses), no traceback; and nothing is written, checked
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from support import FAST
+from support.database import FreshDatabases
 from support.tags import tags_written
 from typer.testing import CliRunner
 
@@ -251,12 +253,28 @@ def snapshot_of(dsn: str) -> dict[str, int]:
         return {t: conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables}  # type: ignore[index]
 
 
-@pytest.fixture
-def seeded(dsn: str) -> Iterator[Journal]:
-    with Journal.open(dsn, **FAST) as journal:
+@contextlib.contextmanager
+def seeded_database(databases: FreshDatabases) -> Iterator[tuple[Journal, str]]:
+    with databases.database() as dsn, Journal.open(dsn, **FAST) as journal:
         journal.append("Cart|seeded", ["a", "b"], expected_seq_nr=0, tags=["t"])
         tags_written(journal)  # not later, while a test compares the tables before and after
-        yield journal
+        yield journal, dsn
+
+
+# One database for all the cases of a test function, not one each (a fresh database and its seeding took most of
+# a case's time): every case compares all the tables before and after it, so a case that wrote would fail
+# itself, and the cases that must fail write nothing the next one could see. The arguments' cases, which may
+# succeed (and write), have a database of their own.
+@pytest.fixture(scope="module")
+def seeded(migrated_databases: FreshDatabases) -> Iterator[tuple[Journal, str]]:
+    with seeded_database(migrated_databases) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def seeded_for_arguments(migrated_databases: FreshDatabases) -> Iterator[tuple[Journal, str]]:
+    with seeded_database(migrated_databases) as pair:
+        yield pair
 
 
 def test_the_catalogue_is_large_enough() -> None:
@@ -264,11 +282,12 @@ def test_the_catalogue_is_large_enough() -> None:
 
 
 @pytest.mark.parametrize(("name", "call", "error", "fragment"), API, ids=[entry[0] for entry in API])
-def test_bad_input_through_the_api(seeded: Journal, dsn: str, name: str, call: Call, error: type[JournalError],
+def test_bad_input_through_the_api(seeded: tuple[Journal, str], name: str, call: Call, error: type[JournalError],
                                    fragment: str) -> None:
+    journal, dsn = seeded
     before = snapshot_of(dsn)
     with pytest.raises(error) as caught:
-        result = call(seeded)
+        result = call(journal)
         if hasattr(result, "close"):  # a live query that did start: it must not have
             result.close()
     assert isinstance(caught.value, JournalError)
@@ -333,7 +352,8 @@ CLI: list[tuple[str, list[str], str]] = [
 
 
 @pytest.mark.parametrize(("name", "argv", "fragment"), CLI, ids=[entry[0] for entry in CLI])
-def test_bad_input_through_the_cli(seeded: Journal, dsn: str, name: str, argv: list[str], fragment: str) -> None:
+def test_bad_input_through_the_cli(seeded: tuple[Journal, str], name: str, argv: list[str], fragment: str) -> None:
+    _journal, dsn = seeded
     before = snapshot_of(dsn)
     with_dsn = [*argv, "--dsn", dsn] if argv[0] != "slices" else argv
     result = CliRunner().invoke(app, with_dsn, env={"PGJOURNAL_DSN": dsn})
@@ -419,9 +439,10 @@ def test_every_command_and_argument_is_covered() -> None:
 
 @pytest.mark.parametrize(("path", "names", "argument", "kind"), CLI_CASES,
                          ids=[f"{' '.join(p)} {a} {k}" for p, _n, a, k in CLI_CASES])
-def test_every_cli_argument_deep_huge_or_not_utf8_fails_in_one_line(seeded: Journal, dsn: str, path: list[str],
-                                                                     names: list[str], argument: str,
-                                                                     kind: str) -> None:
+def test_every_cli_argument_deep_huge_or_not_utf8_fails_in_one_line(seeded_for_arguments: tuple[Journal, str],
+                                                                     path: list[str], names: list[str],
+                                                                     argument: str, kind: str) -> None:
+    _journal, dsn = seeded_for_arguments
     argv = [*path, *(BAD_ARGUMENTS[kind] if name == argument else GOOD_ARGUMENT[name] for name in names)]
     if path == ["tail"]:
         argv.insert(1, "--current")

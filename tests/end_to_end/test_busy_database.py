@@ -24,7 +24,7 @@ from pgjournal.aio import AsyncJournal
 from pgjournal.core.horizon import HorizonTracker
 from pgjournal.model.offsets import NoOffset, Offset
 
-pytestmark = pytest.mark.postgres_only("the visibility horizon in a busy database")
+pytestmark = [pytest.mark.timing, pytest.mark.postgres_only("the visibility horizon in a busy database")]
 
 ENTITY = "Busy"
 #: A live event must arrive within this (refresh 0.2 s); one open transaction held delivery 10 s before.

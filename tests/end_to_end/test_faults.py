@@ -31,7 +31,7 @@ from pgjournal import (
 from pgjournal.model.slices import slice_ranges
 from pgjournal.server.embedded import EmbeddedServer
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.mode_independent, pytest.mark.servers]
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(180), pytest.mark.mode_independent, pytest.mark.servers]
 
 
 @pytest.fixture

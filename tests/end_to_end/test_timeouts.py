@@ -35,7 +35,7 @@ from pgjournal.projections.runner import run_range
 from pgjournal.server.connections import connection_kwargs, round_trip_limit
 from pgjournal.settings import Settings
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.mode_independent, pytest.mark.servers]
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(120), pytest.mark.mode_independent, pytest.mark.servers]
 
 LIMITS = {"statement_timeout": 1.0, "tcp_user_timeout": 1.0, "connect_timeout": 1.0}
 LIMIT = 2.0  # statement_timeout + tcp_user_timeout

@@ -15,11 +15,15 @@ import psycopg
 import pytest
 from support import FAST
 from support.restarting import Consumer, consume, passed
-from support.torture import ENTITY, fast_writer, slow_writer
+from support.torture import ENTITY, fast_writer, run_for_at_least, slow_writer, written_rows
 
 from pgjournal import EventEnvelope, Journal, slice_for_persistence_id, slice_ranges
 from pgjournal.model.offsets import Offset
 from pgjournal.runtime.live import LiveQuery
+
+COUNT = "SELECT count(*) FROM event_journal WHERE entity_type = %s"
+
+pytestmark = pytest.mark.timing
 
 
 def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:
@@ -74,7 +78,8 @@ def run_torture(dsn: str, seconds: float, **settings: object) -> list[Consumer]:
                                                                      f"{ENTITY}|gap-0", made)))
         for t in threads:
             t.start()
-        time.sleep(seconds)
+        run_for_at_least(seconds, lambda: written_rows(dsn, COUNT, ENTITY) > 200 and (not gaps or made[0] >= 1),
+                         "the writers wrote enough to prove anything")
         stop_writers.set()
         for t in threads[len(consumers):]:
             t.join(10)

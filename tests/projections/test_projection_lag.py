@@ -19,6 +19,8 @@ from pgjournal.projections.examples import counter_writer, ensure_counter_table
 from pgjournal.projections.handlers import Projection
 from pgjournal.runtime import metrics
 
+pytestmark = pytest.mark.timing
+
 
 def clock(journal: Journal):
     with journal.connection() as conn:

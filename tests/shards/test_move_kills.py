@@ -31,7 +31,7 @@ from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal, ShardSettings, migrate_all
 from pgjournal.shards.move import Mover
 
-pytestmark = pytest.mark.mode_independent
+pytestmark = [pytest.mark.timing, pytest.mark.mode_independent]
 
 Databases = Callable[..., list[str]]
 
@@ -104,7 +104,7 @@ def others_in_place(new: ShardSettings, written: dict[str, int]) -> None:
             assert journal.highest_seq_nr(pid) == highest
 
 
-@pytest.mark.parametrize("in_flight", ["open", "committed"])
+@pytest.mark.parametrize("in_flight", ["open", pytest.param("committed", marks=pytest.mark.crash_states)])
 def test_a_writer_killed_between_copy_and_seal_loses_no_reported_append_and_leaves_no_stray(
         shard_databases: Databases, tmp_path: Path, in_flight: str) -> None:
     a, b, c = shard_databases(3)
@@ -197,9 +197,10 @@ def one_layout(old: ShardSettings, new: ShardSettings) -> tuple[bool, bool]:
 
 #: Which server dies, and at which progress report: as the seal or the switch starts (its first statement fails),
 #: or inside the verify's target transaction, after its copy (which the source's digests then miss, or which is
-#: rolled back with the target).
-KILLS = [("source", "seal"), pytest.param("source", "verify: copied the changes", marks=pytest.mark.slow),
-         ("target", "verify: copied the changes"), pytest.param("target", "switch", marks=pytest.mark.slow)]
+#: rolled back with the target). `make test` runs the first; the others are ``crash_states`` tests.
+KILLS = [("source", "seal"), pytest.param("source", "verify: copied the changes", marks=pytest.mark.crash_states),
+         pytest.param("target", "verify: copied the changes", marks=pytest.mark.crash_states),
+         pytest.param("target", "switch", marks=pytest.mark.crash_states)]
 
 
 @pytest.mark.parametrize(("killed", "during"), KILLS,

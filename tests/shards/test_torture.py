@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -21,7 +20,7 @@ from support import FAST
 from support.database import own_embedded_server
 from support.eventually import eventually
 from support.restarting import Consumer, check_delivered, consume
-from support.torture import ENTITY, fast_writer, slow_writer
+from support.torture import ENTITY, fast_writer, run_for_at_least, slow_writer, written_rows
 
 from pgjournal import EventEnvelope, slice_for_persistence_id, slice_ranges
 from pgjournal.model.offsets import Offset
@@ -29,7 +28,9 @@ from pgjournal.runtime.live import LiveQuery
 from pgjournal.server.embedded import EmbeddedServer
 from pgjournal.shards import ShardedJournal
 
-pytestmark = pytest.mark.mode_independent
+COUNT = "SELECT count(*) FROM event_journal WHERE entity_type = %s"
+
+pytestmark = [pytest.mark.timing, pytest.mark.mode_independent]
 
 
 def by_seq_nr(envelope: EventEnvelope) -> tuple[str, int]:
@@ -65,7 +66,8 @@ def run_sharded_torture(dsns: list[str], seconds: float) -> None:
                     for i in range(2)]
         for t in readers + writers:
             t.start()
-        time.sleep(seconds)  # the scenario: writers and readers run this long
+        run_for_at_least(seconds, lambda: all(written_rows(dsn, COUNT, ENTITY) > 100 for dsn in dsns),
+                         "the writers wrote enough to each database to prove anything")
         stop_writers.set()
         for t in writers:
             t.join(10)

@@ -16,12 +16,15 @@ import psycopg.errors
 import pytest
 from support.restarting import Consumer, consume
 from support.tags import TAGS
+from support.torture import run_for_at_least, written_rows
 
 from pgjournal import ConcurrencyConflict, Journal, RetriesExhausted, slice_for_persistence_id
 from pgjournal.model.offsets import Offset
 from pgjournal.model.slices import entity_type_of
 from pgjournal.runtime.live import LiveQuery
 from pgjournal.tags.statement_writer import prepare
+
+pytestmark = pytest.mark.timing
 
 TAG = "torture"
 
@@ -84,7 +87,8 @@ def run_torture(dsn: str, seconds: float, *, restarts: bool = True, **settings: 
                     for i in range(2)]
         for t in threads:
             t.start()
-        time.sleep(seconds)
+        run_for_at_least(seconds, lambda: written_rows(dsn, "SELECT count(*) FROM tag_views WHERE tag_name = %s", TAG)
+                         > 200, "the writers wrote enough to prove anything")
         stop_writers.set()
         for t in threads[len(consumers):]:
             t.join(10)
