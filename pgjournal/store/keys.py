@@ -53,7 +53,8 @@ def dead_rows() -> Query:
 def lockers(open_for: float) -> Query:
     """The other sessions holding a lock on the table (backend pid, login role) in a transaction open for at least
     ``open_for`` seconds: what a rewrite that tried for that long waited for (a key lookup that began since, holding
-    its lock for a moment, is not named)."""
+    its lock for a moment, is not named). A session of another role whose start this role may not see (without
+    pg_read_all_stats) is named."""
     return ("SELECT DISTINCT l.pid, a.usename FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
             "WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "

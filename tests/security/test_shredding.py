@@ -219,9 +219,15 @@ def master() -> bytes:
     return os.urandom(32)
 
 
+def shredding_role(dsn: str, roles: Roles) -> str:
+    """The role that can shred: the writer where it may vacuum the key table (MAINTAIN, PostgreSQL 17+), else
+    the owner. It sees when its own sessions' transactions began, not other roles' (without pg_read_all_stats)."""
+    return roles.writer if maintains(dsn) else roles.owner
+
+
 def shredder(dsn: str, roles: Roles, master: bytes) -> PostgresKeyStore:
     """The key store of the role that can shred (as the ``keys`` fixture), with a given master key."""
-    return PostgresKeyStore(roles.dsn(dsn, roles.writer if maintains(dsn) else roles.owner), master_key=master,
+    return PostgresKeyStore(roles.dsn(dsn, shredding_role(dsn, roles)), master_key=master,
                             cache_ttl=0)
 
 
@@ -242,7 +248,7 @@ def test_a_lock_held_on_the_key_table_by_a_reading_role_stops_no_lookup_and_no_s
                 timed_lookups(roles.dsn(dsn, roles.writer), master, KEPT) as took:
             named = (r"another session holds a lock on pgjournal_payload_keys "
                      rf"\((.*, )?backend {held.info.backend_pid} \(role '{getattr(roles, holder)}'\)")
-            with lock_taken_once_the_rewrite_tries(dsn, roles.dsn(dsn, roles.writer)) as late, \
+            with lock_taken_once_the_rewrite_tries(dsn, roles.dsn(dsn, shredding_role(dsn, roles))) as late, \
                     pytest.raises(RetriesExhausted, match=named) as refused:
                 keys.delete_key(GONE)
             # A key lookup may be named too when its statement waited long enough; the session whose transaction
