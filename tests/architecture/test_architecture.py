@@ -18,7 +18,7 @@ pytestmark = pytest.mark.mode_independent
 ROOT = Path(__file__).resolve().parents[2]
 #: the repository's folders of product code; the add-ons are installed as ``pgjournal.projections`` and
 #: ``pgjournal.spark`` (links inside pgjournal/, see ARCHITECTURE.md), so their modules carry that name here too
-PACKAGES = ("pgjournal", "projections", "replication", "spark")
+PACKAGES = ("pgjournal", "projections", "spark")
 ADD_ONS = ("pgjournal.projections", "pgjournal.replication", "pgjournal.spark")
 
 #: Bottom first. A package is named ``name/``, a module at pgjournal's top level ``name.py``; the add-ons last.
