@@ -246,14 +246,7 @@ class ShardedWorker(_Balancing):
 
     def step(self) -> None:
         self._follow_layout()
-        failures: list[Exception] = []
-        for part in self.parts:  # a database that fails its cycle must not keep the others from theirs
-            try:
-                part.step()
-            except Exception as exc:
-                failures.append(exc)
-        if failures:
-            raise failures[0]
+        step_each(self.parts)  # a database that fails its cycle must not keep the others from theirs
 
     def settling(self) -> bool:
         return any(part.settling() for part in self.parts)
@@ -347,3 +340,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def step_each(parts: Iterable[Any]) -> None:
+    """``step()`` every part, each one whatever the others raised; then raise the first failure."""
+    failures: list[Exception] = []
+    for part in parts:
+        try:
+            part.step()
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]

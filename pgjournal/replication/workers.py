@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pgjournal.errors import ConfigurationError, JournalError
 from pgjournal.model.printable import printable_logger
 from pgjournal.projections.leases import default_owner
-from pgjournal.projections.workers import Worker, _Balancing
+from pgjournal.projections.workers import Worker, _Balancing, step_each
 
 from .replicator import Replicator
 
@@ -81,14 +81,7 @@ class ReplicationWorker(_Balancing):
             self.later.remove(attempt)
             for replicator in opened:
                 self._add(replicator)
-        failures: list[Exception] = []
-        for part in self.parts:  # a stream whose cycle fails must not keep the others from theirs
-            try:
-                part.step()
-            except Exception as exc:
-                failures.append(exc)
-        if failures:
-            raise failures[0]
+        step_each(self.parts)  # a stream whose cycle fails must not keep the others from theirs
 
     def settling(self) -> bool:
         return bool(self.later) or any(part.settling() for part in self.parts)
