@@ -28,7 +28,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from pgjournal.errors import ConfigurationError, InvalidArgument, ProjectionFailed, ShardLayoutMismatch
+import psycopg
+
+from pgjournal.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    JournalError,
+    ProjectionFailed,
+    ShardLayoutMismatch,
+)
 from pgjournal.model.printable import printable_logger
 from pgjournal.shards import ShardedJournal, ShardSettings
 from pgjournal.shards.routing import Unsettled
@@ -73,6 +81,12 @@ def contiguous_runs(slices: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def _passing(exc: Exception) -> bool:
+    """A cycle's failure the next cycle may not meet: the database's or the network's. Anything else (a bug, a
+    handler factory that cannot be built) would fail every cycle, silently, while the leases run out."""
+    return isinstance(exc, (psycopg.Error, OSError, JournalError))
+
+
 class _Balancing:
     """The loop of a worker: a lease cycle every ``interval`` until ``stop`` or a failed range.
 
@@ -111,7 +125,7 @@ class _Balancing:
                 try:
                     self.step()
                 except Exception as exc:  # keep the worker alive: runners stop at their deadline
-                    if isinstance(exc, ProjectionFailed) or exc is self.failure:
+                    if isinstance(exc, ProjectionFailed) or exc is self.failure or not _passing(exc):
                         raise
                     log.warning("%s: lease cycle failed (%r); runners stop at their deadline", self.owner, exc)
                 stop.wait(self.pause(started, time.monotonic()))
@@ -188,6 +202,18 @@ class Worker(_Balancing):
             self.leases.leave()
         except Exception as exc:  # leases expire anyway
             log.warning("%s: could not release leases (%r); they expire", self.owner, exc)
+
+
+def step_each(parts: Iterable[Any]) -> None:
+    """``step()`` every part, each one whatever the others raised; then raise the first failure."""
+    failures: list[Exception] = []
+    for part in parts:
+        try:
+            part.step()
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 class ShardedWorker(_Balancing):
@@ -340,15 +366,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def step_each(parts: Iterable[Any]) -> None:
-    """``step()`` every part, each one whatever the others raised; then raise the first failure."""
-    failures: list[Exception] = []
-    for part in parts:
-        try:
-            part.step()
-        except Exception as exc:
-            failures.append(exc)
-    if failures:
-        raise failures[0]

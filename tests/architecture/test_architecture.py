@@ -289,3 +289,22 @@ def test_the_spark_source_layers_import_downward() -> None:
     upward_imports = {module: sorted(d for d in graph[module] if d in rank and rank[d] > rank[module])
                       for module in rank}
     assert {module: deps for module, deps in upward_imports.items() if deps} == {}
+
+
+def _main_guard_last(tree: ast.Module) -> bool:
+    """``if __name__ == "__main__":`` is the module's last statement, if it has one: ``python -m`` runs it when
+    it is reached, before anything below it is defined."""
+    guards = [i for i, node in enumerate(tree.body) if isinstance(node, ast.If)
+              and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"']
+    return all(i == len(tree.body) - 1 for i in guards)
+
+
+def test_nothing_is_defined_below_a_main_guard() -> None:
+    late = [str(p.relative_to(ROOT)) for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))
+            if not _main_guard_last(ast.parse(p.read_text()))]
+    assert late == []
+
+
+def test_the_main_guard_checker_sees_a_function_below_it() -> None:
+    assert not _main_guard_last(ast.parse('if __name__ == "__main__":\n    main()\n\ndef helper():\n    pass\n'))
+    assert _main_guard_last(ast.parse("def helper():\n    pass\n\nif __name__ == '__main__':\n    helper()\n"))

@@ -29,7 +29,7 @@ from support.projection_workers import Writers, check_no_overlap, stop_all, work
 from pgjournal import Journal
 from pgjournal.projections.examples import counter_mismatches, counter_projection, ensure_table
 from pgjournal.projections.leases import LeaseManager
-from pgjournal.projections.workers import Worker
+from pgjournal.projections.workers import Worker, _Balancing
 from pgjournal.store.leases import live_leases
 
 pytestmark = [pytest.mark.timing, pytest.mark.mode_independent]
@@ -244,3 +244,45 @@ def test_a_new_worker_gets_its_share_while_the_shares_settle_not_at_the_next_ren
         finally:
             first.shutdown()
             second.shutdown()
+
+
+class _Cycles(_Balancing):
+    """A worker whose lease cycle raises what it is given, counting its cycles and its shutdowns."""
+
+    owner, failure, interval = "cycles", None, 0.001
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.cycles, self.shutdowns = error, 0, 0
+
+    def step(self) -> None:
+        self.cycles += 1
+        if self.cycles > 3:  # a passing failure is met three times, then the worker is asked to stop
+            self.stop.set()
+        raise self.error
+
+    def settling(self) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+    def run_once(self) -> None:
+        self.stop = threading.Event()
+        self.run(self.stop)
+
+
+@pytest.mark.parametrize("error", [psycopg.OperationalError("server closed the connection"), ConnectionResetError()],
+                         ids=["database", "network"])
+def test_a_worker_outlives_a_failed_cycle_of_the_database_or_the_network(error: Exception) -> None:
+    worker = _Cycles(error)
+    worker.run_once()
+    assert (worker.cycles, worker.shutdowns) == (4, 1)
+
+
+def test_a_worker_fails_on_a_bug_in_its_cycle_instead_of_retrying_it_forever() -> None:
+    # a name missing when `python -m` runs the module is the same failure on every cycle: the worker used to log
+    # it as a failed cycle, forever, while its leases ran out
+    worker = _Cycles(NameError("name 'step_each' is not defined"))
+    with pytest.raises(NameError, match="step_each"):
+        worker.run_once()
+    assert (worker.cycles, worker.shutdowns) == (1, 1)
