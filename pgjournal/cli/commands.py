@@ -21,6 +21,7 @@ from pgjournal.cli.support import (
     ShardOption,
     console,
     fail,
+    fresh_consoles,
     open_journal,
     parse_json,
     reported,
@@ -64,6 +65,7 @@ def _options(
                                                  help="Show pgjournal's version and exit.")] = None,
 ) -> None:
     """pgjournal: an event journal for PostgreSQL, YugabyteDB and CockroachDB."""
+    fresh_consoles()
 app.add_typer(server_app, name="server")
 
 @app.command()

@@ -42,6 +42,10 @@ class _OnFirstUse:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._made(), name)
 
+    def forget(self) -> None:
+        """Make the console again at its next use: it reads the terminal's width (``COLUMNS``) when made."""
+        self._console = None
+
     # Rich's progress bars and live displays enter their console (``with console:``), and a special method is
     # looked up on the type, never through ``__getattr__``.
     def __enter__(self) -> Console:
@@ -54,6 +58,13 @@ class _OnFirstUse:
 # No emoji codes: a name holding ``:smile:`` prints as it is (markup is escaped by ``shown``).
 console = cast("Console", _OnFirstUse(emoji=False))
 errors = cast("Console", _OnFirstUse(stderr=True, emoji=False))
+
+
+def fresh_consoles() -> None:
+    """Every command starts with consoles made for the terminal it runs in, not for one an earlier command of the
+    same process ran in (a process that runs the app more than once: an embedding application, the tests)."""
+    for made in (console, errors):
+        cast(_OnFirstUse, made).forget()
 
 DsnOption = Annotated[
     str | None,

@@ -37,8 +37,7 @@ def assert_clean_failure(result, *fragments: str) -> None:
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "error:" in result.output
-    # Rich wraps at the width of the process's console, made by the first command that printed (COLUMNS then):
-    # another test's in the same process, whichever ran first.
+    # Rich wraps a long message at the terminal's width
     for fragment in fragments:
         assert fragment in " ".join(result.output.split()), result.output
 
@@ -52,6 +51,19 @@ def test_migrate_sql_for_yugabyte(cli) -> None:
     assert result.exit_code == 0, result.output
     assert "PRIMARY KEY (persistence_id HASH, seq_nr ASC)" in result.output
     assert "SPLIT AT VALUES ((127), (255)" in result.output
+
+
+def test_each_command_prints_at_the_width_of_its_own_terminal() -> None:
+    # the process's consoles used to be made once, at the width of the first command that printed
+    def error_lines(columns: int) -> list[str]:
+        result = CliRunner().invoke(app, ["migrate", "--sql", "--dialect", "oracle"],
+                                    env={"COLUMNS": str(columns)}, terminal_width=columns)
+        assert result.exit_code == 1, result.output
+        return [line for line in result.output.splitlines() if line.strip()]
+
+    narrow = error_lines(30)
+    assert len(narrow) > 1 and max(map(len, narrow)) <= 30, narrow
+    assert len(error_lines(200)) == 1
 
 
 def test_migrate_sql_unknown_dialect(cli) -> None:
