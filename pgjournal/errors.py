@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from pgjournal.model.envelope import EventEnvelope
+
+class _Event(Protocol):
+    """What an error names of an event (an :class:`~pgjournal.model.envelope.EventEnvelope` has it)."""
+
+    @property
+    def persistence_id(self) -> str: ...
+
+    @property
+    def seq_nr(self) -> int: ...
 
 
 class JournalError(Exception):
@@ -234,7 +241,7 @@ class ProjectionFailed(JournalError):
     (``on_failure="stop"``): the offset stays before the event. ``ser_id``/``manifest`` are those stored with
     the event (``None`` when they could not be read)."""
 
-    def __init__(self, projection: str, envelope: EventEnvelope, attempts: int, cause: BaseException, *,
+    def __init__(self, projection: str, envelope: _Event, attempts: int, cause: BaseException, *,
                  ser_id: int | None = None, manifest: str | None = None) -> None:
         self.projection = projection
         self.persistence_id = envelope.persistence_id

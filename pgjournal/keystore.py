@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from pgjournal.codec.transcoding import KeyStore as KeyStore  # the contract, defined where keys are used
 from pgjournal.codec.transcoding import check_key, new_key, open_sealed, seal
 from pgjournal.errors import (
     ConfigurationError,
@@ -53,16 +54,6 @@ from pgjournal.validation import check_persistence_id
 
 
 @runtime_checkable
-class KeyStore(Protocol):
-    """Per-persistence-id data keys (see the module docstring for the contract)."""
-
-    def key(self, persistence_id: str) -> bytes | None: ...
-
-    def create_key(self, persistence_id: str) -> bytes: ...
-
-    def delete_key(self, persistence_id: str) -> bool: ...
-
-
 class KeyWrapper(Protocol):
     """Encrypts data keys for storage (a master key, or a KMS)."""
 

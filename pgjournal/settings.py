@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pgjournal.errors import ConfigurationError
+from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.validation import check_name
 
 ENV_PREFIX = "PGJOURNAL_"
@@ -171,6 +172,11 @@ class Settings:
                 and self.tag_back_track_long_period.strip().lower() == "max"):
             raise ConfigurationError(f"setting tag_back_track_long_period must be a number of seconds >= 0 or "
                                      f"'max', got {self.tag_back_track_long_period!r}")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """How a write retries (``append_retries``, ``retry_backoff``, ``retry_backoff_max``)."""
+        return RetryPolicy(self.append_retries, self.retry_backoff, self.retry_backoff_max)
 
     @property
     def batched_tags(self) -> bool:

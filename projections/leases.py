@@ -27,7 +27,6 @@ from pgjournal.errors import InvalidArgument, LeaseLost
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import NUMBER_OF_SLICES, check_slice_range
 from pgjournal.runtime import metrics
-from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import Step, first_of, run
 from pgjournal.store import Query
 from pgjournal.store import leases as sql
@@ -122,7 +121,7 @@ class LeaseManager:
 
         # Workers starting or rebalancing together on a SERIALIZABLE database conflict here (40001): the cycle
         # only renews and takes what this worker may hold, so it simply runs again.
-        sent, target, leases = RetryPolicy.of(self.journal.settings).run(
+        sent, target, leases = self.journal.settings.retry_policy.run(
             attempt, self.journal.dialect.retryable_sqlstates)
         self._rows_ensured = True
         held = {lease.slice: lease.epoch for lease in leases}
@@ -160,4 +159,4 @@ class LeaseManager:
                 for statement in statements:
                     conn.execute(*statement)
 
-        RetryPolicy.of(self.journal.settings).run(release, self.journal.dialect.retryable_sqlstates)
+        self.journal.settings.retry_policy.run(release, self.journal.dialect.retryable_sqlstates)

@@ -26,15 +26,20 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pgjournal.codec import akka_formats as akka
 from pgjournal.codec import transcoding
 from pgjournal.errors import ConfigurationError, SerializationError
 from pgjournal.validation import MAX_NAME_LENGTH, check_name
 
-if TYPE_CHECKING:
-    from pgjournal.admin.stored_format import StoredFormat
+
+class StoredFormatFlags(Protocol):
+    """What a registry reads of a database's stored format (:class:`pgjournal.admin.stored_format.StoredFormat`,
+    read from the database above this layer)."""
+
+    @property
+    def legacy_json_33(self) -> bool: ...
 
 JSON_SER_ID = akka.JACKSON_JSON
 CBOR_SER_ID = akka.JACKSON_CBOR
@@ -104,7 +109,7 @@ class SerializerRegistry:
         #: Compression and encryption of what this registry serializes (see :mod:`pgjournal.codec.transcoding`).
         self.transcoder = transcoder
 
-    def for_stored_format(self, stored: StoredFormat) -> SerializerRegistry:
+    def for_stored_format(self, stored: StoredFormatFlags) -> SerializerRegistry:
         """This registry as it must read one database (``Journal.open`` calls it): the same registrations,
         later ones included, with that database's reading of id 33. ``self`` when nothing differs."""
         if stored.legacy_json_33 == self.legacy_json_33:

@@ -51,12 +51,20 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pgjournal.errors import ConfigurationError, DecryptionError, SerializationError
 
-if TYPE_CHECKING:
-    from pgjournal.keystore import KeyStore
+
+class KeyStore(Protocol):
+    """Per-persistence-id data keys, the contract in :mod:`pgjournal.keystore` (which holds the implementations);
+    defined here, where the keys are used."""
+
+    def key(self, persistence_id: str) -> bytes | None: ...
+
+    def create_key(self, persistence_id: str) -> bytes: ...
+
+    def delete_key(self, persistence_id: str) -> bool: ...
 
 #: The ``ser_id`` of every transcoded row: ``b"PJTC"`` as a big-endian int32. Outside Akka's reserved 0-40.
 TRANSCODED_SER_ID = 0x504A5443

@@ -15,16 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg.errors
 
 from pgjournal.runtime import metrics
 from pgjournal.runtime.backoff import Backoff
-
-if TYPE_CHECKING:
-    from pgjournal.settings import Settings
-
 
 #: Errors after which a write's whole transaction may be run again, if the dialect lists their SQLSTATE
 #: (:attr:`~pgjournal.dialects.base.Dialect.retryable_sqlstates`).
@@ -71,10 +67,6 @@ class RetryPolicy:
     def curve(self) -> Backoff:
         """The pauses as a :class:`~pgjournal.runtime.backoff.Backoff`."""
         return Backoff(self.backoff, 2.0, self.backoff_max, jitter=0.5)
-
-    @classmethod
-    def of(cls, settings: Settings) -> RetryPolicy:
-        return cls(settings.append_retries, settings.retry_backoff, settings.retry_backoff_max)
 
     def pause(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""

@@ -22,7 +22,7 @@ from pgjournal.errors import RetriesExhausted, RevisionConflict, SchemaNotMigrat
 from pgjournal.model.envelope import Source
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
-from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
+from pgjournal.runtime.contention import KeyedLocks
 from pgjournal.runtime.live import LiveQuery
 from pgjournal.runtime.steps import Sleep, Step, rows_of, run_pooled, statement
 from pgjournal.store.durable_state import DELETED_SER_ID
@@ -94,7 +94,7 @@ class DurableStateRules:
         self.journal = journal
         #: The SQL over durable_state (store layer).
         self.sql = journal.dialect.durable_state_store()
-        self._retry = RetryPolicy.of(journal.settings)
+        self._retry = journal.settings.retry_policy
         self._retryable = journal.dialect.retryable_sqlstates
 
     def get_step(self, pid: str) -> Step[DurableState | None]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 
 if TYPE_CHECKING:
-    from pgjournal.dialects import Dialect
+    from pgjournal.store.tables import Slicing
 
 Query = tuple[str, tuple[Any, ...] | dict[str, Any]]
 
@@ -60,7 +60,7 @@ LIMIT %(limit)s"""
 class DurableStateSQL:
     """The SQL over ``durable_state`` for one dialect; each method returns ``(sql, params)``."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Slicing) -> None:
         self._dialect = dialect
 
     @staticmethod

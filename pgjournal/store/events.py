@@ -18,7 +18,7 @@ from pgjournal.model.envelope import EVENT_COLUMNS
 from pgjournal.model.slices import slice_for_persistence_id
 
 if TYPE_CHECKING:
-    from pgjournal.dialects import Dialect
+    from pgjournal.store.tables import Slicing
 
 # ``{tags_meta}`` / ``{tags_meta_values}``: the tags and metadata columns (:data:`TAGS_META`), each left out of
 # the statement for an append without it (the columns default to NULL): parameters fewer to send.
@@ -115,7 +115,7 @@ class EventStore:
     connection (sync or async alike) and nothing else names the table. A persistence id's statements go to
     the dialect's table for its slice (a partition on PostgreSQL: no pruning cost per statement)."""
 
-    def __init__(self, dialect: Dialect, *, jsonb: frozenset[str] = frozenset()) -> None:
+    def __init__(self, dialect: Slicing, *, jsonb: frozenset[str] = frozenset()) -> None:
         self._dialect = dialect
         #: Which of ``event_payload`` / ``meta_payload`` are JSONB columns (Akka's JSONB payload option).
         self.jsonb = frozenset(jsonb)

@@ -24,8 +24,8 @@ from pgjournal.store.durable_state import DELETED_SER_ID
 from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
-    from pgjournal.dialects import Dialect
     from pgjournal.model.offsets import TimestampOffset
+    from pgjournal.store.tables import Slicing
 
 Query = tuple[str, dict[str, Any]]
 
@@ -83,7 +83,7 @@ class ExportSQL:
     """Bulk reads of one table (:data:`EVENTS` or :data:`STATES`) in one dialect; ``jsonb``: the payload
     columns that are JSONB (Akka's option), read back as their JSON text's bytes."""
 
-    def __init__(self, dialect: Dialect, table: str = EVENTS.name, jsonb: frozenset[str] = frozenset()) -> None:
+    def __init__(self, dialect: Slicing, table: str = EVENTS.name, jsonb: frozenset[str] = frozenset()) -> None:
         if table not in TABLES:
             raise InvalidArgument(f"bulk reads know the tables {', '.join(TABLES)}, got {table!r}")
         self._dialect = dialect

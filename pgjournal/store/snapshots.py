@@ -13,8 +13,8 @@ from pgjournal.store import Query, Read, rows, tables
 from pgjournal.store.events import read_payload
 
 if TYPE_CHECKING:
-    from pgjournal.dialects import Dialect
     from pgjournal.store.events import EventStore
+    from pgjournal.store.tables import Slicing
 
 SNAPSHOT_TABLE = tables.SNAPSHOT
 
@@ -77,7 +77,7 @@ class SnapshotSQL:
     event table a saved snapshot takes its event's db_timestamp from (the event store's for the slice) and
     the dialect's slice predicate."""
 
-    def __init__(self, dialect: Dialect, events: EventStore, *, jsonb: bool = False, meta_jsonb: bool = False
+    def __init__(self, dialect: Slicing, events: EventStore, *, jsonb: bool = False, meta_jsonb: bool = False
                  ) -> None:
         self._dialect = dialect
         self._events = events

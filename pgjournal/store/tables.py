@@ -4,6 +4,8 @@ so reading and writing the journal never imports SQLAlchemy."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 EVENT_JOURNAL = "event_journal"
 SNAPSHOT = "snapshot"
 PROJECTION_TIMESTAMP_OFFSET_STORE = "projection_timestamp_offset_store"
@@ -20,3 +22,12 @@ DURABLE_STATE = "durable_state"
 PAYLOAD_KEYS = "pgjournal_payload_keys"
 TAG_BATCH_WRITERS = "tag_batch_writers"
 REPLICATION_SEEN = "replication_seen"
+
+
+class Slicing(Protocol):
+    """What the stores ask of a dialect (:class:`pgjournal.dialects.Dialect` is one): the table that holds a
+    slice's events, and the SQL that keeps a slice range. The stores sit below the dialects, which build them."""
+
+    def slice_condition(self, min_slice: int, max_slice: int) -> tuple[str, dict[str, object]]: ...
+
+    def event_table(self, slice_: int) -> str: ...

@@ -21,7 +21,6 @@ import psycopg
 
 from pgjournal.buckets import BucketSize, check_bucket_size, ensure_bucket_size
 from pgjournal.model.timeuuid import GENERATOR
-from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import run
 from pgjournal.store.events import text_array
 from pgjournal.store.tags import one_tagged_event_sql, tagged_insert_sql
@@ -51,7 +50,7 @@ def bucket_size(journal: Connected, *, record: bool = True) -> BucketSize:
             run(ensure_mode_step(journal.settings.batched_tags), conn)
             return recorded
 
-    size = _bucket_sizes[journal] = RetryPolicy.of(journal.settings).run(ensure, journal.dialect.retryable_sqlstates)
+    size = _bucket_sizes[journal] = journal.settings.retry_policy.run(ensure, journal.dialect.retryable_sqlstates)
     return size
 
 

@@ -68,7 +68,7 @@ def append_step(journal: JournalCore, plan: AppendPlan) -> Step[Rows]:
     """The append on an autocommit connection, retried under the write path's
     :class:`~pgjournal.runtime.contention.RetryPolicy` (the pause yielded as a :class:`~pgjournal.runtime.steps.Sleep`);
     returns its rows."""
-    policy = RetryPolicy.of(journal.settings)
+    policy = journal.settings.retry_policy
     started = time.monotonic()
     attempt = 0
     while True:

@@ -35,7 +35,7 @@ from pgjournal.model.envelope import EventEnvelope, Source, new_envelope
 from pgjournal.model.offsets import TimestampOffset
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.runtime import metrics
-from pgjournal.runtime.contention import KeyedLocks, RetryPolicy
+from pgjournal.runtime.contention import KeyedLocks
 from pgjournal.runtime.steps import first_of
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.store.binary_arrays import bytea_array
@@ -308,7 +308,7 @@ class EventWriter(WriterRules):
         self._tag_writer = tag_writer
         #: Appends of this process to one persistence id take turns (pgjournal.runtime.contention).
         self._turns = KeyedLocks()
-        self._retry = RetryPolicy.of(journal.settings)
+        self._retry = journal.settings.retry_policy
 
     def append(
         self,

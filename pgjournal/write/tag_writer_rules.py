@@ -21,7 +21,6 @@ from pgjournal.errors import DatabaseUnavailable, JournalError, TagFlushFailed, 
 from pgjournal.model.printable import printable_logger
 from pgjournal.runtime import metrics
 from pgjournal.runtime.backoff import Backoff
-from pgjournal.runtime.contention import RetryPolicy
 from pgjournal.runtime.steps import Step, Work, statement
 from pgjournal.store import tags as store
 from pgjournal.store.tags import NO_UPTO, BatchPair
@@ -46,7 +45,7 @@ class TagWriterRules:
         self._journal = journal
         settings = journal.settings
         self.batch = TagBatch(uuid.uuid4().hex, journal.writer_id, settings.tag_batch_size)
-        self._retry = RetryPolicy.of(settings)
+        self._retry = settings.retry_policy
         self._retryable = journal.dialect.retryable_sqlstates
         self._interval = settings.tag_flush_interval
         #: After failed rounds: twice the interval, doubling, to a quarter of the writer timeout.
