@@ -4,8 +4,17 @@ every event of a replicated entity from each peer location into this location's 
 causal order (docs/replication.md)."""
 
 from .processor import AsStored, EventProcessor, ProcessorRunner, Stored, append_events
-from .replicator import Replicator, stream_name, writer_of
+from .replicator import (
+    Candidate,
+    ReplicationFilter,
+    Replicator,
+    load_filter,
+    location_private,
+    stream_name,
+    writer_of,
+)
 from .workers import Peer, ReplicationWorker, run_replication
 
-__all__ = ["AsStored", "EventProcessor", "Peer", "ProcessorRunner", "ReplicationWorker", "Replicator", "Stored",
-           "append_events", "run_replication", "stream_name", "writer_of"]
+__all__ = ["AsStored", "Candidate", "EventProcessor", "Peer", "ProcessorRunner", "ReplicationFilter",
+           "ReplicationWorker", "Replicator", "Stored", "append_events", "load_filter", "location_private",
+           "run_replication", "stream_name", "writer_of"]
