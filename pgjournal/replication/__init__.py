@@ -3,6 +3,7 @@ or another's; write events here; offsets in the same transaction) and the replic
 every event of a replicated entity from each peer location into this location's replica exactly once and in
 causal order (docs/replication.md)."""
 
+from .cleanup import ReplicatedCleanup
 from .processor import AsStored, EventProcessor, ProcessorRunner, Stored, append_events
 from .replicator import (
     Candidate,
@@ -15,6 +16,21 @@ from .replicator import (
 )
 from .workers import Peer, ReplicationWorker, run_replication
 
-__all__ = ["AsStored", "Candidate", "EventProcessor", "Peer", "ProcessorRunner", "ReplicationFilter",
-           "ReplicationWorker", "Replicator", "Stored", "append_events", "load_filter", "location_private",
-           "run_replication", "stream_name", "writer_of"]
+__all__ = [
+    "AsStored",
+    "Candidate",
+    "EventProcessor",
+    "Peer",
+    "ProcessorRunner",
+    "ReplicatedCleanup",
+    "ReplicationFilter",
+    "ReplicationWorker",
+    "Replicator",
+    "Stored",
+    "append_events",
+    "load_filter",
+    "location_private",
+    "run_replication",
+    "stream_name",
+    "writer_of",
+]
