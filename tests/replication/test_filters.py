@@ -266,3 +266,31 @@ async def test_the_asyncio_face_filters_the_same(shard_databases: Any) -> None:
                 assert runner.failed is None, runner.failed
         assert keys(us_blocking, "Counter|a|us") == [("eu", 1), ("eu", 3)]
         assert seen_rows(us_blocking, "Counter|a|us") == {"eu": 3}
+
+
+def test_a_worker_runs_its_streams_with_the_filter_it_loaded_and_only_its_entity_types(
+        shard_databases: Any) -> None:
+    import threading
+
+    from pgjournal.replication import Peer, run_replication
+
+    eu_dsn, us_dsn = shard_databases(2)
+    with Journal.open(eu_dsn, **FAST) as eu, Journal.open(us_dsn, **FAST) as us:
+        write_local(eu, ReplicationId(TYPE, "v", "eu"), "eu-1")
+        write_local(eu, ReplicationId(TYPE, "v", "eu"), "eu-2 private", PRIVATE)
+        write_local(eu, ReplicationId("Other", "v", "eu"), "no stream for its type")
+        write_local(eu, ReplicationId(TYPE, "v", "eu"), "eu-3")
+        stop = threading.Event()
+        codes: list[int] = []
+        worker = threading.Thread(target=lambda: codes.append(run_replication(
+            us_dsn, "us", [Peer("eu", eu_dsn)], [TYPE], stop=stop, lease_duration=2, journal_settings=FAST,
+            accept=load_filter("pgjournal.replication:location_private"))))
+        worker.start()
+        try:
+            eventually(lambda: len(rows_of(us, "Counter|v|us")) == 2, "eu's public events at us", timeout=60)
+        finally:
+            stop.set()
+            worker.join(60)
+        assert codes == [0]
+        assert keys(us, "Counter|v|us") == [("eu", 1), ("eu", 3)]
+        assert rows_of(us, "Other|v|us") == []
