@@ -20,6 +20,10 @@ statement over at most ``batch_size`` persistence ids and ``batch_size`` events,
 small; every batch does what a rerun would decide too, so a run stopped anywhere (a crash, Ctrl-C) continues
 when run again and never leaves a half-deleted batch.
 
+A hold (``hold=``, what the replication's deferred cleanup gives) caps per persistence id the highest sequence
+number that may go: the events above it stay, the report lists them (:class:`HeldBack`), and a later run, once the
+hold lets go, removes them.
+
 Projections: after (or, in a dry run, instead of) deleting, the offset stores are checked. A projection whose
 latest stored offset for a slice is older than the newest event deleted (or marked) there had not processed
 everything that is gone: the report lists it (:class:`OffsetWarning`) and the CLI prints it in red.
@@ -27,7 +31,7 @@ everything that is gone: the report lists it (:class:`OffsetWarning`) and the CL
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -76,23 +80,44 @@ class OffsetWarning:
                 f"{self.oldest_offset.isoformat()} is older than events deleted up to {self.deleted_until.isoformat()}")
 
 
+@dataclass(frozen=True)
+class HeldBack:
+    """Events of ``persistence_id`` the operation selected but kept: a hold lets go only up to ``released``
+    (0: none of them), because of ``holder`` (who still needs the rest)."""
+
+    persistence_id: str
+    released: int
+    events: int
+    holder: str
+
+    def __str__(self) -> str:
+        return (f"{self.events} event(s) of {self.persistence_id!r} after seq_nr {self.released} kept: "
+                f"{self.holder}")
+
+
 @dataclass
 class CleanupReport:
     operation: str
     dry_run: bool
     counts: CleanupCounts = field(default_factory=CleanupCounts)
     warnings: list[OffsetWarning] = field(default_factory=list)
+    #: What a hold kept (the events stay; a later run removes them once the hold lets go).
+    held_back: list[HeldBack] = field(default_factory=list)
 
 
 Progress = Callable[[CleanupCounts], None]
+#: A hold: for a page of persistence ids (sorted), those it caps, each with the highest sequence number that may go
+#: and who holds the rest (a sentence, for the report).
+Hold = Callable[[list[str]], Mapping[str, tuple[int, str]]]
 
 
 class JournalCleanup:
     """Bulk cleanup over one journal. ``dry_run`` (the default) only counts; ``batch_size`` bounds the
-    persistence ids and the events of one transaction; ``progress`` is called after every batch."""
+    persistence ids and the events of one transaction; ``progress`` is called after every batch; ``hold``
+    caps what may go per persistence id (:data:`Hold`)."""
 
     def __init__(self, journal: Journal, *, dry_run: bool = True, batch_size: int = 1000,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, hold: Hold | None = None) -> None:
         if not isinstance(dry_run, bool):
             raise InvalidArgument(f"dry_run must be True or False, got {dry_run!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
@@ -104,6 +129,7 @@ class JournalCleanup:
         self.dry_run = dry_run
         self.batch_size = batch_size
         self.progress = progress
+        self.hold = hold
 
     # -- operations ------------------------------------------------------------------------------------
 
@@ -173,6 +199,16 @@ class JournalCleanup:
         for pids in pages:
             counts.persistence_ids += len(pids)
             slices = [slice_for_persistence_id(p) for p in pids]
+            caps: list[int] | None = None
+            if self.hold is not None:
+                limits = self.hold(pids)
+                if limits:
+                    caps = [limits[p][0] if p in limits else sql.MAX_SEQ_NR for p in pids]
+                    with self.journal.connection() as conn:
+                        kept = conn.execute(*sql.held(pids, slices, caps, by_snapshot=by_snapshot, before=before,
+                                                      reset=reset)).fetchall()
+                    report.held_back += [HeldBack(pid, limits[pid][0], int(n), limits[pid][1])
+                                         for pid, n in kept if n]
             if snapshots:  # first: a rerun after a crash still finds these persistence ids by their events
                 with self.journal.connection() as conn:
                     cur = conn.execute(*sql.snapshots(pids, None, execute=execute))
@@ -181,7 +217,8 @@ class JournalCleanup:
             while True:
                 with self.journal.connection() as conn:
                     row = conn.execute(*sql.batch(pids, slices, by_snapshot=by_snapshot, before=before, reset=reset,
-                                                  after=after, limit=self.batch_size, execute=execute)).fetchone()
+                                                  after=after, limit=self.batch_size, execute=execute,
+                                                  caps=caps)).fetchone()
                 assert row is not None
                 deleted, marked, tag_rows, progress, selected, _pids, last_pid, last_seq, types, slc, untils = row
                 counts.events_deleted += deleted
@@ -200,6 +237,9 @@ class JournalCleanup:
         report.warnings = self.offsets_behind(touched)
         for warning in report.warnings:
             _log.warning("cleanup (%s): %s", operation, warning)
+        if report.held_back:
+            _log.warning("cleanup (%s): %d event(s) of %d persistence id(s) held back, the first: %s", operation,
+                         sum(h.events for h in report.held_back), len(report.held_back), report.held_back[0])
         return report
 
     def offsets_behind(self, touched: dict[tuple[str, int], datetime]) -> list[OffsetWarning]:

@@ -3,9 +3,34 @@ or another's; write events here; offsets in the same transaction) and the replic
 every event of a replicated entity from each peer location into this location's replica exactly once and in
 causal order (docs/replication.md)."""
 
+from .cleanup import ReplicatedCleanup
 from .processor import AsStored, EventProcessor, ProcessorRunner, Stored, append_events
-from .replicator import Replicator, stream_name, writer_of
+from .replicator import (
+    Candidate,
+    ReplicationFilter,
+    Replicator,
+    load_filter,
+    location_private,
+    stream_name,
+    writer_of,
+)
 from .workers import Peer, ReplicationWorker, run_replication
 
-__all__ = ["AsStored", "EventProcessor", "Peer", "ProcessorRunner", "ReplicationWorker", "Replicator", "Stored",
-           "append_events", "run_replication", "stream_name", "writer_of"]
+__all__ = [
+    "AsStored",
+    "Candidate",
+    "EventProcessor",
+    "Peer",
+    "ProcessorRunner",
+    "ReplicatedCleanup",
+    "ReplicationFilter",
+    "ReplicationWorker",
+    "Replicator",
+    "Stored",
+    "append_events",
+    "load_filter",
+    "location_private",
+    "run_replication",
+    "stream_name",
+    "writer_of",
+]

@@ -38,13 +38,22 @@ def peers_of(texts: list[str], replica: str) -> list[Peer]:
 @replication_app.command("run")
 def run_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, dsn: DsnOption = None,
             lease_duration: Annotated[float, typer.Option(help="Seconds a slice lease lasts unless renewed.")] = 10.0,
+            filter_: Annotated[str | None, typer.Option(
+                "--filter", help="A replication filter, module:attribute (a function of a Candidate returning "
+                                 "True to replicate the event; or one returning such a function).")] = None,
             ) -> None:
     """Run this location's streams (every peer, every entity type) in this process until SIGTERM or SIGINT; more
     processes started against the same database share the slices by lease."""
+    from .replicator import load_filter
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
     peers = peers_of(peer, replica)
+    try:
+        accept = load_filter(filter_) if filter_ is not None else None
+    except JournalError as exc:
+        fail(str(exc))
     with reported():
-        code = run_replication(dsn, replica, peers, entity_type, lease_duration=lease_duration)
+        code = run_replication(dsn, replica, peers, entity_type, lease_duration=lease_duration, accept=accept)
     raise typer.Exit(code)
 
 

@@ -15,11 +15,19 @@ offsets stored.
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
 the race for a sequence number fails, and the replica's events of the batch are read and written again from a
 savepoint.
+
+A filter (``accept``) decides, per event read, whether it comes here: it is applied where the batch is read, after
+the runner has taken the event in order (so the stream's offsets pass it and the peer's persistence id stays
+contiguous for the runner's validation) and before any write. A filtered event is recorded as seen, as if it had
+arrived: the same origin event relayed by another peer is then dropped by the seen check whatever that stream's
+filter says, and the hole it leaves in the origin's sequence numbers here is the seen rule's ordinary case (an
+event is dropped when its origin sequence number is at most the highest held, not unless it is the next).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +36,7 @@ import psycopg.errors
 
 from pgjournal.aio import AsyncJournal
 from pgjournal.codec import replicated as wire
-from pgjournal.errors import InvalidArgument, InvalidPersistenceId
+from pgjournal.errors import ConfigurationError, InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
     ReplicaState,
@@ -73,6 +81,75 @@ def writer_of(peer: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Candidate:
+    """What a replication filter decides on: one event read from the peer, before anything is written here.
+
+    ``envelope`` is the peer's row (its persistence id ``Type|entityId|peer``, its tags, the payload as stored,
+    a :class:`~replication.processor.Stored`, not decoded); ``metadata`` the origin's facts. A filter should decide
+    on what every copy of the event shares (the origin, the entity, the tags, the payload), not on the peer that
+    relays it, so that every stream into this location answers alike."""
+
+    envelope: EventEnvelope
+    metadata: ReplicatedEventMetadata
+    #: The peer the event is read from, and this location.
+    peer: str
+    local: str
+
+    @property
+    def origin_replica(self) -> str:
+        return self.metadata.origin_replica
+
+    @property
+    def entity_type(self) -> str:
+        return ReplicationId.parse(self.envelope.persistence_id).type_name
+
+    @property
+    def entity_id(self) -> str:
+        return ReplicationId.parse(self.envelope.persistence_id).entity_id
+
+    @property
+    def tags(self) -> frozenset[str]:
+        return frozenset(self.envelope.tags or ())
+
+
+#: A replication filter: ``True`` to bring the event here, ``False`` to leave it out (recorded as seen).
+ReplicationFilter = Callable[[Candidate], bool]
+
+#: The tag of :func:`location_private`'s events.
+PRIVATE_TAG = "location-private"
+
+
+def location_private(tag: str = PRIVATE_TAG) -> ReplicationFilter:
+    """A filter that leaves out the events tagged ``tag``: written with it, an event stays in the location where it
+    was written (every other location's streams refuse it, from its origin and from any relay)."""
+    name = check_name(tag, "tag")
+
+    def accept(candidate: Candidate) -> bool:
+        return name not in candidate.tags
+
+    accept.__qualname__ = f"location_private({name!r})"
+    return accept
+
+
+def load_filter(spec: str) -> ReplicationFilter:
+    """``module:attribute`` to the filter it names: a :data:`ReplicationFilter`, or a function without arguments
+    that returns one (as :func:`location_private`)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"a replication filter must look like package.module:attribute, got {spec!r}")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load the replication filter {spec!r}: {exc}") from None
+    if found is location_private:
+        found = location_private()
+    if not callable(found):
+        raise ConfigurationError(f"the replication filter {spec!r} is not callable")
+    loaded: ReplicationFilter = found
+    return loaded
+
+
+@dataclass(frozen=True, slots=True)
 class Arrival:
     """An event read from the peer, as the arrival rule needs it."""
 
@@ -83,6 +160,8 @@ class Arrival:
     origin_version: VersionVector
     #: Other metadata of the row, kept as it is.
     others: tuple[MetadataEntry, ...]
+    #: Left out by the stream's filter: recorded as seen, not written.
+    filtered: bool = False
 
 
 @dataclass
@@ -94,15 +173,22 @@ class StreamStats:
     own: int = 0
     skipped: int = 0
     races: int = 0
+    #: Left out by the filter (counted once per event read, a copy already seen included).
+    filtered: int = 0
 
 
 class Replicator:
     """The stream from ``peer_replica``'s journal ``peer`` into ``local_replica``'s journal ``local``, for
-    ``entity_type``. ``peer`` is read only (a reader role there is enough)."""
+    ``entity_type``. ``peer`` is read only (a reader role there is enough). ``accept``: a
+    :data:`ReplicationFilter`, applied to every event read (give every stream of a location the same one)."""
 
     def __init__(self, local: Journal | AsyncJournal, local_replica: str, peer: Journal | AsyncJournal,
                  peer_replica: str, entity_type: str, *,
-                 max_count: int = 500, max_wait: float = 0.05, settings: ProjectionSettings | None = None) -> None:
+                 max_count: int = 500, max_wait: float = 0.05, settings: ProjectionSettings | None = None,
+                 accept: ReplicationFilter | None = None) -> None:
+        if accept is not None and not callable(accept):
+            raise InvalidArgument(f"accept must be a function of a Candidate returning a bool, got {accept!r}")
+        self.accept = accept
         self.local_replica = ReplicationId("T", "e", local_replica).replica_id
         self.peer_replica = ReplicationId("T", "e", peer_replica).replica_id
         if self.local_replica == self.peer_replica:
@@ -162,7 +248,10 @@ class Replicator:
                 else:
                     kept.append(entry)
             target = rid.with_replica(self.local_replica).persistence_id
-            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept)))
+            filtered = self.accept is not None and not self.accept(
+                Candidate(env, found, self.peer_replica, self.local_replica))
+            self.stats.filtered += filtered
+            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept), filtered))
         return out
 
     def process_step(self, envelopes: Sequence[EventEnvelope]) -> Step[None]:
@@ -211,6 +300,13 @@ class Replicator:
         appended = dropped = 0
         highest: dict[str, int] = {}
         for arrival in arrivals:
+            if arrival.filtered:
+                meta = arrival.metadata
+                if not state.has_seen(meta):  # seen from now on, so no other path brings it
+                    state = ReplicaState(state.replica, state.seq_nr, state.version,
+                                         {**state.seen, meta.origin_replica: meta.origin_sequence_nr})
+                    highest[meta.origin_replica] = meta.origin_sequence_nr
+                continue
             received = arrival_rule(state, arrival.metadata, arrival.origin_version)
             if received is None:
                 dropped += 1

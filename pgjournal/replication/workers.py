@@ -17,7 +17,7 @@ from pgjournal.model.printable import printable_logger
 from pgjournal.projections.leases import default_owner
 from pgjournal.projections.workers import Worker, _Balancing, step_each
 
-from .replicator import Replicator
+from .replicator import ReplicationFilter, Replicator
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -94,9 +94,11 @@ class ReplicationWorker(_Balancing):
 def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], entity_types: Sequence[str], *,
                     stop: threading.Event | None = None, lease_duration: float = 10.0,
                     renew_interval: float | None = None, journal_settings: dict[str, Any] | None = None,
-                    peer_settings: dict[str, Any] | None = None, max_wait: float = 0.05) -> int:
+                    peer_settings: dict[str, Any] | None = None, max_wait: float = 0.05,
+                    accept: ReplicationFilter | None = None) -> int:
     """Run every stream of this location (each peer, each entity type) until ``stop`` (or SIGTERM/SIGINT when
-    called on the main thread); returns 1 when a stream failed. Peers are opened without migrating (read only)."""
+    called on the main thread); returns 1 when a stream failed. Peers are opened without migrating (read only).
+    ``accept``: the location's replication filter, the same for every stream."""
     from pgjournal.journal import Journal
 
     stop = stop or threading.Event()
@@ -108,7 +110,7 @@ def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], 
 
         def streams_of(peer: Peer) -> list[Replicator]:
             source = opened.enter_context(Journal.open(peer.dsn, **(peer_settings or journal_settings or {})))
-            return [Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait)
+            return [Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait, accept=accept)
                     for entity_type in entity_types]
 
         later = [functools.partial(streams_of, peer) for peer in peers]

@@ -38,12 +38,12 @@ GROUP BY persistence_id HAVING bool_and(deleted)
 ORDER BY persistence_id LIMIT %(limit)s"""
 
 # The selected events of a page, after the keyset position (``upto`` per persistence id: its snapshot's
-# sequence number for "before the snapshot", else the largest).
+# sequence number for "before the snapshot", else the largest; never above its cap, what a hold lets go).
 _SELECTED = """
 WITH page AS (
     SELECT u.pid, u.slice, u.ord,
-           COALESCE(s.seq_nr, CASE WHEN %(by_snapshot)s THEN 0 ELSE {max_seq} END) AS upto
-    FROM unnest(%(pids)s::text[], %(slices)s::int[]) WITH ORDINALITY AS u(pid, slice, ord)
+           LEAST(COALESCE(s.seq_nr, CASE WHEN %(by_snapshot)s THEN 0 ELSE {max_seq} END), u.cap) AS upto
+    FROM unnest(%(pids)s::text[], %(slices)s::int[], %(caps)s::bigint[]) WITH ORDINALITY AS u(pid, slice, cap, ord)
     LEFT JOIN snapshot AS s ON %(by_snapshot)s AND s.persistence_id = u.pid),
 picked AS (
     SELECT e.persistence_id, e.seq_nr, e.slice, e.entity_type, e.db_timestamp, e.tags, e.deleted
@@ -103,6 +103,19 @@ ts AS (DELETE FROM tag_scanning WHERE persistence_id IN (SELECT persistence_id F
                                   tag_rows="(SELECT count(*) FROM tv)",
                                   progress="(SELECT count(*) FROM twp)")).format(max_seq=MAX_SEQ_NR)
 
+# Per capped persistence id of a page: the events the operation would select above its cap (kept by the hold).
+HELD = f"""
+SELECT u.pid, count(x.seq_nr)
+FROM unnest(%(pids)s::text[], %(slices)s::int[], %(caps)s::bigint[]) AS u(pid, slice, cap)
+LEFT JOIN snapshot AS s ON %(by_snapshot)s AND s.persistence_id = u.pid
+JOIN event_journal AS x ON x.persistence_id = u.pid AND x.slice = u.slice AND x.seq_nr > u.cap
+  AND x.seq_nr <= COALESCE(s.seq_nr, CASE WHEN %(by_snapshot)s THEN 0 ELSE {MAX_SEQ_NR} END)
+  AND x.db_timestamp < %(before)s
+  -- a highest event already marked deleted stays as it is (unless reset): nothing of it is held
+  AND NOT (x.deleted AND NOT %(reset)s AND x.seq_nr = (SELECT max(h.seq_nr) FROM event_journal AS h
+                                                        WHERE h.persistence_id = u.pid AND h.slice = u.slice))
+GROUP BY u.pid ORDER BY u.pid"""
+
 COUNT_SNAPSHOTS = "SELECT count(*) FROM snapshot WHERE persistence_id = ANY(%(pids)s) AND {where}"
 DELETE_SNAPSHOTS = "DELETE FROM snapshot WHERE persistence_id = ANY(%(pids)s) AND {where}"
 _SNAPSHOT_BEFORE = "COALESCE(db_timestamp, to_timestamp(write_timestamp / 1000.0)) < %(before)s"
@@ -133,13 +146,22 @@ def pid_page(source: str, entity_type: str | None, after: str, limit: int) -> Qu
 
 
 def batch(pids: list[str], slices: list[int], *, by_snapshot: bool, before: datetime | None, reset: bool,
-          after: tuple[str, int], limit: int, execute: bool) -> Query:
+          after: tuple[str, int], limit: int, execute: bool, caps: list[int] | None = None) -> Query:
     """One batch over a page of persistence ids (sorted, with their slices): one row (deleted, marked, tag rows,
     tag progress rows, events selected, persistence ids, last persistence id and seq_nr, then arrays of entity
-    type, slice and newest time touched). ``execute=False`` counts what it would do and changes nothing."""
+    type, slice and newest time touched). ``execute=False`` counts what it would do and changes nothing.
+    ``caps``: per persistence id the highest sequence number it may select (none: no cap)."""
     return (DELETE_BATCH if execute else COUNT_BATCH), {
         "pids": pids, "slices": slices, "by_snapshot": by_snapshot, "before": before or "infinity",
-        "reset": reset, "after_pid": after[0], "after_seq": after[1], "limit": limit}
+        "reset": reset, "after_pid": after[0], "after_seq": after[1], "limit": limit,
+        "caps": caps if caps is not None else [MAX_SEQ_NR] * len(pids)}
+
+
+def held(pids: list[str], slices: list[int], caps: list[int], *, by_snapshot: bool, before: datetime | None,
+         reset: bool) -> Query:
+    """Rows (persistence id, events): what :func:`batch` would select above each persistence id's cap."""
+    return HELD, {"pids": pids, "slices": slices, "caps": caps, "by_snapshot": by_snapshot,
+                  "before": before or "infinity", "reset": reset}
 
 
 def snapshots(pids: list[str], before: datetime | None, *, execute: bool) -> Query:

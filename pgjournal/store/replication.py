@@ -2,7 +2,9 @@
 serializes the streams from different peers into one replica, the ``replication_seen`` rows (the highest origin
 sequence number held per origin) and the replica's last event with its metadata.
 
-Every statement runs in the transaction that appends the replicated events and stores the stream's offsets.
+Every statement runs in the transaction that appends the replicated events and stores the stream's offsets, but
+the two of the deferred cleanup (section 7): :func:`peer_offsets`, read at a peer (its reader role is enough), and
+:func:`replicated_up_to`, here.
 """
 
 from __future__ import annotations
@@ -56,6 +58,61 @@ WHERE persistence_id = %(pid)s AND slice = %(slice)s ORDER BY seq_nr DESC LIMIT 
 RECENT_SQL = f"""
 SELECT count(*) FROM {tables.EVENT_JOURNAL}
 WHERE slice BETWEEN 0 AND 1023 AND entity_type = %(entity_type)s AND db_timestamp > %(since)s AND writer = %(writer)s"""
+
+
+# At a peer: per persistence id of this location, what the peer's stream from here has stored in that slice (its
+# latest offset) and for that persistence id (the highest seq_nr among the rows the offset window still keeps).
+PEER_OFFSETS_SQL = """
+SELECT u.pid,
+       (SELECT max(o.seq_nr) FROM {table} AS o
+        WHERE o.projection_name = u.name AND o.slice = u.slice AND o.persistence_id = u.pid),
+       (SELECT max(o.timestamp_offset) FROM {table} AS o WHERE o.projection_name = u.name AND o.slice = u.slice)
+FROM unnest(%(pids)s::text[], %(names)s::text[], %(slices)s::int[]) AS u(pid, name, slice)"""
+# Here: per persistence id, the highest seq_nr a peer's stream has processed (every event up to it is older than
+# its slice's offset, or covered by the persistence id's own offset row) and the persistence id's highest.
+REPLICATED_UP_TO_SQL = f"""
+SELECT u.pid,
+       GREATEST(u.seq, COALESCE(
+           (SELECT min(e.seq_nr) - 1 FROM {tables.EVENT_JOURNAL} AS e
+            WHERE e.persistence_id = u.pid AND e.slice = u.slice AND e.db_timestamp >= u.latest),
+           (SELECT max(e.seq_nr) FROM {tables.EVENT_JOURNAL} AS e
+            WHERE e.persistence_id = u.pid AND e.slice = u.slice AND u.latest IS NOT NULL),
+           0)),
+       (SELECT max(e.seq_nr) FROM {tables.EVENT_JOURNAL} AS e WHERE e.persistence_id = u.pid AND e.slice = u.slice)
+FROM unnest(%(pids)s::text[], %(slices)s::int[], %(seqs)s::bigint[], %(latests)s::timestamptz[])
+    AS u(pid, slice, seq, latest)"""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerOffset:
+    """:func:`peer_offsets`: a peer's stream's offsets for one persistence id of this location (``None``: none)."""
+
+    persistence_id: str
+    seq_nr: int | None
+    latest: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedUpTo:
+    """:func:`replicated_up_to`: the highest seq_nr of a persistence id a peer has processed, and its highest."""
+
+    persistence_id: str
+    seq_nr: int
+    highest: int | None
+
+
+def peer_offsets(offset_table: str, pids: Sequence[str], names: Sequence[str], slices: Sequence[int]
+                 ) -> Read[PeerOffset]:
+    """At a peer: its offsets for ``pids`` (each with the stream name it is read under and its slice)."""
+    return rows(PeerOffset, PEER_OFFSETS_SQL.format(table=offset_table),
+                {"pids": list(pids), "names": list(names), "slices": list(slices)})
+
+
+def replicated_up_to(offsets: Sequence[PeerOffset], slices: Sequence[int]) -> Read[ReplicatedUpTo]:
+    """Here: from a peer's ``offsets`` (with each persistence id's slice), how far it has processed each."""
+    return rows(ReplicatedUpTo, REPLICATED_UP_TO_SQL, {
+        "pids": [o.persistence_id for o in offsets], "slices": list(slices),
+        "seqs": [o.seq_nr for o in offsets], "latests": [o.latest for o in offsets]})
 
 
 def lock(pids: Sequence[str]) -> Query:

@@ -24,7 +24,8 @@ from pgjournal.replication.replicator import replica_state
 from pgjournal.store import replication as sql
 
 
-def write_local(journal: Journal, rid: ReplicationId, event: object) -> ReplicatedEventMetadata:
+def write_local(journal: Journal, rid: ReplicationId, event: object, tags: Sequence[str] | None = None
+                ) -> ReplicatedEventMetadata:
     """Append one local event to ``rid``'s persistence id with its metadata (Akka's local write rule), computed from
     the last event in the same transaction; taking the replicator's lock half the time, so both the lock and the
     race for a sequence number (a writer that does not lock) are exercised."""
@@ -38,7 +39,7 @@ def write_local(journal: Journal, rid: ReplicationId, event: object) -> Replicat
                 _, meta = state.write_local()
                 ser_id, manifest, payload = event_metadata_columns(meta)
                 append_events(conn, journal, pid, [event], expected=state.seq_nr,
-                              metadata=Stored(ser_id, manifest, payload))
+                              metadata=Stored(ser_id, manifest, payload), tags=tags)
             return meta
         except psycopg.errors.UniqueViolation:
             continue
