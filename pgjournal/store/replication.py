@@ -81,3 +81,90 @@ def last_event(table: str, pid: str, slice_: int) -> Read[LastEvent]:
 def recent(entity_type: str, writer: str, since: datetime) -> Read[int]:
     """How many events of ``entity_type`` ``writer`` appended after ``since`` (a replicator's rate)."""
     return scalars(RECENT_SQL, {"entity_type": entity_type, "writer": writer, "since": since})
+
+
+# -- Recovery from the peers (docs/replication.md, section 8) -----------------------------------------------------
+#: The persistence id of the row of ``replication_seen`` that marks a replica recovering (no persistence id is
+#: empty): ``('', replica, 0)``, written before a recovery starts and deleted when it ends, so a crash leaves it.
+RECOVERING_PID = ""
+#: The first key of the lock between a replica's writers (shared, for their transaction) and the start of its
+#: recovery (exclusive): once the marker is in, every write that had not seen it has ended.
+WRITE_LOCK_CLASS = 0x72656377  # "recw"
+WRITE_LOCK_SQL = f"SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_CLASS}, hashtext(%(replica)s))"
+IS_RECOVERING_SQL = f"""
+SELECT EXISTS (SELECT 1 FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s)"""
+MARK_RECOVERING_SQL = f"""
+WITH locked AS (SELECT pg_advisory_xact_lock({WRITE_LOCK_CLASS}, hashtext(%(replica)s)))
+INSERT INTO {SEEN_TABLE} (persistence_id, origin_replica, origin_seq_nr)
+SELECT %(marker)s, %(replica)s, 0 FROM locked ON CONFLICT (persistence_id, origin_replica) DO NOTHING"""
+UNMARK_RECOVERING_SQL = f"""
+DELETE FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s"""
+SEEN_FROM_SQL = f"""
+SELECT persistence_id, origin_replica, origin_seq_nr FROM {SEEN_TABLE}
+WHERE origin_replica = %(origin)s AND starts_with(persistence_id, %(prefix)s)"""
+REPLICA_ROWS_SQL = """
+SELECT seq_nr, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, meta_ser_manifest, meta_payload, tags
+FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr > %(after)s AND NOT deleted
+ORDER BY seq_nr LIMIT %(limit)s"""
+STREAM_HIGHEST_SQL = f"""
+SELECT persistence_id, max(seq_nr) AS seq_nr FROM {tables.PROJECTION_TIMESTAMP_OFFSET_STORE}
+WHERE projection_name = %(name)s AND starts_with(persistence_id, %(prefix)s) GROUP BY persistence_id"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRow:
+    """:func:`replica_rows`: one event of a replica as stored, payload and metadata undecoded."""
+
+    seq_nr: int
+    ser_id: int
+    manifest: str
+    payload: bytes
+    meta_ser_id: int | None
+    meta_ser_manifest: str | None
+    meta_payload: bytes | None
+    tags: list[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class HighestRow:
+    """:func:`stream_highest`: the highest sequence number a stream's offsets record for a persistence id."""
+
+    persistence_id: str
+    seq_nr: int
+
+
+def write_lock(replica: str) -> Query:
+    """A writer of ``replica``'s entities: the shared lock its transaction holds, before it reads the marker."""
+    return WRITE_LOCK_SQL, {"replica": replica}
+
+
+def is_recovering(replica: str) -> Read[bool]:
+    """Whether ``replica`` is marked recovering."""
+    return scalars(IS_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica})
+
+
+def mark_recovering(replica: str) -> Query:
+    """Mark ``replica`` recovering, once every write of it in progress has ended (one statement: its lock is
+    the exclusive one)."""
+    return MARK_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica}
+
+
+def unmark_recovering(replica: str) -> Query:
+    return UNMARK_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica}
+
+
+def seen_from(origin: str, entity_type: str) -> Read[SeenRow]:
+    """The seen rows of every replica of ``entity_type`` here for events of ``origin`` (read at a peer)."""
+    return rows(SeenRow, SEEN_FROM_SQL, {"origin": origin, "prefix": f"{entity_type}|"})
+
+
+def replica_rows(table: str, pid: str, slice_: int, after: int, limit: int) -> Read[ReplicaRow]:
+    """A page of ``pid``'s events after ``after`` in ``table`` (its slice's), as stored."""
+    return rows(ReplicaRow, REPLICA_ROWS_SQL.format(table=table),
+                {"pid": pid, "slice": slice_, "after": after, "limit": limit})
+
+
+def stream_highest(name: str, entity_type: str) -> Read[HighestRow]:
+    """Per persistence id of ``entity_type``, the highest sequence number the offsets of the stream (projection)
+    ``name`` record (read at a peer: how far it has read this location's replicas)."""
+    return rows(HighestRow, STREAM_HIGHEST_SQL, {"name": name, "prefix": f"{entity_type}|"})
