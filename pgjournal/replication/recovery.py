@@ -163,6 +163,10 @@ def plan_replica(state: ReplicaState, copies: Mapping[str, Sequence[_Copy]], rea
     own_before = state.version.version_at(replica)
     own = {k[1]: pool[k] for k in pool if k[0] == replica and k[1] > own_before}
     own_positions = sorted(own)
+    if own_positions and own_positions[0] <= state.seq_nr:
+        raise RecoveryFailed(f"the replica of {replica!r} holds other events at the sequence numbers of its own "
+                             f"events the peers hold ({own_positions[0]} <= {state.seq_nr}): it is not an earlier "
+                             "state of the replica the peers replicated")
     by_origin: dict[str, list[int]] = {}
     for origin, seq in sorted(k for k in pool if k[0] != replica):
         by_origin.setdefault(origin, []).append(seq)
@@ -182,6 +186,9 @@ def plan_replica(state: ReplicaState, copies: Mapping[str, Sequence[_Copy]], rea
         # Its causes are here: every entry of the vector it was written with, but its own.
         return all(v <= s.version.version_at(r) for r, v in pool[key].origin_version if r != origin)
 
+    # The candidates in the fullest copy's order (causal), those held already left out; the first ready one that
+    # fits is nearly always near the front.
+    order = [k for k in order if k[0] != replica and k[1] > state.seen.get(k[0], 0)]
     s = state
     for position in range(state.seq_nr + 1, goal + 1):
         if position in own:
@@ -203,6 +210,7 @@ def plan_replica(state: ReplicaState, copies: Mapping[str, Sequence[_Copy]], rea
                     else f"position {position}, which peer(s) {sorted(required)} have read already")
             raise RecoveryFailed(f"cannot rebuild the replica of {replica!r} at sequence number {position}: the "
                                  f"peers' copies do not hold {what}")
+        order.remove(key)
         copy = pool[key]
         received = arrival_rule(s, ReplicatedEventMetadata(key[0], key[1], copy.origin_version,
                                                            copy.metadata.concurrent), copy.origin_version)
