@@ -291,3 +291,40 @@ async def test_the_asyncio_face_recovers_and_refuses_writes_meanwhile(places: Lo
         assert (await repository.handle("c1", "accepted")).reply == "ok"
     assert own_rows(journals["eu"], "c1")[:len(lost)] == lost
     assert not recovering(journals["eu"], "eu")
+
+
+def test_positions_a_peer_has_read_are_filled_so_that_the_next_write_reaches_it(places: Locations) -> None:
+    # eu's last events before the loss were arrivals (us's), which us's stream from eu had read as eu's seq_nrs 2-4:
+    # the recovery fills those positions, so eu's next event is its seq_nr 5, which us's offsets have not counted.
+    journals = places.journals
+    eu, us = journals["eu"], journals["us"]
+    write_local(eu, ReplicationId(TYPE, "x", "eu"), "e1")
+    copy = places.backup("eu")
+    eu = journals["eu"]
+    for i in range(3):
+        write_local(us, ReplicationId(TYPE, "x", "us"), f"u{i}")
+    to_eu = Replicator(eu, "eu", us, "us", TYPE, settings=SETTINGS)
+    runner = to_eu.run_range()
+    try:
+        eventually(lambda: len(rows_of(eu, "Counter|x|eu")) == 4, "us's events at eu")
+    finally:
+        stopped([runner])
+    to_us = Replicator(us, "us", eu, "eu", TYPE, settings=SETTINGS)
+    runner = to_us.run_range()
+    try:
+        eventually(lambda: to_us.stats.appended == 1 and to_us.stats.own == 3, "us read eu's four events")
+    finally:
+        stopped([runner])
+    places.restore("eu", copy)
+    eu = journals["eu"]
+    assert len(rows_of(eu, "Counter|x|eu")) == 1
+    report = recover(eu, "eu", {"us": us}, [TYPE])
+    assert [(r.persistence_id, r.own, r.arrived, r.seq_nr) for r in report.replicas] == [("Counter|x|eu", 0, 3, 4)]
+    write_local(eu, ReplicationId(TYPE, "x", "eu"), "e5")
+    to_us = Replicator(us, "us", eu, "eu", TYPE, settings=SETTINGS)
+    runner = to_us.run_range()
+    try:
+        eventually(lambda: len(rows_of(us, "Counter|x|us")) == 5, "eu's write after its recovery at us")
+    finally:
+        stopped([runner])
+    assert check_replicas({"eu": eu, "us": us}, TYPE, ["x"], converged=True) == 5
