@@ -71,7 +71,7 @@ from pgjournal.model.replication import (
     split_metadata,
 )
 from pgjournal.query.by_pid import ByPersistenceId
-from pgjournal.runtime.steps import Call, Sleep, Step, arun, first_of, run, statement
+from pgjournal.runtime.steps import Call, Sleep, Step, arun, first_of, run
 from pgjournal.store import replication as sql
 
 if TYPE_CHECKING:
@@ -351,10 +351,8 @@ async def await_for_version(journal: AsyncJournal, replication_id: ReplicationId
 def writable_step(replica: str) -> Step[None]:
     """In a write's transaction, before it appends to a replica of ``replica``: raise
     :class:`~pgjournal.errors.LocationRecovering` while the location recovers from its peers (its marker row is in,
-    docs/replication.md section 8). The shared lock comes first, in its own statement, so the marker is read with a
-    snapshot taken after it: a recovery that marks the replica waits for every write holding the lock, and every
-    later write sees the marker."""
-    yield statement(sql.write_lock(replica))
+    docs/replication.md section 8). A recovery, once its marker is in, waits for every transaction in progress, so a
+    write that read no marker has ended before the recovery reads anything, and every later write sees it."""
     if (yield from first_of(sql.is_recovering(replica))):
         raise LocationRecovering(f"replica {replica!r} is recovering its events from its peers (restored from a "
                                  "backup): no write before the recovery ends ('pgjournal replication recover' "

@@ -4,9 +4,10 @@ A location restored from an old backup has lost the tail of its replicas: its ow
 its peers hold, and the events it had received from them. A new local write would take a sequence number that the
 lost events had, so an origin sequence number the peers have seen already: they would drop it as seen. So:
 
-1. the location is marked recovering (a row of ``replication_seen``, written once every write in progress has
-   ended): from then on the replicated repositories and the replicator's streams refuse to write here
-   (:class:`~pgjournal.errors.LocationRecovering`), and a crash leaves the mark;
+1. the location is marked recovering (a row of ``replication_seen``), and the recovery waits for every
+   transaction then in progress (a write that read no marker ends first): from then on the replicated
+   repositories and the replicator's streams refuse to write here (:class:`~pgjournal.errors.LocationRecovering`),
+   and a crash leaves the mark;
 2. each replica is rebuilt from the peers' copies: its own events at their own sequence numbers with their own
    vectors (the copies carry the origin's vector), and between them the events of other origins that vector says
    came before each, in a causal order, with the arrival rule; up to the latest own event any peer holds, and on
@@ -40,7 +41,7 @@ from pgjournal.model.replication import (
 )
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
-from pgjournal.runtime.steps import Call, Statement, Step, count_of, first_of, rows_of, statement
+from pgjournal.runtime.steps import Call, Sleep, Statement, Step, count_of, first_of, rows_of, statement
 from pgjournal.store import replication as sql
 from pgjournal.validation import check_name
 
@@ -286,7 +287,7 @@ def recover_step(local: JournalCore, replica: str, peers: Mapping[str, JournalCo
     types = [ReplicationId(check_name(t, "entity type"), "e", replica).type_name for t in entity_types]
     if not types:
         raise InvalidArgument("recovery needs the replicated entity types, got none")
-    yield Call(local.run, (count_of(sql.mark_recovering(replica)),))  # type: ignore[attr-defined]
+    yield Call(local.run, (mark_recovering_step(replica),))  # type: ignore[attr-defined]
     log.info("replica %r marked recovering: writes and arrivals refused until its recovery ends", replica)
     done: list[ReplicaRecovered] = []
     for entity_type in types:
@@ -316,6 +317,15 @@ def recover_step(local: JournalCore, replica: str, peers: Mapping[str, JournalCo
     return RecoveryReport(replica, tuple(done))
 
 
+def mark_recovering_step(replica: str, *, poll: float = 0.05) -> Step[None]:
+    """Mark ``replica`` recovering, then wait until every transaction that was in progress has ended: a write that
+    read no marker (in its transaction) has ended then, and every later one sees it."""
+    yield statement(sql.mark_recovering(replica))
+    ids = yield from first_of(sql.in_progress())
+    while ids and (yield from first_of(sql.still_in_progress(ids))):
+        yield Sleep(poll)
+
+
 def recover(local: Journal, replica: str, peers: Mapping[str, Journal], entity_types: Sequence[str]
             ) -> RecoveryReport:
     """Recover this location (``local``, replica id ``replica``) from its ``peers`` (replica id to journal, a
@@ -341,5 +351,5 @@ def recovering(journal: Journal, replica: str) -> bool:
     return journal.run(is_recovering_step(replica))
 
 
-__all__ = ["RecoveryReport", "ReplicaRecovered", "arecover", "is_recovering_step", "plan_replica", "recover",
-           "recovering", "writer_of_recovery"]
+__all__ = ["RecoveryReport", "ReplicaRecovered", "arecover", "is_recovering_step", "mark_recovering_step",
+           "plan_replica", "recover", "recovering", "writer_of_recovery"]

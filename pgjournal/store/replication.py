@@ -86,19 +86,23 @@ def recent(entity_type: str, writer: str, since: datetime) -> Read[int]:
 # -- Recovery from the peers (docs/replication.md, section 8) -----------------------------------------------------
 #: The persistence id of the row of ``replication_seen`` that marks a replica recovering (no persistence id is
 #: empty): ``('', replica, 0)``, written before a recovery starts and deleted when it ends, so a crash leaves it.
+#: A write reads it in its own transaction; the recovery, once it is in, waits for every transaction in progress,
+#: so that a write that read it before it was in has ended before the recovery reads anything.
 RECOVERING_PID = ""
-#: The first key of the lock between a replica's writers (shared, for their transaction) and the start of its
-#: recovery (exclusive): once the marker is in, every write that had not seen it has ended.
-WRITE_LOCK_CLASS = 0x72656377  # "recw"
-WRITE_LOCK_SQL = f"SELECT pg_advisory_xact_lock_shared({WRITE_LOCK_CLASS}, hashtext(%(replica)s))"
 IS_RECOVERING_SQL = f"""
 SELECT EXISTS (SELECT 1 FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s)"""
 MARK_RECOVERING_SQL = f"""
-WITH locked AS (SELECT pg_advisory_xact_lock({WRITE_LOCK_CLASS}, hashtext(%(replica)s)))
-INSERT INTO {SEEN_TABLE} (persistence_id, origin_replica, origin_seq_nr)
-SELECT %(marker)s, %(replica)s, 0 FROM locked ON CONFLICT (persistence_id, origin_replica) DO NOTHING"""
+INSERT INTO {SEEN_TABLE} (persistence_id, origin_replica, origin_seq_nr) VALUES (%(marker)s, %(replica)s, 0)
+ON CONFLICT (persistence_id, origin_replica) DO NOTHING"""
 UNMARK_RECOVERING_SQL = f"""
 DELETE FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s"""
+# Every transaction holds a lock on its own virtual transaction id until it ends (what CREATE INDEX CONCURRENTLY
+# waits on): the transactions in progress now, and which of them are still in progress.
+IN_PROGRESS_SQL = """
+SELECT coalesce(array_agg(virtualxid), '{}') FROM pg_locks
+WHERE locktype = 'virtualxid' AND granted AND pid <> pg_backend_pid()"""
+STILL_IN_PROGRESS_SQL = """
+SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY(%(ids)s::text[])"""
 SEEN_FROM_SQL = f"""
 SELECT persistence_id, origin_replica, origin_seq_nr FROM {SEEN_TABLE}
 WHERE origin_replica = %(origin)s AND starts_with(persistence_id, %(prefix)s)"""
@@ -133,20 +137,24 @@ class HighestRow:
     seq_nr: int
 
 
-def write_lock(replica: str) -> Query:
-    """A writer of ``replica``'s entities: the shared lock its transaction holds, before it reads the marker."""
-    return WRITE_LOCK_SQL, {"replica": replica}
-
-
 def is_recovering(replica: str) -> Read[bool]:
     """Whether ``replica`` is marked recovering."""
     return scalars(IS_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica})
 
 
 def mark_recovering(replica: str) -> Query:
-    """Mark ``replica`` recovering, once every write of it in progress has ended (one statement: its lock is
-    the exclusive one)."""
+    """Mark ``replica`` recovering (then wait for the transactions in progress: :func:`in_progress`)."""
     return MARK_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica}
+
+
+def in_progress() -> Read[list[str]]:
+    """The virtual transaction ids of every other transaction in progress on the server."""
+    return scalars(IN_PROGRESS_SQL)
+
+
+def still_in_progress(ids: Sequence[str]) -> Read[int]:
+    """How many of the transactions ``ids`` (:func:`in_progress`) have not ended."""
+    return scalars(STILL_IN_PROGRESS_SQL, {"ids": list(ids)})
 
 
 def unmark_recovering(replica: str) -> Query:

@@ -6,13 +6,13 @@ own vectors; then streams resume and every check of section 5 holds."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from support.database import waits_on_a_lock
 from support.eventually import eventually
 from support.replication import check_replicas, rows_of, write_local
 from support.settings import FAST
@@ -23,7 +23,7 @@ from pgjournal.errors import DatabaseUnavailable, InvalidArgument, LocationRecov
 from pgjournal.model.replication import ReplicationId
 from pgjournal.projections import ProjectionSettings
 from pgjournal.replication import Replicator
-from pgjournal.replication.recovery import arecover, recover, recovering
+from pgjournal.replication.recovery import arecover, mark_recovering_step, recover, recovering
 from pgjournal.store import replication as sql
 
 pytestmark = pytest.mark.postgres_only("databases copied as templates, the replicator's advisory locks")
@@ -229,30 +229,25 @@ def test_a_location_restored_from_an_old_backup_recovers_its_events_from_its_pee
     assert check_replicas(journals, TYPE, ENTITIES, converged=True) == total
 
 
-def test_a_write_in_progress_ends_before_the_mark_and_every_later_write_sees_it(places: Locations) -> None:
+def test_the_recovery_starts_once_a_write_in_progress_has_ended_and_every_later_write_sees_the_mark(
+        places: Locations) -> None:
     eu = places.journals["eu"]
     repository = ReplicatedRepository(eu, Counter, replica="eu")
     repository.handle("w", "first")
     marked = threading.Event()
-    # A write of eu in progress: its transaction holds the shared lock, its marker check passed.
+    # A write of eu in progress: its transaction has read no marker and not committed yet.
     with eu.connection() as conn, conn.transaction():
-        conn.execute(*sql.write_lock("eu"))
         check = sql.is_recovering("eu")
         assert conn.execute(check.sql, check.params).fetchone() == (False,)
-
-        def mark() -> None:
-            with eu.connection() as other:
-                other.execute(*sql.mark_recovering("eu"))
-            marked.set()
-
-        marking = threading.Thread(target=mark)
+        marking = threading.Thread(target=lambda: (eu.run(mark_recovering_step("eu", poll=0.01)), marked.set()))
         marking.start()
-        eventually(lambda: waits_on_a_lock(places.dsns["eu"]), "the mark waits for the write in progress")
-        assert not marked.is_set()
+        eventually(lambda: recovering(eu, "eu"), "the marker is in")
+        with pytest.raises(LocationRecovering):  # a later write sees it...
+            repository.handle("w", "refused")
+        time.sleep(0.2)
+        assert not marked.is_set()  # ...and the recovery waits for the one in progress
+    eventually(marked.is_set, "the recovery goes on once the write in progress has ended")
     marking.join(15)
-    assert marked.is_set()
-    with pytest.raises(LocationRecovering):
-        repository.handle("w", "second")
     assert eu.highest_seq_nr("Counter|w|eu") == 1
 
 
@@ -280,8 +275,7 @@ async def test_the_asyncio_face_recovers_and_refuses_writes_meanwhile(places: Lo
     places.restore("eu", copy)
     async with AsyncJournal.open(places.dsns["eu"], **FAST) as eu, \
             AsyncJournal.open(places.dsns["us"], **FAST) as us, AsyncJournal.open(places.dsns["ap"], **FAST) as ap:
-        with journals["eu"].connection() as conn:
-            conn.execute(*sql.mark_recovering("eu"))  # as a recovery that stopped leaves it
+        journals["eu"].run(mark_recovering_step("eu"))  # as a recovery that stopped leaves it
         repository = AsyncReplicatedRepository(eu, Counter, replica="eu")
         with pytest.raises(LocationRecovering):
             await repository.handle("c1", "refused")
