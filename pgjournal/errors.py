@@ -275,3 +275,19 @@ class NotSeenInTime(JournalError, TimeoutError):
         self.seen = seen
         self.timeout = timeout
         super().__init__(message)
+
+
+class LocationRecovering(JournalError):
+    """This location is recovering its replicas from its peers (``pgjournal replication recover``, after a restore
+    from an old backup): until that ends, a replicated entity's write here is refused, nothing written, because its
+    sequence numbers may be ones the peers already hold from before the loss. ``replica`` is the location's replica
+    id; run the recovery again to finish one that stopped."""
+
+    def __init__(self, message: str, *, replica: str) -> None:
+        self.replica = replica
+        super().__init__(message)
+
+
+class RecoveryFailed(JournalError):
+    """A location's recovery from its peers could not rebuild a replica (the peers' copies are not enough, or the
+    replica moved while it ran). Nothing of that replica's part was written; the location stays recovering."""

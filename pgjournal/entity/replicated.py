@@ -50,6 +50,7 @@ from pgjournal.errors import (
     ConcurrencyConflict,
     ConfigurationError,
     InvalidArgument,
+    LocationRecovering,
     NotSeenInTime,
     SerializationError,
     WriteOutcomeUnknown,
@@ -70,7 +71,8 @@ from pgjournal.model.replication import (
     split_metadata,
 )
 from pgjournal.query.by_pid import ByPersistenceId
-from pgjournal.runtime.steps import Call, Sleep, Step
+from pgjournal.runtime.steps import Call, Sleep, Step, arun, first_of, run
+from pgjournal.store import replication as sql
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
@@ -346,6 +348,17 @@ async def await_for_version(journal: AsyncJournal, replication_id: ReplicationId
     return await journal.run(wait_for_version_step(journal, replication_id, version, timeout))
 
 
+def writable_step(replica: str) -> Step[None]:
+    """In a write's transaction, before it appends to a replica of ``replica``: raise
+    :class:`~pgjournal.errors.LocationRecovering` while the location recovers from its peers (its marker row is in,
+    docs/replication.md section 8). A recovery, once its marker is in, waits for every transaction in progress, so a
+    write that read no marker has ended before the recovery reads anything, and every later write sees it."""
+    if (yield from first_of(sql.is_recovering(replica))):
+        raise LocationRecovering(f"replica {replica!r} is recovering its events from its peers (restored from a "
+                                 "backup): no write before the recovery ends ('pgjournal replication recover' "
+                                 "finishes one that stopped)", replica=replica)
+
+
 class ReplicatedRules(RepositoryRules[Replicated[S]]):
     """What both faces' replicated repositories share over :class:`RepositoryRules`: the replica's persistence
     ids, recovery from the events' metadata, and each event appended with its own metadata.
@@ -461,11 +474,11 @@ class ReplicatedRepository(ReplicatedRules[S], EntityRepository[Replicated[S]]):
 
     def _append_each(self, pid: str, events: tuple[Any, ...], metadata: tuple[ReplicatedEventMetadata, ...],
                      expected: int) -> Any:
-        # One event per append, each with its own metadata, in one transaction: all or nothing, as one append.
-        if len(events) == 1:
-            return self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags, metadata=metadata[0])
+        # One event per append, each with its own metadata, in one transaction (all or nothing, as one append)
+        # that first checks the location is not recovering.
         try:
             with self.journal.transaction() as tx:
+                run(writable_step(self.replica), tx.connection)
                 for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
                     tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
         except psycopg.OperationalError as exc:
@@ -480,11 +493,9 @@ class AsyncReplicatedRepository(ReplicatedRules[S], AsyncEntityRepository[Replic
 
     async def _append_each(self, pid: str, events: tuple[Any, ...],
                            metadata: tuple[ReplicatedEventMetadata, ...], expected: int) -> Any:
-        if len(events) == 1:
-            return await self.journal.append(pid, events, expected_seq_nr=expected, tags=self._tags,
-                                             metadata=metadata[0])
         try:
             async with self.journal.transaction() as tx:
+                await arun(writable_step(self.replica), tx.connection)
                 for offset, (event, meta) in enumerate(zip(events, metadata, strict=True)):
                     await tx.append(pid, [event], expected_seq_nr=expected + offset, tags=self._tags, metadata=meta)
         except psycopg.OperationalError as exc:
@@ -507,4 +518,5 @@ __all__ = [
     "replica_version_step",
     "wait_for_version",
     "wait_for_version_step",
+    "writable_step",
 ]

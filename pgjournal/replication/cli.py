@@ -87,3 +87,26 @@ def status_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption
     console.print(table)
     if unavailable:
         raise typer.Exit(2)
+
+
+@replication_app.command("recover")
+def recover_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, dsn: DsnOption = None) -> None:
+    """After a restore from an old backup: mark this location recovering (its writes and arrivals refused), rebuild
+    each replica from the peers' copies (its own events with their sequence numbers and vectors, and the others'
+    before them), then remove the mark. Every peer must answer; run it again after a failure. Stop this location's
+    writers and streams first, start them after."""
+    from pgjournal.journal import Journal
+
+    from .recovery import recover
+
+    peers = peers_of(peer, replica)
+    with reported(), open_journal(dsn) as local, contextlib.ExitStack() as opened:
+        sources = {p.replica: opened.enter_context(Journal.open(p.dsn, notify=False)) for p in peers}
+        report = recover(local, replica, sources, entity_type)
+    table = Table("replica", "own events", "others' events", "seq_nr", "from")
+    for r in report.replicas:
+        table.add_row(shown(r.persistence_id), str(r.own), str(r.arrived), str(r.seq_nr),
+                      shown(", ".join(r.peers)))
+    console.print(table)
+    console.print(f"{shown(replica)} recovered: {len(report.replicas)} replica(s), {report.events} event(s) "
+                  "written; its writers and streams may start", highlight=False)

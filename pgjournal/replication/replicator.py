@@ -36,6 +36,7 @@ import psycopg.errors
 
 from pgjournal.aio import AsyncJournal
 from pgjournal.codec import replicated as wire
+from pgjournal.entity.replicated import writable_step
 from pgjournal.errors import ConfigurationError, InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
@@ -260,6 +261,7 @@ class Replicator:
         arrivals = self.arrivals(envelopes)
         if not arrivals:
             return
+        yield from writable_step(self.local_replica)  # nothing arrives in a location that recovers (section 8)
         yield statement(sql.lock(list(arrivals)))
         seen: dict[str, dict[str, int]] = {}
         for row in (yield from rows_of(sql.seen(list(arrivals)))):

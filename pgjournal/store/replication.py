@@ -138,3 +138,98 @@ def last_event(table: str, pid: str, slice_: int) -> Read[LastEvent]:
 def recent(entity_type: str, writer: str, since: datetime) -> Read[int]:
     """How many events of ``entity_type`` ``writer`` appended after ``since`` (a replicator's rate)."""
     return scalars(RECENT_SQL, {"entity_type": entity_type, "writer": writer, "since": since})
+
+
+# -- Recovery from the peers (docs/replication.md, section 8) -----------------------------------------------------
+#: The persistence id of the row of ``replication_seen`` that marks a replica recovering (no persistence id is
+#: empty): ``('', replica, 0)``, written before a recovery starts and deleted when it ends, so a crash leaves it.
+#: A write reads it in its own transaction; the recovery, once it is in, waits for every transaction in progress,
+#: so that a write that read it before it was in has ended before the recovery reads anything.
+RECOVERING_PID = ""
+IS_RECOVERING_SQL = f"""
+SELECT EXISTS (SELECT 1 FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s)"""
+MARK_RECOVERING_SQL = f"""
+INSERT INTO {SEEN_TABLE} (persistence_id, origin_replica, origin_seq_nr) VALUES (%(marker)s, %(replica)s, 0)
+ON CONFLICT (persistence_id, origin_replica) DO NOTHING"""
+UNMARK_RECOVERING_SQL = f"""
+DELETE FROM {SEEN_TABLE} WHERE persistence_id = %(marker)s AND origin_replica = %(replica)s"""
+# Every transaction holds a lock on its own virtual transaction id until it ends (what CREATE INDEX CONCURRENTLY
+# waits on): the transactions in progress now, and which of them are still in progress.
+IN_PROGRESS_SQL = """
+SELECT coalesce(array_agg(virtualxid), '{}') FROM pg_locks
+WHERE locktype = 'virtualxid' AND granted AND pid <> pg_backend_pid()"""
+STILL_IN_PROGRESS_SQL = """
+SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY(%(ids)s::text[])"""
+SEEN_FROM_SQL = f"""
+SELECT persistence_id, origin_replica, origin_seq_nr FROM {SEEN_TABLE}
+WHERE origin_replica = %(origin)s AND starts_with(persistence_id, %(prefix)s)"""
+REPLICA_ROWS_SQL = """
+SELECT seq_nr, event_ser_id, event_ser_manifest, event_payload, meta_ser_id, meta_ser_manifest, meta_payload, tags
+FROM {table} WHERE persistence_id = %(pid)s AND slice = %(slice)s AND seq_nr > %(after)s AND NOT deleted
+ORDER BY seq_nr LIMIT %(limit)s"""
+STREAM_HIGHEST_SQL = f"""
+SELECT persistence_id, max(seq_nr) AS seq_nr FROM {tables.PROJECTION_TIMESTAMP_OFFSET_STORE}
+WHERE projection_name = %(name)s AND starts_with(persistence_id, %(prefix)s) GROUP BY persistence_id"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRow:
+    """:func:`replica_rows`: one event of a replica as stored, payload and metadata undecoded."""
+
+    seq_nr: int
+    ser_id: int
+    manifest: str
+    payload: bytes
+    meta_ser_id: int | None
+    meta_ser_manifest: str | None
+    meta_payload: bytes | None
+    tags: list[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class HighestRow:
+    """:func:`stream_highest`: the highest sequence number a stream's offsets record for a persistence id."""
+
+    persistence_id: str
+    seq_nr: int
+
+
+def is_recovering(replica: str) -> Read[bool]:
+    """Whether ``replica`` is marked recovering."""
+    return scalars(IS_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica})
+
+
+def mark_recovering(replica: str) -> Query:
+    """Mark ``replica`` recovering (then wait for the transactions in progress: :func:`in_progress`)."""
+    return MARK_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica}
+
+
+def in_progress() -> Read[list[str]]:
+    """The virtual transaction ids of every other transaction in progress on the server."""
+    return scalars(IN_PROGRESS_SQL)
+
+
+def still_in_progress(ids: Sequence[str]) -> Read[int]:
+    """How many of the transactions ``ids`` (:func:`in_progress`) have not ended."""
+    return scalars(STILL_IN_PROGRESS_SQL, {"ids": list(ids)})
+
+
+def unmark_recovering(replica: str) -> Query:
+    return UNMARK_RECOVERING_SQL, {"marker": RECOVERING_PID, "replica": replica}
+
+
+def seen_from(origin: str, entity_type: str) -> Read[SeenRow]:
+    """The seen rows of every replica of ``entity_type`` here for events of ``origin`` (read at a peer)."""
+    return rows(SeenRow, SEEN_FROM_SQL, {"origin": origin, "prefix": f"{entity_type}|"})
+
+
+def replica_rows(table: str, pid: str, slice_: int, after: int, limit: int) -> Read[ReplicaRow]:
+    """A page of ``pid``'s events after ``after`` in ``table`` (its slice's), as stored."""
+    return rows(ReplicaRow, REPLICA_ROWS_SQL.format(table=table),
+                {"pid": pid, "slice": slice_, "after": after, "limit": limit})
+
+
+def stream_highest(name: str, entity_type: str) -> Read[HighestRow]:
+    """Per persistence id of ``entity_type``, the highest sequence number the offsets of the stream (projection)
+    ``name`` record (read at a peer: how far it has read this location's replicas)."""
+    return rows(HighestRow, STREAM_HIGHEST_SQL, {"name": name, "prefix": f"{entity_type}|"})

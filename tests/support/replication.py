@@ -98,13 +98,17 @@ def check_replicas(journals: Mapping[str, Journal], entity_type: str, entity_ids
             for row, key in zip(log, keys, strict=True):
                 assert row.meta.version.compare(previous) is Ordering.AFTER, f"{pid} {row.seq_nr}: vector not after"
                 if key[0] != replica:
-                    # Recompute the arrival from the copy the stream read (its writer names the peer).
-                    peer = row.writer.removeprefix("replication:")
-                    assert row.writer == writer_of(peer), row.writer
-                    arrived = next(r.meta.version for r in logs[peer]
-                                   if (r.meta.origin_replica, r.meta.origin_sequence_nr) == key)
-                    # The flag is decided against the origin's vector (carried by relays), the relay's added.
+                    # Recompute the arrival from the copy the stream read (its writer names the peer); recovery
+                    # from the peers writes an arrival with the origin's vector alone.
                     at_origin = origin[key]
+                    if row.writer.startswith("recovery:"):
+                        arrived = at_origin
+                    else:
+                        peer = row.writer.removeprefix("replication:")
+                        assert row.writer == writer_of(peer), row.writer
+                        arrived = next(r.meta.version for r in logs[peer]
+                                       if (r.meta.origin_replica, r.meta.origin_sequence_nr) == key)
+                    # The flag is decided against the origin's vector (carried by relays), the relay's added.
                     assert row.meta.version == at_origin.merge(previous).merge(arrived), f"{pid} {row.seq_nr}: vector"
                     assert row.meta.concurrent == at_origin.concurrent_with(previous), f"{pid} {row.seq_nr}: flag"
                     assert row.origin_version == at_origin, f"{pid} {row.seq_nr}: origin vector not carried"
