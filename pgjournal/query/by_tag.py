@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from pgjournal.buckets import BucketSize, parse_first_time_bucket
 from pgjournal.errors import InvalidArgument, MissingTaggedEventsError, SerializationError
 from pgjournal.model.envelope import Source
@@ -66,27 +68,25 @@ _MIN_LSB = -(2**63)
 _MAX_LSB = 2**63 - 1
 
 
-class TagEnvelope:
+class TagEnvelope(msgspec.Struct, weakref=False):
     """An event read by tag. ``offset`` is where the stream stands after it (see the module docstring);
     ``timestamp`` is the event's own TimeUUID and ``db_timestamp`` its time (the writer's clock). Both are made
-    when asked: a catch-up keeps only their integers (``pos`` ``None``: the stream stood at the event itself)."""
+    when asked: a catch-up keeps only their integers (``pos`` ``None``: the stream stood at the event itself).
 
-    __slots__ = ("_lsb", "_pos", "_ticks", "event", "metadata", "persistence_id", "seq_nr", "source", "tag",
-                 "tag_pid_sequence_nr", "writer_uuid")
+    A :class:`msgspec.Struct`: a reader makes one per event, and its ``__init__`` (in C) stores the fields for
+    less than a Python ``__init__`` does; equal when tag, persistence id, tag sequence number and TimeUUID are."""
 
-    def __init__(self, tag: str, persistence_id: str, seq_nr: int, tag_pid_sequence_nr: int, ticks: int, lsb: int,
-                 pos: tuple[int, int] | None, event: Any, metadata: Any, writer_uuid: str, source: Source) -> None:
-        self.tag = tag
-        self.persistence_id = persistence_id
-        self.seq_nr = seq_nr
-        self.tag_pid_sequence_nr = tag_pid_sequence_nr
-        self._ticks = ticks
-        self._lsb = lsb
-        self._pos = pos
-        self.event = event
-        self.metadata = metadata
-        self.writer_uuid = writer_uuid
-        self.source = source
+    tag: str
+    persistence_id: str
+    seq_nr: int
+    tag_pid_sequence_nr: int
+    _ticks: int
+    _lsb: int
+    _pos: tuple[int, int] | None
+    event: Any
+    metadata: Any
+    writer_uuid: str
+    source: Source
 
     @property
     def timestamp(self) -> uuid.UUID:
