@@ -112,8 +112,7 @@ class AsyncQuery:
 
     async def _tag_stream(self, tag: str, offset: Offset, *, live: bool) -> TagStream:
         size = await self._run(check_bucket_size_step(self._journal.settings.tag_bucket_size))
-        return TagStream(self._journal, tag, offset, live=live, serializers=self._serializers,  # type: ignore[arg-type]
-                         size=size)
+        return TagStream(self._journal, tag, offset, live=live, serializers=self._serializers, size=size)
 
     async def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncIterator[TagEnvelope]:
         """This journal's own tagged appends are written first, as on the blocking face."""

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from pgjournal.buckets import BucketSize, parse_first_time_bucket
+from pgjournal.core.journal_core import BlockingCore, JournalCore
 from pgjournal.errors import InvalidArgument, MissingTaggedEventsError, SerializationError
 from pgjournal.model.envelope import Source
 from pgjournal.model.offsets import NoOffset, Offset, TimeBasedUUID
@@ -56,7 +57,6 @@ from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
-    from pgjournal.core.journal_core import BlockingCore
 
 MAX_MISSING = 5000
 #: Rows per chunk when a page streams in (> 1; chunked results need libpq 17), else whole pages. Whole pages are
@@ -149,20 +149,30 @@ def _none_delivered(_pid: str, _tag_seq: int) -> int:
     return 0
 
 
+def _blocking(journal: JournalCore) -> BlockingCore:
+    if not isinstance(journal, BlockingCore):
+        raise InvalidArgument(f"a TagStream of {type(journal).__name__} runs its steps on that face's driver (a "
+                              "blocking journal's pool is what poll() and a bucket size looked up use)")
+    return journal
+
+
 class TagStream:
     """The state of one events_by_tag query. Its polls are steps (:mod:`pgjournal.runtime.steps`): ``poll_step`` for a
     live query, ``current_steps`` for a current one; ``poll()`` runs one on the journal's pool."""
 
-    def __init__(self, journal: BlockingCore, tag: str, offset: Offset, *, live: bool,
+    def __init__(self, journal: JournalCore, tag: str, offset: Offset, *, live: bool,
                  serializers: SerializerRegistry | None = None, size: BucketSize | None = None) -> None:
-        """``size``: the tag view's bucket size, checked against the database (the asyncio face checks it with
-        :func:`pgjournal.buckets.check_bucket_size_step`); ``None``: looked up on the journal's pool."""
+        """``journal``: of either face. ``size``: the tag view's bucket size, checked against the database (the
+        asyncio face checks it with :func:`pgjournal.buckets.check_bucket_size_step`); ``None``: looked up on the
+        pool of a blocking journal."""
         self._journal = journal
         self._serializers = serializers if serializers is not None else journal.serializers
         self._tracker = journal.horizon_tracker()
         self._tag = check_name(tag, "tag")
         settings = journal.settings
-        self._size: BucketSize = size if size is not None else bucket_size(journal, record=False)
+        if size is None:
+            size = bucket_size(_blocking(journal), record=False)
+        self._size: BucketSize = size
         self._delay = settings.tag_eventual_consistency_delay
         self._gap_timeout = settings.tag_gap_timeout
         self._scan_timeout = settings.tag_new_persistence_id_scan_timeout
@@ -360,7 +370,7 @@ class TagStream:
 
     def poll(self, notified: bool = False) -> tuple[Made[Any, TagEnvelope], int]:
         """:meth:`poll_step` on a connection of the journal's pool."""
-        return run_pooled(self.poll_step(notified), self._journal.connection)
+        return run_pooled(self.poll_step(notified), _blocking(self._journal).connection)
 
     def poll_step(self, notified: bool = False) -> Step[tuple[Made[Any, TagEnvelope], int]]:
         """The next envelopes (made as they are taken, see :meth:`maker`) and the number of rows read; on an
