@@ -60,6 +60,8 @@ def _starts_a_message(text: str) -> bool:
     """``text`` is a message that opens with a connection string libpq reads, then ``:`` and what it says
     (``postgresql://h/db?password=x: connection refused``): masked as a message, so what follows the DSN stays."""
     first, _, rest = text.partition(" ")
+    if "://" in first and "@" not in first and "@" in rest.split("/")[0]:
+        return False  # a URL whose password holds a space: ``postgresql://user: p w@host/db``
     return first.endswith(":") and bool(rest.strip()) and _parsed(first[:-1]) is not None
 
 
