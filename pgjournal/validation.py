@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pgjournal.errors import InvalidArgument, InvalidPersistenceId, JournalError
+from pgjournal.errors import ConfigurationError, InvalidArgument, InvalidPersistenceId, JournalError
 
 MAX_NAME_LENGTH = 255
 
@@ -117,3 +118,19 @@ def check_positive(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
     return value
+
+
+def load_attribute(spec: str, what: str, shape: str = "package.module:attribute") -> Callable[..., Any]:
+    """The callable ``module:attribute`` names (a handler factory, a replication filter), imported now; a
+    :class:`~pgjournal.errors.ConfigurationError` naming ``what`` and ``spec`` when it cannot be."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"{what} must look like {shape}, got {spec!r}")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot load {what} {spec!r}: {exc}") from None
+    if not callable(found):
+        raise ConfigurationError(f"{what} {spec!r} is not callable")
+    loaded: Callable[..., Any] = found
+    return loaded

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import multiprocessing
 import signal
@@ -31,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgjournal.errors import (
-    ConfigurationError,
     InvalidArgument,
     JournalError,
     ProjectionFailed,
@@ -40,6 +38,7 @@ from pgjournal.errors import (
 from pgjournal.model.printable import printable_logger
 from pgjournal.shards import ShardedJournal, ShardSettings
 from pgjournal.shards.routing import Unsettled
+from pgjournal.validation import load_attribute
 
 from .handlers import Projection
 from .leases import LeaseManager, default_owner
@@ -58,16 +57,7 @@ RunnerFactory = Callable[["Journal", Projection, int, int, LeaseManager], RangeR
 
 def load_factory(spec: str) -> Factory:
     """``module:attribute`` to the callable it names."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"handler factory must look like package.module:function, got {spec!r}")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load handler factory {spec!r}: {exc}") from None
-    if not callable(factory):
-        raise ConfigurationError(f"handler factory {spec!r} is not callable")
-    loaded: Callable[[Journal, str, str], Projection] = factory
+    loaded: Factory = load_attribute(spec, "handler factory", "package.module:function")
     return loaded
 
 

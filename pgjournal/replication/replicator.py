@@ -26,7 +26,6 @@ event is dropped when its origin sequence number is at most the highest held, no
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,7 @@ import psycopg.errors
 from pgjournal.aio import AsyncJournal
 from pgjournal.codec import replicated as wire
 from pgjournal.entity.replicated import writable_step
-from pgjournal.errors import ConfigurationError, InvalidArgument, InvalidPersistenceId
+from pgjournal.errors import InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
     ReplicaState,
@@ -52,7 +51,7 @@ from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections.handlers import ProjectionSettings
 from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, run, statement
 from pgjournal.store import replication as sql
-from pgjournal.validation import check_name
+from pgjournal.validation import check_name, load_attribute
 
 from .processor import EventProcessor, Stored, append_events_step
 
@@ -135,18 +134,8 @@ def location_private(tag: str = PRIVATE_TAG) -> ReplicationFilter:
 def load_filter(spec: str) -> ReplicationFilter:
     """``module:attribute`` to the filter it names: a :data:`ReplicationFilter`, or a function without arguments
     that returns one (as :func:`location_private`)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"a replication filter must look like package.module:attribute, got {spec!r}")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot load the replication filter {spec!r}: {exc}") from None
-    if found is location_private:
-        found = location_private()
-    if not callable(found):
-        raise ConfigurationError(f"the replication filter {spec!r} is not callable")
-    loaded: ReplicationFilter = found
+    found = load_attribute(spec, "the replication filter")
+    loaded: ReplicationFilter = location_private() if found is location_private else found
     return loaded
 
 
