@@ -20,6 +20,7 @@ with the load average at the start and at the end of the scenario.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -32,6 +33,7 @@ import psycopg
 import psycopg.sql
 
 from pgjournal import Journal
+from pgjournal.aio import AsyncJournal
 from pgjournal.buckets import BucketSize
 from pgjournal.codec.akka_formats import read_json
 from pgjournal.model.envelope import Source
@@ -482,6 +484,37 @@ def catchup_live(_ctx: Context, state: dict[str, Any]) -> float:
     return count / (time.perf_counter() - start)
 
 
+def catchup_async(ctx: Context, state: dict[str, Any]) -> float:
+    """``current_events_by_tag`` on the asyncio face (its own journal, opened and closed outside the timing)."""
+    return asyncio.run(_async_catchup(ctx.dsn, state, live=False))
+
+
+def catchup_async_live(ctx: Context, state: dict[str, Any]) -> float:
+    """The live catch-up of :func:`catchup_live` on the asyncio face."""
+    return asyncio.run(_async_catchup(ctx.dsn, state, live=True))
+
+
+async def _async_catchup(dsn: str, state: dict[str, Any], *, live: bool) -> float:
+    total = state["total"]
+    async with await AsyncJournal.open(dsn, tag_bucket_size="Hour", tag_eventual_consistency_delay=0.1) as journal:
+        count = 0
+        start = time.perf_counter()
+        if live:
+            async with await journal.query.events_by_tag(CATCHUP_TAG, state["old_offset"]) as stream:
+                async for env in stream:
+                    count += 1
+                    _ = env.event
+                    if count == total:
+                        break
+        else:
+            async for env in journal.query.current_events_by_tag(CATCHUP_TAG):
+                count += 1
+                _ = env.event
+        elapsed = time.perf_counter() - start
+    assert count == total, f"read {count} of {total} events"
+    return count / elapsed
+
+
 _KEYSET = ("SELECT ts_time, ts_lsb, persistence_id, tag_pid_sequence_nr, sequence_nr, ser_id, ser_manifest, event "
            "FROM tag_views WHERE tag_name = %s AND (timebucket, ts_time, ts_lsb) > (%s, %s, %s) "
            "ORDER BY timebucket, ts_time, ts_lsb LIMIT 1000")
@@ -574,7 +607,8 @@ SCENARIOS = [
         description="current_events_by_tag over 1,000,000 tagged events (quick: 50,000), decoded; a live "
                     "events_by_tag catching up from an older offset",
         setup=_catchup_setup, teardown=_catchup_teardown,
-        contenders={"ours": catchup_ours, "ours_live": catchup_live, "raw_select": catchup_raw_select,
+        contenders={"ours": catchup_ours, "ours_live": catchup_live, "ours_async": catchup_async,
+                    "ours_async_live": catchup_async_live, "raw_select": catchup_raw_select,
                     "decoded_select": catchup_decoded_select},
     ),
 ]

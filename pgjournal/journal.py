@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -162,11 +162,14 @@ class Journal(BlockingCore):
 
     run_on_primary = run
 
-    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
-                   ) -> LiveQuery[T]:
+    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
+                   ahead: Callable[[bool], Step[tuple[Iterable[T], int]]] | None = None) -> LiveQuery[T]:
         """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on. ``settle``:
-        how long after a signal the new rows may still be hidden from ``poll`` (its margin behind the clock)."""
-        return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None)
+        how long after a signal the new rows may still be hidden from ``poll`` (its margin behind the clock).
+        ``ahead``: ``poll`` as a step, for a query whose next poll may run while this one's items are handed out
+        (read ahead in a catch-up when the pool has a second connection)."""
+        return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None,
+                         (ahead, self.connection) if ahead is not None and self.settings.pool_max_size > 1 else None)
 
     def migrate(self) -> None:
         """:meth:`~pgjournal.faces.JournalFace.migrate`."""

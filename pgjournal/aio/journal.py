@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Generator, Iterable
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -163,10 +163,13 @@ class AsyncJournal(JournalCore):
     run_on_primary = run
 
     def live_query(self, poll: AsyncPoll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
-                   first: Iterable[T] = ()) -> AsyncLiveQuery[T]:
-        """Wrap ``poll`` in the asyncio live loop, woken by writers' signals where they are on."""
+                   first: Iterable[T] = (), ahead: Callable[[bool], Step[tuple[Iterable[T], int]]] | None = None
+                   ) -> AsyncLiveQuery[T]:
+        """Wrap ``poll`` in the asyncio live loop, woken by writers' signals where they are on. ``ahead``: ``poll``
+        as a step, for a query whose next poll may run while this one's items are handed out (read ahead in a
+        catch-up: ``poll`` started as a task)."""
         return AsyncLiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals
-                              else None, first)
+                              else None, first, ahead=ahead is not None)
 
     async def migrate(self) -> None:
         """:meth:`~pgjournal.faces.AsyncJournalFace.migrate`."""

@@ -25,9 +25,14 @@ class AsyncLiveQuery(LoopState[T]):
     from the event loop it runs on."""
 
     def __init__(self, poll: AsyncPoll[T], schedule: Schedule,
-                 subscribe: Callable[[Any], Callable[[], None]] | None = None, first: Iterable[T] = ()) -> None:
+                 subscribe: Callable[[Any], Callable[[], None]] | None = None, first: Iterable[T] = (),
+                 *, ahead: bool = False) -> None:
+        """``ahead``: a poll that the schedule runs at once (a catch-up) starts as a task before the last one's
+        items are handed out (for a query whose state is the stream's, not the items')."""
         super().__init__(schedule, asyncio.Event(), subscribe, first)
         self._poll = poll
+        self._ahead = ahead
+        self._next: tuple[asyncio.Future[tuple[Iterable[T], int]], bool] | None = None
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self
@@ -37,20 +42,34 @@ class AsyncLiveQuery(LoopState[T]):
         while True:
             for item in self._page:  # an item that fails to be made raises here (and stays)
                 return item
-            if schedule.delay and not self._closed:
+            if self._next is None and schedule.delay and not self._closed:
                 with contextlib.suppress(TimeoutError):  # only this wait's own timeout, not the caller's
                     async with asyncio.timeout(schedule.delay):
                         await self._wakeup.wait()
             if self._closed:
                 raise StopAsyncIteration
-            signalled = self._signalled()
             try:
-                items, rows = await self._poll(schedule.notified(signalled))
+                if self._next is not None:
+                    (started, signalled), self._next = self._next, None
+                    items, rows = await started
+                else:
+                    signalled = self._signalled()
+                    items, rows = await self._poll(schedule.notified(signalled))
             except Exception as exc:
                 if self._ends(exc):
                     raise StopAsyncIteration from None
                 continue
             self._polled(items, rows, signalled)
+            if self._ahead and self._reads_ahead():
+                signalled = self._signalled()
+                self._next = asyncio.ensure_future(self._poll(schedule.notified(signalled))), signalled
+                await asyncio.sleep(0)  # the task runs up to its first wait: its statement is sent
+
+    def close(self) -> None:
+        super().close()
+        if self._next is not None:
+            self._next[0].cancel()  # a poll leaves the stream as it was when it does not finish
+            self._next = None
 
     async def aclose(self) -> None:
         self.close()

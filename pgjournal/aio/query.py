@@ -4,7 +4,7 @@ by-tag stream, the by-persistence-id reads, the gate, the horizon and the live l
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -114,14 +114,15 @@ class AsyncQuery:
         size = await self._run(check_bucket_size_step(self._journal.settings.tag_bucket_size))
         return TagStream(self._journal, tag, offset, live=live, serializers=self._serializers, size=size)
 
-    async def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncIterator[TagEnvelope]:
+    def current_events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncIterator[TagEnvelope]:
         """This journal's own tagged appends are written first, as on the blocking face."""
+        return adrive_ahead(self._current_tag_steps(tag, offset), self._journal.connection)
+
+    async def _current_tag_steps(self, tag: str, offset: Offset) -> Iterator[Step[Iterator[TagEnvelope]]]:
         if self._journal.tag_writer is not None:
             with flushed_before_reading():
                 await self._journal.tag_writer.flush()
-        stream = await self._tag_stream(tag, offset, live=False)
-        async for item in adrive_ahead(stream.current_steps(), self._journal.connection):
-            yield item
+        return (await self._tag_stream(tag, offset, live=False)).current_steps()
 
     async def events_by_tag(self, tag: str, offset: Offset = NoOffset) -> AsyncLiveQuery[TagEnvelope]:
         """The tag view's bucket size is checked when the query is made (hence ``await``)."""
@@ -130,7 +131,7 @@ class AsyncQuery:
         async def poll(notified: bool) -> tuple[Made[Any, TagEnvelope], int]:
             return await self._run(stream.poll_step(notified))
 
-        return self._journal.live_query(poll, entity_types=None)
+        return self._journal.live_query(poll, entity_types=None, ahead=stream.poll_step)
 
 
 class AsyncBySlices(SliceQueries["AsyncJournal"]):

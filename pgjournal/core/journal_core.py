@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -154,8 +154,8 @@ class BlockingCore(JournalCore):
         """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool."""
         raise NotImplementedError
 
-    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0
-                   ) -> LiveQuery[T]:
+    def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
+                   ahead: Callable[[bool], Step[tuple[Iterable[T], int]]] | None = None) -> LiveQuery[T]:
         """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on."""
         raise NotImplementedError
 

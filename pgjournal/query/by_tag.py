@@ -49,7 +49,7 @@ from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
 from pgjournal.model.timeuuid import EPOCH, UUID_EPOCH_OFFSET, from_key, ms_of_ticks, ticks_of_ms
 from pgjournal.query.gate import DUPLICATE, NEXT, Gate
 from pgjournal.runtime.live import LiveQuery, Made
-from pgjournal.runtime.steps import MORE, Sleep, Step, drive, run_pooled, statement
+from pgjournal.runtime.steps import MORE, Sleep, Step, drive, drive_ahead, run_pooled, statement
 from pgjournal.store import tags as store
 from pgjournal.tags.statement_writer import bucket_size
 from pgjournal.tags.watermark import complete_before_step
@@ -523,9 +523,10 @@ class ByTag:
     def current(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events with ``tag`` after ``offset`` up to now minus the eventual consistency delay (at start)."""
         stream = TagStream(self._journal, tag, offset, live=False, serializers=self._serializers)
-        return drive(stream.current_steps(), self._journal.connection)
+        run = drive_ahead if self._journal.settings.pool_max_size > 1 else drive
+        return run(stream.current_steps(), self._journal.connection)
 
     def live(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
         """Events with ``tag`` after ``offset``, polling for new ones until ``close()``."""
         stream = TagStream(self._journal, tag, offset, live=True, serializers=self._serializers)
-        return self._journal.live_query(stream.poll, entity_types=None)
+        return self._journal.live_query(stream.poll, entity_types=None, ahead=stream.poll_step)

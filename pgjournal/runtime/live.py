@@ -22,6 +22,8 @@ as :class:`Made` (each made when it is taken), which the loop hands out one by o
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import deque
@@ -34,6 +36,7 @@ from psycopg_pool import PoolClosed
 from pgjournal.errors import DatabaseUnavailable, JournalClosed
 from pgjournal.model.printable import printable_logger
 from pgjournal.runtime.backoff import Backoff
+from pgjournal.runtime.steps import ReadAhead, Step
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -163,6 +166,11 @@ class LoopState(Generic[T]):
         self._page = iter(items)
         self._schedule.polled(rows, signalled)
 
+    def _reads_ahead(self) -> bool:
+        """Whether the next poll starts now, before this page is handed out: the schedule polls again at once
+        (a nearly full page, a catch-up), so the server reads the next page while the reader takes this one."""
+        return self._schedule.delay == 0 and not self._closed
+
     def _ends(self, exc: Exception) -> bool:
         """A poll raised ``exc``: ``True`` when the query ends quietly (its journal was closed), ``False`` to
         poll again after the schedule's backoff; ``exc`` itself, or past ``max_failures`` a
@@ -191,12 +199,23 @@ class LoopState(Generic[T]):
         return self._closed
 
 
-class LiveQuery(LoopState[T]):
-    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread."""
+#: ``poll_step(notified)``: a poll as a step, for a query whose next poll may run while this one's items are
+#: handed out (its state is the stream's, not the items'), with the pool it borrows from.
+PollAhead = tuple[Callable[[bool], Step[tuple[Iterable[T], int]]],
+                  Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]]
 
-    def __init__(self, poll: Poll[T], schedule: Schedule, subscribe: Subscribe | None = None) -> None:
+
+class LiveQuery(LoopState[T]):
+    """An iterator that never ends by itself; ``close()`` (or leaving ``with``) stops it, from any thread.
+    With ``ahead``, a poll that the schedule runs at once (a catch-up) is started by a :class:`ReadAhead` before
+    the last one's items are handed out."""
+
+    def __init__(self, poll: Poll[T], schedule: Schedule, subscribe: Subscribe | None = None,
+                 ahead: PollAhead[T] | None = None) -> None:
         super().__init__(schedule, threading.Event(), subscribe)
         self._poll = poll
+        self._ahead = None if ahead is None else (ahead[0], ReadAhead(ahead[1]))
+        self._next: tuple[concurrent.futures.Future[tuple[Iterable[T], int]], bool] | None = None
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -206,18 +225,31 @@ class LiveQuery(LoopState[T]):
         while True:
             for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
                 return item
-            if schedule.delay and not self._closed:
+            if self._next is None and schedule.delay and not self._closed:
                 self._wakeup.wait(schedule.delay)
             if self._closed:
                 raise StopIteration
-            signalled = self._signalled()
             try:
-                items, rows = self._poll(schedule.notified(signalled))
+                if self._next is not None:
+                    (started, signalled), self._next = self._next, None
+                    items, rows = started.result()
+                else:
+                    signalled = self._signalled()
+                    items, rows = self._poll(schedule.notified(signalled))
             except Exception as exc:
                 if self._ends(exc):
                     raise StopIteration from None
                 continue
             self._polled(items, rows, signalled)
+            if self._ahead is not None and self._reads_ahead():
+                signalled = self._signalled()
+                poll_step, reader = self._ahead
+                self._next = reader.start(poll_step(schedule.notified(signalled))), signalled
+
+    def close(self) -> None:
+        super().close()
+        if self._ahead is not None:
+            self._ahead[1].close()
 
     def __enter__(self) -> LiveQuery[T]:
         return self

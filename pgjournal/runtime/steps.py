@@ -30,11 +30,13 @@ after a transient failure (the batched tag writer's statements, the signals' lis
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import itertools
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -289,6 +291,78 @@ def _pages(steps: Steps[T], connection: Callable[[], contextlib.AbstractContextM
         step = _following(sequence, items)
 
 
+def drive_ahead(steps: Steps[T], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]
+                ) -> Iterator[T]:
+    """:func:`drive`, each step after the first run by a :class:`ReadAhead` while the reader takes the last one's
+    items: the server reads the next page while the client hands out this one. For a sequence whose next step
+    depends on the state the previous one left, not on its items being taken (as :func:`adrive_ahead`); a step's
+    error is raised where its items would come; a reader that stops waits for the step then running and drops its
+    items. The journal calls it only with a pool of two connections or more: a reader holding the only one would
+    wait for itself."""
+    return itertools.chain.from_iterable(_pages_ahead(steps, connection))
+
+
+def _pages_ahead(steps: Steps[T], connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]
+                 ) -> Iterator[Iterable[T]]:
+    sequence = iter(steps)
+    step = next(sequence, None)
+    if step is None:
+        return
+    items: Iterable[T] = run_pooled(step, connection)
+    with ReadAhead(connection) as ahead:
+        while (step := _following(sequence, items)) is not None:
+            page = ahead.start(step)
+            try:
+                yield items
+            except GeneratorExit:  # the reader stopped: the step ends before its connection goes back
+                with contextlib.suppress(Exception):
+                    page.result()
+                raise
+            items = page.result()
+    yield items
+
+
+class ReadAhead:
+    """Runs blocking steps in a thread of its own, each on a connection borrowed there for its own statements
+    only (nothing is held open between them): libpq waits for the server's answer without the GIL, so the server
+    runs a step's statement while the caller's thread goes on."""
+
+    def __init__(self, connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> None:
+        self._connection = connection
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def start(self, step: Step[R]) -> concurrent.futures.Future[R]:
+        """``step`` started; returns once it holds its connection (or is done). Without that wait the thread
+        would wait for the GIL until the caller's loop lets it go (a switch interval, longer than a page takes),
+        and its statement would not overlap with anything; from there it runs up to libpq's wait for the answer,
+        which lets the GIL go."""
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pgjournal-read-ahead")
+        started = threading.Event()
+
+        @contextlib.contextmanager
+        def borrowed() -> Iterator[psycopg.Connection]:
+            with self._connection() as conn:
+                started.set()
+                yield conn
+
+        future = self._thread.submit(run_pooled, step, borrowed)
+        future.add_done_callback(lambda _: started.set())
+        started.wait()
+        return future
+
+    def close(self) -> None:
+        """No more steps; one still running ends in its thread, its connection given back."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 # -- the asyncio driver --------------------------------------------------------------------------------
 
 
@@ -411,15 +485,17 @@ async def adrive(steps: Steps[T],
         step = _following(sequence, items)
 
 
-async def adrive_ahead(steps: Steps[T],
+async def adrive_ahead(steps: Steps[T] | Awaitable[Steps[T]],
                        connection: Callable[[], contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]]
                        ) -> AsyncIterator[T]:
     """:func:`adrive`, each step after the first started as a task before the previous one's items are handed out,
     so the server reads the next page while the reader takes the last one's (the blocking face has no such
     overlap: a thread for it cost more client CPU than it saved). For a sequence whose next step depends on the
     state the previous one left, not on its items being taken; a step's error is raised where its items would
-    come, and a step still running when the reader stops is cancelled."""
-    sequence = iter(steps)
+    come, and a step still running when the reader stops is cancelled. ``steps`` may be awaitable (what a query
+    awaits before its first step): awaited at the first item, so that a query is one async generator, not two
+    stacked, per item."""
+    sequence = iter(await steps if inspect.isawaitable(steps) else steps)
     step = next(sequence, None)
     if step is None:
         return
