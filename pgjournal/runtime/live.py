@@ -48,6 +48,7 @@ CONFLICT_BACKOFF = Backoff(0.01, 2.0, 0.25, jitter=1.0)
 #: After a failed poll (the database gone, a connection lost): half to all of 100 ms, doubling to 5 s.
 FAILURE_BACKOFF = Backoff(0.1, 2.0, 5.0, jitter=0.5)
 RETRYABLE = (psycopg.OperationalError, DatabaseUnavailable)
+_END = object()
 
 #: ``poll(notified) -> (items, rows read)``; the items may be :class:`Made` (made as they are taken).
 Poll = Callable[[bool], tuple[Iterable[T], int]]
@@ -221,9 +222,16 @@ class LiveQuery(LoopState[T]):
         return self
 
     def __next__(self) -> T:
+        # The page first, with no loop set up: a catch-up takes most items here.
+        item = next(self._page, _END)  # an item that fails to be made raises here (and stays, see Made)
+        if item is not _END:
+            return item  # type: ignore[return-value]
+        return self._after_page()
+
+    def _after_page(self) -> T:
         schedule = self._schedule
         while True:
-            for item in self._page:  # an item that fails to be made raises here (and stays, see Made)
+            for item in self._page:
                 return item
             if self._next is None and schedule.delay and not self._closed:
                 self._wakeup.wait(schedule.delay)
