@@ -41,6 +41,9 @@ def run_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, d
             filter_: Annotated[str | None, typer.Option(
                 "--filter", help="A replication filter, module:attribute (a function of a Candidate returning "
                                  "True to replicate the event; or one returning such a function).")] = None,
+            metrics_port: Annotated[int | None, typer.Option(
+                help="Serve Prometheus metrics on 127.0.0.1:PORT, replication status per stream included "
+                     "(needs the metrics extra).")] = None,
             ) -> None:
     """Run this location's streams (every peer, every entity type) in this process until SIGTERM or SIGINT; more
     processes started against the same database share the slices by lease."""
@@ -52,8 +55,16 @@ def run_cmd(replica: ReplicaOption, peer: PeerOption, entity_type: TypeOption, d
         accept = load_filter(filter_) if filter_ is not None else None
     except JournalError as exc:
         fail(str(exc))
+    if metrics_port is not None:
+        from pgjournal.runtime import metrics
+
+        try:
+            metrics.serve(metrics_port)
+        except JournalError as exc:
+            fail(str(exc))
     with reported():
-        code = run_replication(dsn, replica, peers, entity_type, lease_duration=lease_duration, accept=accept)
+        code = run_replication(dsn, replica, peers, entity_type, lease_duration=lease_duration, accept=accept,
+                               metrics=metrics_port is not None)
     raise typer.Exit(code)
 
 

@@ -16,8 +16,10 @@ from pgjournal.errors import ConfigurationError, JournalError
 from pgjournal.model.printable import printable_logger
 from pgjournal.projections.leases import default_owner
 from pgjournal.projections.workers import Worker, _Balancing, step_each
+from pgjournal.runtime.metrics import registered
 
 from .replicator import ReplicationFilter, Replicator
+from .status import StatusMetrics
 
 if TYPE_CHECKING:
     from pgjournal.journal import Journal
@@ -95,10 +97,12 @@ def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], 
                     stop: threading.Event | None = None, lease_duration: float = 10.0,
                     renew_interval: float | None = None, journal_settings: dict[str, Any] | None = None,
                     peer_settings: dict[str, Any] | None = None, max_wait: float = 0.05,
-                    accept: ReplicationFilter | None = None) -> int:
+                    accept: ReplicationFilter | None = None, metrics: bool = False) -> int:
     """Run every stream of this location (each peer, each entity type) until ``stop`` (or SIGTERM/SIGINT when
     called on the main thread); returns 1 when a stream failed. Peers are opened without migrating (read only).
-    ``accept``: the location's replication filter, the same for every stream."""
+    ``accept``: the location's replication filter, the same for every stream. ``metrics``: each stream's status
+    as Prometheus gauges (:class:`~pgjournal.replication.status.StatusMetrics`, computed when scraped; serve them
+    with :func:`pgjournal.runtime.metrics.serve`)."""
     from pgjournal.journal import Journal
 
     stop = stop or threading.Event()
@@ -107,9 +111,13 @@ def run_replication(local_dsn: str | None, replica: str, peers: Sequence[Peer], 
             signal.signal(sig, lambda *_: stop.set())
     with contextlib.ExitStack() as opened:
         local: Journal = opened.enter_context(Journal.open(local_dsn, **(journal_settings or {})))
+        reported = None if not metrics else opened.enter_context(registered(StatusMetrics(local, {
+            (peer.replica, entity_type): None for peer in peers for entity_type in entity_types})))
 
         def streams_of(peer: Peer) -> list[Replicator]:
             source = opened.enter_context(Journal.open(peer.dsn, **(peer_settings or journal_settings or {})))
+            if reported is not None:
+                reported.streams.update({(peer.replica, entity_type): source for entity_type in entity_types})
             return [Replicator(local, replica, source, peer.replica, entity_type, max_wait=max_wait, accept=accept)
                     for entity_type in entity_types]
 

@@ -7,16 +7,19 @@ Served with :func:`serve` (or ``pgjournal info --metrics-port``); names follow P
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 try:
     import prometheus_client
 except ImportError:  # the extra is not installed: metrics cost nothing
     prometheus_client = None  # type: ignore[assignment]
+
+C = TypeVar("C")
 
 
 class _Noop:
@@ -152,6 +155,20 @@ def serve(port: int, address: str = "127.0.0.1") -> None:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ConfigurationError(f"metrics port must be an integer from 1 to 65535, got {port!r}")
     prometheus_client.start_http_server(port, addr=address)
+
+
+@contextlib.contextmanager
+def registered(collector: C) -> Iterator[C]:
+    """``collector`` (an object with ``collect()``) in Prometheus' registry while the block runs (nothing without
+    the ``metrics`` extra)."""
+    if prometheus_client is None:
+        yield collector
+        return
+    prometheus_client.REGISTRY.register(cast(Any, collector))
+    try:
+        yield collector
+    finally:
+        prometheus_client.REGISTRY.unregister(cast(Any, collector))
 
 
 def slices_label(min_slice: int, max_slice: int) -> str:
