@@ -132,10 +132,11 @@ def journal(dsn: str) -> Iterator[Journal]:
 SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
 
 
-#: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) and the Spark
-#: tests (a JVM; one per worker would be two) are one group: one worker runs them one after another, so no two of
-#: them run side by side, while the other workers run the rest.
+#: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) are one group,
+#: and the Spark tests (a JVM each worker would start) another: one worker runs each group's tests one after
+#: another, so no two of them run side by side, while the other workers run the rest.
 TIMING_GROUP = "timing"
+SPARK_GROUP = "spark"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -145,7 +146,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
             item.add_marker(pytest.mark.unit)
-        if item.get_closest_marker("timing") is not None or item.get_closest_marker("spark") is not None:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+        elif item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
     if not PORTABLE:
         return

@@ -5,6 +5,9 @@ It runs an asyncio loop in a daemon thread and takes commands from the test's th
 * ``cut()``: break every open connection at once (the client sees the server vanish);
 * ``refuse(True)``: accept and close new connections at once (the server is unreachable);
 * ``stall(True)``: stop forwarding in both directions until ``stall(False)`` (a hung network);
+  ``direction="up"`` (client to server) or ``"down"``: one direction only, the other still flowing;
+* ``delay(up=, down=)``: every byte arrives that many seconds after it was sent, per direction, the order kept
+  and what follows not held up by what precedes (a WAN link: its round trip, not its bandwidth);
 * ``cut_on(marker, forward=...)``: break the next connection whose client sends ``marker`` (for example
   ``b"INSERT INTO"``), either before the statement reaches the server (``forward=False``: nothing ran) or
   after it did, dropping the server's answer (``forward=True``: it ran, the client cannot know);
@@ -78,7 +81,10 @@ class FaultProxy:
     _links: set[_Link] = field(default_factory=set)
     _trap: _Trap | None = None
     _refusing: bool = False
-    _flowing: asyncio.Event | None = None
+    #: Per direction (``True``: upstream, client to server): set while it forwards.
+    _flowing: dict[bool, asyncio.Event] = field(default_factory=dict)
+    #: Per direction: seconds each chunk is held before it is forwarded.
+    _delay: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     sprung: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -101,15 +107,24 @@ class FaultProxy:
     def refuse(self, on: bool = True) -> None:
         self._call(lambda: setattr(self, "_refusing", on))
 
-    def stall(self, on: bool = True) -> None:
+    def stall(self, on: bool = True, direction: str = "both") -> None:
+        """Stop (``on``) or resume forwarding: ``"both"``, ``"up"`` (client to server) or ``"down"``."""
+        if direction not in ("both", "up", "down"):
+            raise ValueError(f"direction must be 'both', 'up' or 'down', got {direction!r}")
+        sides = [side for side in (True, False) if direction == "both" or (direction == "up") == side]
+
         def apply() -> None:
-            assert self._flowing is not None
-            if on:
-                self._flowing.clear()
-            else:
-                self._flowing.set()
+            for side in sides:
+                if on:
+                    self._flowing[side].clear()
+                else:
+                    self._flowing[side].set()
 
         self._call(apply)
+
+    def delay(self, up: float = 0.0, down: float = 0.0) -> None:
+        """Hold every chunk ``up`` seconds on its way to the server and ``down`` on its way back."""
+        self._call(lambda: self._delay.update({True: up, False: down}))
 
     def cut_on(self, marker: bytes, *, forward: bool, times: int = 1) -> None:
         """Break the next ``times`` connections that send ``marker`` (see the module docstring)."""
@@ -163,8 +178,9 @@ class FaultProxy:
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        for side in (True, False):
+            self._flowing[side] = asyncio.Event()
+            self._flowing[side].set()
         server = self._loop.run_until_complete(asyncio.start_server(self._accept, LOOPBACK, self.port or 0))
         self.port = server.sockets[0].getsockname()[1]
         ready.set()
@@ -194,12 +210,32 @@ class FaultProxy:
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link, *, upstream: bool
                     ) -> None:
-        assert self._flowing is not None
-        while True:
-            data = await src.read(65536)
-            if not data:
-                break
-            await self._flowing.wait()
+        """Read ``src`` and hand each chunk, stamped with when it is due, to :meth:`_forward`: a delay holds a chunk,
+        never the reading of the next."""
+        due: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        forward = asyncio.ensure_future(self._forward(due, dst, link, upstream=upstream))
+        try:
+            while not forward.done():
+                data = await src.read(65536)
+                if not data:
+                    break
+                due.put_nowait((self._loop.time() + self._delay[upstream], data))
+        finally:
+            due.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await forward
+            self._links.discard(link)
+            link.abort()
+
+    async def _forward(self, due: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter, link: _Link,
+                       *, upstream: bool) -> None:
+        flowing = self._flowing[upstream]
+        while (item := await due.get()) is not None:
+            at, data = item
+            wait = at - self._loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await flowing.wait()
             if link not in self._links:
                 break  # cut while we waited
             if not upstream and link.muted:
