@@ -23,11 +23,9 @@ demo: setup
 
 # The slowest tests are printed at the end of every run, so the suite's cost stays in sight.
 # WORKERS=N runs the suite under pytest-xdist in N processes, each with an embedded server of its own
-# (tests/conftest.py), the tests marked `timing` one after another on one worker (--dist loadgroup). The default is
-# one process: on this 2-core machine four workers took pass 1 from 29 to 24 min, and three tests still failed
-# beside the others (Spark's Python worker connecting back, the CLI's console width read once per process, a key
-# lookup's lock named by the key store) where they pass alone. MARKS: which tests (CI's first pass adds
-# crash_states).
+# (tests/conftest.py), the tests marked `timing` one after another on one worker and the Spark tests on another
+# (--dist loadgroup). The default is one process; what three workers cost and why is in
+# bench/results/suite-cost.md. MARKS: which tests (CI's first pass adds crash_states).
 WORKERS ?= 0
 MARKS ?= not slow and not crash_states
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)

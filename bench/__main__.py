@@ -22,7 +22,7 @@ from .report import plot_all, write_report
 SCENARIO_MODULES = ["bench.append", "bench.by_slices", "bench.latency", "bench.entities", "bench.tags",
                     "bench.spark_load", "bench.spark_source", "bench.projection", "bench.restart",
                     "bench.firehose", "bench.transcoding", "bench.async_append", "bench.tags_filter",
-                    "bench.scale_out", "bench.shard_move", "bench.worker_start"]
+                    "bench.scale_out", "bench.shard_move", "bench.worker_start", "bench.replication"]
 
 
 def load_scenarios() -> dict[str, Scenario]:
