@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.eventually import eventually
 from support.faultproxy import fault_proxy
-from support.projection_workers import worker_env
+from support.projection_workers import stop_all, worker_env
 from support.replication import check_replicas, rows_of, write_local
 from support.settings import FAST
 
@@ -164,14 +164,7 @@ def test_replicator_processes_killed_mid_stream_resume_and_write_each_event_once
         total = len(REPLICAS) * 2 * 60
         eventually(lambda: converged(journals, total), "every location holds every event", timeout=180)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(list(procs.values()))
     assert kills >= 3
     assert check_replicas(journals, TYPE, ENTITIES, converged=True) == total
 

@@ -24,7 +24,7 @@ import pytest
 from support.database import own_embedded_server
 from support.eventually import eventually
 from support.faultproxy import FaultProxy
-from support.projection_workers import worker_env
+from support.projection_workers import stop_all, worker_env
 from support.replication import check_replicas, rows_of, write_local
 from support.settings import FAST
 
@@ -193,14 +193,7 @@ def test_three_servers_over_a_wan_with_partitions_kills_and_a_restart_converge_e
         eventually(converged, f"every location holding all {total} origin events", timeout=180)
     finally:
         stop.set()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(list(procs.values()))
     assert check_replicas({n: p.journal for n, p in world.items()}, TYPE, ENTITIES, converged=True) == total
     assert total >= sum(written.values()), "an acknowledged write is missing at its origin"
     assert world["us"].read_by["ap"].cuts >= 1 and world["us"].read_by["ap"].refused >= 1

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from support.aio import connections_to
 from support.eventually import eventually
 from support.tags import TAGS, tags_written
 
@@ -37,15 +38,6 @@ def connections(dsn: str, out: list[int]) -> Any:
                 yield conn
             finally:
                 out[0] -= 1
-
-    return connection
-
-
-def async_connections(dsn: str) -> Any:
-    @contextlib.asynccontextmanager
-    async def connection() -> AsyncIterator[psycopg.AsyncConnection]:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-            yield aconn
 
     return connection
 
@@ -109,7 +101,7 @@ def test_a_step_that_fails_ahead_raises_where_its_items_would_come(dsn: str) -> 
 
 def test_the_asyncio_face_reads_ahead_too(dsn: str) -> None:
     async def read(holder: psycopg.Connection) -> list[int]:
-        items = adrive_ahead(pages(3, locked=1), async_connections(dsn))
+        items = adrive_ahead(pages(3, locked=1), connections_to(dsn))
         first = await items.__anext__()
         await asyncio.to_thread(eventually, lambda: waiting_on_the_lock(holder), "page 1 sent ahead")
         holder.execute("SELECT pg_advisory_unlock_all()")
@@ -150,7 +142,7 @@ def test_a_live_query_in_a_catch_up_polls_ahead_on_both_faces(dsn: str) -> None:
 
     async def read(holder: psycopg.Connection) -> list[int]:
         polls = FullPages(3, locked=1)
-        connection = async_connections(dsn)
+        connection = connections_to(dsn)
         async with AsyncLiveQuery(lambda notified: arun_pooled(polls.step(notified), connection),
                                   Schedule(**schedule), ahead=True) as alive:
             first = await alive.__anext__()

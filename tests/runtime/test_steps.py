@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from support import FAST
+from support.aio import connections_to
 from support.tags import tags_written
 
 from pgjournal import Journal, MissingTaggedEventsError, NoOffset, SerializationError, Source, slice_for_persistence_id
@@ -41,27 +41,18 @@ def tag_keys(envelopes: list[Any]) -> list[tuple[Any, ...]]:
             for e in envelopes]
 
 
-def on(dsn: str) -> Any:
-    """A factory of asyncio connections to ``dsn`` (each borrowed for one step), like a pool's ``connection``."""
-
-    @contextlib.asynccontextmanager
-    async def connection() -> AsyncIterator[psycopg.AsyncConnection]:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-            yield aconn
-
-    return connection
 
 
 async def async_slices(journal: Journal, dsn: str, entity_type: str) -> list[Any]:
     query = SliceQuery(journal, entity_type, 0, 1023, NoOffset)
-    async with on(dsn)() as aconn:
+    async with connections_to(dsn)() as aconn:
         await arun(query.settle_step(), aconn)
-    return [e async for e in adrive(query.current_steps(), on(dsn))]
+    return [e async for e in adrive(query.current_steps(), connections_to(dsn))]
 
 
 async def async_tags(journal: Journal, dsn: str, tag: str) -> list[Any]:
     stream = TagStream(journal, tag, NoOffset, live=False)
-    return [e async for e in adrive(stream.current_steps(), on(dsn))]
+    return [e async for e in adrive(stream.current_steps(), connections_to(dsn))]
 
 
 def insert(journal: Journal, pid: str, seq_nr: int, seconds_ago: float) -> None:
@@ -119,7 +110,7 @@ def test_a_live_poll_step_runs_on_either_driver(journal: Journal, dsn: str) -> N
     async_query = SliceQuery(journal, "Cart", 0, 1023, NoOffset)
     with journal.connection() as conn:
         sync_deliveries, sync_rows = run(sync_query.poll_step(False), conn)
-    async_deliveries, async_rows = asyncio.run(arun_pooled(async_query.poll_step(False), on(dsn)))
+    async_deliveries, async_rows = asyncio.run(arun_pooled(async_query.poll_step(False), connections_to(dsn)))
     sync_items = list(Made(sync_deliveries, sync_query.envelope))
     async_items = list(Made(async_deliveries, async_query.envelope))
     assert (sync_rows, slice_keys(sync_items)) == (async_rows, slice_keys(async_items))
@@ -145,7 +136,7 @@ def test_drivers_stream_sleep_and_raise_inside_the_step(journal: Journal, dsn: s
     expected = ([[1, 2, 3], [4, 5, 6], [7], []], True, [(1,)])
     with journal.connection() as conn:
         assert run(step(), conn) == expected
-    assert asyncio.run(arun_pooled(step(), on(dsn))) == expected
+    assert asyncio.run(arun_pooled(step(), connections_to(dsn))) == expected
 
 
 def test_a_live_event_that_does_not_decode_is_neither_skipped_nor_repeated(journal: Journal) -> None:
@@ -206,4 +197,4 @@ def test_a_call_runs_a_function_of_the_face_on_either_driver(journal: Journal, d
         assert run(step(False), conn) == (42, True, None)
         with pytest.raises(TypeError, match="asyncio driver"):
             run(step(True), conn)
-    assert asyncio.run(arun_pooled(step(True), on(dsn))) == (42, True, 2)
+    assert asyncio.run(arun_pooled(step(True), connections_to(dsn))) == (42, True, 2)

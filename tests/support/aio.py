@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+
+import psycopg
 
 from support import FAST, PORTABLE
 
 T = TypeVar("T")
 SETTINGS: dict[str, Any] = dict(FAST, portable=PORTABLE)
+
+
+def connections_to(dsn: str) -> Any:
+    """A factory of asyncio connections to ``dsn`` (each borrowed for one step), like a pool's ``connection``."""
+
+    @contextlib.asynccontextmanager
+    async def connection() -> AsyncIterator[psycopg.AsyncConnection]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            yield aconn
+
+    return connection
 
 
 async def eventually(condition: Callable[[], Awaitable[T]], what: str = "", timeout: float = 20.0) -> T:
