@@ -104,6 +104,25 @@ def append_events_step(journal: JournalCore, persistence_id: str, events: Sequen
     return out
 
 
+def append_with_metadata_step(journal: JournalCore, persistence_id: str, events: Sequence[tuple[Stored, Stored]],
+                              *, expected: int, writer: str | None = None) -> Step[list[int]]:
+    """Append ``events`` (each ``(event, its metadata)``, both as stored) to ``persistence_id`` after ``expected``
+    in one statement, inside the open transaction of the connection the step runs on; their sequence numbers, in
+    order (a conflict raises the database's ``UniqueViolation``, as :func:`append_events_step`). No tags; a
+    journal whose ``meta_payload`` is JSONB takes them one by one with :func:`append_events_step`."""
+    pid = check_persistence_id(persistence_id)
+    slice_ = slice_for_persistence_id(pid)
+    params = {"slice": slice_, "entity_type": entity_type_of(pid), "pid": pid, "writer": writer or journal.writer_id,
+              "expected": expected,
+              "ser_ids": [e.ser_id for e, _ in events], "manifests": [e.manifest for e, _ in events],
+              "payloads": [bytes(e.payload) for e, _ in events], "meta_ser_ids": [m.ser_id for _, m in events],
+              "meta_manifests": [m.manifest for _, m in events], "meta_payloads": [m.payload for _, m in events]}
+    rows = yield statement((journal.events.append_with_metadata(slice_), params))
+    if not rows:
+        raise InvalidArgument(f"cannot append to {pid!r} after seq_nr {expected}: that event does not exist")
+    return sorted(row[0] for row in rows)
+
+
 def append_events(conn: psycopg.Connection, journal: JournalCore, persistence_id: str, events: Sequence[Any], *,
                   expected: int | None = None, metadata: Stored | None = None, tags: Sequence[str] | None = None,
                   writer: str | None = None) -> list[tuple[int, Any]]:

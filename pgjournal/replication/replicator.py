@@ -53,7 +53,7 @@ from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, ru
 from pgjournal.store import replication as sql
 from pgjournal.validation import check_name, load_attribute
 
-from .processor import EventProcessor, Stored, append_events_step
+from .processor import EventProcessor, Stored, append_events_step, append_with_metadata_step
 
 if TYPE_CHECKING:
     from pgjournal.codec.replicated import MetadataEntry
@@ -290,6 +290,10 @@ class Replicator:
         state = yield from replica_state_step(self.local, self.local_replica, target, seen)
         appended = dropped = 0
         highest: dict[str, int] = {}
+        # Without tags, and with a BYTEA meta_payload, a persistence id's arrivals go in one statement.
+        together = "meta_payload" not in self.local.events.jsonb and not any(a.envelope.tags for a in arrivals)
+        pending: list[tuple[Stored, Stored]] = []
+        first = state.seq_nr
         for arrival in arrivals:
             if arrival.filtered:
                 meta = arrival.metadata
@@ -308,14 +312,22 @@ class Replicator:
             ser_id, manifest, payload = event_metadata_columns(stored, (*beside, *arrival.others))
             event = arrival.envelope.event
             assert isinstance(event, Stored)
-            [(seq_nr, _)] = yield from append_events_step(
-                self.local, target, [event], expected=state.seq_nr, metadata=Stored(ser_id, manifest, payload),
-                tags=arrival.envelope.tags, writer=self.writer)
-            if seq_nr != after.seq_nr:
-                raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nr {seq_nr}, not {after.seq_nr}")
+            if together:
+                pending.append((event, Stored(ser_id, manifest, payload)))
+            else:
+                [(seq_nr, _)] = yield from append_events_step(
+                    self.local, target, [event], expected=state.seq_nr, metadata=Stored(ser_id, manifest, payload),
+                    tags=arrival.envelope.tags, writer=self.writer)
+                if seq_nr != after.seq_nr:
+                    raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nr {seq_nr}, not {after.seq_nr}")
             state = after
             highest[stored.origin_replica] = stored.origin_sequence_nr
             appended += 1
+        if pending:
+            numbers = yield from append_with_metadata_step(self.local, target, pending, expected=first,
+                                                           writer=self.writer)
+            if numbers != list(range(first + 1, state.seq_nr + 1)):
+                raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nrs {numbers[:3]}..., not from {first + 1}")
         return appended, dropped, highest
 
 

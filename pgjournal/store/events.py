@@ -66,6 +66,10 @@ RETURNING seq_nr, db_timestamp
 PREVIOUS = {"expected": AFTER_EXPECTED, "latest": AFTER_LATEST, "known": AFTER_KNOWN}
 MANY_EVENTS = """unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[])
     WITH ORDINALITY AS e(ser_id, manifest, payload, ord)"""
+# Events each with metadata of its own (a replicated event's vector differs from one to the next).
+MANY_EVENTS_WITH_META = """unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
+    %(meta_ser_ids)s::int[], %(meta_manifests)s::text[], %(meta_payloads)s::bytea[])
+    WITH ORDINALITY AS e(ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload, ord)"""
 # One event (the common case) without arrays: measurably cheaper for the server to plan and run.
 ONE_EVENT = "(SELECT %(ser_id)s::int AS ser_id, %(manifest)s::text AS manifest, %(payload)s::bytea AS payload, " \
     "1 AS ord) AS e"
@@ -156,6 +160,15 @@ class EventStore:
         :func:`insert_sql`)."""
         return insert_sql(self.table(slice_), after_latest=after_latest, single=single, after=after, tags=tags,
                           meta=meta, **self.payload_sql)
+
+    def append_with_metadata(self, slice_: int) -> str:
+        """Several events after ``expected``, each with its own ``meta_*`` (arrays ``meta_ser_ids``,
+        ``meta_manifests``, ``meta_payloads`` beside ``ser_ids``, ``manifests``, ``payloads``), no tags; BYTEA
+        metadata only (see :attr:`jsonb`)."""
+        assert "meta_payload" not in self.jsonb, "metadata of their own per event go to a BYTEA meta_payload"
+        return INSERT.format(table=self.table(slice_), prev=PREVIOUS["expected"].format(table=self.table(slice_)),
+                             events=MANY_EVENTS_WITH_META, payload=self.payload_sql["payload"], tags_meta=_META[0],
+                             tags_meta_values=", e.meta_ser_id, e.meta_manifest, e.meta_payload")
 
     def mark_deleted(self, pid: str, to_seq_nr: int) -> Query:
         """Logical delete of the events up to ``to_seq_nr`` (rowcount: how many)."""
