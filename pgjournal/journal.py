@@ -169,7 +169,7 @@ class Journal(BlockingCore):
         ``ahead``: ``poll`` as a step, for a query whose next poll may run while this one's items are handed out
         (read ahead in a catch-up when the pool has a second connection)."""
         return LiveQuery(poll, self.schedule(settle), self.signals.subscribe(entity_types) if self.signals else None,
-                         (ahead, self.connection) if ahead is not None and self.settings.pool_max_size > 1 else None)
+                         (ahead, self.connection) if ahead is not None and self.reads_ahead else None)
 
     def migrate(self) -> None:
         """:meth:`~pgjournal.faces.JournalFace.migrate`."""

@@ -154,6 +154,13 @@ class BlockingCore(JournalCore):
         """Run a step (:mod:`pgjournal.runtime.steps`) on a connection of the pool."""
         raise NotImplementedError
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether a query may read its next page on a second connection while the reader takes this one
+        (:class:`~pgjournal.runtime.steps.ReadAhead`): not with a pool of one, where a reader holding that
+        connection in its loop would wait for itself."""
+        return self.settings.pool_max_size > 1
+
     def live_query(self, poll: Poll[T], *, entity_types: Iterable[str] | None = None, settle: float = 0.0,
                    ahead: Callable[[bool], Step[tuple[Iterable[T], int]]] | None = None) -> LiveQuery[T]:
         """Wrap ``poll`` in the shared live loop, woken by writers' signals where they are on."""

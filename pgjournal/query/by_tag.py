@@ -523,7 +523,7 @@ class ByTag:
     def current(self, tag: str, offset: Offset = NoOffset) -> Iterator[TagEnvelope]:
         """Events with ``tag`` after ``offset`` up to now minus the eventual consistency delay (at start)."""
         stream = TagStream(self._journal, tag, offset, live=False, serializers=self._serializers)
-        run = drive_ahead if self._journal.settings.pool_max_size > 1 else drive
+        run = drive_ahead if self._journal.reads_ahead else drive
         return run(stream.current_steps(), self._journal.connection)
 
     def live(self, tag: str, offset: Offset = NoOffset) -> LiveQuery[TagEnvelope]:
