@@ -94,7 +94,8 @@ class Settings:
     #: How long a persistence id met for the first time with a tag sequence number > 1 is searched for its
     #: lower numbers (live queries started in the current bucket); 0: accept it at once.
     tag_new_persistence_id_scan_timeout: float = 0.2
-    #: Short back track: every interval seconds, re-read the last period seconds behind the cursor.
+    #: Short back track: every interval seconds, re-read the last period seconds behind the cursor (of them, what
+    #: the cursor passed within period seconds of the bound it read under: a row is assumed visible by then).
     tag_back_track_interval: float = 1.0
     tag_back_track_period: float = 5.0
     #: Long back track: every long interval seconds over the long period (seconds, or "max": from the start

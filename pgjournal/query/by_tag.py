@@ -24,9 +24,13 @@ event once and per persistence id in order:
 Back tracking re-reads, every ``tag_back_track_interval``, the last ``tag_back_track_period`` behind the
 cursor, and every ``tag_back_track_long_interval`` the ``tag_back_track_long_period`` ("max": from the start
 of the previous bucket), without payloads; rows the stream has not delivered (late commits) are loaded and
-delivered. Each envelope's ``offset`` is the stream position after it (a late event carries the cursor's
-position, not its own older TimeUUID), so resuming from any offset neither repeats nor skips what the
-cursor had passed.
+delivered. The short back track rests on the assumption that a row is visible by the time the upper bound is
+``tag_back_track_period`` past its timestamp (a row later than that is the long back track's), so of its window
+it re-reads only what the cursor passed within that period of the bound it read under: rows a catch-up read long
+after they were written cannot have been invisible then, and are not read again each second.
+
+Each envelope's ``offset`` is the stream position after it (a late event carries the cursor's position, not its
+own older TimeUUID), so resuming from any offset neither repeats nor skips what the cursor had passed.
 """
 
 from __future__ import annotations
@@ -199,6 +203,12 @@ class TagStream:
         self._short_period = settings.tag_back_track_period
         self._long_period = settings.tag_back_track_long_period_seconds
         self._upper: int | None = None  # fixed for a current query
+        #: A live query: the upper bound the last page was read under; the key ranges the cursor passed within
+        #: ``tag_back_track_period`` of the bound they were read under (the only ones the short back track
+        #: re-reads), recorded up to ``_recorded``.
+        self._read_upper: int | None = None
+        self._near: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self._recorded = self._start
         #: A live query's last upper bound while pages below it came back full (see _upper_bound_step).
         self._live_upper: int | None = None
         self._initial_scan_done = False
@@ -417,24 +427,49 @@ class TagStream:
                                                  list(gap.pending), gap.waited)
         self._gate.begin()  # the gate records what the poll changes (not a copy of every persistence id met)
         return (self._pos, gap_copy, self._next_short, self._next_long, self._initial_scan_done, self._upper,
-                self._live_upper, self.exhausted)
+                self._live_upper, self.exhausted, list(self._near), self._recorded, self._read_upper)
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         (self._pos, self._gap, self._next_short, self._next_long, self._initial_scan_done, self._upper,
-         self._live_upper, self.exhausted) = saved
+         self._live_upper, self.exhausted, self._near, self._recorded, self._read_upper) = saved
         self._gate.undo()
 
     def _poll_step(self, notified: bool) -> Step[tuple[list[Any], int]]:
+        out, read, caught_up = yield from self._read_step(notified)
+        if self._live:
+            self._passed()
+            if caught_up:
+                yield from self._back_track_step(out)
+        return out, read
+
+    def _passed(self) -> None:
+        """Record what the cursor passed since the last record that may have hidden a late commit when it was
+        read: the part within ``tag_back_track_period`` of the bound it was read under (none yet: all of it)."""
+        low, self._recorded = self._recorded, self._pos
+        if self._read_upper is not None:
+            low = max(low, (self._read_upper - round(self._short_period * 10_000_000), _MIN_LSB))
+        if low >= self._pos:
+            return
+        if self._near and self._near[-1][1] >= low:
+            self._near[-1] = (self._near[-1][0], self._pos)
+        else:
+            self._near.append((low, self._pos))
+
+    def _read_step(self, notified: bool) -> Step[tuple[list[Any], int, bool]]:
+        """A poll's reading: envelopes, rows read, and whether it reached the bound with no gap open."""
         out: list[Any] = []
         source = Source.NOTIFIED if notified else Source.QUERY
         if not self._initial_scan_done:
             yield from self._initial_scan_step()
         if self._gap is not None and not (yield from self._search_gap_step(Source.BACKTRACKING, out)):
-            return out, (yield from self._while_gap_open_step())
+            return out, (yield from self._while_gap_open_step()), False
         upper = yield from self._upper_bound_step()
         if upper <= self._pos[0]:
             self.exhausted = True
-            return out, 0
+            return out, 0, False
+        if self._live:
+            self._passed()  # what a gap's search delivered was read under the bound before this one
+            self._read_upper = upper
         # Streamed (STREAM_CHUNK), rows arrive in chunks while earlier ones are taken. A row that needs more
         # queries ends the fast path: the rest of the page is read first (one connection runs one query at a
         # time), then handled below. Envelopes are made later, as they are taken (see maker).
@@ -459,17 +494,16 @@ class TagStream:
             rows = yield MORE
         for row in rest:
             if not (yield from self._check_row_step(row, source, out)):
-                return out, (yield from self._while_gap_open_step())  # a gap: wait, and re-read from this row
+                return out, (yield from self._while_gap_open_step()), False  # a gap: wait, re-read from this row
             key = (row[0], row[1])
             if key > self._pos:
                 self._pos = key
         # A full page: more rows may lie below this bound; the next poll reads them before asking for a new one.
         self._live_upper = upper if self._live and read >= self._limit else None
-        if read < self._limit and self._gap is None:
+        caught_up = read < self._limit and self._gap is None
+        if caught_up:
             self.exhausted = True
-            if self._live:
-                yield from self._back_track_step(out)
-        return out, read
+        return out, read, caught_up
 
     def _while_gap_open_step(self) -> Step[int]:
         """Live: search again soon (the shared loop re-polls at once after a full page), not after a whole
@@ -481,22 +515,28 @@ class TagStream:
 
     def _back_track_step(self, out: list[Any]) -> Step[None]:
         now = time.monotonic()
-        period: float | None
+        window = max((self._pos[0] - round(self._short_period * 10_000_000), _MIN_LSB), self._start)
+        self._near = [(max(low, window), high) for low, high in self._near if high > window]
         if now >= self._next_long:
             self._next_long = now + self._long_interval
             self._next_short = now + self._short_interval
             period = self._long_period
+            if period is None:  # "max": from the start of the previous bucket
+                start = (ticks_of_ms(self._bucket(self._pos[0]) - self._size.millis) - 1, _MAX_LSB)
+            else:
+                start = (self._pos[0] - round(period * 10_000_000), _MIN_LSB)
+            spans = [(max(start, self._start), self._pos)]
         elif now >= self._next_short:
             self._next_short = now + self._short_interval
-            period = self._short_period
+            spans = list(self._near)
         else:
             return
-        if period is None:  # "max": from the start of the previous bucket
-            start = (ticks_of_ms(self._bucket(self._pos[0]) - self._size.millis) - 1, _MAX_LSB)
-        else:
-            start = (self._pos[0] - round(period * 10_000_000), _MIN_LSB)
-        start = max(start, self._start)
-        end = self._pos
+        for low, high in spans:
+            if not (yield from self._back_track_span_step(low, min(high, self._pos), out)):
+                return
+
+    def _back_track_span_step(self, start: tuple[int, int], end: tuple[int, int], out: list[Any]) -> Step[bool]:
+        """Deliver the rows between ``start`` and ``end`` the stream has not delivered; False when a gap opened."""
         while start < end and self._gap is None:
             keys = yield statement(store.keys(self._tag, self._bound(start), self._bound(end), self._limit))
             late: dict[str, list[int]] = {}
@@ -507,10 +547,11 @@ class TagStream:
                 rows = yield statement(store.load(self._tag, pid, numbers, self._bound(self._start)))
                 for row in rows:
                     if not (yield from self._check_row_step(row, Source.BACKTRACKING, out)):
-                        return  # a gap opened: the next poll continues the search
+                        return False  # a gap opened: the next poll continues the search
             if len(keys) < self._limit:
-                return
+                return True
             start = (keys[-1][0], keys[-1][1])
+        return self._gap is None
 
 
 class ByTag:

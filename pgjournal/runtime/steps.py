@@ -322,6 +322,26 @@ def _pages_ahead(steps: Steps[T], connection: Callable[[], contextlib.AbstractCo
     yield items
 
 
+class Abandoned(Exception):
+    """A step read ahead ended at a request because its reader was closed."""
+
+
+def _until_closed(step: Step[R], closed: threading.Event) -> Step[R]:
+    """``step``, ended (:class:`Abandoned`) at its next request once ``closed`` is set."""
+    outcome: tuple[Any, BaseException | None] = (None, None)
+    while True:
+        finished, request = _advance(step, *outcome)
+        if finished:
+            return request  # type: ignore[no-any-return]
+        if closed.is_set():
+            step.close()
+            raise Abandoned
+        try:
+            outcome = (yield request), None
+        except BaseException as exc:  # the request's error, raised where the step asked
+            outcome = None, exc
+
+
 class ReadAhead:
     """Runs blocking steps in a thread of its own, each on a connection borrowed there for its own statements
     only (nothing is held open between them): libpq waits for the server's answer without the GIL, so the server
@@ -330,6 +350,7 @@ class ReadAhead:
     def __init__(self, connection: Callable[[], contextlib.AbstractContextManager[psycopg.Connection]]) -> None:
         self._connection = connection
         self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = threading.Event()
 
     def start(self, step: Step[R]) -> concurrent.futures.Future[R]:
         """``step`` started; returns once it holds its connection (or is done). Without that wait the thread
@@ -346,13 +367,15 @@ class ReadAhead:
                 started.set()
                 yield conn
 
-        future = self._thread.submit(run_pooled, step, borrowed)
+        future = self._thread.submit(run_pooled, _until_closed(step, self._closed), borrowed)
         future.add_done_callback(lambda _: started.set())
         started.wait()
         return future
 
     def close(self) -> None:
-        """No more steps; one still running ends in its thread, its connection given back."""
+        """No more steps; one still running ends in its thread at its next statement (nobody will take what it
+        reads: a live query's back track after a catch-up could otherwise run on), its connection given back."""
+        self._closed.set()
         if self._thread is not None:
             self._thread.shutdown(wait=False)
 

@@ -21,7 +21,16 @@ from support.tags import TAGS, tags_written
 from pgjournal import Journal
 from pgjournal.aio.live import AsyncLiveQuery
 from pgjournal.runtime.live import LiveQuery, Schedule
-from pgjournal.runtime.steps import Statement, Step, adrive_ahead, arun_pooled, drive_ahead, run_pooled
+from pgjournal.runtime.steps import (
+    Abandoned,
+    ReadAhead,
+    Statement,
+    Step,
+    adrive_ahead,
+    arun_pooled,
+    drive_ahead,
+    run_pooled,
+)
 
 LOCK = 770_001
 PAGE = 5
@@ -165,3 +174,26 @@ def test_a_one_connection_pool_reads_a_tag_as_before_with_an_append_inside_the_l
             seen.append(envelope.persistence_id)
             journal.append("Other|1", [{"inside": len(seen)}])
         assert seen == [f"Cart|{n}" for n in range(10)]
+
+
+def test_a_step_read_ahead_for_a_closed_reader_sends_no_further_statement(dsn: str) -> None:
+    """A live query closed after its catch-up must not run on (its back track): the step ahead ends at its next
+    statement once the reader is closed."""
+    sent: list[int] = []
+
+    def two_statements() -> Step[None]:
+        yield from page(0, locked=True)
+        sent.append(1)
+        yield Statement("SELECT 1")
+        sent.append(2)
+
+    out = [0]
+    with lock_held(dsn) as holder:
+        reader = ReadAhead(connections(dsn, out))
+        future = reader.start(two_statements())
+        eventually(lambda: waiting_on_the_lock(holder), "the step's first statement waiting")
+        reader.close()
+    with pytest.raises(Abandoned):
+        future.result(timeout=30)
+    assert sent == [1]
+    eventually(lambda: out[0] == 0, "its connection given back")
