@@ -22,11 +22,11 @@ demo: setup
 	$(PY) -m pgjournal.cli.demo
 
 # The slowest tests are printed at the end of every run, so the suite's cost stays in sight.
-# WORKERS=N runs the suite under pytest-xdist in N processes, each with an embedded server of its own
-# (tests/conftest.py), the tests marked `timing` one after another on one worker and the Spark tests on another
-# (--dist loadgroup). The default is one process; what three workers cost and why is in
-# bench/results/suite-cost.md. MARKS: which tests (CI's first pass adds crash_states).
-WORKERS ?= 0
+# The suite runs under pytest-xdist in WORKERS processes, each with an embedded server of its own
+# (tests/conftest.py), the tests marked `timing` one after another on one worker and the Spark tests in two
+# groups of their own (--dist loadgroup). Three workers on two cores: 15 min where one process took 30
+# (bench/results/suite-cost.md); WORKERS=0 runs one process. MARKS: which tests (CI's first pass adds crash_states).
+WORKERS ?= 3
 MARKS ?= not slow and not crash_states
 XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: setup

@@ -133,21 +133,24 @@ SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
 
 
 #: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) are one group,
-#: and the Spark tests (a JVM each worker would start) another: one worker runs each group's tests one after
-#: another, so no two of them run side by side, while the other workers run the rest.
+#: and the Spark tests (a JVM each worker runs them on) are dealt in turn to :data:`SPARK_GROUPS` groups: one worker
+#: runs each group's tests one after another, so no two timing tests run side by side, and two JVMs, not one per
+#: worker, share the Spark tests, the suite's longest chain (bench/results/suite-cost.md).
 TIMING_GROUP = "timing"
-SPARK_GROUP = "spark"
+SPARK_GROUPS = 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), :data:`TIMING_GROUP` on the tests that
     time the machine; in portable mode, tests of a PostgreSQL-only feature skip, naming it
     (``@pytest.mark.postgres_only``)."""
+    spark_tests = 0
     for item in items:
         if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
             item.add_marker(pytest.mark.unit)
         if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+            item.add_marker(pytest.mark.xdist_group(f"spark-{spark_tests % SPARK_GROUPS}"))
+            spark_tests += 1
         elif item.get_closest_marker("timing") is not None:
             item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
     if not PORTABLE:
