@@ -72,10 +72,15 @@ class AsyncLiveQuery(LoopState[T]):
             self._next = None
 
     async def aclose(self) -> None:
+        """:meth:`close`, then waits until a poll started ahead has ended: cancelled, its statement is cancelled on
+        the server and its connection given back (not cut off by a second cancellation when the loop ends)."""
+        pending = None if self._next is None else self._next[0]
         self.close()
+        if pending is not None:
+            await asyncio.gather(pending, return_exceptions=True)
 
     async def __aenter__(self) -> AsyncLiveQuery[T]:
         return self
 
     async def __aexit__(self, *_exc: object) -> None:
-        self.close()
+        await self.aclose()

@@ -197,3 +197,23 @@ def test_a_step_read_ahead_for_a_closed_reader_sends_no_further_statement(dsn: s
         future.result(timeout=30)
     assert sent == [1]
     eventually(lambda: out[0] == 0, "its connection given back")
+
+
+def test_leaving_an_asyncio_live_query_ends_its_poll_ahead_on_the_server_before_the_loop_ends(
+        dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Its statement cancelled on the server and its connection closed in order, not cut off by the event loop's
+    own cancellation at its end (psycopg: "query cancellation interrupted ... closing connection")."""
+    schedule = dict(buffer_size=PAGE, refresh_interval=0.05)
+
+    async def leave(holder: psycopg.Connection) -> None:
+        polls = FullPages(3, locked=1)
+        connection = connections_to(dsn)
+        async with AsyncLiveQuery(lambda notified: arun_pooled(polls.step(notified), connection),
+                                  Schedule(**schedule), ahead=True) as alive:
+            assert await alive.__anext__() == 0
+            await asyncio.to_thread(eventually, lambda: waiting_on_the_lock(holder), "the next poll sent ahead")
+        assert not waiting_on_the_lock(holder)  # cancelled on the server by the time `async with` is left
+
+    with lock_held(dsn) as holder, caplog.at_level("WARNING", logger="psycopg"):
+        asyncio.run(leave(holder))
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
