@@ -36,7 +36,7 @@ from psycopg_pool import PoolClosed
 from pgjournal.errors import DatabaseUnavailable, JournalClosed
 from pgjournal.model.printable import printable_logger
 from pgjournal.runtime.backoff import Backoff
-from pgjournal.runtime.steps import ReadAhead, Step
+from pgjournal.runtime.steps import Abandoned, ReadAhead, Step
 
 T = TypeVar("T")
 D = TypeVar("D")
@@ -179,6 +179,8 @@ class LoopState(Generic[T]):
         if isinstance(exc, PoolClosed | JournalClosed):
             _log.info("live query ends: its journal was closed")
             self.close()
+            return True
+        if isinstance(exc, Abandoned):  # closed (from another thread) while its next poll ran ahead
             return True
         if not isinstance(exc, RETRYABLE):
             raise exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -217,3 +218,29 @@ def test_leaving_an_asyncio_live_query_ends_its_poll_ahead_on_the_server_before_
     with lock_held(dsn) as holder, caplog.at_level("WARNING", logger="psycopg"):
         asyncio.run(leave(holder))
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+
+
+def test_a_live_query_closed_from_another_thread_while_its_reader_waits_on_the_poll_ahead_ends_quietly(
+        dsn: str) -> None:
+    """The poll ahead (two statements, the first waiting on the test's lock) ends at its second once the query is
+    closed: the reader waiting for it sees the query end, not the poll's abandonment."""
+    polls = FullPages(3, locked=1)
+
+    def two_statements(notified: bool) -> Step[tuple[Iterable[int], int]]:
+        found = yield from polls.step(notified)
+        yield Statement("SELECT 1")
+        return found
+
+    connection = connections(dsn, [0])
+    schedule = Schedule(buffer_size=PAGE, refresh_interval=0.05)
+    outcome: list[Any] = []
+    with lock_held(dsn) as holder:
+        live = LiveQuery(lambda notified: run_pooled(two_statements(notified), connection), schedule,
+                         ahead=(two_statements, connection))
+        assert [next(live) for _ in range(PAGE)] == list(range(PAGE))
+        reader = threading.Thread(target=lambda: outcome.append(list(live)))  # waits on the poll ahead
+        reader.start()
+        eventually(lambda: waiting_on_the_lock(holder), "the poll ahead waiting")
+        live.close()
+    reader.join(30)
+    assert outcome == [[]]
