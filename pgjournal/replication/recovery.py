@@ -247,7 +247,7 @@ def _write_step(local: JournalCore, pid: str, expected: int, plan: _Plan) -> Ste
             if meta.origin_replica != plan.state.replica:
                 highest[meta.origin_replica] = max(highest.get(meta.origin_replica, 0), meta.origin_sequence_nr)
         if highest:
-            yield statement(sql.record_seen(pid, highest))
+            yield statement(sql.record_seen({pid: highest}))
     except GeneratorExit:
         raise  # the connection goes back inside the transaction: the pool rolls it back
     except BaseException:

@@ -13,8 +13,9 @@ sequence numbers (payload and tags copied as stored, never decoded), the seen ro
 offsets stored.
 
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
-the race for a sequence number fails, and the replica's events of the batch are read and written again from a
-savepoint.
+the race for a sequence number fails. The batch is written from one savepoint (the replicas' last events read in
+one statement per table, the seen rows raised in one); a race sends it back there, and each replica's events are
+then read and written again from a savepoint of its own.
 
 A filter (``accept``) decides, per event read, whether it comes here: it is applied where the batch is read, after
 the runner has taken the event in order (so the stream's offsets pass it and the peer's persistence id stays
@@ -255,8 +256,30 @@ class Replicator:
         seen: dict[str, dict[str, int]] = {}
         for row in (yield from rows_of(sql.seen(list(arrivals)))):
             seen.setdefault(row.persistence_id, {})[row.origin_replica] = row.origin_seq_nr
-        for target in sorted(arrivals):
-            yield from self._replica_step(target, arrivals[target], seen.get(target, {}))
+        targets = sorted(arrivals)
+        states = yield from replica_states_step(self.local, self.local_replica, targets, seen)
+        # The whole batch from one savepoint; a local writer's race (rare: it would take the lock) sends it back
+        # there, and each replica is then written from a savepoint of its own, its state read again.
+        yield Statement(f"SAVEPOINT {SAVEPOINT}")
+        try:
+            written = []
+            for target in targets:
+                written.append((yield from self._append_step(target, arrivals[target], states[target])))
+        except psycopg.errors.UniqueViolation:
+            yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            self.stats.races += 1
+            for target in targets:
+                yield from self._replica_step(target, arrivals[target], seen.get(target, {}))
+        else:
+            yield Statement(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            highest = {}
+            for target, (appended, dropped, of_target) in zip(targets, written, strict=True):
+                self.stats.appended += appended
+                self.stats.seen += dropped
+                if of_target:
+                    highest[target] = of_target
+            if highest:
+                yield statement(sql.record_seen(highest))
         self.processor.wrote(self.entity_type)
 
     def process(self, conn: psycopg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
@@ -271,7 +294,8 @@ class Replicator:
         for attempt in range(1, RACE_ATTEMPTS + 1):
             yield Statement(f"SAVEPOINT {SAVEPOINT}")
             try:
-                appended, dropped, highest = yield from self._append_step(target, arrivals, seen)
+                state = yield from replica_state_step(self.local, self.local_replica, target, seen)
+                appended, dropped, highest = yield from self._append_step(target, arrivals, state)
             except psycopg.errors.UniqueViolation:
                 yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
                 self.stats.races += 1
@@ -282,12 +306,11 @@ class Replicator:
             self.stats.appended += appended
             self.stats.seen += dropped
             if highest:
-                yield statement(sql.record_seen(target, highest))
+                yield statement(sql.record_seen({target: highest}))
             return
 
-    def _append_step(self, target: str, arrivals: list[Arrival], seen: dict[str, int]
+    def _append_step(self, target: str, arrivals: list[Arrival], state: ReplicaState
                      ) -> Step[tuple[int, int, dict[str, int]]]:
-        state = yield from replica_state_step(self.local, self.local_replica, target, seen)
         appended = dropped = 0
         highest: dict[str, int] = {}
         # Without tags, and with a BYTEA meta_payload, a persistence id's arrivals go in one statement.
@@ -340,11 +363,31 @@ def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
     last = yield from first_of(sql.last_event(journal.events.table(slice_), persistence_id, slice_))
     if last is None:
         return ReplicaState(replica, 0, VersionVector(), seen or {})
+    return _state_after(replica, last, seen or {})
+
+
+def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Sequence[str],
+                        seen: dict[str, dict[str, int]]) -> Step[dict[str, ReplicaState]]:
+    """:func:`replica_state_step` of each of ``persistence_ids`` (``seen``: theirs), one statement per table."""
+    by_table: dict[str, list[tuple[str, int]]] = {}
+    for pid in persistence_ids:
+        slice_ = slice_for_persistence_id(pid)
+        by_table.setdefault(journal.events.table(slice_), []).append((pid, slice_))
+    states = {pid: ReplicaState(replica, 0, VersionVector(), seen.get(pid, {})) for pid in persistence_ids}
+    for table, of_table in by_table.items():
+        for last in (yield from rows_of(sql.last_events(table, [p for p, _ in of_table], [s for _, s in of_table]))):
+            states[last.persistence_id] = _state_after(replica, last, seen.get(last.persistence_id, {}))
+    return states
+
+
+def _state_after(replica: str, last: Any, seen: dict[str, int]) -> ReplicaState:
+    """The state after ``last`` (a :class:`~pgjournal.store.replication.LastEvent` or ``LastEventOf``): its
+    vector (``{replica: seq_nr}`` for one stored without replication metadata) and ``seen``."""
     meta: ReplicatedEventMetadata | None = None
     if last.meta_ser_id is not None and last.meta_payload is not None:
         meta = event_metadata_of(last.meta_ser_id, last.meta_ser_manifest, bytes(last.meta_payload))[0]
     version = meta.version if meta is not None else VersionVector({replica: last.seq_nr})
-    return ReplicaState(replica, last.seq_nr, version, seen or {})
+    return ReplicaState(replica, last.seq_nr, version, seen)
 
 
 def replica_state(conn: psycopg.Connection, journal: JournalCore, replica: str, persistence_id: str,

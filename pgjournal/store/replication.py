@@ -41,6 +41,17 @@ class LastEvent:
     meta_payload: bytes | None
 
 
+@dataclass(frozen=True, slots=True)
+class LastEventOf:
+    """:func:`last_events`: :class:`LastEvent` with its persistence id first."""
+
+    persistence_id: str
+    seq_nr: int
+    meta_ser_id: int | None
+    meta_ser_manifest: str | None
+    meta_payload: bytes | None
+
+
 LOCK_SQL = f"""
 SELECT count(pg_advisory_xact_lock({LOCK_CLASS}, hashtext(p)))
 FROM (SELECT p FROM unnest(%(pids)s::text[]) AS u(p) ORDER BY p) AS sorted"""
@@ -49,12 +60,18 @@ SELECT persistence_id, origin_replica, origin_seq_nr FROM {SEEN_TABLE}
 WHERE persistence_id = ANY(%(pids)s::text[])"""
 RECORD_SEEN_SQL = f"""
 INSERT INTO {SEEN_TABLE} (persistence_id, origin_replica, origin_seq_nr)
-SELECT %(pid)s, u.origin, u.seq FROM unnest(%(origins)s::text[], %(seqs)s::bigint[]) AS u(origin, seq)
+SELECT u.pid, u.origin, u.seq FROM unnest(%(pids)s::text[], %(origins)s::text[], %(seqs)s::bigint[])
+    AS u(pid, origin, seq)
 ON CONFLICT (persistence_id, origin_replica)
 DO UPDATE SET origin_seq_nr = GREATEST({SEEN_TABLE}.origin_seq_nr, EXCLUDED.origin_seq_nr)"""
 LAST_EVENT_SQL = """
 SELECT seq_nr, meta_ser_id, meta_ser_manifest, meta_payload FROM {table}
 WHERE persistence_id = %(pid)s AND slice = %(slice)s ORDER BY seq_nr DESC LIMIT 1"""
+LAST_EVENTS_SQL = """
+SELECT u.pid, e.seq_nr, e.meta_ser_id, e.meta_ser_manifest, e.meta_payload
+FROM unnest(%(pids)s::text[], %(slices)s::int[]) AS u(pid, slice)
+CROSS JOIN LATERAL (SELECT seq_nr, meta_ser_id, meta_ser_manifest, meta_payload FROM {table}
+                    WHERE persistence_id = u.pid AND slice = u.slice ORDER BY seq_nr DESC LIMIT 1) AS e"""
 RECENT_SQL = f"""
 SELECT count(*) FROM {tables.EVENT_JOURNAL}
 WHERE slice BETWEEN 0 AND 1023 AND entity_type = %(entity_type)s AND db_timestamp > %(since)s AND writer = %(writer)s"""
@@ -125,14 +142,23 @@ def seen(pids: Sequence[str]) -> Read[SeenRow]:
     return rows(SeenRow, SEEN_SQL, {"pids": list(pids)})
 
 
-def record_seen(pid: str, highest: Mapping[str, int]) -> Query:
-    """Raise the seen rows of ``pid`` to ``highest`` (origin replica to origin sequence number); never lowers."""
-    return RECORD_SEEN_SQL, {"pid": pid, "origins": list(highest), "seqs": list(highest.values())}
+def record_seen(highest: Mapping[str, Mapping[str, int]]) -> Query:
+    """Raise the seen rows of each persistence id to its ``highest`` (origin replica to origin sequence number);
+    never lowers."""
+    pairs = [(pid, origin, seq) for pid, of_pid in highest.items() for origin, seq in of_pid.items()]
+    return RECORD_SEEN_SQL, {"pids": [p[0] for p in pairs], "origins": [p[1] for p in pairs],
+                             "seqs": [p[2] for p in pairs]}
 
 
 def last_event(table: str, pid: str, slice_: int) -> Read[LastEvent]:
     """The highest event of ``pid`` in ``table`` (the dialect's table of its slice), with its metadata columns."""
     return rows(LastEvent, LAST_EVENT_SQL.format(table=table), {"pid": pid, "slice": slice_})
+
+
+def last_events(table: str, pids: Sequence[str], slices: Sequence[int]) -> Read[LastEventOf]:
+    """:func:`last_event` of each of ``pids`` (of ``slices``, all in ``table``) in one statement; a persistence id
+    with no event has no row."""
+    return rows(LastEventOf, LAST_EVENTS_SQL.format(table=table), {"pids": list(pids), "slices": list(slices)})
 
 
 def recent(entity_type: str, writer: str, since: datetime) -> Read[int]:
