@@ -137,18 +137,24 @@ async def test_an_unknown_outcome_is_settled_before_answering(aj: AsyncJournal, 
 
 async def test_cancelling_waiting_and_leading_callers(aj: AsyncJournal) -> None:
     repo = AsyncEntityRepository(aj, Account)
-    gate = asyncio.Event()
+    gate, appending = asyncio.Event(), asyncio.Event()
     real_append = aj.append
 
     async def held_append(*args: Any, **kwargs: Any) -> Any:
+        appending.set()
         await gate.wait()
         return await real_append(*args, **kwargs)
 
     aj.append = held_append  # type: ignore[method-assign]
     leader = asyncio.create_task(repo.handle("a", ("deposit", 5, "lead")))
-    await asyncio.sleep(0.05)
+    # The order built, not timed: the leader holds its batch (in its append) before the others queue behind it.
+    await asyncio.wait_for(appending.wait(), 30)
     waiting = [asyncio.create_task(repo.handle("a", ("deposit", 1, f"w{i}"))) for i in range(3)]
-    await asyncio.sleep(0.05)
+
+    async def queued() -> bool:
+        return len(repo._amailboxes._boxes.get(repo.persistence_id("a"), ())) == 3
+
+    await eventually(queued, "the three callers queued behind the leader")
     waiting[1].cancel()  # withdrawn: never decided
     leader.cancel()  # its batch ends; the next waiting caller leads
     with pytest.raises(asyncio.CancelledError):
