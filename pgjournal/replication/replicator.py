@@ -380,9 +380,9 @@ def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Seq
     return states
 
 
-def _state_after(replica: str, last: Any, seen: dict[str, int]) -> ReplicaState:
-    """The state after ``last`` (a :class:`~pgjournal.store.replication.LastEvent` or ``LastEventOf``): its
-    vector (``{replica: seq_nr}`` for one stored without replication metadata) and ``seen``."""
+def _state_after(replica: str, last: sql.LastEvent | sql.LastEventOf, seen: dict[str, int]) -> ReplicaState:
+    """The state after ``last``: its vector (``{replica: seq_nr}`` for one stored without replication metadata)
+    and ``seen``."""
     meta: ReplicatedEventMetadata | None = None
     if last.meta_ser_id is not None and last.meta_payload is not None:
         meta = event_metadata_of(last.meta_ser_id, last.meta_ser_manifest, bytes(last.meta_payload))[0]
