@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.parsing import parse, parse_file, parse_files
 
 pytestmark = pytest.mark.mode_independent
 
@@ -93,7 +94,7 @@ def imported_names(path: Path, module: str) -> set[str]:
             names.add(base)
             names.update(f"{base}.{alias.name}" for alias in node.names)
 
-    Visitor().visit(ast.parse(path.read_text()))
+    Visitor().visit(parse_file(path))
     return names
 
 
@@ -101,6 +102,7 @@ def import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")
                if not any(p.is_relative_to(ROOT / "pgjournal" / add_on.split(".")[1]) for add_on in ADD_ONS)}
     graph: dict[str, set[str]] = {}
+    parse_files(modules.values())  # one child process for them all
     for module, path in modules.items():
         deps = set()
         for name in imported_names(path, module):
@@ -190,7 +192,7 @@ ANNOTATIONS_FROM_ABOVE: set[tuple[str, str]] = set()
 def annotation_imports(path: Path) -> set[str]:
     """The pgjournal modules ``path`` imports under ``if TYPE_CHECKING:``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             found |= {sub.module for child in node.body for sub in ast.walk(child)
                       if isinstance(sub, ast.ImportFrom) and sub.module and sub.module.startswith("pgjournal")}
@@ -241,7 +243,7 @@ _SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|TRUNCATE|CREATE|ALTER|DROP|
 def sql_literals(path: Path) -> list[str]:
     """The string literals (f-strings' text included) of ``path`` that begin as an SQL statement does."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.match(node.value):
             found.append(f"{path.name}:{node.lineno}: {node.value[:40]!r}")
     return found
@@ -261,9 +263,9 @@ def test_the_sql_checker_sees_a_statement_in_an_f_string(tmp_path: Path) -> None
 
 def test_every_error_is_a_public_name() -> None:
     # "An error: in pgjournal/errors.py under JournalError, exported from pgjournal/__init__.py" (ARCHITECTURE.md)
-    tree = ast.parse((ROOT / "pgjournal" / "errors.py").read_text())
+    tree = parse_file(ROOT / "pgjournal" / "errors.py")
     errors = {node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")}
-    init = ast.parse((ROOT / "pgjournal" / "__init__.py").read_text())
+    init = parse_file(ROOT / "pgjournal" / "__init__.py")
     public = next(ast.literal_eval(node.value) for node in init.body
                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
     assert sorted(errors - set(public)) == []
@@ -291,11 +293,11 @@ def _main_guard_last(tree: ast.Module) -> bool:
 
 
 def test_nothing_is_defined_below_a_main_guard() -> None:
-    late = [str(p.relative_to(ROOT)) for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))
-            if not _main_guard_last(ast.parse(p.read_text()))]
+    trees = parse_files(p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py")))
+    late = [str(p.relative_to(ROOT)) for p, tree in trees.items() if not _main_guard_last(tree)]
     assert late == []
 
 
 def test_the_main_guard_checker_sees_a_function_below_it() -> None:
-    assert not _main_guard_last(ast.parse('if __name__ == "__main__":\n    main()\n\ndef helper():\n    pass\n'))
-    assert _main_guard_last(ast.parse("def helper():\n    pass\n\nif __name__ == '__main__':\n    helper()\n"))
+    assert not _main_guard_last(parse('if __name__ == "__main__":\n    main()\n\ndef helper():\n    pass\n'))
+    assert _main_guard_last(parse("def helper():\n    pass\n\nif __name__ == '__main__':\n    helper()\n"))

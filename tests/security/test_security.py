@@ -4,7 +4,6 @@ never in logs, errors or CLI output, and least-privilege roles applied to a real
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import logging
 import pathlib
 import re
@@ -17,6 +16,7 @@ import pytest
 from support import FAST, SECRET, Roles, create_login_role, role_dsn
 from support.eventually import eventually
 from support.faultproxy import fault_proxy
+from support.parsing import parse, parse_files
 from support.tags import tags_written
 from typer.testing import CliRunner
 
@@ -371,22 +371,14 @@ ALLOWED_IN_SQL_TEXT = re.compile(
     r"^(table|DEMO_DB|DATABASE|VERSION_TABLE|CHANNEL)$")
 
 
-def _parsed(path: pathlib.Path) -> ast.Module:
-    """``ast.parse`` in a thread of its own: late in a long run CPython 3.11.7 raised "AST constructor recursion
-    depth mismatch" from the suite's thread (its recursion bookkeeping, not the source); a new thread starts it
-    afresh."""
-    with concurrent.futures.ThreadPoolExecutor(1) as thread:
-        return thread.submit(ast.parse, path.read_text()).result()
-
-
 def test_statements_interpolate_only_table_names_never_values() -> None:
     """Every ``execute`` whose SQL text is built in place (f-string, ``.format``, ``+``) may interpolate only
     a table or channel name chosen by pgjournal; values always go as parameters. A new f-string with a value
     in it fails here."""
     found: list[str] = []
     sources = [*ROOT.glob("pgjournal/**/*.py"), *ROOT.glob("projections/**/*.py"), *ROOT.glob("spark/**/*.py")]
-    for path in sorted(sources):
-        for node in ast.walk(_parsed(path)):
+    for path, tree in parse_files(sorted(sources)).items():
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in ("execute", "executemany") and node.args):
                 continue
@@ -424,7 +416,7 @@ def sql_over_tables(source: str) -> list[tuple[int, str]]:
     names = "|".join(pgjournal_tables())
     pattern = re.compile(rf"\b(?:FROM|INTO|UPDATE|JOIN|TRUNCATE|TABLE)\s+(?:ONLY\s+)?(?:{names}|event_journal_\d+"
                          rf"|\{{[^}}]*\}})(?!\w)|to_regclass\('(?:{names})")
-    tree = ast.parse(source)
+    tree = parse(source)
     skip = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
