@@ -135,24 +135,38 @@ SERVER_FIXTURES = frozenset({"server_dsn", "private_server", "spark"})
 #: Under ``--dist loadgroup`` the tests marked ``timing`` (they time the machine as well as the code) are one group,
 #: and the Spark tests (a JVM each worker runs them on) are dealt in turn to :data:`SPARK_GROUPS` groups: one worker
 #: runs each group's tests one after another, so no two timing tests run side by side, and two JVMs, not one per
-#: worker, share the Spark tests, the suite's longest chain (bench/results/suite-cost.md).
+#: worker, share the Spark tests, the suite's longest chain (bench/results/suite-cost.md). The tests of a module
+#: marked ``one_worker`` (they share a module fixture that is costly to build: a standby, a wheel and its venv) go
+#: to one worker together, in the group of the module's first test, so that the fixture is built once, not once per
+#: worker that draws one of them.
 TIMING_GROUP = "timing"
 SPARK_GROUPS = 2
 
 
+def _group(item: pytest.Item, spark_tests: int) -> str | None:
+    if item.get_closest_marker("spark") is not None:
+        return f"spark-{spark_tests % SPARK_GROUPS}"
+    if item.get_closest_marker("timing") is not None:
+        return TIMING_GROUP
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), :data:`TIMING_GROUP` on the tests that
-    time the machine; in portable mode, tests of a PostgreSQL-only feature skip, naming it
+    """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), the xdist groups (see
+    :data:`TIMING_GROUP`); in portable mode, tests of a PostgreSQL-only feature skip, naming it
     (``@pytest.mark.postgres_only``)."""
     spark_tests = 0
+    module_groups: dict[str, str] = {}
     for item in items:
         if SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("servers") is None:
             item.add_marker(pytest.mark.unit)
-        if item.get_closest_marker("spark") is not None:
-            item.add_marker(pytest.mark.xdist_group(f"spark-{spark_tests % SPARK_GROUPS}"))
-            spark_tests += 1
-        elif item.get_closest_marker("timing") is not None:
-            item.add_marker(pytest.mark.xdist_group(TIMING_GROUP))
+        group = _group(item, spark_tests)
+        spark_tests += item.get_closest_marker("spark") is not None
+        if item.get_closest_marker("one_worker") is not None:
+            module = item.nodeid.split("::")[0]
+            group = module_groups.setdefault(module, group or f"module-{module}")
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if not PORTABLE:
         return
     for item in items:

@@ -203,6 +203,7 @@ def test_no_module_names_a_place_above_in_its_annotations_but_the_known_ones() -
     rank = {name: i for i, name in enumerate(ORDER)}
     core = [p for p in (ROOT / "pgjournal").rglob("*.py")
             if not any(p.is_relative_to(ROOT / "pgjournal" / add_on.split(".")[1]) for add_on in ADD_ONS)]
+    parse_files(core)  # one child process for them all
     found = {(module_name(p), target) for p in core for target in annotation_imports(p)
              if place(target) in rank and rank[place(target)] > rank[place(module_name(p))]}
     assert sorted(found - ANNOTATIONS_FROM_ABOVE) == []
@@ -252,7 +253,8 @@ def sql_literals(path: Path) -> list[str]:
 def test_the_shards_package_keeps_its_sql_in_the_store() -> None:
     # the sharded journal and the move run the statements of store/shard_layout.py, store/shard_guard.py and
     # store/catalog.py, as the rest of the code runs the store's
-    assert [hit for path in sorted((ROOT / "pgjournal" / "shards").glob("*.py")) for hit in sql_literals(path)] == []
+    paths = parse_files(sorted((ROOT / "pgjournal" / "shards").glob("*.py")))
+    assert [hit for path in paths for hit in sql_literals(path)] == []
 
 
 def test_the_sql_checker_sees_a_statement_in_an_f_string(tmp_path: Path) -> None:
@@ -263,9 +265,8 @@ def test_the_sql_checker_sees_a_statement_in_an_f_string(tmp_path: Path) -> None
 
 def test_every_error_is_a_public_name() -> None:
     # "An error: in pgjournal/errors.py under JournalError, exported from pgjournal/__init__.py" (ARCHITECTURE.md)
-    tree = parse_file(ROOT / "pgjournal" / "errors.py")
+    tree, init = parse_files([ROOT / "pgjournal" / "errors.py", ROOT / "pgjournal" / "__init__.py"]).values()
     errors = {node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")}
-    init = parse_file(ROOT / "pgjournal" / "__init__.py")
     public = next(ast.literal_eval(node.value) for node in init.body
                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__")
     assert sorted(errors - set(public)) == []

@@ -27,7 +27,7 @@ from pgjournal import Journal, RetriesExhausted
 from pgjournal.admin.migrate import upgrade
 from pgjournal.server.embedded import EmbeddedServer
 
-pytestmark = [pytest.mark.mode_independent, pytest.mark.servers]
+pytestmark = [pytest.mark.mode_independent, pytest.mark.servers, pytest.mark.one_worker]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 import pgjournal
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.timeout(300), pytest.mark.mode_independent, pytest.mark.servers]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.mode_independent, pytest.mark.servers, pytest.mark.one_worker]
 
 
 def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:

@@ -410,13 +410,12 @@ def pgjournal_tables() -> list[str]:
     return sorted({*metadata.tables, *OFFSET_TABLES}, key=len, reverse=True)
 
 
-def sql_over_tables(source: str) -> list[tuple[int, str]]:
+def sql_over_tables(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, SQL fragment) of each string or f-string (docstrings aside) that names one of pgjournal's tables,
     or a formatted-in name, where SQL puts a table: after FROM, INTO, UPDATE, JOIN, TRUNCATE or TABLE."""
     names = "|".join(pgjournal_tables())
     pattern = re.compile(rf"\b(?:FROM|INTO|UPDATE|JOIN|TRUNCATE|TABLE)\s+(?:ONLY\s+)?(?:{names}|event_journal_\d+"
                          rf"|\{{[^}}]*\}})(?!\w)|to_regclass\('(?:{names})")
-    tree = parse(source)
     skip = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
@@ -447,7 +446,7 @@ D = """UPDATE projection_lease SET owner = NULL"""
 E = "SELECT 1 FROM event_journal_3"
 F = "select * from my_read_model; the table snapshot is fine in prose"
 '''
-    assert [line for line, _ in sql_over_tables(source)] == [3, 4, 5, 6, 7]
+    assert [line for line, _ in sql_over_tables(parse(source))] == [3, 4, 5, 6, 7]
 
 
 def test_sql_over_pgjournal_tables_is_only_in_stores_and_schema_management() -> None:
@@ -455,9 +454,9 @@ def test_sql_over_pgjournal_tables_is_only_in_stores_and_schema_management() -> 
     (see ARCHITECTURE.md); a query written in place elsewhere fails here."""
     found = []
     sources = [*ROOT.glob("pgjournal/**/*.py"), *ROOT.glob("projections/**/*.py"), *ROOT.glob("spark/**/*.py")]
-    for path in sorted(sources):
+    for path, tree in parse_files(sorted(sources)).items():
         name = path.relative_to(ROOT).as_posix()
         if name.startswith(("pgjournal/store/", *SCHEMA_MANAGEMENT)):
             continue
-        found += [f"{name}:{line}: {text}" for line, text in sql_over_tables(path.read_text())]
+        found += [f"{name}:{line}: {text}" for line, text in sql_over_tables(tree)]
     assert found == [], "SQL over pgjournal's tables outside pgjournal/store/"

@@ -15,7 +15,7 @@ from support.standby import StandbyPair, standby_pair
 
 from pgjournal import ConfigurationError, InvalidArgument, Journal
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.one_worker]  # one standby for the module
 pytest.importorskip("pyspark")
 
 
