@@ -256,7 +256,7 @@ class RangeLogic:
         next_lag = now
         while not self._stop.is_set():
             self._check_lease()
-            item = yield Call(self._next, (0.05 if pending.waiting() else 0.2,))
+            item = yield Call(self._next, (pending.wait(time.monotonic()),))
             now = time.monotonic()
             if item is not None:
                 self.stats.read += 1
@@ -566,8 +566,10 @@ class _Pending:
     def __init__(self, runner: RangeLogic, store: OffsetStore) -> None:
         self.runner, self.store = runner, store
 
-    def waiting(self) -> bool:
-        return False
+    def wait(self, now: float) -> float:
+        """How long the next read may wait for an envelope: until what is pending is due, at most 0.2 s (the
+        loop's housekeeping and stop checks)."""
+        return 0.2
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         raise NotImplementedError
@@ -597,8 +599,8 @@ class _Groups(_Pending):
         self.group: list[EventEnvelope] = []
         self.due = 0.0
 
-    def waiting(self) -> bool:
-        return bool(self.group)
+    def wait(self, now: float) -> float:
+        return min(0.2, max(0.001, self.due - now)) if self.group else 0.2
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         if not self.group:
@@ -623,8 +625,8 @@ class _Unsaved(_Pending):
         self.count = 0
         self.due = 0.0
 
-    def waiting(self) -> bool:
-        return bool(self.unsaved)
+    def wait(self, now: float) -> float:
+        return min(0.2, max(0.001, self.due - now)) if self.unsaved else 0.2
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         if not self.unsaved:

@@ -59,6 +59,12 @@ class Dialect:
             return f"event_journal_{slice_ // (NUMBER_OF_SLICES // self.akka_partitions)}"
         return "event_journal"
 
+    def batch_table(self, slice_: int) -> str:
+        """The table a statement over several persistence ids' events goes to (one statement for them all,
+        where :meth:`event_table` would take one per table): the table the database routes to the slice's
+        partition, or :meth:`event_table`'s where nothing routes."""
+        return self.event_table(slice_)
+
     def event_store(self, jsonb: frozenset[str] = frozenset()) -> EventStore:
         """The SQL over the journal table in this dialect (see :mod:`pgjournal.store`); ``jsonb``: the
         payload columns (``event_payload``, ``meta_payload``) that are JSONB."""

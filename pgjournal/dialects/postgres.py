@@ -35,6 +35,12 @@ class PostgresDialect(Dialect):
         # single-row statement itself (EXPLAIN ANALYZE: planning time above execution time).
         return partition_name(slice_ // SLICES_PER_PARTITION)
 
+    def batch_table(self, slice_: int) -> str:
+        # The partitioned table routes each row (and prunes a per-row lookup at run time): one statement where
+        # naming the partitions takes one per partition (the replicator's batches: python -m bench
+        # replication-throughput).
+        return super().event_table(slice_)
+
     def create_table(self, table: Table, *, without: frozenset[str] = frozenset()) -> list[str]:
         statements = super().create_table(table, without=without)
         if table.name != "event_journal":

@@ -16,7 +16,7 @@ instead of decoded events and metadata: the bytes as the source stored them, to 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -104,23 +104,43 @@ def append_events_step(journal: JournalCore, persistence_id: str, events: Sequen
     return out
 
 
-def append_with_metadata_step(journal: JournalCore, persistence_id: str, events: Sequence[tuple[Stored, Stored]],
-                              *, expected: int, writer: str | None = None) -> Step[list[int]]:
-    """Append ``events`` (each ``(event, its metadata)``, both as stored) to ``persistence_id`` after ``expected``
-    in one statement, inside the open transaction of the connection the step runs on; their sequence numbers, in
-    order (a conflict raises the database's ``UniqueViolation``, as :func:`append_events_step`). No tags; a
-    journal whose ``meta_payload`` is JSONB takes them one by one with :func:`append_events_step`."""
-    pid = check_persistence_id(persistence_id)
-    slice_ = slice_for_persistence_id(pid)
-    params = {"slice": slice_, "entity_type": entity_type_of(pid), "pid": pid, "writer": writer or journal.writer_id,
-              "expected": expected,
-              "ser_ids": [e.ser_id for e, _ in events], "manifests": [e.manifest for e, _ in events],
-              "payloads": [bytes(e.payload) for e, _ in events], "meta_ser_ids": [m.ser_id for _, m in events],
-              "meta_manifests": [m.manifest for _, m in events], "meta_payloads": [m.payload for _, m in events]}
-    rows = yield statement((journal.events.append_with_metadata(slice_), params))
-    if not rows:
-        raise InvalidArgument(f"cannot append to {pid!r} after seq_nr {expected}: that event does not exist")
-    return sorted(row[0] for row in rows)
+def append_many_with_metadata_step(journal: JournalCore,
+                                   appends: Mapping[str, tuple[int, Sequence[tuple[Stored, Stored]]]], *,
+                                   writer: str | None = None) -> Step[dict[str, list[int]]]:
+    """Append to each persistence id of ``appends`` its events after its ``expected`` (``pid: (expected, [(event,
+    its metadata), ...])``, both as stored), in one statement per table, inside the open transaction of the
+    connection the step runs on; each persistence id's sequence numbers, in order (a conflict raises the
+    database's ``UniqueViolation``, as :func:`append_events_step`; an ``expected`` that does not exist raises
+    :class:`InvalidArgument`). No tags; a journal whose ``meta_payload`` is JSONB takes them one by one with
+    :func:`append_events_step`."""
+    by_table: dict[str, list[tuple[str, int]]] = {}
+    for pid in appends:
+        slice_ = slice_for_persistence_id(check_persistence_id(pid))
+        by_table.setdefault(journal.events.batch_table(slice_), []).append((pid, slice_))
+    numbers: dict[str, list[int]] = {pid: [] for pid in appends}
+    for of_table in by_table.values():
+        params: dict[str, Any] = {
+            "writer": writer or journal.writer_id, "slices": [s for _, s in of_table],
+            "entity_types": [entity_type_of(pid) for pid, _ in of_table], "pids": [pid for pid, _ in of_table],
+            "expecteds": [appends[pid][0] for pid, _ in of_table], "of": [], "ords": [], "ser_ids": [],
+            "manifests": [], "payloads": [], "meta_ser_ids": [], "meta_manifests": [], "meta_payloads": []}
+        for n, (pid, _) in enumerate(of_table, 1):
+            for ord_, (event, meta) in enumerate(appends[pid][1], 1):
+                params["of"].append(n)
+                params["ords"].append(ord_)
+                params["ser_ids"].append(event.ser_id)
+                params["manifests"].append(event.manifest)
+                params["payloads"].append(bytes(event.payload))
+                params["meta_ser_ids"].append(meta.ser_id)
+                params["meta_manifests"].append(meta.manifest)
+                params["meta_payloads"].append(meta.payload)
+        for pid, seq_nr in (yield statement((journal.events.append_many_with_metadata(of_table[0][1]), params))):
+            numbers[pid].append(seq_nr)
+    missing = [pid for pid, (_, events) in appends.items() if events and not numbers[pid]]
+    if missing:
+        raise InvalidArgument(f"cannot append to {missing[0]!r} after seq_nr {appends[missing[0]][0]}: that event "
+                              "does not exist")
+    return {pid: sorted(found) for pid, found in numbers.items()}
 
 
 def append_events(conn: psycopg.Connection, journal: JournalCore, persistence_id: str, events: Sequence[Any], *,

@@ -14,7 +14,8 @@ offsets stored.
 
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
 the race for a sequence number fails. The batch is written from one savepoint (the replicas' last events read in
-one statement per table, the seen rows raised in one); a race sends it back there, and each replica's events are
+one statement per table, their events appended in one per table, the seen rows raised in one); a race sends it
+back there, and each replica's events are
 then read and written again from a savepoint of its own.
 
 A filter (``accept``) decides, per event read, whether it comes here: it is applied where the batch is read, after
@@ -28,7 +29,7 @@ event is dropped when its origin sequence number is at most the highest held, no
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -54,7 +55,7 @@ from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, ru
 from pgjournal.store import replication as sql
 from pgjournal.validation import check_name, load_attribute
 
-from .processor import EventProcessor, Stored, append_events_step, append_with_metadata_step
+from .processor import EventProcessor, Stored, append_events_step, append_many_with_metadata_step
 
 if TYPE_CHECKING:
     from pgjournal.codec.replicated import MetadataEntry
@@ -265,6 +266,7 @@ class Replicator:
             written = []
             for target in targets:
                 written.append((yield from self._append_step(target, arrivals[target], states[target])))
+            yield from self._together_step(dict(zip(targets, written, strict=True)))
         except psycopg.errors.UniqueViolation:
             yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
             self.stats.races += 1
@@ -273,11 +275,11 @@ class Replicator:
         else:
             yield Statement(f"RELEASE SAVEPOINT {SAVEPOINT}")
             highest = {}
-            for target, (appended, dropped, of_target) in zip(targets, written, strict=True):
-                self.stats.appended += appended
-                self.stats.seen += dropped
-                if of_target:
-                    highest[target] = of_target
+            for target, done in zip(targets, written, strict=True):
+                self.stats.appended += done.appended
+                self.stats.seen += done.dropped
+                if done.highest:
+                    highest[target] = done.highest
             if highest:
                 yield statement(sql.record_seen(highest))
         self.processor.wrote(self.entity_type)
@@ -295,7 +297,8 @@ class Replicator:
             yield Statement(f"SAVEPOINT {SAVEPOINT}")
             try:
                 state = yield from replica_state_step(self.local, self.local_replica, target, seen)
-                appended, dropped, highest = yield from self._append_step(target, arrivals, state)
+                done = yield from self._append_step(target, arrivals, state)
+                yield from self._together_step({target: done})
             except psycopg.errors.UniqueViolation:
                 yield Statement(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
                 self.stats.races += 1
@@ -303,31 +306,29 @@ class Replicator:
                     raise
                 continue
             yield Statement(f"RELEASE SAVEPOINT {SAVEPOINT}")
-            self.stats.appended += appended
-            self.stats.seen += dropped
-            if highest:
-                yield statement(sql.record_seen({target: highest}))
+            self.stats.appended += done.appended
+            self.stats.seen += done.dropped
+            if done.highest:
+                yield statement(sql.record_seen({target: done.highest}))
             return
 
-    def _append_step(self, target: str, arrivals: list[Arrival], state: ReplicaState
-                     ) -> Step[tuple[int, int, dict[str, int]]]:
-        appended = dropped = 0
-        highest: dict[str, int] = {}
-        # Without tags, and with a BYTEA meta_payload, a persistence id's arrivals go in one statement.
+    def _append_step(self, target: str, arrivals: list[Arrival], state: ReplicaState) -> Step[_Written]:
+        """The arrival rule over ``target``'s arrivals: events with tags, or into a JSONB ``meta_payload``, are
+        appended here one by one; the others are left in :attr:`_Written.together` for :meth:`_together_step`."""
+        done = _Written(first=state.seq_nr)
+        # Without tags, and with a BYTEA meta_payload, the batch's arrivals go in one statement per table.
         together = "meta_payload" not in self.local.events.jsonb and not any(a.envelope.tags for a in arrivals)
-        pending: list[tuple[Stored, Stored]] = []
-        first = state.seq_nr
         for arrival in arrivals:
             if arrival.filtered:
                 meta = arrival.metadata
                 if not state.has_seen(meta):  # seen from now on, so no other path brings it
                     state = ReplicaState(state.replica, state.seq_nr, state.version,
                                          {**state.seen, meta.origin_replica: meta.origin_sequence_nr})
-                    highest[meta.origin_replica] = meta.origin_sequence_nr
+                    done.highest[meta.origin_replica] = meta.origin_sequence_nr
                 continue
             received = arrival_rule(state, arrival.metadata, arrival.origin_version)
             if received is None:
-                dropped += 1
+                done.dropped += 1
                 continue
             after, stored = received.state, received.metadata
             beside = [] if received.origin_version == stored.version else [wire.MetadataEntry(
@@ -336,7 +337,7 @@ class Replicator:
             event = arrival.envelope.event
             assert isinstance(event, Stored)
             if together:
-                pending.append((event, Stored(ser_id, manifest, payload)))
+                done.together.append((event, Stored(ser_id, manifest, payload)))
             else:
                 [(seq_nr, _)] = yield from append_events_step(
                     self.local, target, [event], expected=state.seq_nr, metadata=Stored(ser_id, manifest, payload),
@@ -344,14 +345,35 @@ class Replicator:
                 if seq_nr != after.seq_nr:
                     raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nr {seq_nr}, not {after.seq_nr}")
             state = after
-            highest[stored.origin_replica] = stored.origin_sequence_nr
-            appended += 1
-        if pending:
-            numbers = yield from append_with_metadata_step(self.local, target, pending, expected=first,
-                                                           writer=self.writer)
-            if numbers != list(range(first + 1, state.seq_nr + 1)):
-                raise psycopg.errors.UniqueViolation(f"{target!r} got seq_nrs {numbers[:3]}..., not from {first + 1}")
-        return appended, dropped, highest
+            done.highest[stored.origin_replica] = stored.origin_sequence_nr
+            done.appended += 1
+        return done
+
+    def _together_step(self, written: dict[str, _Written]) -> Step[None]:
+        """The arrivals :meth:`_append_step` left together, one statement per table; a persistence id that did
+        not get the next numbers lost a race (raised as the key's violation would be)."""
+        appends = {target: (done.first, done.together) for target, done in written.items() if done.together}
+        if not appends:
+            return
+        numbers = yield from append_many_with_metadata_step(self.local, appends, writer=self.writer)
+        for target, (first, events) in appends.items():
+            if numbers[target] != list(range(first + 1, first + len(events) + 1)):
+                raise psycopg.errors.UniqueViolation(
+                    f"{target!r} got seq_nrs {numbers[target][:3]}..., not from {first + 1}")
+
+
+@dataclass
+class _Written:
+    """What the arrival rule made of one replica's arrivals in a batch."""
+
+    #: The sequence number the events in :attr:`together` follow.
+    first: int
+    appended: int = 0
+    dropped: int = 0
+    #: The highest origin sequence number now held, per origin (the seen rows to raise).
+    highest: dict[str, int] = field(default_factory=dict)
+    #: Events (and their metadata) for one statement with the batch's other replicas.
+    together: list[tuple[Stored, Stored]] = field(default_factory=list)
 
 
 def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
@@ -372,7 +394,7 @@ def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Seq
     by_table: dict[str, list[tuple[str, int]]] = {}
     for pid in persistence_ids:
         slice_ = slice_for_persistence_id(pid)
-        by_table.setdefault(journal.events.table(slice_), []).append((pid, slice_))
+        by_table.setdefault(journal.events.batch_table(slice_), []).append((pid, slice_))
     states = {pid: ReplicaState(replica, 0, VersionVector(), seen.get(pid, {})) for pid in persistence_ids}
     for table, of_table in by_table.items():
         for last in (yield from rows_of(sql.last_events(table, [p for p, _ in of_table], [s for _, s in of_table]))):

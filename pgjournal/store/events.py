@@ -66,10 +66,28 @@ RETURNING seq_nr, db_timestamp
 PREVIOUS = {"expected": AFTER_EXPECTED, "latest": AFTER_LATEST, "known": AFTER_KNOWN}
 MANY_EVENTS = """unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[])
     WITH ORDINALITY AS e(ser_id, manifest, payload, ord)"""
-# Events each with metadata of its own (a replicated event's vector differs from one to the next).
-MANY_EVENTS_WITH_META = """unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
+# Several persistence ids' events, each with metadata of its own, in one statement (the replicator's batch): each
+# persistence id's predecessor read once, by its (persistence id, slice, seq_nr) key, its events stamped as one
+# append's are (:data:`NEXT_TIMESTAMP` over that predecessor).
+MANY_PIDS_WITH_META = """
+INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
+    event_ser_id, event_ser_manifest, event_payload, meta_ser_id, meta_ser_manifest, meta_payload)
+SELECT p.slice, p.entity_type, p.pid, p.expected + e.ord, p.ts, %(writer)s, '',
+    e.ser_id, e.manifest, e.payload, e.meta_ser_id, e.meta_manifest, e.meta_payload
+FROM (
+    SELECT u.n, u.slice, u.entity_type, u.pid, u.expected, prev.ts
+    FROM unnest(%(slices)s::int[], %(entity_types)s::text[], %(pids)s::text[], %(expecteds)s::bigint[])
+        WITH ORDINALITY AS u(slice, entity_type, pid, expected, n)
+    CROSS JOIN LATERAL (
+        SELECT {next_timestamp} AS ts FROM {table}
+        WHERE persistence_id = u.pid AND slice = u.slice AND seq_nr = u.expected
+        HAVING u.expected = 0 OR COUNT(*) > 0) AS prev
+) AS p
+JOIN unnest(%(of)s::bigint[], %(ords)s::bigint[], %(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
     %(meta_ser_ids)s::int[], %(meta_manifests)s::text[], %(meta_payloads)s::bytea[])
-    WITH ORDINALITY AS e(ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload, ord)"""
+    AS e(n, ord, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload) ON e.n = p.n
+RETURNING persistence_id, seq_nr
+"""
 # One event (the common case) without arrays: measurably cheaper for the server to plan and run.
 ONE_EVENT = "(SELECT %(ser_id)s::int AS ser_id, %(manifest)s::text AS manifest, %(payload)s::bytea AS payload, " \
     "1 AS ord) AS e"
@@ -152,6 +170,11 @@ class EventStore:
         """The table of a slice's events (for the sibling stores that extend these statements)."""
         return self._dialect.event_table(slice_)
 
+    def batch_table(self, slice_: int) -> str:
+        """The table of a statement over several persistence ids (see :meth:`Dialect.batch_table
+        <pgjournal.dialects.base.Dialect.batch_table>`)."""
+        return self._dialect.batch_table(slice_)
+
     # -- writes ----------------------------------------------------------------------------------------
 
     def append(self, slice_: int, *, after_latest: bool = False, single: bool, after: str | None = None,
@@ -161,14 +184,16 @@ class EventStore:
         return insert_sql(self.table(slice_), after_latest=after_latest, single=single, after=after, tags=tags,
                           meta=meta, **self.payload_sql)
 
-    def append_with_metadata(self, slice_: int) -> str:
-        """Several events after ``expected``, each with its own ``meta_*`` (arrays ``meta_ser_ids``,
-        ``meta_manifests``, ``meta_payloads`` beside ``ser_ids``, ``manifests``, ``payloads``), no tags; BYTEA
-        metadata only (see :attr:`jsonb`)."""
+    def append_many_with_metadata(self, slice_: int) -> str:
+        """Events of several persistence ids of one table (the :meth:`batch_table` of ``slice_``), each after its own
+        ``expected`` and each event with its own ``meta_*``, in one statement; no tags; BYTEA metadata only (see
+        :attr:`jsonb`). Per persistence id the arrays ``slices``, ``entity_types``, ``pids``, ``expecteds``; per
+        event ``of`` (the 1-based index of its persistence id there), ``ords`` (1, 2, ... within it) beside
+        ``ser_ids``, ``manifests``, ``payloads``, ``meta_ser_ids``, ``meta_manifests``, ``meta_payloads``. A
+        persistence id whose ``expected`` event does not exist gets no row (the caller sees it in what returns:
+        ``persistence_id, seq_nr``); one that lost the race for a number raises the key's unique violation."""
         assert "meta_payload" not in self.jsonb, "metadata of their own per event go to a BYTEA meta_payload"
-        return INSERT.format(table=self.table(slice_), prev=PREVIOUS["expected"].format(table=self.table(slice_)),
-                             events=MANY_EVENTS_WITH_META, payload=self.payload_sql["payload"], tags_meta=_META[0],
-                             tags_meta_values=", e.meta_ser_id, e.meta_manifest, e.meta_payload")
+        return MANY_PIDS_WITH_META.format(table=self.batch_table(slice_), next_timestamp=NEXT_TIMESTAMP)
 
     def mark_deleted(self, pid: str, to_seq_nr: int) -> Query:
         """Logical delete of the events up to ``to_seq_nr`` (rowcount: how many)."""
