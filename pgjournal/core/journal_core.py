@@ -167,12 +167,19 @@ class BlockingCore(JournalCore):
         raise NotImplementedError
 
 
+#: How long a pool keeps trying to replace a lost connection before it gives up (the next borrower starts a new
+#: attempt, at once). psycopg_pool doubles the pause between attempts without a bound until this timeout (300 s by
+#: default): after a 30 s outage its next attempt could be 30 s away, and a replicator whose peer was cut off
+#: waited 11-14 s after the link healed (python -m bench replication-lag).
+RECONNECT_TIMEOUT = 5.0
+
+
 def pool_options(settings: Settings, dsn: str) -> dict[str, Any]:
     """What both faces' connection pools of ``dsn`` are made with (autocommit, pgjournal's limits, sizes,
-    timeout)."""
+    timeouts)."""
     return {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size,
             "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True, dsn=dsn)},
-            "timeout": settings.connect_timeout, "open": False}
+            "timeout": settings.connect_timeout, "reconnect_timeout": RECONNECT_TIMEOUT, "open": False}
 
 
 def opening(dsn: str | None, serializers: SerializerRegistry | None, migrate: bool, settings: dict[str, Any]

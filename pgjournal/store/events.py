@@ -68,13 +68,11 @@ MANY_EVENTS = """unnest(%(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s:
     WITH ORDINALITY AS e(ser_id, manifest, payload, ord)"""
 # Several persistence ids' events, each with metadata of its own, in one statement (the replicator's batch): each
 # persistence id's predecessor read once, by its (persistence id, slice, seq_nr) key, its events stamped as one
-# append's are (:data:`NEXT_TIMESTAMP` over that predecessor).
+# append's are (:data:`NEXT_TIMESTAMP` over that predecessor). ``p`` is a CTE with a volatile function in it
+# (clock_timestamp), so PostgreSQL computes it once instead of folding it into the join, where it ran again for
+# every event (each with a stamp of its own, and a lookup each).
 MANY_PIDS_WITH_META = """
-INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
-    event_ser_id, event_ser_manifest, event_payload, meta_ser_id, meta_ser_manifest, meta_payload)
-SELECT p.slice, p.entity_type, p.pid, p.expected + e.ord, p.ts, %(writer)s, '',
-    e.ser_id, e.manifest, e.payload, e.meta_ser_id, e.meta_manifest, e.meta_payload
-FROM (
+WITH p AS (
     SELECT u.n, u.slice, u.entity_type, u.pid, u.expected, prev.ts
     FROM unnest(%(slices)s::int[], %(entity_types)s::text[], %(pids)s::text[], %(expecteds)s::bigint[])
         WITH ORDINALITY AS u(slice, entity_type, pid, expected, n)
@@ -82,7 +80,12 @@ FROM (
         SELECT {next_timestamp} AS ts FROM {table}
         WHERE persistence_id = u.pid AND slice = u.slice AND seq_nr = u.expected
         HAVING u.expected = 0 OR COUNT(*) > 0) AS prev
-) AS p
+)
+INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, writer, adapter_manifest,
+    event_ser_id, event_ser_manifest, event_payload, meta_ser_id, meta_ser_manifest, meta_payload)
+SELECT p.slice, p.entity_type, p.pid, p.expected + e.ord, p.ts, %(writer)s, '',
+    e.ser_id, e.manifest, e.payload, e.meta_ser_id, e.meta_manifest, e.meta_payload
+FROM p
 JOIN unnest(%(of)s::bigint[], %(ords)s::bigint[], %(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
     %(meta_ser_ids)s::int[], %(meta_manifests)s::text[], %(meta_payloads)s::bytea[])
     AS e(n, ord, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload) ON e.n = p.n

@@ -11,9 +11,12 @@ from support.eventually import eventually
 from support.settings import FAST
 
 from pgjournal import Journal
+from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.projections import ProjectionSettings
 from pgjournal.replication import EventProcessor, Stored, append_events
+from pgjournal.replication.processor import append_many_with_metadata_step
+from pgjournal.runtime.steps import run
 
 SETTINGS = ProjectionSettings(restart_backoff=0.1, management_interval=0.2, attempts=2, backoff=0.01)
 
@@ -106,3 +109,33 @@ def test_as_stored_copies_bytes_without_decoding(two: tuple[Journal, Journal]) -
     finally:
         runner.stop()
         runner.join(10)
+
+
+def test_many_persistence_ids_in_one_statement_each_after_its_own_predecessor(journal: Journal) -> None:
+    """``append_many_with_metadata_step``: several persistence ids of several partitions in one statement, each
+    numbered after its ``expected``, stamped after its predecessor; an ``expected`` that does not exist writes
+    nothing and is named; one already taken raises the key's violation."""
+    meta = Stored(40, "RE", b"\x0a\x02eu")
+    journal.append("Many|a", ["a1"])
+    before = journal.query.load_envelope("Many|a", 1)
+    pids = ["Many|a", "Many|b", "Many|c", "Many|d"]  # four slices, several partitions
+    appends = {"Many|a": (1, [(Stored(1, "x", b"a2"), meta), (Stored(1, "x", b"a3"), meta)]),
+               **{pid: (0, [(Stored(1, "x", pid.encode()), meta)]) for pid in pids[1:]}}
+    with journal.connection() as conn, conn.transaction():
+        numbers = run(append_many_with_metadata_step(journal, appends, writer="w"), conn)
+    assert numbers == {"Many|a": [2, 3], "Many|b": [1], "Many|c": [1], "Many|d": [1]}
+    with journal.connection() as conn:
+        rows = {(pid, seq_nr): rest for pid, seq_nr, *rest in conn.execute(
+            "SELECT persistence_id, seq_nr, db_timestamp, meta_ser_id, meta_ser_manifest, meta_payload, writer "
+            "FROM event_journal WHERE persistence_id LIKE 'Many|%%'").fetchall()}
+    assert sorted(rows) == [("Many|a", 1), ("Many|a", 2), ("Many|a", 3), ("Many|b", 1), ("Many|c", 1), ("Many|d", 1)]
+    assert rows[("Many|a", 2)][0] > before.db_timestamp
+    assert rows[("Many|a", 2)][0] == rows[("Many|a", 3)][0]  # one append's stamp
+    assert rows[("Many|c", 1)][1:] == [40, "RE", b"\x0a\x02eu", "w"]
+
+    missing = pytest.raises(InvalidArgument, match=r"'Many\|b' after seq_nr 5")
+    with journal.connection() as conn, conn.transaction(), missing:
+        run(append_many_with_metadata_step(journal, {"Many|b": (5, [(Stored(1, "x", b"b"), meta)])}), conn)
+    with journal.connection() as conn, conn.transaction(), pytest.raises(psycopg.errors.UniqueViolation):
+        run(append_many_with_metadata_step(journal, {"Many|c": (0, [(Stored(1, "x", b"c"), meta)])}), conn)
+    assert journal.highest_seq_nr("Many|b") == 1 and journal.highest_seq_nr("Many|c") == 1
