@@ -148,6 +148,11 @@ def _ticks_of(dt: datetime) -> int:
     return (dt - EPOCH) // timedelta(microseconds=1) * 10 + UUID_EPOCH_OFFSET
 
 
+def _ticks_in(seconds: float) -> int:
+    """A duration in TimeUUID ticks (100 ns)."""
+    return round(seconds * 10_000_000)
+
+
 def _none_delivered(_pid: str, _tag_seq: int) -> int:
     """Back tracking's policy: of a persistence id not met yet nothing was delivered."""
     return 0
@@ -234,7 +239,7 @@ class TagStream:
         tracker = self._tracker
         horizon = (yield from tracker.read_step()) if self._live else (
             yield from tracker.settle_step(timeout=tracker.capabilities.longest_transaction))
-        upper = _ticks_of(horizon.safe) - round(self._delay * 10_000_000)
+        upper = _ticks_of(horizon.safe) - _ticks_in(self._delay)
         # Tag rows that batched tag writers still owe (pgjournal.write.tag_batcher): never read past them.
         complete = yield from complete_before_step(self._journal.settings)
         if complete is not None:
@@ -447,7 +452,7 @@ class TagStream:
         read: the part within ``tag_back_track_period`` of the bound it was read under (none yet: all of it)."""
         low, self._recorded = self._recorded, self._pos
         if self._read_upper is not None:
-            low = max(low, (self._read_upper - round(self._short_period * 10_000_000), _MIN_LSB))
+            low = max(low, (self._read_upper - _ticks_in(self._short_period), _MIN_LSB))
         if low >= self._pos:
             return
         if self._near and self._near[-1][1] >= low:
@@ -515,7 +520,7 @@ class TagStream:
 
     def _back_track_step(self, out: list[Any]) -> Step[None]:
         now = time.monotonic()
-        window = max((self._pos[0] - round(self._short_period * 10_000_000), _MIN_LSB), self._start)
+        window = max((self._pos[0] - _ticks_in(self._short_period), _MIN_LSB), self._start)
         self._near = [(max(low, window), high) for low, high in self._near if high > window]
         if now >= self._next_long:
             self._next_long = now + self._long_interval
@@ -524,7 +529,7 @@ class TagStream:
             if period is None:  # "max": from the start of the previous bucket
                 start = (ticks_of_ms(self._bucket(self._pos[0]) - self._size.millis) - 1, _MAX_LSB)
             else:
-                start = (self._pos[0] - round(period * 10_000_000), _MIN_LSB)
+                start = (self._pos[0] - _ticks_in(period), _MIN_LSB)
             spans = [(max(start, self._start), self._pos)]
         elif now >= self._next_short:
             self._next_short = now + self._short_interval

@@ -14,9 +14,9 @@ offsets stored.
 
 A local writer of the same replica that does not take the lock is met by the journal's key: an append that lost
 the race for a sequence number fails. The batch is written from one savepoint (the replicas' last events read in
-one statement per table, their events appended in one per table, the seen rows raised in one); a race sends it
-back there, and each replica's events are
-then read and written again from a savepoint of its own.
+one statement, their events appended in one, through the dialect's ``batch_table``; the seen rows raised in one);
+a race sends it back there, and each replica's events are then read and written again from a savepoint of its
+own.
 
 A filter (``accept``) decides, per event read, whether it comes here: it is applied where the batch is read, after
 the runner has taken the event in order (so the stream's offsets pass it and the peer's persistence id stays
@@ -316,7 +316,7 @@ class Replicator:
         """The arrival rule over ``target``'s arrivals: events with tags, or into a JSONB ``meta_payload``, are
         appended here one by one; the others are left in :attr:`_Written.together` for :meth:`_together_step`."""
         done = _Written(first=state.seq_nr)
-        # Without tags, and with a BYTEA meta_payload, the batch's arrivals go in one statement per table.
+        # Without tags, and with a BYTEA meta_payload, the batch's arrivals go in one statement.
         together = "meta_payload" not in self.local.events.jsonb and not any(a.envelope.tags for a in arrivals)
         for arrival in arrivals:
             if arrival.filtered:
@@ -350,7 +350,7 @@ class Replicator:
         return done
 
     def _together_step(self, written: dict[str, _Written]) -> Step[None]:
-        """The arrivals :meth:`_append_step` left together, one statement per table; a persistence id that did
+        """The arrivals :meth:`_append_step` left together, in one statement; a persistence id that did
         not get the next numbers lost a race (raised as the key's violation would be)."""
         appends = {target: (done.first, done.together) for target, done in written.items() if done.together}
         if not appends:
@@ -390,7 +390,8 @@ def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
 
 def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Sequence[str],
                         seen: dict[str, dict[str, int]]) -> Step[dict[str, ReplicaState]]:
-    """:func:`replica_state_step` of each of ``persistence_ids`` (``seen``: theirs), one statement per table."""
+    """:func:`replica_state_step` of each of ``persistence_ids`` (``seen``: theirs), one statement per
+    ``batch_table``."""
     by_table: dict[str, list[tuple[str, int]]] = {}
     for pid in persistence_ids:
         slice_ = slice_for_persistence_id(pid)
@@ -402,7 +403,7 @@ def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Seq
     return states
 
 
-def _state_after(replica: str, last: sql.LastEvent | sql.LastEventOf, seen: dict[str, int]) -> ReplicaState:
+def _state_after(replica: str, last: sql.LastEvent, seen: dict[str, int]) -> ReplicaState:
     """The state after ``last``: its vector (``{replica: seq_nr}`` for one stored without replication metadata)
     and ``seen``."""
     meta: ReplicatedEventMetadata | None = None

@@ -33,17 +33,7 @@ class SeenRow:
 
 @dataclass(frozen=True, slots=True)
 class LastEvent:
-    """:func:`last_event`: a persistence id's highest event and its metadata columns."""
-
-    seq_nr: int
-    meta_ser_id: int | None
-    meta_ser_manifest: str | None
-    meta_payload: bytes | None
-
-
-@dataclass(frozen=True, slots=True)
-class LastEventOf:
-    """:func:`last_events`: :class:`LastEvent` with its persistence id first."""
+    """:func:`last_event`, :func:`last_events`: a persistence id's highest event and its metadata columns."""
 
     persistence_id: str
     seq_nr: int
@@ -65,7 +55,7 @@ SELECT u.pid, u.origin, u.seq FROM unnest(%(pids)s::text[], %(origins)s::text[],
 ON CONFLICT (persistence_id, origin_replica)
 DO UPDATE SET origin_seq_nr = GREATEST({SEEN_TABLE}.origin_seq_nr, EXCLUDED.origin_seq_nr)"""
 LAST_EVENT_SQL = """
-SELECT seq_nr, meta_ser_id, meta_ser_manifest, meta_payload FROM {table}
+SELECT persistence_id, seq_nr, meta_ser_id, meta_ser_manifest, meta_payload FROM {table}
 WHERE persistence_id = %(pid)s AND slice = %(slice)s ORDER BY seq_nr DESC LIMIT 1"""
 LAST_EVENTS_SQL = """
 SELECT u.pid, e.seq_nr, e.meta_ser_id, e.meta_ser_manifest, e.meta_payload
@@ -155,10 +145,10 @@ def last_event(table: str, pid: str, slice_: int) -> Read[LastEvent]:
     return rows(LastEvent, LAST_EVENT_SQL.format(table=table), {"pid": pid, "slice": slice_})
 
 
-def last_events(table: str, pids: Sequence[str], slices: Sequence[int]) -> Read[LastEventOf]:
+def last_events(table: str, pids: Sequence[str], slices: Sequence[int]) -> Read[LastEvent]:
     """:func:`last_event` of each of ``pids`` (of ``slices``, all in ``table``) in one statement; a persistence id
     with no event has no row."""
-    return rows(LastEventOf, LAST_EVENTS_SQL.format(table=table), {"pids": list(pids), "slices": list(slices)})
+    return rows(LastEvent, LAST_EVENTS_SQL.format(table=table), {"pids": list(pids), "slices": list(slices)})
 
 
 def recent(entity_type: str, writer: str, since: datetime) -> Read[int]:
