@@ -569,7 +569,12 @@ class _Pending:
     def wait(self, now: float) -> float:
         """How long the next read may wait for an envelope: until what is pending is due, at most 0.2 s (the
         loop's housekeeping and stop checks)."""
-        return 0.2
+        due = self.due_at()
+        return 0.2 if due is None else min(0.2, max(0.001, due - now))
+
+    def due_at(self) -> float | None:
+        """When what is pending must be handled (``None``: nothing is pending)."""
+        return None
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         raise NotImplementedError
@@ -599,8 +604,8 @@ class _Groups(_Pending):
         self.group: list[EventEnvelope] = []
         self.due = 0.0
 
-    def wait(self, now: float) -> float:
-        return min(0.2, max(0.001, self.due - now)) if self.group else 0.2
+    def due_at(self) -> float | None:
+        return self.due if self.group else None
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         if not self.group:
@@ -625,8 +630,8 @@ class _Unsaved(_Pending):
         self.count = 0
         self.due = 0.0
 
-    def wait(self, now: float) -> float:
-        return min(0.2, max(0.001, self.due - now)) if self.unsaved else 0.2
+    def due_at(self) -> float | None:
+        return self.due if self.unsaved else None
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         if not self.unsaved:
