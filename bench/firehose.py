@@ -5,7 +5,7 @@ One writer appends ``rate`` events/s (1 event per append, 50 persistence ids) wh
 (``pg_stat_database.xact_commit``; every statement of pgjournal's autocommit connections is one) over the
 write window, minus the writer's appends, per second. Writers do not notify (the notification sender's
 transactions would be counted too), so consumers poll every ``refresh_interval`` (0.5 s here), or at once
-after a full page. Contenders: ours (16 consumers through one :class:`~pgjournal.firehose.Firehose`), 16
+after a full page. Contenders: ours (16 consumers through one :class:`~pgjournal.query.firehose.Firehose`), 16
 independent live queries, and a single live query (the figure the firehose should be close to). Every
 consumer must receive every event; a miss fails the round.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from pgjournal import Journal
-from pgjournal.firehose import Firehose
+from pgjournal.query.firehose import Firehose
 
 from .harness import Context, Scenario
 

@@ -18,7 +18,7 @@ from typing import Any
 from pgjournal import Journal
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import Transcoder
-from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
+from pgjournal.state.keystore import InMemoryKeyStore, PostgresKeyStore
 
 from .harness import Context, Scenario
 

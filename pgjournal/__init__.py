@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0"
 
 if TYPE_CHECKING:  # the names as type checkers and editors see them; at run time __getattr__ imports them
+    from pgjournal.admin.cleanup import JournalCleanup
     from pgjournal.buckets import BucketSize
     from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.entity import (
@@ -56,8 +57,10 @@ if TYPE_CHECKING:  # the names as type checkers and editors see them; at run tim
     from pgjournal.model.offsets import NoOffset, TimeBasedUUID, TimestampOffset
     from pgjournal.model.slices import entity_type_of, slice_for_persistence_id, slice_ranges
     from pgjournal.query.by_tag import TagEnvelope
+    from pgjournal.query.firehose import Firehose
     from pgjournal.settings import Settings
     from pgjournal.state.durable_state import DurableState, DurableStateChange, DurableStateStore
+    from pgjournal.state.keystore import InMemoryKeyStore, PostgresKeyStore
     from pgjournal.state.snapshots import SelectedSnapshot
     from pgjournal.tags.reconciliation import Cleanup, Reconciliation
 
@@ -65,6 +68,7 @@ if TYPE_CHECKING:  # the names as type checkers and editors see them; at run tim
 #: with it every ``pgjournal`` command, ``--version`` included) stays quick, and a worker process loads only
 #: what it runs.
 _HOMES: dict[str, str] = {
+    "JournalCleanup": "pgjournal.admin.cleanup",
     "BucketSize": "pgjournal.buckets",
     "SerializerRegistry": "pgjournal.codec.serialization",
     "CircuitBreaker": "pgjournal.entity",
@@ -114,10 +118,13 @@ _HOMES: dict[str, str] = {
     "slice_for_persistence_id": "pgjournal.model.slices",
     "slice_ranges": "pgjournal.model.slices",
     "TagEnvelope": "pgjournal.query.by_tag",
+    "Firehose": "pgjournal.query.firehose",
     "Settings": "pgjournal.settings",
     "DurableState": "pgjournal.state.durable_state",
     "DurableStateChange": "pgjournal.state.durable_state",
     "DurableStateStore": "pgjournal.state.durable_state",
+    "InMemoryKeyStore": "pgjournal.state.keystore",
+    "PostgresKeyStore": "pgjournal.state.keystore",
     "SelectedSnapshot": "pgjournal.state.snapshots",
     "Cleanup": "pgjournal.tags.reconciliation",
     "Reconciliation": "pgjournal.tags.reconciliation",
@@ -157,11 +164,14 @@ __all__ = [
     "EntityRepository",
     "EventEnvelope",
     "EventNotFound",
+    "Firehose",
     "HorizonBlocked",
+    "InMemoryKeyStore",
     "InsufficientPrivilege",
     "InvalidArgument",
     "InvalidPersistenceId",
     "Journal",
+    "JournalCleanup",
     "JournalClosed",
     "JournalError",
     "LeaseLost",
@@ -171,6 +181,7 @@ __all__ = [
     "MissingTaggedEventsError",
     "NoOffset",
     "NotSeenInTime",
+    "PostgresKeyStore",
     "ProjectionFailed",
     "Reconciliation",
     "RecoveryFailed",

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
     from pgjournal.core.journal_core import JournalCore
     from pgjournal.journal import Journal
-    from pgjournal.keystore import KeyStore
+    from pgjournal.state.keystore import KeyStore
     from pgjournal.store import Query as Statement
 
 

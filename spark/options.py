@@ -306,7 +306,7 @@ def reading_registry(options: SourceOptions, serializers: SerializerRegistry | N
     if transcoder is not None and transcoder.key_store is not None:
         raise ConfigurationError("option masterKey gives a key store, and so does the serializer registry "
                                  "registered with the source: give one of them")
-    from pgjournal.keystore import PostgresKeyStore
+    from pgjournal.state.keystore import PostgresKeyStore
 
     store = PostgresKeyStore.shared(options.key_store_dsn or options.dsn, master_key=options.master_key)
     return registry.with_transcoder(Transcoder(key_store=store))

@@ -1,5 +1,5 @@
 """Payload keys: pgjournal_payload_keys, the wrapped data key per persistence id of encrypted payloads
-(pgjournal.keystore.PostgresKeyStore).
+(pgjournal.state.keystore.PostgresKeyStore).
 
 Revision ID: 0007
 Revises: 0006

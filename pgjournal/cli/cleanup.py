@@ -11,7 +11,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pgjournal.cleanup import CleanupCounts, CleanupReport, JournalCleanup
+from pgjournal.admin.cleanup import CleanupCounts, CleanupReport, JournalCleanup
 from pgjournal.cli.groups import group_help
 from pgjournal.cli.support import DsnOption, console, errors, fail, open_journal, reported, shown
 from pgjournal.model.offsets import parse_timestamp

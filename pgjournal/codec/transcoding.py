@@ -2,7 +2,7 @@
 
 A :class:`Transcoder` given to the :class:`~pgjournal.codec.serialization.SerializerRegistry` wraps what a serializer
 wrote (event, metadata, snapshot and durable state payloads) before it is stored, and unwraps it on every
-read. Keys come from a :class:`~pgjournal.keystore.KeyStore`, one per persistence id: deleting a persistence id's
+read. Keys come from a :class:`~pgjournal.state.keystore.KeyStore`, one per persistence id: deleting a persistence id's
 key makes its payloads unreadable for good (*crypto-shredding*), and readers then deliver them as
 :class:`Redacted` values instead of failing.
 
@@ -57,7 +57,7 @@ from pgjournal.errors import ConfigurationError, DecryptionError, SerializationE
 
 
 class KeyStore(Protocol):
-    """Per-persistence-id data keys, the contract in :mod:`pgjournal.keystore` (which holds the implementations);
+    """Per-persistence-id data keys, the contract in :mod:`pgjournal.state.keystore` (which holds the implementations);
     defined here, where the keys are used."""
 
     def key(self, persistence_id: str) -> bytes | None: ...

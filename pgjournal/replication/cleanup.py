@@ -1,5 +1,6 @@
 """Deferred cleanup of a replica's events (docs/replication.md, section 7): a bulk cleanup
-(:class:`~pgjournal.cleanup.JournalCleanup`) whose deletions wait until every peer has replicated what they remove.
+(:class:`~pgjournal.admin.cleanup.JournalCleanup`) whose deletions wait until every peer has replicated what
+they remove.
 
 Each peer's stream from this location stores its offsets at the peer (``replication|<this location>|<type>``, the
 projections' per-slice offset table). They are read there with the peer's DSN, the one this location's own streams
@@ -7,8 +8,8 @@ from that peer use (a reader role is enough: SELECT on the offset table): an eve
 by a peer when its ``db_timestamp`` is older than the stream's latest offset in the event's slice, or the offset row
 the stream keeps for the event's persistence id covers its sequence number. The cleanup of each persistence id is
 capped at the lowest sequence number every configured peer has passed; the rest stays and is reported
-(:class:`~pgjournal.cleanup.HeldBack`), and a later run removes it once the peers have caught up. An event a peer's
-filter left out counts as replicated: its stream's offsets passed it.
+(:class:`~pgjournal.admin.cleanup.HeldBack`), and a later run removes it once the peers have caught up. An event a
+peer's filter left out counts as replicated: its stream's offsets passed it.
 
 A peer that does not answer stops the cleanup with a typed error before anything of that page is deleted: what
 it has replicated is unknown. A peer left out of ``peers`` (a location removed) no longer holds anything back.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import psycopg.errors
 
-from pgjournal.cleanup import JournalCleanup, Progress
+from pgjournal.admin.cleanup import JournalCleanup, Progress
 from pgjournal.errors import DatabaseUnavailable, InsufficientPrivilege, InvalidArgument, SchemaNotMigrated
 from pgjournal.model.replication import ReplicationId
 from pgjournal.model.slices import entity_type_of, slice_for_persistence_id
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 
 class ReplicatedCleanup(JournalCleanup):
-    """A :class:`~pgjournal.cleanup.JournalCleanup` of the journal of location ``replica`` whose every operation
+    """A :class:`~pgjournal.admin.cleanup.JournalCleanup` of the journal of location ``replica`` whose every operation
     keeps the events of ``entity_types`` that a peer of ``peers`` has not replicated yet (``dry_run`` by default,
     as the plain cleanup). Events of other entity types are not held (no stream carries them).
 

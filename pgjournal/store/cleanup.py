@@ -1,4 +1,4 @@
-"""SQL of bulk cleanup (:mod:`pgjournal.cleanup`): which persistence ids to visit, one bounded batch of event
+"""SQL of bulk cleanup (:mod:`pgjournal.admin.cleanup`): which persistence ids to visit, one bounded batch of event
 deletes with the tag view rows that follow them, snapshot deletes, and the projection offsets behind a deletion.
 
 A batch is one statement (so one transaction): at most ``limit`` events of a page of persistence ids, in

@@ -1,4 +1,4 @@
-"""SQL of the PostgreSQL key store (:class:`pgjournal.keystore.PostgresKeyStore`): one wrapped data key per
+"""SQL of the PostgreSQL key store (:class:`pgjournal.state.keystore.PostgresKeyStore`): one wrapped data key per
 persistence id in ``pgjournal_payload_keys`` (revision 0007)."""
 
 from __future__ import annotations

@@ -274,7 +274,7 @@ Index("durable_state_slice_idx", durable_state.c.slice, durable_state.c.entity_t
 STATE_TABLES = (durable_state,)
 
 # -- Payload keys (revision 0007) ------------------------------------------------------------------------
-# The data key of each persistence id whose payloads are encrypted (pgjournal.keystore.PostgresKeyStore),
+# The data key of each persistence id whose payloads are encrypted (pgjournal.state.keystore.PostgresKeyStore),
 # wrapped by a key-encryption key the database never sees. Deleting a row crypto-shreds that persistence id.
 payload_keys = Table(
     tables.PAYLOAD_KEYS,

@@ -14,7 +14,7 @@ from support.tags import tags_written
 from typer.testing import CliRunner
 
 from pgjournal import Journal, slice_for_persistence_id
-from pgjournal.cleanup import CleanupCounts, JournalCleanup
+from pgjournal.admin.cleanup import CleanupCounts, JournalCleanup
 from pgjournal.cli.commands import app
 
 

@@ -19,9 +19,9 @@ from support.tags import tags_written
 from pgjournal import ConfigurationError, DecryptionError, Journal, SerializationError
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, is_redacted
-from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore, PostgresKeyStore
 from pgjournal.projections.handlers import AtLeastOnce, Projection
 from pgjournal.projections.runner import run_range
+from pgjournal.state.keystore import AesGcmKeyWrapper, InMemoryKeyStore, PostgresKeyStore
 
 pytestmark = pytest.mark.mode_independent
 

@@ -39,18 +39,18 @@ from pgjournal import (
     slice_for_persistence_id,
     slice_ranges,
 )
+from pgjournal.admin.cleanup import JournalCleanup
 from pgjournal.admin.roles import role_script
-from pgjournal.cleanup import JournalCleanup
 from pgjournal.cli.commands import app
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import Transcoder
-from pgjournal.firehose import Firehose
-from pgjournal.keystore import AesGcmKeyWrapper, InMemoryKeyStore
 from pgjournal.model.offsets import TimeBasedUUID, parse_offset
 from pgjournal.projections.examples import counter_writer
 from pgjournal.projections.handlers import Projection
 from pgjournal.projections.runner import run_range
 from pgjournal.projections.workers import Worker
+from pgjournal.query.firehose import Firehose
+from pgjournal.state.keystore import AesGcmKeyWrapper, InMemoryKeyStore
 from pgjournal.tags.reconciliation import Reconciliation
 
 pytestmark = pytest.mark.mode_independent

@@ -20,8 +20,8 @@ from support.eventually import eventually
 from support.torture import ENTITY, fast_writer, slow_writer
 
 from pgjournal import ConfigurationError, InvalidArgument, Journal, NoOffset, SlowConsumer, TimestampOffset
-from pgjournal.firehose import Firehose
 from pgjournal.model.offsets import Offset
+from pgjournal.query.firehose import Firehose
 
 
 @dataclass

@@ -17,7 +17,7 @@ from support.replication import rows_of, write_local
 from support.settings import FAST
 
 from pgjournal import Journal
-from pgjournal.cleanup import JournalCleanup
+from pgjournal.admin.cleanup import JournalCleanup
 from pgjournal.errors import DatabaseUnavailable, InvalidArgument
 from pgjournal.model.replication import ReplicationId
 from pgjournal.projections import ProjectionSettings

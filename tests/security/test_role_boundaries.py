@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from support import Roles
 
-from pgjournal.keystore import PostgresKeyStore
 from pgjournal.spark.watermarks import ledger_name, watermark_name
+from pgjournal.state.keystore import PostgresKeyStore
 from pgjournal.store.timestamp_offsets import MARKER_PID, OffsetRow, offsets
 
 OTHER = "orders-projection"  # a projection the loader has no business with, and the writer does not run

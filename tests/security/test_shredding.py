@@ -19,14 +19,15 @@ from support.eventually import eventually
 from support.held_writes import prepared_insert_held
 from support.projection_handlers import FAST_PROJECTION
 
-from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted, keystore
+from pgjournal import InsufficientPrivilege, Journal, RetriesExhausted
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import Transcoder
-from pgjournal.keystore import PostgresKeyStore
 from pgjournal.model.envelope import EventEnvelope
 from pgjournal.projections.dead_letters import list_dead_letters
 from pgjournal.projections.handlers import ExactlyOnce, Projection
 from pgjournal.projections.runner import run_range
+from pgjournal.state import keystore
+from pgjournal.state.keystore import PostgresKeyStore
 
 GONE, KEPT = "Customer|7", "Customer|8"
 SECRET = {GONE: "ann.7@example.com", KEPT: "bob.8@example.com"}

@@ -26,10 +26,10 @@ from support.upcasting import NAME, ItemAdded, ItemAddedV1, ItemAddedV2
 from pgjournal import Journal, SerializerRegistry, slice_for_persistence_id
 from pgjournal.admin.migrate import alembic_config
 from pgjournal.codec.transcoding import Transcoder
-from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
 from pgjournal.spark.datasource import register
 from pgjournal.spark.read import read_events
 from pgjournal.spark.system import SKIP_ENV, spark_skipped
+from pgjournal.state.keystore import InMemoryKeyStore, PostgresKeyStore
 
 pytestmark = pytest.mark.spark
 if spark_skipped():

@@ -15,7 +15,7 @@ import pytest
 from pgjournal import SerializerRegistry
 from pgjournal.codec.transcoding import TRANSCODED_SER_ID, Redacted, Transcoder, encrypted
 from pgjournal.errors import ConfigurationError
-from pgjournal.keystore import InMemoryKeyStore, PostgresKeyStore
+from pgjournal.state.keystore import InMemoryKeyStore, PostgresKeyStore
 
 cloudpickle = pytest.importorskip("pyspark.cloudpickle")
 

@@ -34,17 +34,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pgjournal.errors import ConfigurationError, InvalidArgument
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.slices import slice_for_persistence_id
+from pgjournal.server.face import Connected
 from pgjournal.store import cleanup as sql
 from pgjournal.tags.reconciliation import wait_for_tag_writers
 from pgjournal.validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.admin.stored_format import StoredFormat
+
+
+class Cleaned(Connected, Protocol):
+    """What a bulk cleanup uses of a blocking journal (:class:`~pgjournal.Journal` meets it): a connection of its
+    pool, its batched tag writer, and the stored format (Akka's data partitions refuse a bulk cleanup)."""
+
+    @property
+    def stored(self) -> StoredFormat: ...
 
 _log = printable_logger(__name__)
 
@@ -116,7 +125,7 @@ class JournalCleanup:
     persistence ids and the events of one transaction; ``progress`` is called after every batch; ``hold``
     caps what may go per persistence id (:data:`Hold`)."""
 
-    def __init__(self, journal: Journal, *, dry_run: bool = True, batch_size: int = 1000,
+    def __init__(self, journal: Cleaned, *, dry_run: bool = True, batch_size: int = 1000,
                  progress: Progress | None = None, hold: Hold | None = None) -> None:
         if not isinstance(dry_run, bool):
             raise InvalidArgument(f"dry_run must be True or False, got {dry_run!r}")

@@ -44,7 +44,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pgjournal.errors import ConfigurationError, InvalidArgument, SlowConsumer
 from pgjournal.model.envelope import EventEnvelope
@@ -56,8 +56,10 @@ from pgjournal.query.gate import DUPLICATE, GAP, Gate
 from pgjournal.validation import check_name
 
 if TYPE_CHECKING:
-    from pgjournal.journal import Journal
+    from pgjournal.core.capabilities import Capabilities
+    from pgjournal.query import Query
     from pgjournal.runtime.live import LiveQuery
+    from pgjournal.settings import Settings
 
 _log = printable_logger(__name__)
 Key = tuple[str, int, int]
@@ -83,6 +85,18 @@ def _reaches(a: TimestampOffset, b: TimestampOffset) -> bool:
     return all(a.seen.get(pid, 0) >= seq_nr for pid, seq_nr in b.seen.items())
 
 
+class Queried(Protocol):
+    """What a firehose uses of a blocking journal (:class:`~pgjournal.Journal` meets it): its public queries, its
+    settings and what its server allows."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def capabilities(self) -> Capabilities: ...
+    @property
+    def query(self) -> Query: ...
+
+
 class Firehose:
     """Shared live queries for the consumers of one :class:`~pgjournal.Journal` (make one per journal).
 
@@ -91,7 +105,7 @@ class Firehose:
     keeps running after its last consumer closed.
     """
 
-    def __init__(self, journal: Journal, *, buffer_size: int = 1000, slow_consumer_timeout: float = 2.0,
+    def __init__(self, journal: Queried, *, buffer_size: int = 1000, slow_consumer_timeout: float = 2.0,
                  linger: float = 20.0) -> None:
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 2:
             raise ConfigurationError(f"firehose buffer_size must be an integer >= 2, got {buffer_size!r}")
