@@ -35,7 +35,19 @@ class AsyncLiveQuery(LoopState[T]):
         self._next: tuple[asyncio.Future[tuple[Iterable[T], int]], bool] | None = None
 
     def __aiter__(self) -> AsyncIterator[T]:
-        return self
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[T]:
+        # What ``async for`` runs: a catch-up takes most items from a page, and an async generator's step there
+        # costs a fraction of a coroutine per ``__anext__`` call. The loop itself is ``__anext__``'s.
+        while True:
+            for item in self._page:  # an item that fails to be made raises here (and stays)
+                yield item
+            try:
+                item = await self.__anext__()
+            except StopAsyncIteration:
+                return
+            yield item
 
     async def __anext__(self) -> T:
         schedule = self._schedule
