@@ -151,6 +151,9 @@ def _group(item: pytest.Item, spark_tests: int) -> str | None:
     return None
 
 
+# tryfirst: an xdist worker turns each item's xdist_group marks into its node id's ``@group`` in a hook of its own,
+# registered after this conftest and so called before it: without tryfirst no group was ever in effect.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``unit`` on the database-free tests (see :data:`SERVER_FIXTURES`), the xdist groups (see
     :data:`TIMING_GROUP`); in portable mode, tests of a PostgreSQL-only feature skip, naming it
