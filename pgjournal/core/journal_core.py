@@ -33,7 +33,7 @@ from pgjournal.errors import (
 )
 from pgjournal.runtime.live import LiveQuery, Poll, Schedule, T
 from pgjournal.runtime.steps import R, Step, first_of
-from pgjournal.server.connections import PoolFront, ServerSilent, connection_kwargs
+from pgjournal.server.connections import PoolFront, ServerSilent, connection_kwargs, quiet_pool_warnings
 from pgjournal.server.dsn import check_dsn, mask_dsn, redact, resolve_dsn
 from pgjournal.server.face import PendingTags
 from pgjournal.settings import Settings
@@ -176,7 +176,8 @@ RECONNECT_TIMEOUT = 5.0
 
 def pool_options(settings: Settings, dsn: str) -> dict[str, Any]:
     """What both faces' connection pools of ``dsn`` are made with (autocommit, pgjournal's limits, sizes,
-    timeouts)."""
+    timeouts); their repeated warnings while a server is unreachable are thinned out (``PoolWarnings``)."""
+    quiet_pool_warnings()
     return {"min_size": settings.pool_min_size, "max_size": settings.pool_max_size,
             "kwargs": {"autocommit": True, **connection_kwargs(settings, statement_timeout=True, dsn=dsn)},
             "timeout": settings.connect_timeout, "reconnect_timeout": RECONNECT_TIMEOUT, "open": False}

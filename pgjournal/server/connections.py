@@ -17,17 +17,22 @@ psycopg's own wait then returns, libpq reports the connection lost, and the wrap
 3.2, whose ``wait`` takes no such argument.)
 
 User code that runs on a pool connection (projection handlers) uses :func:`user_statements`: no limits.
+
+While a server is unreachable, psycopg_pool warns of every failed attempt of every pool (one journal's pool of
+2-4 connections wrote 26 warnings in a 10 s outage); :class:`PoolWarnings` keeps one per pgjournal pool, error and
+minute.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -39,6 +44,53 @@ from pgjournal.server.dsn import mask_dsn, redact
 from pgjournal.settings import Settings
 
 RV = TypeVar("RV")
+
+
+class PoolWarnings(logging.Filter):
+    """On the ``psycopg.pool`` logger: of a pgjournal pool's warnings that it failed to connect (each attempt) or
+    gave up reconnecting, the first of each kind, pool and error passes, the same ones within ``interval``
+    seconds are left out, and the next that passes says how many were. Other pools' records pass untouched."""
+
+    REPEATED = frozenset({"error connecting in %r: %s", "reconnection attempt in pool %r failed after %s sec"})
+    #: Distinct (kind, pool, error) kept: the oldest is forgotten past this (an error text that keeps changing).
+    KEPT = 256
+
+    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, ...], tuple[float, int]] = {}  # key -> (when one last passed, left out since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if (not isinstance(record.msg, str) or record.msg not in self.REPEATED or not args
+                or not str(args[0]).startswith("pgjournal")):
+            return True
+        key = (str(record.msg), *map(str, args))
+        now = self._clock()
+        with self._lock:
+            passed, left_out = self._seen.pop(key, (None, 0))
+            if passed is not None and now - passed < self.interval:
+                self._seen[key] = (passed, left_out + 1)
+                return False
+            self._seen[key] = (now, 0)
+            while len(self._seen) > self.KEPT:
+                del self._seen[next(iter(self._seen))]
+        if left_out:
+            record.msg = f"{record.msg} (and %d more like it in %.0f s, left out)"
+            record.args = (*args, left_out, now - passed if passed is not None else 0.0)
+        return True
+
+
+_POOL_WARNINGS = PoolWarnings()
+
+
+def quiet_pool_warnings() -> None:
+    """Put :class:`PoolWarnings` on psycopg_pool's logger (once; a journal's pools call it when made)."""
+    pool_logger = logging.getLogger("psycopg.pool")
+    if _POOL_WARNINGS not in pool_logger.filters:
+        pool_logger.addFilter(_POOL_WARNINGS)
 _IDLE = TransactionStatus.IDLE
 
 _psycopg_wait = psycopg.Connection.wait
