@@ -40,6 +40,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import PoolClosed
 
 from pgjournal.errors import DatabaseUnavailable, JournalClosed
+from pgjournal.model.printable import printable_logger
 from pgjournal.server.dsn import mask_dsn, redact
 from pgjournal.settings import Settings
 
@@ -87,8 +88,9 @@ _POOL_WARNINGS = PoolWarnings()
 
 
 def quiet_pool_warnings() -> None:
-    """Put :class:`PoolWarnings` on psycopg_pool's logger (once; a journal's pools call it when made)."""
-    pool_logger = logging.getLogger("psycopg.pool")
+    """Put :class:`PoolWarnings` on psycopg_pool's logger (once; a journal's pools call it when made). It is taken
+    as every logger of pgjournal is, so the server's error texts it repeats are printed escaped too."""
+    pool_logger = printable_logger("psycopg.pool")
     if _POOL_WARNINGS not in pool_logger.filters:
         pool_logger.addFilter(_POOL_WARNINGS)
 _IDLE = TransactionStatus.IDLE

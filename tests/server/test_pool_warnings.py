@@ -91,6 +91,7 @@ def test_an_unreachable_server_gives_one_warning_per_error_and_the_journal_comes
                 return False  # a borrower that was waiting when the server came back
 
         eventually(reads, what="the journal reads again")
-    failed = [r.getMessage() for r in caplog.records if r.msg == FAILED and r.args and r.args[0] == "pgjournal"]
+    failed = [r.getMessage() for r in caplog.records
+              if r.msg == FAILED and r.args and str(r.args[0]) == "pgjournal"]  # args shown escaped
     assert failed, "the outage was not seen by the pool"
     assert len(failed) == len(set(failed)), f"an error was warned of more than once: {failed}"
