@@ -78,9 +78,9 @@ class PoolWarnings(logging.Filter):
             self._seen[key] = (now, 0)
             while len(self._seen) > self.KEPT:
                 del self._seen[next(iter(self._seen))]
-        if left_out:
+        if passed is not None and left_out:
             record.msg = f"{record.msg} (and %d more like it in %.0f s, left out)"
-            record.args = (*args, left_out, now - passed if passed is not None else 0.0)
+            record.args = (*args, left_out, now - passed)
         return True
 
 
