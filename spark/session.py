@@ -32,6 +32,9 @@ JAR_ENV = "PGJOURNAL_JDBC_JAR"
 DEBIAN_JAR = Path("/usr/share/java/postgresql.jar")
 MAVEN_COORDINATE = "org.postgresql:postgresql:42.7.13"  # knows requireAuth (spark/jdbc.py)
 MAVEN_HOST = ("repo1.maven.org", 443)
+#: More options for the JVMs :func:`spark_session` starts, after its own (``-XX:TieredStopAtLevel=1`` for short jobs:
+#: the JIT's second tier costs more CPU than a job of seconds wins back; the tests set it).
+JAVA_OPTIONS_ENV = "PGJOURNAL_SPARK_JAVA_OPTIONS"
 #: Set by spark-submit when it starts the Python driver.
 SUBMITTED_ENV = "PYSPARK_GATEWAY_PORT"
 
@@ -149,6 +152,16 @@ def _log_config() -> str:
     return str(path)
 
 
+def _more_java_options() -> list[str]:
+    """The options of :data:`JAVA_OPTIONS_ENV`, each checked to be one (``-`` then no space)."""
+    options = os.environ.get(JAVA_OPTIONS_ENV, "").split()
+    for option in options:
+        if not option.startswith("-") or len(option) < 2:
+            raise ConfigurationError(f"{JAVA_OPTIONS_ENV} holds {option!r}: expected JVM options separated by "
+                                     "spaces, each starting with '-' (as -XX:TieredStopAtLevel=1)")
+    return options
+
+
 def spark_session(
     app_name: str = "pgjournal",
     *,
@@ -188,7 +201,8 @@ def spark_session(
         os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
     # The parallel collector: G1's concurrent threads compete with the two task threads on a small machine,
     # and the export runs faster without them (``python -m bench spark``).
-    java_options = f"-XX:+UseParallelGC -Dlog4j2.configurationFile=file:{_log_config()} -Duser.timezone=UTC"
+    java_options = " ".join(["-XX:+UseParallelGC", f"-Dlog4j2.configurationFile=file:{_log_config()}",
+                             "-Duser.timezone=UTC", *_more_java_options()])
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)

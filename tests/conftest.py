@@ -39,6 +39,11 @@ if not os.environ.get(TEST_DSN_ENV):
     os.environ[HOME_ENV] = f"{_home}-{XDIST_WORKER}" if XDIST_WORKER and not _home.endswith(f"-{XDIST_WORKER}") \
         else _home
 
+#: The tests' Spark JVMs (the session of a worker, the kill test's drivers, the docs' sessions) live seconds to
+#: minutes: without the JIT's second tier they used a quarter less CPU (bench/results/suite-cost.md). The name is
+#: pgjournal.spark.session.JAVA_OPTIONS_ENV, not imported: that would load PySpark into every test process.
+os.environ.setdefault("PGJOURNAL_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 #: Property tests check what a function returns, not how fast: Hypothesis's per-example deadline (200 ms) and its
 #: too-slow health check time the machine, and failed a model test with two suites beside it on 2 cores.
 settings.register_profile("pgjournal", deadline=None, suppress_health_check=[HealthCheck.too_slow])
