@@ -39,6 +39,7 @@ of at least 1) are :mod:`pgjournal.model.replication`'s. Every ``decode_*`` rais
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -92,7 +93,13 @@ class MetadataEntry(NamedTuple):
 # -- writing --------------------------------------------------------------------------------------------
 
 
+#: One-byte varints, the common case (small sequence numbers, lengths, tags), made once.
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         value += 1 << 64
     out = bytearray()
@@ -103,13 +110,17 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+@functools.cache
 def _tag(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
 
 
-def _int64(field: int, value: int, what: str) -> bytes:
+def _int64(field: int, value: int, what: str, of: str | None = None) -> bytes:
+    """``value`` as field ``field``; the error names it ``what`` (``what`` of ``of``: the message is only formatted
+    for a value that is not an int64)."""
     if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
-        raise ProtobufError(f"{what} must be an int64, got {value!r}")
+        named = what if of is None else f"{what} of {of!r}"
+        raise ProtobufError(f"{named} must be an int64, got {value!r}")
     return _tag(field, _VARINT) + _varint(value)
 
 
@@ -128,7 +139,7 @@ def _string(field: int, value: str, what: str) -> bytes:
 
 def _vector(entries: Iterable[tuple[str, int]]) -> bytes:
     return b"".join(
-        _bytes(1, _string(1, key, "a version vector's key") + _int64(2, version, f"the version of {key!r}"))
+        _bytes(1, _string(1, key, "a version vector's key") + _int64(2, version, "the version", key))
         for key, version in entries)
 
 
@@ -150,7 +161,7 @@ def encode_event_metadata(fields: EventMetadataFields) -> bytes:
 def encode_snapshot_metadata(fields: SnapshotMetadataFields) -> bytes:
     """``ReplicatedSnapshotMetadata`` (manifest ``RS``) with the seen entries in the given order."""
     seen = b"".join(
-        _bytes(2, _string(1, replica, "a seen replica id") + _int64(2, seq_nr, f"the seq_nr seen of {replica!r}"))
+        _bytes(2, _string(1, replica, "a seen replica id") + _int64(2, seq_nr, "the seq_nr seen", replica))
         for replica, seq_nr in fields.seen_per_replica)
     return _bytes(1, _vector(fields.version)) + seen
 

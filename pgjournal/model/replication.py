@@ -152,6 +152,14 @@ class VersionVector:
         object.__setattr__(self, "entries", entries)
         object.__setattr__(self, "_versions", dict(entries))
 
+    @classmethod
+    def _of(cls, entries: tuple[tuple[str, int], ...]) -> VersionVector:
+        """A vector of ``entries`` already checked and in Java's key order (the rules' results: no check again)."""
+        vector = object.__new__(cls)
+        object.__setattr__(vector, "entries", entries)
+        object.__setattr__(vector, "_versions", dict(entries))
+        return vector
+
     def __repr__(self) -> str:
         return f"VersionVector({self._versions!r})"
 
@@ -177,26 +185,42 @@ class VersionVector:
 
     def updated(self, replica: str, version: int) -> VersionVector:
         """``replica``'s version set to ``version`` (Akka's ``updated``; a local write's rule)."""
-        return VersionVector({**self._versions, replica: version})
+        if replica not in self._versions:
+            return VersionVector({**self._versions, replica: version})
+        _check_version(version, f"the version of {replica!r} in a version vector")
+        return VersionVector._of(tuple((key, version if key == replica else mine) for key, mine in self.entries))
 
     def merge(self, other: VersionVector) -> VersionVector:
         """The pointwise maximum over both vectors' keys (Akka's ``merge``)."""
         merged = dict(self._versions)
+        changed = added = False
         for key, version in other.entries:
-            if version > merged.get(key, 0):
-                merged[key] = version
-        return VersionVector(merged)
+            mine = merged.get(key)
+            if mine is None:
+                added = True
+            elif version <= mine:
+                continue
+            merged[key] = version
+            changed = True
+        if not changed:
+            return self
+        # Raised versions keep the keys' order; only a new key sorts them again.
+        entries = tuple(sorted(merged.items(), key=lambda kv: java_order(kv[0])) if added else merged.items())
+        return VersionVector._of(entries)
 
     def compare(self, other: VersionVector) -> Ordering:
         """SAME when every version is equal, BEFORE when none is greater here and one is smaller, AFTER the other
         way round, else CONCURRENT (Akka's ``compareTo``)."""
+        mine, theirs = self._versions, other._versions
         less = greater = False
-        for key in self._versions.keys() | other._versions.keys():
-            mine, theirs = self.version_at(key), other.version_at(key)
-            if mine < theirs:
+        for key, version in mine.items():
+            their = theirs.get(key, 0)
+            if version < their:
                 less = True
-            elif mine > theirs:
+            elif version > their:
                 greater = True
+        if not less and any(key not in mine for key in theirs):  # their versions are at least 1: greater there
+            less = True
         if less and greater:
             return Ordering.CONCURRENT
         if less:
@@ -285,6 +309,24 @@ class ReplicatedSnapshotMetadata:
             fields = wire.decode_snapshot_metadata(payload)
             return cls(VersionVector(fields.version), dict(fields.seen_per_replica))
         return _decoding(wire.SNAPSHOT_METADATA, decode)
+
+
+def _metadata(origin: str, origin_seq_nr: int, version: VersionVector, concurrent: bool) -> ReplicatedEventMetadata:
+    """Metadata the rules make of parts already checked (no check again: they run once per event)."""
+    made = object.__new__(ReplicatedEventMetadata)
+    object.__setattr__(made, "origin_replica", origin)
+    object.__setattr__(made, "origin_sequence_nr", origin_seq_nr)
+    object.__setattr__(made, "version", version)
+    object.__setattr__(made, "concurrent", concurrent)
+    return made
+
+
+def local_event_metadata(replica: str, seq_nr: int) -> ReplicatedEventMetadata:
+    """What an event stored without replication metadata counts as (written at ``replica`` before the entity was
+    replicated): origin ``replica`` at ``seq_nr``, the vector ``{replica: seq_nr}``, not concurrent."""
+    _check_replica(replica)
+    _check_version(seq_nr, "a sequence number")
+    return _metadata(replica, seq_nr, VersionVector._of(((replica, seq_nr),)), False)
 
 
 class _FrozenMap(Mapping[str, int]):
@@ -421,8 +463,7 @@ class ReplicaState:
         """A new event written here: its metadata, and the state after it."""
         seq_nr = self.seq_nr + 1
         version = self.version.updated(self.replica, seq_nr)
-        return (ReplicaState(self.replica, seq_nr, version, self.seen),
-                ReplicatedEventMetadata(self.replica, seq_nr, version, False))
+        return _state(self.replica, seq_nr, version, self.seen), _metadata(self.replica, seq_nr, version, False)
 
     def has_seen(self, metadata: ReplicatedEventMetadata) -> bool:
         """Whether an arriving event is already here: written here, or at most the highest origin seq_nr held
@@ -435,11 +476,10 @@ class ReplicaState:
         else the metadata to store with it here (vector merged, concurrent decided now) and the state after it."""
         if self.has_seen(metadata):
             return None
-        stored = ReplicatedEventMetadata(metadata.origin_replica, metadata.origin_sequence_nr,
-                                         metadata.version.merge(self.version),
-                                         metadata.version.concurrent_with(self.version))
-        seen = {**self.seen, metadata.origin_replica: metadata.origin_sequence_nr}
-        return ReplicaState(self.replica, self.seq_nr + 1, stored.version, seen), stored
+        stored = _metadata(metadata.origin_replica, metadata.origin_sequence_nr, metadata.version.merge(self.version),
+                           metadata.version.concurrent_with(self.version))
+        return _state(self.replica, self.seq_nr + 1, stored.version, self.seen,
+                      (metadata.origin_replica, metadata.origin_sequence_nr)), stored
 
     def replay(self, seq_nr: int, metadata: ReplicatedEventMetadata | None) -> ReplicaState:
         """The state after a stored event, in recovery; an event stored without replication metadata counts as
@@ -447,11 +487,10 @@ class ReplicaState:
         if isinstance(seq_nr, bool) or not isinstance(seq_nr, int) or seq_nr <= self.seq_nr:
             raise InvalidArgument(f"a replayed event's seq_nr must be above {self.seq_nr}, got {seq_nr!r}")
         if metadata is None:
-            metadata = ReplicatedEventMetadata(self.replica, seq_nr, VersionVector({self.replica: seq_nr}), False)
-        seen: Mapping[str, int] = self.seen
-        if metadata.origin_replica != self.replica:
-            seen = {**self.seen, metadata.origin_replica: metadata.origin_sequence_nr}
-        return ReplicaState(self.replica, seq_nr, metadata.version, seen)
+            return _state(self.replica, seq_nr, local_event_metadata(self.replica, seq_nr).version, self.seen)
+        raised = None if metadata.origin_replica == self.replica else (metadata.origin_replica,
+                                                                      metadata.origin_sequence_nr)
+        return _state(self.replica, seq_nr, metadata.version, self.seen, raised)
 
     @classmethod
     def from_snapshot(cls, replica: str, seq_nr: int, metadata: ReplicatedSnapshotMetadata | None) -> ReplicaState:
@@ -464,6 +503,25 @@ class ReplicaState:
     def snapshot_metadata(self) -> ReplicatedSnapshotMetadata:
         """What a snapshot of this state stores."""
         return ReplicatedSnapshotMetadata(self.version, self.seen)
+
+
+def _state(replica: str, seq_nr: int, version: VersionVector, seen: Mapping[str, int],
+           raised: tuple[str, int] | None = None) -> ReplicaState:
+    """The state the rules make of parts already checked, ``seen`` with ``raised`` (origin, seq_nr) set (no check
+    again: they run once per event)."""
+    if raised is None and isinstance(seen, _FrozenMap):
+        frozen = seen  # read-only: shared
+    else:
+        items = dict(seen._items if isinstance(seen, _FrozenMap) else seen)
+        if raised is not None:
+            items[raised[0]] = raised[1]
+        frozen = _FrozenMap(items)
+    made = object.__new__(ReplicaState)
+    object.__setattr__(made, "replica", replica)
+    object.__setattr__(made, "seq_nr", seq_nr)
+    object.__setattr__(made, "version", version)
+    object.__setattr__(made, "seen", frozen)
+    return made
 
 
 # -- composite metadata and arrival ---------------------------------------------------------------------
@@ -577,13 +635,13 @@ def arrival(state: ReplicaState, metadata: ReplicatedEventMetadata,
     and it is kept beside the metadata so the replicas after this one decide the same. ``None``: the vector the
     event arrived with (Akka's rule)."""
     origin = metadata.version if origin_version is None else origin_version
-    received = state.receive(ReplicatedEventMetadata(metadata.origin_replica, metadata.origin_sequence_nr, origin,
-                                                     metadata.concurrent))
+    received = state.receive(metadata if origin is metadata.version else _metadata(
+        metadata.origin_replica, metadata.origin_sequence_nr, origin, metadata.concurrent))
     if received is None:
         return None
     after, stored = received
     if origin != metadata.version:  # the relay's additions, which causal order has brought here already
         merged = stored.version.merge(metadata.version)
-        stored = ReplicatedEventMetadata(stored.origin_replica, stored.origin_sequence_nr, merged, stored.concurrent)
-        after = ReplicaState(after.replica, after.seq_nr, merged, after.seen)
+        stored = _metadata(stored.origin_replica, stored.origin_sequence_nr, merged, stored.concurrent)
+        after = _state(after.replica, after.seq_nr, merged, after.seen)
     return Arrival(after, stored, origin)

@@ -38,6 +38,7 @@ from pgjournal.model.replication import (
     VersionVector,
     event_metadata_columns,
     event_metadata_of,
+    local_event_metadata,
 )
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
@@ -109,7 +110,7 @@ def _copy_of(row: sql.ReplicaRow, peer: str) -> _Copy:
     meta, others = event_metadata_of(row.meta_ser_id, row.meta_ser_manifest,
                                      None if row.meta_payload is None else bytes(row.meta_payload))
     if meta is None:  # written at the peer before the entity was replicated: a local event there
-        meta = ReplicatedEventMetadata(peer, row.seq_nr, VersionVector({peer: row.seq_nr}), False)
+        meta = local_event_metadata(peer, row.seq_nr)
     origin = meta.version
     kept = []
     for entry in others:

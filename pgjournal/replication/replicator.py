@@ -47,6 +47,7 @@ from pgjournal.model.replication import (
     VersionVector,
     event_metadata_columns,
     event_metadata_of,
+    local_event_metadata,
 )
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
@@ -213,13 +214,13 @@ class Replicator:
         """The events of the batch for the local replicas, per target persistence id in the peer's order; the
         peer's own events of other persistence ids (not replicas of the peer) and this location's are left out."""
         out: dict[str, list[Arrival]] = {}
+        targets: dict[str, str | None] = {}  # per persistence id of the peer: the local replica's, or None
         for env in envelopes:
-            try:
-                rid = ReplicationId.parse(env.persistence_id)
-            except InvalidPersistenceId:
-                self.stats.skipped += 1
-                continue
-            if rid.replica_id != self.peer_replica:
+            pid = env.persistence_id
+            if pid not in targets:
+                targets[pid] = self._target(pid)
+            target = targets[pid]
+            if target is None:
                 self.stats.skipped += 1
                 continue
             meta = env.metadata
@@ -227,8 +228,7 @@ class Replicator:
                                                                              meta.payload)
             if found is None:
                 # Written at the peer before the entity was replicated: a local event there (ReplicaState.replay).
-                found = ReplicatedEventMetadata(self.peer_replica, env.seq_nr,
-                                                VersionVector({self.peer_replica: env.seq_nr}), False)
+                found = local_event_metadata(self.peer_replica, env.seq_nr)
             if found.origin_replica == self.local_replica:
                 self.stats.own += 1
                 continue
@@ -239,12 +239,19 @@ class Replicator:
                     origin_version = VersionVector.from_bytes(entry.payload)
                 else:
                     kept.append(entry)
-            target = rid.with_replica(self.local_replica).persistence_id
             filtered = self.accept is not None and not self.accept(
                 Candidate(env, found, self.peer_replica, self.local_replica))
             self.stats.filtered += filtered
             out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept), filtered))
         return out
+
+    def _target(self, persistence_id: str) -> str | None:
+        """The local replica of the peer's replica ``persistence_id``; ``None`` for any other persistence id."""
+        try:
+            rid = ReplicationId.parse(persistence_id)
+        except InvalidPersistenceId:
+            return None
+        return rid.with_replica(self.local_replica).persistence_id if rid.replica_id == self.peer_replica else None
 
     def process_step(self, envelopes: Sequence[EventEnvelope]) -> Step[None]:
         """Every arrival of the batch appended or dropped, in the transaction of the connection it runs on (the

@@ -86,8 +86,8 @@ INSERT INTO {table} (slice, entity_type, persistence_id, seq_nr, db_timestamp, w
 SELECT p.slice, p.entity_type, p.pid, p.expected + e.ord, p.ts, %(writer)s, '',
     e.ser_id, e.manifest, e.payload, e.meta_ser_id, e.meta_manifest, e.meta_payload
 FROM p
-JOIN unnest(%(of)s::bigint[], %(ords)s::bigint[], %(ser_ids)s::int[], %(manifests)s::text[], %(payloads)s::bytea[],
-    %(meta_ser_ids)s::int[], %(meta_manifests)s::text[], %(meta_payloads)s::bytea[])
+JOIN unnest(%(of)b::bigint[], %(ords)b::bigint[], %(ser_ids)b::int[], %(manifests)b::text[], %(payloads)b::bytea[],
+    %(meta_ser_ids)b::int[], %(meta_manifests)b::text[], %(meta_payloads)b::bytea[])
     AS e(n, ord, ser_id, manifest, payload, meta_ser_id, meta_manifest, meta_payload) ON e.n = p.n
 RETURNING persistence_id, seq_nr
 """

@@ -162,11 +162,21 @@ def test_merge_is_commutative_associative_and_idempotent(a: VersionVector, b: Ve
         assert x.compare(a.merge(b)) in (Ordering.BEFORE, Ordering.SAME)
 
 
+@given(vectors, vectors)
+def test_merge_is_the_pointwise_maximum_in_javas_key_order(a: VersionVector, b: VersionVector) -> None:
+    # merge keeps the keys' order when it only raises versions and sorts again for a new key: as a fresh vector
+    expected = {key: max(a.version_at(key), b.version_at(key)) for key in a.as_dict().keys() | b.as_dict().keys()}
+    assert a.merge(b).entries == VersionVector(expected).entries
+
+
 @given(vectors, replicas)
 def test_increment_and_updated(a: VersionVector, replica: str) -> None:
     assert a.increment(replica).version_at(replica) == a.version_at(replica) + 1
     assert a.increment(replica).compare(a) is Ordering.AFTER
     assert a.updated(replica, 9).as_dict() == {**a.as_dict(), replica: 9}
+    assert a.updated(replica, 9).entries == VersionVector({**a.as_dict(), replica: 9}).entries
+    with pytest.raises(InvalidArgument):
+        a.increment(replica).updated(replica, 0)  # a key present or not, a version below 1 is refused
 
 
 def test_entries_are_in_javas_string_order() -> None:
