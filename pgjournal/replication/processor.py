@@ -28,6 +28,8 @@ from pgjournal.projections.leases import LeaseManager
 from pgjournal.projections.runner import RangeRunner
 from pgjournal.projections.workers import Worker
 from pgjournal.runtime.steps import Step, run, statement
+from pgjournal.store.binary_arrays import bytea_array
+from pgjournal.store.events import int_array, text_array
 from pgjournal.validation import check_name, check_persistence_id
 
 if TYPE_CHECKING:
@@ -119,21 +121,21 @@ def append_many_with_metadata_step(journal: JournalCore,
         by_table.setdefault(journal.events.batch_table(slice_), []).append((pid, slice_))
     numbers: dict[str, list[int]] = {pid: [] for pid in appends}
     for of_table in by_table.values():
+        rows = [(n, ord_, event, meta) for n, (pid, _) in enumerate(of_table, 1)
+                  for ord_, (event, meta) in enumerate(appends[pid][1], 1)]
+        # Packed as the journal's own batch append packs them (pgjournal.store.binary_arrays): psycopg's list
+        # dumpers adapt element by element, and a bytea[] in text form is hex-escaped both ways.
         params: dict[str, Any] = {
             "writer": writer or journal.writer_id, "slices": [s for _, s in of_table],
             "entity_types": [entity_type_of(pid) for pid, _ in of_table], "pids": [pid for pid, _ in of_table],
-            "expecteds": [appends[pid][0] for pid, _ in of_table], "of": [], "ords": [], "ser_ids": [],
-            "manifests": [], "payloads": [], "meta_ser_ids": [], "meta_manifests": [], "meta_payloads": []}
-        for n, (pid, _) in enumerate(of_table, 1):
-            for ord_, (event, meta) in enumerate(appends[pid][1], 1):
-                params["of"].append(n)
-                params["ords"].append(ord_)
-                params["ser_ids"].append(event.ser_id)
-                params["manifests"].append(event.manifest)
-                params["payloads"].append(bytes(event.payload))
-                params["meta_ser_ids"].append(meta.ser_id)
-                params["meta_manifests"].append(meta.manifest)
-                params["meta_payloads"].append(meta.payload)
+            "expecteds": [appends[pid][0] for pid, _ in of_table],
+            "of": int_array([n for n, _, _, _ in rows]), "ords": int_array([o for _, o, _, _ in rows]),
+            "ser_ids": int_array([e.ser_id for _, _, e, _ in rows]),
+            "manifests": text_array([e.manifest for _, _, e, _ in rows]),
+            "payloads": bytea_array([bytes(e.payload) for _, _, e, _ in rows]),
+            "meta_ser_ids": int_array([m.ser_id for _, _, _, m in rows]),
+            "meta_manifests": text_array([m.manifest for _, _, _, m in rows]),
+            "meta_payloads": bytea_array([m.payload for _, _, _, m in rows])}
         for pid, seq_nr in (yield statement((journal.events.append_many_with_metadata(of_table[0][1]), params))):
             numbers[pid].append(seq_nr)
     missing = [pid for pid, (_, events) in appends.items() if events and not numbers[pid]]

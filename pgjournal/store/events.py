@@ -126,6 +126,12 @@ def read_payload(column: str, jsonb: bool) -> str:
     return f"convert_to({column}::text, 'UTF8') AS {column}" if jsonb else column
 
 
+def int_array(items: Iterable[int]) -> str:
+    """``items`` as a PostgreSQL array literal for a ``%s::int[]`` or ``%s::bigint[]`` parameter (as
+    :func:`text_array`: no per-element adaptation)."""
+    return "{" + ",".join([str(item) for item in items]) + "}"
+
+
 def text_array(items: Iterable[str]) -> str:
     """``items`` as a PostgreSQL array literal for a ``%s::text[]`` parameter: psycopg's list dumper inspects
     the elements on every call, a quoted string costs next to nothing."""

@@ -39,7 +39,7 @@ from pgjournal.runtime.contention import KeyedLocks
 from pgjournal.runtime.steps import first_of
 from pgjournal.server.dsn import mask_dsn
 from pgjournal.store.binary_arrays import bytea_array
-from pgjournal.store.events import text_array
+from pgjournal.store.events import int_array, text_array
 from pgjournal.tags.statement_writer import (
     bucket_size_recorded,
     prepare,
@@ -186,7 +186,7 @@ def build(journal: JournalCore, target: _Target, events: Iterable[Any], expected
     else:
         # Packed here rather than as lists: psycopg's list dumpers adapt element by element, and a bytea[] in
         # text form is hex both ways (pgjournal.store.binary_arrays).
-        params.update(ser_ids="{" + ",".join([str(e.ser_id) for e in encoded]) + "}",
+        params.update(ser_ids=int_array([e.ser_id for e in encoded]),
                       manifests=text_array([e.manifest for e in encoded]),
                       payloads=bytea_array([e.payload for e in encoded]))
     if expected_seq_nr is None:
