@@ -24,7 +24,7 @@ demo: setup
 # The slowest tests are printed at the end of every run, so the suite's cost stays in sight.
 # The suite runs under pytest-xdist in WORKERS processes, each with an embedded server of its own
 # (tests/conftest.py), the tests marked `timing` one after another on one worker and the Spark tests in two
-# groups of their own (--dist loadgroup). Three workers on two cores: 11 min where one process took 30
+# groups of their own (--dist loadgroup). Three workers on two cores: 9.5-11 min where one process took 30
 # (bench/results/suite-cost.md); WORKERS=0 runs one process. MARKS: which tests (CI's first pass adds crash_states).
 WORKERS ?= 3
 MARKS ?= not slow and not crash_states
