@@ -40,6 +40,15 @@ SEPARATOR = "|"
 _T = TypeVar("_T")
 
 
+def _built(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` as they are: no ``__init__``, no checks (for
+    the rules' results, made once per event of parts already checked)."""
+    made = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(made, name, value)
+    return made
+
+
 # -- replication ids ------------------------------------------------------------------------------------
 
 
@@ -155,10 +164,7 @@ class VersionVector:
     @classmethod
     def _of(cls, entries: tuple[tuple[str, int], ...]) -> VersionVector:
         """A vector of ``entries`` already checked and in Java's key order (the rules' results: no check again)."""
-        vector = object.__new__(cls)
-        object.__setattr__(vector, "entries", entries)
-        object.__setattr__(vector, "_versions", dict(entries))
-        return vector
+        return _built(cls, entries=entries, _versions=dict(entries))
 
     def __repr__(self) -> str:
         return f"VersionVector({self._versions!r})"
@@ -313,12 +319,8 @@ class ReplicatedSnapshotMetadata:
 
 def _metadata(origin: str, origin_seq_nr: int, version: VersionVector, concurrent: bool) -> ReplicatedEventMetadata:
     """Metadata the rules make of parts already checked (no check again: they run once per event)."""
-    made = object.__new__(ReplicatedEventMetadata)
-    object.__setattr__(made, "origin_replica", origin)
-    object.__setattr__(made, "origin_sequence_nr", origin_seq_nr)
-    object.__setattr__(made, "version", version)
-    object.__setattr__(made, "concurrent", concurrent)
-    return made
+    return _built(ReplicatedEventMetadata, origin_replica=origin, origin_sequence_nr=origin_seq_nr, version=version,
+                  concurrent=concurrent)
 
 
 def local_event_metadata(replica: str, seq_nr: int) -> ReplicatedEventMetadata:
@@ -516,12 +518,7 @@ def _state(replica: str, seq_nr: int, version: VersionVector, seen: Mapping[str,
         if raised is not None:
             items[raised[0]] = raised[1]
         frozen = _FrozenMap(items)
-    made = object.__new__(ReplicaState)
-    object.__setattr__(made, "replica", replica)
-    object.__setattr__(made, "seq_nr", seq_nr)
-    object.__setattr__(made, "version", version)
-    object.__setattr__(made, "seen", frozen)
-    return made
+    return _built(ReplicaState, replica=replica, seq_nr=seq_nr, version=version, seen=frozen)
 
 
 # -- composite metadata and arrival ---------------------------------------------------------------------
