@@ -587,6 +587,25 @@ def register_replication_serializers(registry: Any) -> None:
     registry.register_serializer(wire.PAYLOAD, CompositeMetadataSerializer(), ReplicatedComposite)
 
 
+def peer_row_metadata(ser_id: int | None, manifest: str | None, payload: bytes | None, replica: str, seq_nr: int
+                      ) -> tuple[ReplicatedEventMetadata, VersionVector, tuple[wire.MetadataEntry, ...]]:
+    """A row of ``replica``'s persistence id read at a peer, as the arrival rule takes it: its replication metadata
+    (:func:`local_event_metadata` for one stored without: written there before the entity was replicated), the
+    vector it had at its origin (carried beside the metadata, 40 / ``DA``, else the metadata's own), and its other
+    metadata entries, kept as they are."""
+    found, others = event_metadata_of(ser_id, manifest, payload)
+    if found is None:
+        found = local_event_metadata(replica, seq_nr)
+    origin = found.version
+    kept: list[wire.MetadataEntry] = []
+    for entry in others:
+        if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
+            origin = VersionVector.from_bytes(entry.payload)
+        else:
+            kept.append(entry)
+    return found, origin, tuple(kept)
+
+
 def split_metadata(value: Any) -> tuple[ReplicatedEventMetadata | None, VersionVector | None]:
     """The replication metadata of an envelope's decoded ``metadata`` and the origin's vector: the one stored beside
     it (40 / ``DA`` in a composite), else the event's own vector when it is the origin's (an event written at its

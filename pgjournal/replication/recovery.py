@@ -37,8 +37,7 @@ from pgjournal.model.replication import (
     ReplicationId,
     VersionVector,
     event_metadata_columns,
-    event_metadata_of,
-    local_event_metadata,
+    peer_row_metadata,
 )
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
@@ -107,18 +106,10 @@ class _Copy:
 
 
 def _copy_of(row: sql.ReplicaRow, peer: str) -> _Copy:
-    meta, others = event_metadata_of(row.meta_ser_id, row.meta_ser_manifest,
-                                     None if row.meta_payload is None else bytes(row.meta_payload))
-    if meta is None:  # written at the peer before the entity was replicated: a local event there
-        meta = local_event_metadata(peer, row.seq_nr)
-    origin = meta.version
-    kept = []
-    for entry in others:
-        if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
-            origin = VersionVector.from_bytes(entry.payload)
-        else:
-            kept.append(entry)
-    return _Copy((meta.origin_replica, meta.origin_sequence_nr), meta, origin, tuple(kept),
+    meta, origin, kept = peer_row_metadata(row.meta_ser_id, row.meta_ser_manifest,
+                                           None if row.meta_payload is None else bytes(row.meta_payload), peer,
+                                           row.seq_nr)
+    return _Copy((meta.origin_replica, meta.origin_sequence_nr), meta, origin, kept,
                  Stored(row.ser_id, row.manifest, bytes(row.payload)), row.tags, peer)
 
 

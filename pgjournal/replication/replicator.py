@@ -47,7 +47,7 @@ from pgjournal.model.replication import (
     VersionVector,
     event_metadata_columns,
     event_metadata_of,
-    local_event_metadata,
+    peer_row_metadata,
 )
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
@@ -224,25 +224,16 @@ class Replicator:
                 self.stats.skipped += 1
                 continue
             meta = env.metadata
-            found, others = (None, ()) if meta is None else event_metadata_of(meta.ser_id, meta.manifest,
-                                                                             meta.payload)
-            if found is None:
-                # Written at the peer before the entity was replicated: a local event there (ReplicaState.replay).
-                found = local_event_metadata(self.peer_replica, env.seq_nr)
+            columns: tuple[int | None, str | None, bytes | None] = (
+                (None, None, None) if meta is None else (meta.ser_id, meta.manifest, meta.payload))
+            found, origin_version, kept = peer_row_metadata(*columns, self.peer_replica, env.seq_nr)
             if found.origin_replica == self.local_replica:
                 self.stats.own += 1
                 continue
-            origin_version = found.version
-            kept: list[MetadataEntry] = []
-            for entry in others:
-                if (entry.ser_id, entry.manifest) == (wire.REPLICATED_EVENT_SOURCING, wire.VERSION_VECTOR):
-                    origin_version = VersionVector.from_bytes(entry.payload)
-                else:
-                    kept.append(entry)
             filtered = self.accept is not None and not self.accept(
                 Candidate(env, found, self.peer_replica, self.local_replica))
             self.stats.filtered += filtered
-            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, tuple(kept), filtered))
+            out.setdefault(target, []).append(Arrival(target, env, found, origin_version, kept, filtered))
         return out
 
     def _target(self, persistence_id: str) -> str | None:
