@@ -34,15 +34,16 @@ databases have no such view; there (and in portable mode) the bound is the datab
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgjournal.errors import HorizonBlocked
 from pgjournal.model.printable import printable_logger
-from pgjournal.model.timeuuid import EPOCH
+from pgjournal.model.timeuuid import EPOCH, LATEST
 from pgjournal.runtime import metrics
-from pgjournal.runtime.steps import Sleep, Statement, Step, run
+from pgjournal.runtime.steps import Pipelined, Sleep, Statement, Step, run
 from pgjournal.store.catalog import CLOCK_SQL, WRITERS_SQL
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
     from pgjournal.core.capabilities import Capabilities
 
 log = printable_logger("pgjournal.core.horizon")
+#: A reader whose last reading was held back by more than this (seconds: a writer open that long) reads its next
+#: page after the reading, not with it: sent together, the page would read, and drop, every row committed above
+#: the bound since that writer began.
+PIPELINE_HELD_BACK = 0.1
 
 @dataclass(frozen=True)
 class Writer:
@@ -91,6 +96,8 @@ class HorizonTracker:
         #: The newest reading whose hidden writers have all finished.
         self._cleared: datetime | None = None
         self._warned: set[str] = set()
+        #: The last reading (:meth:`read_with_step` sends its statement with the next one unless it was held back).
+        self._last: Horizon | None = None
 
     def read(self, conn: psycopg.Connection) -> Horizon:
         """:meth:`read_step` on a blocking connection."""
@@ -103,8 +110,33 @@ class HorizonTracker:
             clock = yield Statement(CLOCK_SQL, prepare=False)
             now = clock[0][0]
             return Horizon(now, now - self._margin)
+        return self._reading((yield self._writers_statement()))
+
+    def read_with_step(self, below: Callable[[datetime], Statement], at: int) -> Step[tuple[Horizon, list[Any]]]:
+        """A reading, and the rows of ``below(bound)`` under it (the statement's rows ordered by their column
+        ``at``, a timestamp). Where the last reading was not held back (no writer older than
+        :data:`PIPELINE_HELD_BACK`), in one round trip: the statement, bounded by nothing, is sent with the
+        reading (:class:`~pgjournal.runtime.steps.Pipelined`: its snapshot is taken after the reading ran, as a
+        statement sent after it would be), and its rows at or past the new safe bound are dropped: only those
+        committed in the instant between the two snapshots, so a page costs one round trip instead of two.
+        Else the reading first, then the statement below its bound."""
+        last = self._last
+        if not self.capabilities.writer_horizon or last is None or last.held_back > PIPELINE_HELD_BACK:
+            horizon = yield from self.read_step()
+            rows: list[Any] = yield below(horizon.safe)
+            return horizon, rows
+        writers, rows = yield Pipelined((self._writers_statement(), below(LATEST)))
+        horizon = self._reading(writers)
+        safe = horizon.safe
+        if rows and rows[-1][at] >= safe:
+            rows = [row for row in rows if row[at] < safe]
+        return horizon, rows
+
+    def _writers_statement(self) -> Statement:
         # Prepared once run often (psycopg's default): planning the rights checks costs more than running them.
-        rows = yield Statement(WRITERS_SQL, {"relations": list(self.relations)})
+        return Statement(WRITERS_SQL, {"relations": list(self.relations)})
+
+    def _reading(self, rows: list[tuple[Any, ...]]) -> Horizon:
         now = rows[0][0]
         writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
         safe = now - self._margin
@@ -115,7 +147,8 @@ class HorizonTracker:
         safe = min(safe, self._hidden_bound(now - self._margin, hidden))
         self._warn_long(now, writers)
         metrics.HORIZON_HELD_BACK.set((now - safe).total_seconds())
-        return Horizon(now, safe, writers)
+        self._last = Horizon(now, safe, writers)
+        return self._last
 
     def _hidden_bound(self, reading: datetime, hidden: frozenset[str]) -> datetime:
         # A writer open at an earlier reading and at this one was open in between: the newest reading whose

@@ -99,6 +99,13 @@ class ReplicaHorizon:
         metrics.STANDBY_HORIZON_AGE.set(time.monotonic() - usable.taken)
         return Horizon(horizon.now, usable.horizon.safe, horizon.writers)
 
+    def read_with_step(self, below: Callable[[datetime], Statement], at: int) -> Step[tuple[Horizon, list[Any]]]:
+        """:meth:`read_step`, then ``below(safe)`` on the standby (the reading is the primary's: nothing to send
+        together)."""
+        horizon = yield from self.read_step()
+        rows: list[Any] = yield below(horizon.safe)
+        return horizon, rows
+
     def settle_step(self, timeout: float) -> Step[Horizon]:
         """A one-shot read's horizon (:meth:`HorizonTracker.settle_step` on the primary), once replayed."""
         horizon, lsn = yield from self._on_primary_step(self.primary.settle_step(timeout))

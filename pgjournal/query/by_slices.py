@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from pgjournal.core.horizon import Horizon
@@ -46,7 +46,7 @@ from pgjournal.errors import InvalidArgument
 from pgjournal.model.envelope import EventEnvelope, Source, envelope_from_row, metadata_of, new_envelope
 from pgjournal.model.offsets import NoOffset, Offset, TimestampOffset
 from pgjournal.model.slices import check_slice_range
-from pgjournal.model.timeuuid import EPOCH
+from pgjournal.model.timeuuid import EPOCH, LATEST
 from pgjournal.query.gate import DUPLICATE, GAP, Gate, Unknown
 from pgjournal.runtime import metrics
 from pgjournal.runtime.live import LiveQuery, Made
@@ -55,9 +55,6 @@ from pgjournal.validation import check_name, check_persistence_id, check_tag_fil
 
 if TYPE_CHECKING:
     from pgjournal.codec.serialization import SerializerRegistry
-
-#: Offsets past this are refused: the cursor arithmetic needs headroom below datetime.max.
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 #: A row the gate lets through, with what its envelope needs: (row, source, and the main cursor's timestamp,
 #: seen map and read timestamp at that moment, and the offset's ``settled``: ``None`` when it is the timestamp).
@@ -222,9 +219,8 @@ class SliceQuery:
 
     def main_page_step(self, source: Source) -> Step[tuple[list[Delivery], int]]:
         """A live query's main page: the horizon, a page below it, the gate; the next backtracking."""
-        horizon = yield from self.tracker.read_step()
         limit = self.main_limit()
-        rows = yield self.page(self.main, horizon.safe, limit)
+        horizon, rows = yield from self.tracker.read_with_step(lambda until: self.page(self.main, until, limit), 4)
         self.read_timestamp = horizon.now
         self._safe_line(horizon)
         out = yield from self.sift_step(rows, source, main=True)

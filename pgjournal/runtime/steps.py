@@ -6,6 +6,8 @@ A *step* is a generator. It yields a request and receives the answer:
   → the rows (a list of tuples), or the row count for a statement that returns no rows;
 * :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
   once for a statement that was not streamed);
+* :class:`Pipelined` → the answers of several statements sent together, in one round trip, each run in a
+  snapshot of its own taken after the ones before it ran (a horizon reading and the page below it);
 * :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment);
 * :class:`Call` → what a function of the face returns (awaited by the asyncio driver when it is awaitable):
   an operation of the face inside shared logic (the journal's ``append``, a user's handler), optionally
@@ -72,6 +74,24 @@ class Statement:
 
 
 @dataclass(frozen=True, slots=True)
+class Pipelined:
+    """Statements sent together and answered together: one round trip for all of them. They run in order, in
+    one read-only READ COMMITTED transaction whatever the session's default isolation, so each takes a snapshot
+    of its own after the one before it has run (what a statement reads may depend on what an earlier one
+    proved, as a page on the horizon read before it). Reads only; none may be streamed."""
+
+    statements: tuple[Statement, ...]
+
+    def __post_init__(self) -> None:
+        if any(s.stream > 1 for s in self.statements):
+            raise ValueError("a pipelined statement cannot be streamed")
+
+
+#: Opens a :class:`Pipelined` request's transaction: READ COMMITTED takes a snapshot per statement.
+PIPELINED_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     """Wait this many seconds (the connection stays with the step)."""
 
@@ -124,7 +144,7 @@ class _More:
 #: Ask for the next chunk of the statement being streamed.
 MORE = _More()
 
-Request = Statement | Sleep | Call | _More
+Request = Statement | Pipelined | Sleep | Call | _More
 Step = Generator[Request, Any, R]
 #: A query that runs on several connections in turn: its steps, each returning its items (a list, or an
 #: iterator that makes them as they are read, after the connection went back). A generator of steps receives
@@ -202,9 +222,11 @@ class _SyncFetch:
                 _discard(result)
                 raise TypeError(f"{request.fn!r} returned an awaitable: run this step with the asyncio driver")
             return result
-        assert isinstance(request, Statement), request
         conn = self.conn
         assert conn is not None, "a statement borrows a connection above"
+        if isinstance(request, Pipelined):
+            return _pipelined(conn, request)
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = conn.cursor(binary=request.binary, row_factory=request.row)
             if request.utc:
@@ -231,6 +253,25 @@ class _SyncFetch:
         if self._stream is not None:
             stream, self._stream, self.chunks = self._stream, None, None
             stream.close()  # psycopg cancels and drains what is left
+
+
+def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
+    """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order."""
+    cursors = []
+    try:
+        with conn.pipeline():
+            conn.execute(PIPELINED_BEGIN)
+            for one in request.statements:
+                cur = conn.cursor(binary=one.binary, row_factory=one.row)
+                if one.utc:
+                    utc_timestamps(cur)
+                cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
+            conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()  # a failed statement leaves the transaction aborted (nothing when the link is gone)
+        raise
+    return [cur.fetchall() if cur.description is not None else cur.rowcount for cur in cursors]
 
 
 def run(step: Step[R], conn: psycopg.Connection) -> R:
@@ -421,9 +462,11 @@ class _AsyncFetch:
         if isinstance(request, Call):
             result = request.fn(*_arguments(request, self.conn), **request.kwargs)
             return await result if inspect.isawaitable(result) else result
-        assert isinstance(request, Statement), request
         conn = self.conn
         assert conn is not None, "a statement borrows a connection above"
+        if isinstance(request, Pipelined):
+            return await _apipelined(conn, request)
+        assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = conn.cursor(binary=request.binary, row_factory=request.row)
             if request.utc:
@@ -493,6 +536,25 @@ async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
     cur.row_factory = request.row or tuple_row
     await cur.execute(request.sql, request.params, prepare=request.prepare, binary=request.binary)
     return await cur.fetchall() if cur.pgresult is not None and cur.description is not None else cur.rowcount
+
+
+async def _apipelined(conn: psycopg.AsyncConnection, request: Pipelined) -> list[Any]:
+    """:class:`Pipelined` on an asyncio connection (see :func:`_pipelined`)."""
+    cursors = []
+    try:
+        async with conn.pipeline():
+            await conn.execute(PIPELINED_BEGIN)
+            for one in request.statements:
+                cur = conn.cursor(binary=one.binary, row_factory=one.row)
+                if one.utc:
+                    utc_timestamps(cur)
+                cursors.append(await cur.execute(one.sql, one.params, prepare=one.prepare))
+            await conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(psycopg.Error):
+            await conn.rollback()
+        raise
+    return [await cur.fetchall() if cur.description is not None else cur.rowcount for cur in cursors]
 
 
 async def adrive(steps: Steps[T],

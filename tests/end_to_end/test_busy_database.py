@@ -290,7 +290,9 @@ def stall_trigger(dsn: str, pattern: str, seconds: str) -> None:
 def test_a_writer_stalled_inside_its_insert_is_waited_for_and_reported(dsn: str, stall: float,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     stall_trigger(dsn, f"{ENTITY}|stalled", str(stall))
-    settings = {**FAST, "backtracking_enabled": False, "backtracking_behind_current_time": 1.0}
+    # The stalled INSERT must outlast neither pgjournal's statement_timeout (30 s by default) nor its client limit.
+    settings = {**FAST, "backtracking_enabled": False, "backtracking_behind_current_time": 1.0,
+                "statement_timeout": stall + 30}
     with Journal.open(dsn, **settings) as journal, recording(journal) as live, \
             caplog.at_level(logging.WARNING, logger="pgjournal.core.horizon"):
         stalled = threading.Thread(target=journal.append, args=(f"{ENTITY}|stalled", [{"slow": 1}]))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from pgjournal import Journal, MissingTaggedEventsError, NoOffset, Serialization
 from pgjournal.query.by_slices import SliceQuery
 from pgjournal.query.by_tag import TagStream
 from pgjournal.runtime.live import Made
-from pgjournal.runtime.steps import MORE, Sleep, Statement, adrive, arun, arun_pooled, run
+from pgjournal.runtime.steps import MORE, Pipelined, Sleep, Statement, adrive, arun, arun_pooled, run
 
 TAGS: dict[str, Any] = dict(FAST, tag_bucket_size="Minute", tag_eventual_consistency_delay=0.05,
                             tag_gap_timeout=0.3)
@@ -198,3 +199,68 @@ def test_a_call_runs_a_function_of_the_face_on_either_driver(journal: Journal, d
         with pytest.raises(TypeError, match="asyncio driver"):
             run(step(True), conn)
     assert asyncio.run(arun_pooled(step(True), connections_to(dsn))) == (42, True, 2)
+
+
+def _advisory_waiters(conn: psycopg.Connection, key: int) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND NOT granted",
+                       (key,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_pipelined_statements_each_read_what_committed_before_them(dsn: str) -> None:
+    """``Pipelined``: sent together, yet each statement reads in a snapshot taken after the one before it ran, on
+    both drivers, where the session's default isolation (REPEATABLE READ here) would give a pipeline's statements
+    one snapshot, taken before the first: a row committed while the first statement waits is seen by the second."""
+    key = 4711
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("CREATE TABLE pipelined_probe (n int)")
+
+    def step() -> Any:
+        waited, counted = yield Pipelined((Statement("SELECT pg_advisory_xact_lock(%s)::text", (key,)),
+                                           Statement("SELECT count(*) FROM pipelined_probe")))
+        return waited, counted
+
+    def with_a_commit_while_it_waits(start: Any, n: int) -> Any:
+        """Run ``start()`` (the step on some driver) while an advisory lock holds its first statement, commit a
+        row meanwhile, then let it go on."""
+        with psycopg.connect(dsn, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+            result: list[Any] = []
+            thread = threading.Thread(target=lambda: result.append(start()))
+            thread.start()
+            deadline = time.monotonic() + 30
+            while _advisory_waiters(holder, key) == 0:
+                assert time.monotonic() < deadline, "the pipeline never waited for the lock"
+                time.sleep(0.01)
+            holder.execute("INSERT INTO pipelined_probe VALUES (%s)", (n,))
+            holder.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            thread.join(30)
+        return result[0]
+
+    def blocking() -> Any:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SET default_transaction_isolation = 'repeatable read'")
+            return run(step(), conn)
+
+    async def on_asyncio() -> Any:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            await aconn.execute("SET default_transaction_isolation = 'repeatable read'")
+            return await arun(step(), aconn)
+
+    assert with_a_commit_while_it_waits(blocking, 1) == ([("",)], [(1,)])
+    assert with_a_commit_while_it_waits(lambda: asyncio.run(on_asyncio()), 2) == ([("",)], [(2,)])
+
+
+def test_a_failed_pipelined_statement_is_raised_in_the_step_and_the_connection_goes_on(dsn: str) -> None:
+    def step() -> Any:
+        try:
+            yield Pipelined((Statement("SELECT 1"), Statement("SELECT 1/0")))
+        except psycopg.errors.DivisionByZero:
+            caught = True
+        after = yield Statement("SELECT 2")
+        return caught, after
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert run(step(), conn) == (True, [(2,)])
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert asyncio.run(arun_pooled(step(), connections_to(dsn))) == (True, [(2,)])
