@@ -3,7 +3,8 @@
 * :class:`ExactlyOnce` — ``handle(conn, envelope)`` runs inside an open transaction on ``conn``; the offset
   rows are written in the same transaction, so the handler's writes and the offset commit together.
 * :class:`Grouped` — ``handle(conn, envelopes)`` gets up to ``max_count`` envelopes gathered for at most
-  ``max_wait`` seconds, in one transaction with the offsets of all of them.
+  ``max_wait`` seconds (with ``idle_wait``: or until none has come for that long), in one transaction with the
+  offsets of all of them.
 * :class:`AtLeastOnce` — ``handle(envelope)`` runs with no transaction of ours; offsets are stored after
   processing, every ``save_every`` envelopes or ``save_interval`` seconds. A crash replays at most the
   envelopes processed since the last save.
@@ -42,10 +43,16 @@ class Grouped:
     handle: GroupedHandle
     max_count: int = 500
     max_wait: float = 0.5
+    #: Also hand the group over once no envelope has come for this long (seconds): what the reader had ready
+    #: goes at once instead of waiting out ``max_wait`` (latency, where a group's size matters less; a catch-up's
+    #: groups still fill, the reader being ahead). ``None``: only ``max_count`` or ``max_wait`` end a group.
+    idle_wait: float | None = None
 
     def __post_init__(self) -> None:
         _positive(self.max_count, "Grouped.max_count", integer=True)
         _positive(self.max_wait, "Grouped.max_wait")
+        if self.idle_wait is not None:
+            _positive(self.idle_wait, "Grouped.idle_wait")
 
 
 @dataclass(frozen=True)

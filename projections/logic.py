@@ -596,21 +596,25 @@ class _Each(_Pending):
 
 
 class _Groups(_Pending):
-    """Grouped: up to ``max_count`` envelopes gathered for at most ``max_wait``, one transaction each group."""
+    """Grouped: up to ``max_count`` envelopes gathered for at most ``max_wait`` (or until none came for
+    ``idle_wait``), one transaction each group."""
 
     def __init__(self, runner: RangeLogic, store: OffsetStore, handler: Grouped) -> None:
         super().__init__(runner, store)
         self.handler = handler
         self.group: list[EventEnvelope] = []
-        self.due = 0.0
+        #: When the group goes: ``max_wait`` after its first envelope (``deadline``), or ``idle_wait`` after its last.
+        self.due = self.deadline = 0.0
 
     def due_at(self) -> float | None:
         return self.due if self.group else None
 
     def take_step(self, env: EventEnvelope, now: float) -> Step[None]:
         if not self.group:
-            self.due = now + self.handler.max_wait
+            self.deadline = now + self.handler.max_wait
         self.group.append(env)
+        idle = self.handler.idle_wait
+        self.due = self.deadline if idle is None else min(self.deadline, now + idle)
         return
         yield
 

@@ -200,7 +200,7 @@ class EventProcessor:
     def __init__(self, target: Journal | AsyncJournal, source: Journal | AsyncJournal, name: str, entity_type: str,
                  process: ProcessFn, *,
                  as_stored: bool = False, max_count: int = 500, max_wait: float = 0.1,
-                 settings: ProjectionSettings | None = None) -> None:
+                 idle_wait: float | None = None, settings: ProjectionSettings | None = None) -> None:
         if settings is not None and settings.on_failure == "dead-letter" and source is not target:
             raise InvalidArgument("on_failure='dead-letter' copies the event from the target journal; a processor "
                                   "reading another database stops or skips")
@@ -211,7 +211,7 @@ class EventProcessor:
         self.entity_type = check_name(entity_type, "entity type")
         self.stored = as_stored
         self.projection = Projection(self.name, self.entity_type,
-                                     Grouped(process, max_count=max_count, max_wait=max_wait),
+                                     Grouped(process, max_count=max_count, max_wait=max_wait, idle_wait=idle_wait),
                                      settings=settings or ProjectionSettings())
         #: Entity types written since the last commit, signalled to the target's readers after it.
         self.written: set[str] = set()

@@ -70,6 +70,9 @@ log = printable_logger("pgjournal.replication")
 #: Attempts of one replica's part of a batch when a local writer took its next sequence number meanwhile.
 RACE_ATTEMPTS = 20
 SAVEPOINT = "pgjournal_replica"
+#: A batch is written once no event has come from the peer for this long (seconds), or after ``max_wait``, or at
+#: ``max_count``: what one poll of the peer read goes at once, while a catch-up's batches still fill.
+IDLE_WAIT = 0.002
 
 
 def stream_name(peer: str, entity_type: str) -> str:
@@ -173,11 +176,14 @@ class StreamStats:
 class Replicator:
     """The stream from ``peer_replica``'s journal ``peer`` into ``local_replica``'s journal ``local``, for
     ``entity_type``. ``peer`` is read only (a reader role there is enough). ``accept``: a
-    :data:`ReplicationFilter`, applied to every event read (give every stream of a location the same one)."""
+    :data:`ReplicationFilter`, applied to every event read (give every stream of a location the same one).
+    A batch of at most ``max_count`` events is written ``idle_wait`` after the last event read (``None``: not
+    before ``max_wait`` after its first), at most ``max_wait`` after its first."""
 
     def __init__(self, local: Journal | AsyncJournal, local_replica: str, peer: Journal | AsyncJournal,
                  peer_replica: str, entity_type: str, *,
-                 max_count: int = 500, max_wait: float = 0.05, settings: ProjectionSettings | None = None,
+                 max_count: int = 500, max_wait: float = 0.05, idle_wait: float | None = IDLE_WAIT,
+                 settings: ProjectionSettings | None = None,
                  accept: ReplicationFilter | None = None) -> None:
         if accept is not None and not callable(accept):
             raise InvalidArgument(f"accept must be a function of a Candidate returning a bool, got {accept!r}")
@@ -193,7 +199,7 @@ class Replicator:
         process = self.aprocess if isinstance(local, AsyncJournal) else self.process
         self.processor = EventProcessor(local, peer, stream_name(self.peer_replica, self.entity_type),
                                         self.entity_type, process, as_stored=True, max_count=max_count,
-                                        max_wait=max_wait, settings=settings)
+                                        max_wait=max_wait, idle_wait=idle_wait, settings=settings)
 
     # -- running -------------------------------------------------------------------------------------
 

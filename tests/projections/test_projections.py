@@ -254,12 +254,25 @@ def test_event_processor_writes_one_event_per_source_event(journal: Journal) -> 
         (f"Cart|e{i}", s) for i in range(10) for s in range(1, 6))
 
 
+def test_a_group_with_idle_wait_goes_once_nothing_more_comes_not_after_its_max_wait(journal: Journal) -> None:
+    """``idle_wait``: a group is handed over once no envelope has come for that long. Its ``max_wait`` is an
+    hour here, so that the events are handled at all shows the rule."""
+    groups: list[list[int]] = []
+    handler = Grouped(lambda _conn, envs: groups.append([e.seq_nr for e in envs]), max_count=100, max_wait=3600,
+                      idle_wait=0.05)
+    journal.append("Cart|e1", [{"n": k} for k in range(5)])
+    run_until(journal, Projection("idle", "Cart", handler, FAST_PROJECTION), [(0, 1023)],
+              lambda: sum(map(len, groups)) == 5)
+    assert [n for group in groups for n in group] == [1, 2, 3, 4, 5]
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: ProjectionSettings(on_failure="ignore"),
      "on_failure must be one of stop, fail, skip, dead-letter, got 'ignore'"),
     (lambda: ProjectionSettings(attempts=0), "attempts must be an integer >= 1, got 0"),
     (lambda: Grouped(lambda c, e: None, max_count=0), "Grouped.max_count must be an integer >= 1, got 0"),
     (lambda: AtLeastOnce(lambda e: None, save_interval=-1), "AtLeastOnce.save_interval must be a number > 0"),
+    (lambda: Grouped(lambda c, e: None, idle_wait=0), "Grouped.idle_wait must be a number > 0"),
     (lambda: Projection("", "Cart", ExactlyOnce(lambda c, e: None)), "projection name must be a non-empty"),
     (lambda: Projection("p", "Cart", lambda c, e: None), "handler must be ExactlyOnce, Grouped or AtLeastOnce"),
 ])
