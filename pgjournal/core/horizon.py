@@ -57,6 +57,7 @@ log = printable_logger("pgjournal.core.horizon")
 #: the bound since that writer began.
 PIPELINE_HELD_BACK = 0.1
 
+
 @dataclass(frozen=True)
 class Writer:
     """A transaction holding a write lock on the journal: its backend pid (``None`` for a prepared

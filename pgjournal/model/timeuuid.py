@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 #: The Unix epoch: the start of every journal (nothing in one is older) and of epoch arithmetic.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: Later than any timestamp a journal holds (an offset beyond it is refused; a page bounded by nothing reads below it).
+#: Later than any timestamp a journal holds: offsets past it are refused (the cursor arithmetic needs headroom below
+#: datetime.max), and a page bounded by nothing reads below it.
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 #: 100 ns ticks between the UUID epoch (1582-10-15) and the Unix epoch.
