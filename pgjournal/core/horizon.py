@@ -99,6 +99,8 @@ class HorizonTracker:
         self._warned: set[str] = set()
         #: The last reading (:meth:`read_with_step` sends its statement with the next one unless it was held back).
         self._last: Horizon | None = None
+        #: The session's isolation is not READ COMMITTED: a reading and a page sent together need a transaction.
+        self._isolated = False
 
     def read(self, conn: psycopg.Connection) -> Horizon:
         """:meth:`read_step` on a blocking connection."""
@@ -120,14 +122,23 @@ class HorizonTracker:
         reading (:class:`~pgjournal.runtime.steps.Pipelined`: its snapshot is taken after the reading ran, as a
         statement sent after it would be), and its rows at or past the new safe bound are dropped: only those
         committed in the instant between the two snapshots, so a page costs one round trip instead of two.
-        Else the reading first, then the statement below its bound."""
+        Else the reading first, then the statement below its bound.
+
+        The two go in the pipeline's own transaction, under the session's isolation: under READ COMMITTED (the
+        reading says which) each has its snapshot. Under another, they shared one, so the page proves nothing:
+        it is read again below the bound, and from then on they go in a READ COMMITTED transaction of their own
+        (two statements more)."""
         last = self._last
         if not self.capabilities.writer_horizon or last is None or last.held_back > PIPELINE_HELD_BACK:
             horizon = yield from self.read_step()
             rows: list[Any] = yield below(horizon.safe)
             return horizon, rows
-        writers, rows = yield Pipelined((self._writers_statement(), below(LATEST)))
+        writers, rows = yield Pipelined((self._writers_statement(), below(LATEST)), isolated=self._isolated)
         horizon = self._reading(writers)
+        if writers[0][4] != "read committed" and not self._isolated:
+            self._isolated = True
+            rows = yield below(horizon.safe)
+            return horizon, rows
         safe = horizon.safe
         if rows and rows[-1][at] >= safe:
             rows = [row for row in rows if row[at] < safe]
@@ -139,7 +150,7 @@ class HorizonTracker:
 
     def _reading(self, rows: list[tuple[Any, ...]]) -> Horizon:
         now = rows[0][0]
-        writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started in rows if vxid is not None)
+        writers = tuple(Writer(pid, vxid, started) for _, pid, vxid, started, _ in rows if vxid is not None)
         safe = now - self._margin
         for writer in writers:
             if writer.started is not None:

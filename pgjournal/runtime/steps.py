@@ -75,12 +75,18 @@ class Statement:
 
 @dataclass(frozen=True, slots=True)
 class Pipelined:
-    """Statements sent together and answered together: one round trip for all of them. They run in order, in
-    one read-only READ COMMITTED transaction whatever the session's default isolation, so each takes a snapshot
-    of its own after the one before it has run (what a statement reads may depend on what an earlier one
-    proved, as a page on the horizon read before it). Reads only; none may be streamed."""
+    """Statements sent together and answered together: one round trip for all of them, run in order. Reads
+    only; none may be streamed.
+
+    ``isolated``: in a read-only READ COMMITTED transaction of their own, whatever the session's default
+    isolation, so each takes a snapshot of its own after the one before it has run (what a statement reads may
+    depend on what an earlier one proved, as a page on the horizon read before it). ``False``: as they are, in
+    the one implicit transaction of a pipeline, two statements fewer to send and parse; each has a snapshot of
+    its own only if the session's isolation is READ COMMITTED, which the caller checks (it may read
+    ``current_setting('transaction_isolation')`` in the first)."""
 
     statements: tuple[Statement, ...]
+    isolated: bool = True
 
     def __post_init__(self) -> None:
         if any(s.stream > 1 for s in self.statements):
@@ -260,13 +266,15 @@ def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
     cursors = []
     try:
         with conn.pipeline():
-            conn.execute(PIPELINED_BEGIN)
+            if request.isolated:
+                conn.execute(PIPELINED_BEGIN)
             for one in request.statements:
                 cur = conn.cursor(binary=one.binary, row_factory=one.row)
                 if one.utc:
                     utc_timestamps(cur)
                 cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
-            conn.execute("COMMIT")
+            if request.isolated:
+                conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()  # a failed statement leaves the transaction aborted (nothing when the link is gone)
@@ -543,13 +551,15 @@ async def _apipelined(conn: psycopg.AsyncConnection, request: Pipelined) -> list
     cursors = []
     try:
         async with conn.pipeline():
-            await conn.execute(PIPELINED_BEGIN)
+            if request.isolated:
+                await conn.execute(PIPELINED_BEGIN)
             for one in request.statements:
                 cur = conn.cursor(binary=one.binary, row_factory=one.row)
                 if one.utc:
                     utc_timestamps(cur)
                 cursors.append(await cur.execute(one.sql, one.params, prepare=one.prepare))
-            await conn.execute("COMMIT")
+            if request.isolated:
+                await conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()

@@ -57,9 +57,9 @@ _JOURNAL_WRITER = ("(a.usesysid IS NULL OR " + _MAY_WRITE.format(role="a.usesysi
 # The clock, then every transaction that can write a journal table and holds a write lock on one (one row
 # with NULLs when there is none). ``xact_start`` is NULL where this role may not see the session. Rows are
 # unpacked in pgjournal.core.horizon.HorizonTracker.read, in this order: clock, pid, virtualtransaction,
-# xact_start.
+# xact_start, and the isolation the reading ran under (a page pipelined with it ran under the same).
 WRITERS_SQL = """
-SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start
+SELECT CURRENT_TIMESTAMP, w.pid, w.virtualtransaction, w.xact_start, current_setting('transaction_isolation')
 FROM (SELECT 1) AS one LEFT JOIN (
     SELECT DISTINCT l.pid, l.virtualtransaction, a.xact_start
     FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
@@ -79,6 +79,7 @@ class WriterRow:
     pid: int | None
     virtualtransaction: str | None
     xact_start: datetime | None
+    isolation: str
 
 
 def writers(relations: Sequence[int]) -> Read[WriterRow]:

@@ -36,11 +36,12 @@ def finish(step: Any, answer: Any) -> Any:
     raise AssertionError("the step asked for more")
 
 
-def writers(now: datetime, *started: datetime) -> list[tuple[Any, ...]]:
-    """What WRITERS_SQL answers: the clock, and one row per open writer (the clock alone when none)."""
+def writers(now: datetime, *started: datetime, isolation: str = "read committed") -> list[tuple[Any, ...]]:
+    """What WRITERS_SQL answers: the clock, and one row per open writer (the clock alone when none), each with the
+    isolation the reading ran under."""
     if not started:
-        return [(now, None, None, None)]
-    return [(now, 100 + i, f"3/{i}", at) for i, at in enumerate(started)]
+        return [(now, None, None, None, isolation)]
+    return [(now, 100 + i, f"3/{i}", at, isolation) for i, at in enumerate(started)]
 
 
 def test_the_first_reading_goes_first_and_bounds_the_page() -> None:
@@ -67,12 +68,24 @@ def test_then_the_page_rides_with_the_reading_and_what_is_past_the_new_bound_is_
     rows the page read at or past that start (committed between the two snapshots) are dropped, read again later."""
     step = _after_one_reading().read_with_step(page, 1)
     together = next(step)
-    assert isinstance(together, Pipelined)
-    assert together.statements == (Statement(WRITERS_SQL, {"relations": [1]}), page(LATEST))
+    assert together == Pipelined((Statement(WRITERS_SQL, {"relations": [1]}), page(LATEST)), isolated=False)
     open_since = NOW - timedelta(milliseconds=30)
     horizon, rows = finish(step, [writers(NOW, open_since), rows_at(-60, -31, -30, -5)])
     assert horizon.safe == open_since
     assert rows == rows_at(-60, -31)
+
+
+def test_under_another_isolation_the_page_sent_with_the_reading_is_read_again_and_then_isolated() -> None:
+    """The session's default is REPEATABLE READ (the reading says so): the reading and the page shared one
+    snapshot, so the page is read again after it, below its bound; later ones go in a transaction of their own."""
+    tracker = _after_one_reading()
+    step = tracker.read_with_step(page, 1)
+    assert next(step).isolated is False
+    again = step.send([writers(NOW, isolation="repeatable read"), rows_at(-60, -20)])
+    assert again == page(NOW - timedelta(seconds=MARGIN))
+    _, rows = finish(step, rows_at(-60, -30, -20))
+    assert rows == rows_at(-60, -30, -20)
+    assert next(tracker.read_with_step(page, 1)).isolated is True
 
 
 def test_a_reading_held_back_sends_the_next_page_after_its_reading_below_the_bound() -> None:

@@ -210,14 +210,18 @@ def _advisory_waiters(conn: psycopg.Connection, key: int) -> int:
 def test_pipelined_statements_each_read_what_committed_before_them(dsn: str) -> None:
     """``Pipelined``: sent together, yet each statement reads in a snapshot taken after the one before it ran, on
     both drivers, where the session's default isolation (REPEATABLE READ here) would give a pipeline's statements
-    one snapshot, taken before the first: a row committed while the first statement waits is seen by the second."""
+    one snapshot, taken before the first: a row committed while the first statement waits is seen by the second.
+    The count is of rows, so each case sees those committed by the cases before it."""
     key = 4711
     with psycopg.connect(dsn, autocommit=True) as setup:
         setup.execute("CREATE TABLE pipelined_probe (n int)")
 
+    isolated = True
+
     def step() -> Any:
-        waited, counted = yield Pipelined((Statement("SELECT pg_advisory_xact_lock(%s)::text", (key,)),
-                                           Statement("SELECT count(*) FROM pipelined_probe")))
+        waited, counted = yield Pipelined((Statement("SELECT current_setting('transaction_isolation'), "
+                                                     "pg_advisory_xact_lock(%s)::text", (key,)),
+                                           Statement("SELECT count(*) FROM pipelined_probe")), isolated=isolated)
         return waited, counted
 
     def with_a_commit_while_it_waits(start: Any, n: int) -> Any:
@@ -237,18 +241,28 @@ def test_pipelined_statements_each_read_what_committed_before_them(dsn: str) -> 
             thread.join(30)
         return result[0]
 
+    default = "repeatable read"
+
     def blocking() -> Any:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SET default_transaction_isolation = 'repeatable read'")
+            conn.execute(f"SET default_transaction_isolation = '{default}'")
             return run(step(), conn)
 
     async def on_asyncio() -> Any:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-            await aconn.execute("SET default_transaction_isolation = 'repeatable read'")
+            await aconn.execute(f"SET default_transaction_isolation = '{default}'")
             return await arun(step(), aconn)
 
-    assert with_a_commit_while_it_waits(blocking, 1) == ([("",)], [(1,)])
-    assert with_a_commit_while_it_waits(lambda: asyncio.run(on_asyncio()), 2) == ([("",)], [(2,)])
+    committed = [("read committed", "")]
+    assert with_a_commit_while_it_waits(blocking, 1) == (committed, [(1,)])
+    assert with_a_commit_while_it_waits(lambda: asyncio.run(on_asyncio()), 2) == (committed, [(2,)])
+    # Not isolated, they run under the session's isolation, which the first says: one snapshot under REPEATABLE
+    # READ (the row committed meanwhile is not seen), one each under READ COMMITTED.
+    isolated = False
+    assert with_a_commit_while_it_waits(blocking, 3) == ([("repeatable read", "")], [(2,)])
+    default = "read committed"
+    assert with_a_commit_while_it_waits(blocking, 4) == (committed, [(4,)])
+    assert with_a_commit_while_it_waits(lambda: asyncio.run(on_asyncio()), 5) == (committed, [(5,)])
 
 
 def test_a_failed_pipelined_statement_is_raised_in_the_step_and_the_connection_goes_on(dsn: str) -> None:
