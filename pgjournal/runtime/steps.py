@@ -262,19 +262,30 @@ class _SyncFetch:
 
 
 def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
-    """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order."""
+    """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order. The first
+    error is raised once the pipeline has ended: raised inside it, psycopg would log the pipeline's end, failing
+    too on a lost link, as an error it ignored (a line per failed poll while a peer is cut off)."""
     cursors = []
+    sending: psycopg.Error | None = None
     try:
-        with conn.pipeline():
-            if request.isolated:
-                conn.execute(PIPELINED_BEGIN)
-            for one in request.statements:
-                cur = conn.cursor(binary=one.binary, row_factory=one.row)
-                if one.utc:
-                    utc_timestamps(cur)
-                cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
-            if request.isolated:
-                conn.execute("COMMIT")
+        try:
+            with conn.pipeline():
+                try:
+                    if request.isolated:
+                        conn.execute(PIPELINED_BEGIN)
+                    for one in request.statements:
+                        cur = conn.cursor(binary=one.binary, row_factory=one.row)
+                        if one.utc:
+                            utc_timestamps(cur)
+                        cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
+                    if request.isolated:
+                        conn.execute("COMMIT")
+                except psycopg.Error as exc:
+                    sending = exc
+        except psycopg.Error as ended:
+            sending = sending or ended
+        if sending is not None:
+            raise sending
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()  # a failed statement leaves the transaction aborted (nothing when the link is gone)
@@ -549,17 +560,26 @@ async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
 async def _apipelined(conn: psycopg.AsyncConnection, request: Pipelined) -> list[Any]:
     """:class:`Pipelined` on an asyncio connection (see :func:`_pipelined`)."""
     cursors = []
+    sending: psycopg.Error | None = None  # raised once the pipeline has ended (see _pipelined)
     try:
-        async with conn.pipeline():
-            if request.isolated:
-                await conn.execute(PIPELINED_BEGIN)
-            for one in request.statements:
-                cur = conn.cursor(binary=one.binary, row_factory=one.row)
-                if one.utc:
-                    utc_timestamps(cur)
-                cursors.append(await cur.execute(one.sql, one.params, prepare=one.prepare))
-            if request.isolated:
-                await conn.execute("COMMIT")
+        try:
+            async with conn.pipeline():
+                try:
+                    if request.isolated:
+                        await conn.execute(PIPELINED_BEGIN)
+                    for one in request.statements:
+                        cur = conn.cursor(binary=one.binary, row_factory=one.row)
+                        if one.utc:
+                            utc_timestamps(cur)
+                        cursors.append(await cur.execute(one.sql, one.params, prepare=one.prepare))
+                    if request.isolated:
+                        await conn.execute("COMMIT")
+                except psycopg.Error as exc:
+                    sending = exc
+        except psycopg.Error as ended:
+            sending = sending or ended
+        if sending is not None:
+            raise sending
     except BaseException:
         with contextlib.suppress(psycopg.Error):
             await conn.rollback()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 from support import FAST
 from support.aio import connections_to
+from support.faultproxy import fault_proxy
 from support.tags import tags_written
 
 from pgjournal import Journal, MissingTaggedEventsError, NoOffset, SerializationError, Source, slice_for_persistence_id
@@ -278,3 +280,27 @@ def test_a_failed_pipelined_statement_is_raised_in_the_step_and_the_connection_g
         assert run(step(), conn) == (True, [(2,)])
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert asyncio.run(arun_pooled(step(), connections_to(dsn))) == (True, [(2,)])
+
+
+def test_a_link_lost_during_a_pipelined_request_raises_once_and_logs_nothing(dsn: str,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The link is cut as the pipeline goes out: the step gets the connection's error, as for one statement, and
+    psycopg logs nothing of its own (a second error, at the pipeline's end, used to be logged as ignored: a line
+    per failed poll while a peer is cut off)."""
+    def step() -> Any:
+        return (yield Pipelined((Statement("SELECT 1"), Statement("SELECT 'pipelined-probe'"))))
+
+    async def on_asyncio(through: str) -> None:
+        async with await psycopg.AsyncConnection.connect(through, autocommit=True) as aconn:
+            await arun(step(), aconn)
+
+    with fault_proxy(dsn) as (proxy, through), caplog.at_level(logging.WARNING, logger="psycopg"):
+        with psycopg.connect(through, autocommit=True) as conn:
+            proxy.cut_on(b"pipelined-probe", forward=False)
+            with pytest.raises(psycopg.OperationalError):
+                run(step(), conn)
+        proxy.cut_on(b"pipelined-probe", forward=False)
+        with pytest.raises(psycopg.OperationalError):
+            asyncio.run(on_asyncio(through))
+        assert proxy.traps_sprung == 2
+    assert "error ignored" not in caplog.text
