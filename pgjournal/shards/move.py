@@ -509,27 +509,38 @@ class Mover:
 
     def _retrying_lock(self, database: _Database, change: Callable[[], None], step: MoveStep | None,
                        move: Move) -> None:
-        """``change`` and the record of ``step`` (``None``: the move cleared) in one transaction that waits at
-        most ``seal_timeout`` for each lock, tried again on a timeout (nothing changed then)."""
+        """``change`` and the record of ``step`` (``None``: the move cleared) in one transaction, as
+        :meth:`_locking` runs it; the times of its attempts go into :attr:`seal_seconds`."""
+
+        def recorded() -> None:
+            change()
+            database.conn.execute(*(sql.record_move(None, state="stable") if step is None
+                                    else self._record(database, move, step)))
+
+        self._locking(database, recorded, f"the guard of {format_range(move.moved)} could not be changed",
+                      self.seal_seconds)
+
+    def _locking(self, database: _Database, change: Callable[[], None], failure: str,
+                 times: list[float] | None = None) -> None:
+        """``change`` (DDL over several tables) in one transaction that waits at most ``seal_timeout`` for each
+        lock, tried again on a timeout or a deadlock with other sessions' locks (nothing changed then); after
+        ``seal_attempts``, a :class:`JournalError` that begins with ``failure``."""
         for attempt in range(self.seal_attempts):
             started = time.monotonic()
             try:
                 with database.conn.transaction():
                     database.conn.execute(*sql.lock_timeout(self.seal_timeout))
                     change()
-                    if step is None:
-                        database.conn.execute(*sql.record_move(None, state="stable"))
-                    else:
-                        database.conn.execute(*self._record(database, move, step))
-                self.seal_seconds.append(time.monotonic() - started)
+                if times is not None:
+                    times.append(time.monotonic() - started)
                 return
             except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
-                self.seal_seconds.append(time.monotonic() - started)
+                if times is not None:
+                    times.append(time.monotonic() - started)
                 self.progress(f"lock not granted in {self.seal_timeout} s (attempt {attempt + 1}); again", 0)
                 time.sleep(min(0.05 * (attempt + 1), 0.5))
-        raise JournalError(f"the guard of {format_range(move.moved)} could not be changed in {self.seal_attempts} "
-                           f"attempts of {self.seal_timeout} s: long transactions hold the tables; nothing changed, "
-                           "run the move again (--resume)")
+        raise JournalError(f"{failure} in {self.seal_attempts} attempts of {self.seal_timeout} s: long transactions "
+                           "hold the tables; nothing changed, run the move again (--resume)")
 
     def _set_guards(self, database: _Database, move: Move, ranges: list[SliceRange]) -> None:
         for leaf in leaves_touching(self._leaves(database), move.moved):
@@ -575,11 +586,17 @@ class Mover:
                 source.conn.execute(*query)
 
     def _unwatch(self, source: _Database) -> None:
-        """The source's delete triggers and log removed (the move is over or undone)."""
-        with source.conn.transaction():
+        """The source's delete triggers and log removed (the move is over or undone). Dropping the triggers locks
+        every guarded table in turn, and a session that holds one of them while it asks for another (a
+        projection's transaction: its offsets, then the journal) would deadlock with it: so as :meth:`_locking`
+        runs it, tried again."""
+
+        def drop() -> None:
             for table in GUARDED_TABLES:
                 source.conn.execute(*sql.unwatch_deletes(table))
             source.conn.execute(*sql.drop_delete_log())
+
+        self._locking(source, drop, "the source's delete triggers could not be removed")
 
     def _since(self, target: _Database) -> Any:
         """The recorded safe mark: every row stamped before it was committed when the copy after it began."""

@@ -239,6 +239,59 @@ def test_a_mover_killed_after_each_step_leaves_one_layout_and_resumes(shard_data
     assert count(b, "event_journal", 512, 767) == 0
 
 
+def _waiting_for(dsn: str, table: str) -> bool:
+    """Whether a session of ``dsn``'s database waits for a lock on ``table``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation "
+                           "WHERE NOT l.granted AND c.relname = %s AND l.database = "
+                           "(SELECT oid FROM pg_database WHERE datname = current_database())", (table,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_the_clean_up_gives_way_to_a_session_that_would_deadlock_with_it(shard_databases: Databases) -> None:
+    """Dropping the source's delete triggers locks the guarded tables one by one. A session that held the offsets
+    table and then asked for the journal (a projection's transaction) made a deadlock whose victim was the move:
+    it stopped in its clean-up. Built on purpose: a session takes the offsets before the clean-up, waits until the
+    clean-up waits for it, then asks for the journal (its own deadlock check put off, so the move's finds the
+    cycle). The clean-up gives way, nothing of it done, and goes on once that session has committed."""
+    a, b, c = shard_databases(3)
+    migrate_all(ShardSettings.of([a, b]))
+    with ShardedJournal.open([a, b], **FAST) as journal:
+        seed(journal)
+    failures: list[BaseException] = []
+    threads: list[threading.Thread] = []
+    holder = psycopg.connect(b)  # in a transaction from its first statement
+
+    def ask_for_the_journal() -> None:
+        try:
+            eventually(lambda: _waiting_for(b, "projection_timestamp_offset_store"),
+                       "the clean-up waits for the offsets' lock", timeout=30, interval=0.01)
+            holder.execute("SELECT count(*) FROM event_journal")
+            holder.commit()
+        except BaseException as exc:
+            failures.append(exc)
+
+    def reached(point: str) -> None:
+        if point == "switch":  # the clean-up comes next (keep=0)
+            holder.execute("SET deadlock_timeout = '60s'")
+            holder.execute("SELECT count(*) FROM projection_timestamp_offset_store")
+            threads.append(threading.Thread(target=ask_for_the_journal))
+            threads[0].start()
+
+    try:
+        with Mover(ShardSettings.of([a, b]), (512, 767), c, keep=0, reached=reached) as mover:
+            assert mover.run().next is Action.DONE
+    finally:
+        for thread in threads:
+            thread.join(60)
+        holder.close()
+    assert threads and not failures, failures
+    assert count(b, "event_journal", 512, 767) == 0  # cleaned up
+    with psycopg.connect(b, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgjournal_shard_move%'"
+                            ).fetchone() == (0,)
+
+
 def test_a_sealed_move_rolls_back_to_the_old_layout(shard_databases: Databases) -> None:
     a, b, c = shard_databases(3)
     old = ShardSettings.of([a, b])
