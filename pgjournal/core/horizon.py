@@ -99,8 +99,8 @@ class HorizonTracker:
         self._warned: set[str] = set()
         #: The last reading (:meth:`read_with_step` sends its statement with the next one unless it was held back).
         self._last: Horizon | None = None
-        #: The session's isolation is not READ COMMITTED: a reading and a page sent together need a transaction.
-        self._isolated = False
+        #: Sends a page with its reading (``False`` once a reading ran under another isolation than READ COMMITTED).
+        self._pipelines = True
 
     def read(self, conn: psycopg.Connection) -> Horizon:
         """:meth:`read_step` on a blocking connection."""
@@ -126,17 +126,17 @@ class HorizonTracker:
 
         The two go in the pipeline's own transaction, under the session's isolation: under READ COMMITTED (the
         reading says which) each has its snapshot. Under another, they shared one, so the page proves nothing:
-        it is read again below the bound, and from then on they go in a READ COMMITTED transaction of their own
-        (two statements more)."""
+        it is read again below the bound, and this tracker reads one after the other from then on."""
         last = self._last
-        if not self.capabilities.writer_horizon or last is None or last.held_back > PIPELINE_HELD_BACK:
+        if not self._pipelines or not self.capabilities.writer_horizon or last is None \
+                or last.held_back > PIPELINE_HELD_BACK:
             horizon = yield from self.read_step()
             rows: list[Any] = yield below(horizon.safe)
             return horizon, rows
-        writers, rows = yield Pipelined((self._writers_statement(), below(LATEST)), isolated=self._isolated)
+        writers, rows = yield Pipelined((self._writers_statement(), below(LATEST)))
         horizon = self._reading(writers)
-        if writers[0][4] != "read committed" and not self._isolated:
-            self._isolated = True
+        if writers[0][4] != "read committed":
+            self._pipelines = False
             rows = yield below(horizon.safe)
             return horizon, rows
         safe = horizon.safe

@@ -6,8 +6,8 @@ A *step* is a generator. It yields a request and receives the answer:
   → the rows (a list of tuples), or the row count for a statement that returns no rows;
 * :data:`MORE` → the next chunk of the statement being streamed (``[]`` once it is exhausted, and at
   once for a statement that was not streamed);
-* :class:`Pipelined` → the answers of several statements sent together, in one round trip, each run in a
-  snapshot of its own taken after the ones before it ran (a horizon reading and the page below it);
+* :class:`Pipelined` → the answers of several statements sent together, in one round trip (a horizon reading
+  and the page below it);
 * :class:`Sleep` → ``None`` after that many seconds (a settle poll, a gap search waiting a moment);
 * :class:`Call` → what a function of the face returns (awaited by the asyncio driver when it is awaitable):
   an operation of the face inside shared logic (the journal's ``append``, a user's handler), optionally
@@ -75,26 +75,19 @@ class Statement:
 
 @dataclass(frozen=True, slots=True)
 class Pipelined:
-    """Statements sent together and answered together: one round trip for all of them, run in order. Reads
-    only; none may be streamed.
-
-    ``isolated``: in a read-only READ COMMITTED transaction of their own, whatever the session's default
-    isolation, so each takes a snapshot of its own after the one before it has run (what a statement reads may
-    depend on what an earlier one proved, as a page on the horizon read before it). ``False``: as they are, in
-    the one implicit transaction of a pipeline, two statements fewer to send and parse; each has a snapshot of
-    its own only if the session's isolation is READ COMMITTED, which the caller checks (it may read
-    ``current_setting('transaction_isolation')`` in the first)."""
+    """Statements sent together and answered together by the blocking driver: one round trip for all of them, run
+    in order in the pipeline's one implicit transaction, under the session's isolation. Each has a snapshot of its
+    own, taken after the one before it ran, only under READ COMMITTED: the caller checks (it may read
+    ``current_setting('transaction_isolation')`` in the first). The asyncio driver runs them one after another,
+    each in a transaction of its own: a pipeline cancelled mid-way (a live query closed, a projection stopped) can
+    leave psycopg's asyncio connection believing it is still in pipeline mode, and the pool would lend it out so.
+    Reads only; none may be streamed."""
 
     statements: tuple[Statement, ...]
-    isolated: bool = True
 
     def __post_init__(self) -> None:
         if any(s.stream > 1 for s in self.statements):
             raise ValueError("a pipelined statement cannot be streamed")
-
-
-#: Opens a :class:`Pipelined` request's transaction: READ COMMITTED takes a snapshot per statement.
-PIPELINED_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,32 +257,24 @@ class _SyncFetch:
 def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
     """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order. The first
     error is raised once the pipeline has ended: raised inside it, psycopg would log the pipeline's end, failing
-    too on a lost link, as an error it ignored (a line per failed poll while a peer is cut off)."""
+    too on a lost link, as an error it ignored (a line per failed poll while a peer is cut off). A failed
+    statement aborts the implicit transaction, which the pipeline's end rolls back."""
     cursors = []
     sending: psycopg.Error | None = None
     try:
-        try:
-            with conn.pipeline():
-                try:
-                    if request.isolated:
-                        conn.execute(PIPELINED_BEGIN)
-                    for one in request.statements:
-                        cur = conn.cursor(binary=one.binary, row_factory=one.row)
-                        if one.utc:
-                            utc_timestamps(cur)
-                        cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
-                    if request.isolated:
-                        conn.execute("COMMIT")
-                except psycopg.Error as exc:
-                    sending = exc
-        except psycopg.Error as ended:
-            sending = sending or ended
-        if sending is not None:
-            raise sending
-    except BaseException:
-        with contextlib.suppress(psycopg.Error):
-            conn.rollback()  # a failed statement leaves the transaction aborted (nothing when the link is gone)
-        raise
+        with conn.pipeline():
+            try:
+                for one in request.statements:
+                    cur = conn.cursor(binary=one.binary, row_factory=one.row)
+                    if one.utc:
+                        utc_timestamps(cur)
+                    cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
+            except psycopg.Error as exc:
+                sending = exc
+    except psycopg.Error as ended:
+        sending = sending or ended
+    if sending is not None:
+        raise sending
     return [cur.fetchall() if cur.description is not None else cur.rowcount for cur in cursors]
 
 
@@ -483,8 +468,8 @@ class _AsyncFetch:
             return await result if inspect.isawaitable(result) else result
         conn = self.conn
         assert conn is not None, "a statement borrows a connection above"
-        if isinstance(request, Pipelined):
-            return await _apipelined(conn, request)
+        if isinstance(request, Pipelined):  # one after another (see Pipelined)
+            return [await _execute(conn, one) for one in request.statements]
         assert isinstance(request, Statement), request
         if request.stream > 1:
             cur = conn.cursor(binary=request.binary, row_factory=request.row)
@@ -555,36 +540,6 @@ async def _execute(conn: psycopg.AsyncConnection, request: Statement) -> Any:
     cur.row_factory = request.row or tuple_row
     await cur.execute(request.sql, request.params, prepare=request.prepare, binary=request.binary)
     return await cur.fetchall() if cur.pgresult is not None and cur.description is not None else cur.rowcount
-
-
-async def _apipelined(conn: psycopg.AsyncConnection, request: Pipelined) -> list[Any]:
-    """:class:`Pipelined` on an asyncio connection (see :func:`_pipelined`)."""
-    cursors = []
-    sending: psycopg.Error | None = None  # raised once the pipeline has ended (see _pipelined)
-    try:
-        try:
-            async with conn.pipeline():
-                try:
-                    if request.isolated:
-                        await conn.execute(PIPELINED_BEGIN)
-                    for one in request.statements:
-                        cur = conn.cursor(binary=one.binary, row_factory=one.row)
-                        if one.utc:
-                            utc_timestamps(cur)
-                        cursors.append(await cur.execute(one.sql, one.params, prepare=one.prepare))
-                    if request.isolated:
-                        await conn.execute("COMMIT")
-                except psycopg.Error as exc:
-                    sending = exc
-        except psycopg.Error as ended:
-            sending = sending or ended
-        if sending is not None:
-            raise sending
-    except BaseException:
-        with contextlib.suppress(psycopg.Error):
-            await conn.rollback()
-        raise
-    return [await cur.fetchall() if cur.description is not None else cur.rowcount for cur in cursors]
 
 
 async def adrive(steps: Steps[T],

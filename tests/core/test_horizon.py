@@ -68,24 +68,25 @@ def test_then_the_page_rides_with_the_reading_and_what_is_past_the_new_bound_is_
     rows the page read at or past that start (committed between the two snapshots) are dropped, read again later."""
     step = _after_one_reading().read_with_step(page, 1)
     together = next(step)
-    assert together == Pipelined((Statement(WRITERS_SQL, {"relations": [1]}), page(LATEST)), isolated=False)
+    assert together == Pipelined((Statement(WRITERS_SQL, {"relations": [1]}), page(LATEST)))
     open_since = NOW - timedelta(milliseconds=30)
     horizon, rows = finish(step, [writers(NOW, open_since), rows_at(-60, -31, -30, -5)])
     assert horizon.safe == open_since
     assert rows == rows_at(-60, -31)
 
 
-def test_under_another_isolation_the_page_sent_with_the_reading_is_read_again_and_then_isolated() -> None:
+def test_under_another_isolation_the_page_sent_with_the_reading_is_read_again_and_then_after_it() -> None:
     """The session's default is REPEATABLE READ (the reading says so): the reading and the page shared one
-    snapshot, so the page is read again after it, below its bound; later ones go in a transaction of their own."""
+    snapshot, so the page is read again after it, below its bound; later pages go after their readings."""
     tracker = _after_one_reading()
     step = tracker.read_with_step(page, 1)
-    assert next(step).isolated is False
+    assert isinstance(next(step), Pipelined)
     again = step.send([writers(NOW, isolation="repeatable read"), rows_at(-60, -20)])
     assert again == page(NOW - timedelta(seconds=MARGIN))
     _, rows = finish(step, rows_at(-60, -30, -20))
     assert rows == rows_at(-60, -30, -20)
-    assert next(tracker.read_with_step(page, 1)).isolated is True
+    later = next(tracker.read_with_step(page, 1))
+    assert isinstance(later, Statement) and later.sql == WRITERS_SQL
 
 
 def test_a_reading_held_back_sends_the_next_page_after_its_reading_below_the_bound() -> None:
