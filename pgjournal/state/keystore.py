@@ -244,7 +244,8 @@ class PostgresKeyStore:
         key lookups never wait long behind it, and the error names that session. Raises
         :class:`InsufficientPrivilege` when the role may not vacuum the table."""
         what = f"the key of persistence id {persistence_id!r} is deleted, but " if persistence_id else ""
-        if not self._run(sql.may_vacuum(), one=True)[0]:
+        may_vacuum, since = self._run(sql.may_vacuum(), one=True)
+        if not may_vacuum:
             raise InsufficientPrivilege(
                 f"{what}this role may not vacuum {sql.TABLE} (grant it MAINTAIN on the table, PostgreSQL 17+, as "
                 f"`pgjournal roles` does): the wrapped bytes of deleted keys stay in the table's file until its "
@@ -262,7 +263,7 @@ class PostgresKeyStore:
             if time.monotonic() + pause > deadline:
                 if not vacuumed:
                     holders = ", ".join(f"backend {pid} (role {role!r})" for pid, role in
-                                        self._run(sql.lockers(time.monotonic() - started)))
+                                        self._run(sql.lockers(since)))
                     raise RetriesExhausted(
                         f"{what}another session holds a lock on {sql.TABLE} ({holders or 'gone since'}), so the "
                         f"table could not be rewritten and the deleted keys' bytes stay in its file (waited "

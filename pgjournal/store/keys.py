@@ -3,6 +3,7 @@ persistence id in ``pgjournal_payload_keys`` (revision 0007)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 Query = tuple[str, tuple[Any, ...]]
@@ -38,9 +39,10 @@ REWRITE: Query = (f"VACUUM (FULL) {TABLE}", ())
 
 def may_vacuum() -> Query:
     """Whether this role may vacuum the table (a role that may not only gets a warning): its owner, a superuser,
-    or (PostgreSQL 17+) a role with MAINTAIN on it."""
+    or (PostgreSQL 17+) a role with MAINTAIN on it; and the server's clock, the moment :func:`lockers` measures
+    from."""
     return ("SELECT pg_has_role(c.relowner, 'USAGE') OR CASE WHEN current_setting('server_version_num')::int "
-            ">= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END "
+            ">= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END, clock_timestamp() "
             "FROM pg_class AS c WHERE c.oid = %s::regclass", (TABLE,))
 
 
@@ -50,14 +52,15 @@ def dead_rows() -> Query:
     return "SELECT pg_stat_get_dead_tuples(%s::regclass)", (TABLE,)
 
 
-def lockers(open_for: float) -> Query:
-    """The other sessions holding a lock on the table (backend pid, login role) in a transaction open for at least
-    ``open_for`` seconds: what a rewrite that tried for that long waited for (a key lookup that began since, holding
-    its lock for a moment, is not named). A session of another role whose start this role may not see (without
-    pg_read_all_stats) is named."""
+def lockers(since: datetime) -> Query:
+    """The other sessions holding a lock on the table (backend pid, login role) in a transaction begun by ``since``
+    (the server's clock before a rewrite's first try): what that rewrite waited for (a key lookup that began since,
+    holding its lock for a moment, is not named). The server's clock on both sides, so neither a client's clock nor
+    the time this query took to arrive moves the line. A session of another role whose start this role may not see
+    (without pg_read_all_stats) is named."""
     return ("SELECT DISTINCT l.pid, a.usename FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid "
             "WHERE l.locktype = 'relation' AND l.relation = %s::regclass AND l.granted "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.pid IS DISTINCT FROM pg_backend_pid() "
-            "AND (a.xact_start IS NULL OR a.xact_start <= clock_timestamp() - make_interval(secs => %s)) "
-            "ORDER BY l.pid", (TABLE, open_for))
+            "AND (a.xact_start IS NULL OR a.xact_start <= %s) "
+            "ORDER BY l.pid", (TABLE, since))
