@@ -71,7 +71,7 @@ from pgjournal.model.replication import (
     split_metadata,
 )
 from pgjournal.query.by_pid import ByPersistenceId
-from pgjournal.runtime.steps import Call, Sleep, Step, arun, first_of, run
+from pgjournal.runtime.steps import Call, Sleep, Step, arun, run, statement
 from pgjournal.store import replication as sql
 
 if TYPE_CHECKING:
@@ -353,7 +353,13 @@ def writable_step(replica: str) -> Step[None]:
     :class:`~pgjournal.errors.LocationRecovering` while the location recovers from its peers (its marker row is in,
     docs/replication.md section 8). A recovery, once its marker is in, waits for every transaction in progress, so a
     write that read no marker has ended before the recovery reads anything, and every later write sees it."""
-    if (yield from first_of(sql.is_recovering(replica))):
+    check_writable((yield statement(sql.is_recovering(replica))), replica)
+
+
+def check_writable(rows: list[Any], replica: str) -> None:
+    """:func:`writable_step`'s rule over the rows of its statement (``sql.is_recovering(replica)``), for a step
+    that sends it with others."""
+    if rows and rows[0]:
         raise LocationRecovering(f"replica {replica!r} is recovering its events from its peers (restored from a "
                                  "backup): no write before the recovery ends ('pgjournal replication recover' "
                                  "finishes one that stopped)", replica=replica)
@@ -514,6 +520,7 @@ __all__ = [
     "apply_replicated",
     "apply_replicated_step",
     "await_for_version",
+    "check_writable",
     "replica_state_step",
     "replica_version_step",
     "wait_for_version",

@@ -37,7 +37,7 @@ import psycopg.errors
 
 from pgjournal.aio import AsyncJournal
 from pgjournal.codec import replicated as wire
-from pgjournal.entity.replicated import writable_step
+from pgjournal.entity.replicated import check_writable
 from pgjournal.errors import InvalidArgument, InvalidPersistenceId
 from pgjournal.model.printable import printable_logger
 from pgjournal.model.replication import (
@@ -52,7 +52,7 @@ from pgjournal.model.replication import (
 from pgjournal.model.replication import arrival as arrival_rule
 from pgjournal.model.slices import slice_for_persistence_id
 from pgjournal.projections.handlers import ProjectionSettings
-from pgjournal.runtime.steps import Statement, Step, arun, first_of, rows_of, run, statement
+from pgjournal.runtime.steps import Pipelined, Statement, Step, arun, first_of, run, statement
 from pgjournal.store import replication as sql
 from pgjournal.validation import check_name, load_attribute
 
@@ -256,13 +256,18 @@ class Replicator:
         arrivals = self.arrivals(envelopes)
         if not arrivals:
             return
-        yield from writable_step(self.local_replica)  # nothing arrives in a location that recovers (section 8)
-        yield statement(sql.lock(list(arrivals)))
-        seen: dict[str, dict[str, int]] = {}
-        for row in (yield from rows_of(sql.seen(list(arrivals)))):
-            seen.setdefault(row.persistence_id, {})[row.origin_replica] = row.origin_seq_nr
         targets = sorted(arrivals)
-        states = yield from replica_states_step(self.local, self.local_replica, targets, seen)
+        # Sent together (one round trip on the blocking face): in the batch's transaction they run in this order
+        # as if sent one by one, so the seen rows and last events are read once the replicas' locks are held.
+        lasts = last_events_statements(self.local, targets)
+        recovering, _, seen_rows, *last_rows = yield Pipelined((
+            statement(sql.is_recovering(self.local_replica)), statement(sql.lock(targets)),
+            statement(sql.seen(targets)), *lasts))
+        check_writable(recovering, self.local_replica)  # nothing arrives in a location that recovers (section 8)
+        seen: dict[str, dict[str, int]] = {}
+        for row in seen_rows:
+            seen.setdefault(row.persistence_id, {})[row.origin_replica] = row.origin_seq_nr
+        states = replica_states_from(self.local_replica, targets, seen, last_rows)
         # The whole batch from one savepoint; a local writer's race (rare: it would take the lock) sends it back
         # there, and each replica is then written from a savepoint of its own, its state read again.
         yield Statement(f"SAVEPOINT {SAVEPOINT}")
@@ -392,17 +397,24 @@ def replica_state_step(journal: JournalCore, replica: str, persistence_id: str,
     return _state_after(replica, last, seen or {})
 
 
-def replica_states_step(journal: JournalCore, replica: str, persistence_ids: Sequence[str],
-                        seen: dict[str, dict[str, int]]) -> Step[dict[str, ReplicaState]]:
-    """:func:`replica_state_step` of each of ``persistence_ids`` (``seen``: theirs), one statement per
-    ``batch_table``."""
+def last_events_statements(journal: JournalCore, persistence_ids: Sequence[str]) -> list[Statement]:
+    """The statements reading the last event of each of ``persistence_ids``, one per ``batch_table``; their rows
+    go to :func:`replica_states_from`."""
     by_table: dict[str, list[tuple[str, int]]] = {}
     for pid in persistence_ids:
         slice_ = slice_for_persistence_id(pid)
         by_table.setdefault(journal.events.batch_table(slice_), []).append((pid, slice_))
+    return [statement(sql.last_events(table, [p for p, _ in of_table], [s for _, s in of_table]))
+            for table, of_table in by_table.items()]
+
+
+def replica_states_from(replica: str, persistence_ids: Sequence[str], seen: dict[str, dict[str, int]],
+                        answers: Sequence[Sequence[sql.LastEvent]]) -> dict[str, ReplicaState]:
+    """The state of each of ``persistence_ids`` (``seen``: theirs) from the rows of
+    :func:`last_events_statements`, as :func:`replica_state_step` reads one."""
     states = {pid: ReplicaState(replica, 0, VersionVector(), seen.get(pid, {})) for pid in persistence_ids}
-    for table, of_table in by_table.items():
-        for last in (yield from rows_of(sql.last_events(table, [p for p, _ in of_table], [s for _, s in of_table]))):
+    for rows in answers:
+        for last in rows:
             states[last.persistence_id] = _state_after(replica, last, seen.get(last.persistence_id, {}))
     return states
 
