@@ -22,7 +22,7 @@ from pgjournal.model.offsets import Offset
 from pgjournal.model.printable import printable_logger
 
 from .handlers import Projection
-from .logic import RangeLogic
+from .logic import CHUNKS, RangeLogic
 
 if TYPE_CHECKING:
     from pgjournal.aio import AsyncJournal
@@ -43,7 +43,7 @@ class AsyncRangeRunner(RangeLogic):
                          serializers=serializers)
         self.reading = AsyncQuery(self.source, serializers=self.serializers)
         self.task: asyncio.Task[None] | None = None
-        self._inbox: asyncio.Queue[EventEnvelope | BaseException] = asyncio.Queue()
+        self._inbox: asyncio.Queue[list[EventEnvelope] | BaseException] = asyncio.Queue()
         self._reader: tuple[AsyncLiveQuery[EventEnvelope], asyncio.Task[None]] | None = None
 
     async def run(self) -> None:
@@ -80,11 +80,11 @@ class AsyncRangeRunner(RangeLogic):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
-    async def _next(self, timeout: float) -> EventEnvelope | None:
+    async def _next(self, timeout: float) -> list[EventEnvelope]:
         try:
             item = await asyncio.wait_for(self._inbox.get(), timeout)
         except TimeoutError:
-            return None
+            return []
         if isinstance(item, BaseException):
             raise item
         return item
@@ -92,11 +92,10 @@ class AsyncRangeRunner(RangeLogic):
     def _open_reader(self, offset: Offset) -> None:
         query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset,
                                              tags=self.projection.tags)
-        inbox: asyncio.Queue[EventEnvelope | BaseException] = asyncio.Queue(
-            maxsize=2 * self.journal.settings.buffer_size)
+        inbox: asyncio.Queue[list[EventEnvelope] | BaseException] = asyncio.Queue(maxsize=CHUNKS)
         self._inbox = inbox
-        self._reader = (query, asyncio.get_running_loop().create_task(_read(query, inbox),
-                                                                      name=f"read-{self.projection.name}"))
+        self._reader = (query, asyncio.get_running_loop().create_task(
+            _read(query, inbox, self.source.settings.buffer_size), name=f"read-{self.projection.name}"))
 
     def _close_reader(self) -> None:
         if self._reader is not None:
@@ -105,10 +104,11 @@ class AsyncRangeRunner(RangeLogic):
             task.cancel()
 
 
-async def _read(query: AsyncLiveQuery[EventEnvelope], inbox: asyncio.Queue[EventEnvelope | BaseException]) -> None:
+async def _read(query: AsyncLiveQuery[EventEnvelope], inbox: asyncio.Queue[list[EventEnvelope] | BaseException],
+                chunk: int) -> None:
     try:
         async for env in query:
-            await inbox.put(env)
+            await inbox.put([env, *query.ready(chunk - 1)])
     except Exception as exc:  # handed to the consuming task
         await inbox.put(exc)
 

@@ -8,7 +8,7 @@ both faces: the blocking :class:`~projections.runner.RangeRunner` (threads) and 
 offsets in one transaction with retries, deadlocks retried, failure modes stop, skip and dead-letter;
 at-least-once: handled, offsets saved in batches). Database work is a step run on a connection of the
 journal's pool (``Call(journal.run, ...)``); what only a face can do is a ``Call`` of one of its methods:
-:meth:`RangeLogic._next` (the next envelope its reader delivered), :meth:`RangeLogic._pause` (a wait that
+:meth:`RangeLogic._next` (the next chunk of envelopes its reader delivered), :meth:`RangeLogic._pause` (a wait that
 ``stop()`` ends), :meth:`RangeLogic._open_reader` and :meth:`RangeLogic._close_reader`. A handler is
 ``Call``\\ ed on the unit's connection: the asyncio driver awaits what a coroutine handler returns.
 """
@@ -52,6 +52,10 @@ DEADLOCK_RETRIES = 10
 #: Before committing again after a deadlock: anything up to 20 ms, doubling to 1 s.
 DEADLOCK_BACKOFF = Backoff(0.02, 2.0, 1.0, jitter=1.0)
 DEAD_LETTER_SAVEPOINT = "pgjournal_dead_letter"
+#: The reader hands envelopes over in chunks, each at most the journal's ``buffer_size`` (what one poll read and
+#: is there without another), one hand-over between threads or tasks for many envelopes; its inbox holds at most
+#: this many chunks (a reader runs that far ahead of the handler).
+CHUNKS = 2
 
 log = printable_logger("projections")
 
@@ -167,7 +171,8 @@ class RangeLogic:
     # -- what a face supplies ------------------------------------------------------------------------
 
     def _next(self, timeout: float) -> Any:
-        """The next envelope the reader delivered (``None`` after ``timeout``); the reader's failure raised."""
+        """The next chunk of envelopes the reader delivered (``[]`` after ``timeout``); the reader's failure
+        raised."""
         raise NotImplementedError
 
     def _pause(self, seconds: float) -> Any:
@@ -256,12 +261,17 @@ class RangeLogic:
         next_lag = now
         while not self._stop.is_set():
             self._check_lease()
-            item = yield Call(self._next, (pending.wait(time.monotonic()),))
+            chunk = yield Call(self._next, (pending.wait(time.monotonic()),))
             now = time.monotonic()
-            if item is not None:
+            for item in chunk:
                 self.stats.read += 1
                 yield from pending.take_step(item, now)
-            yield from pending.flush_if_due_step(now)
+                yield from pending.flush_if_due_step(now)
+                if self._stop.is_set():
+                    return  # the rest of the chunk is read again from the offsets, as an inbox left unread
+                self._check_lease()
+            if not chunk:
+                yield from pending.flush_if_due_step(now)
             if now >= next_check:
                 next_check = now + self.settings.management_interval
                 if (yield self._on(is_paused_step(self.projection.name))):

@@ -2,7 +2,7 @@
 
 A :class:`RangeRunner` (re)starts its range from the stored offsets until it is stopped: after a pause, after
 an infrastructure error (with backoff) and when a worker re-assigns ranges. One thread reads the live
-``events_by_slices`` query into a bounded queue; the runner's thread validates and handles envelopes, so
+``events_by_slices`` query into a bounded queue, in chunks; the runner's thread validates and handles envelopes, so
 groups and at-least-once saves can close on time even when no event arrives.
 
 With a lease guard (see :mod:`projections.leases`) the runner stops before its lease can expire, and the
@@ -33,6 +33,7 @@ from pgjournal.runtime.steps import run
 
 from .handlers import Projection
 from .logic import (
+    CHUNKS,
     DEADLOCK_RETRIES,
     LeaseGuard,
     RangeLogic,
@@ -69,7 +70,7 @@ class RangeRunner(RangeLogic):
                          source=source, serializers=serializers)
         self.reading = Query(self.source, serializers=self.serializers)
         self.thread: threading.Thread | None = None
-        self._inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue()
+        self._inbox: queue.Queue[list[EventEnvelope] | _ReaderFailed] = queue.Queue()
         self._reader: tuple[LiveQuery[EventEnvelope], threading.Thread, threading.Event] | None = None
 
     def start(self) -> None:
@@ -109,11 +110,11 @@ class RangeRunner(RangeLogic):
     def _pause(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
-    def _next(self, timeout: float) -> EventEnvelope | None:
+    def _next(self, timeout: float) -> list[EventEnvelope]:
         try:
             item = self._inbox.get(timeout=timeout)
         except queue.Empty:
-            return None
+            return []
         if isinstance(item, _ReaderFailed):
             raise item.error
         return item
@@ -121,9 +122,10 @@ class RangeRunner(RangeLogic):
     def _open_reader(self, offset: Offset) -> None:
         query = self.reading.events_by_slices(self.projection.entity_type, self.min_slice, self.max_slice, offset,
                                              tags=self.projection.tags)
-        inbox: queue.Queue[EventEnvelope | _ReaderFailed] = queue.Queue(maxsize=2 * self.source.settings.buffer_size)
+        inbox: queue.Queue[list[EventEnvelope] | _ReaderFailed] = queue.Queue(maxsize=CHUNKS)
         halt = threading.Event()
-        reader = threading.Thread(target=_read, args=(query, inbox, halt), daemon=True,
+        reader = threading.Thread(target=_read, args=(query, inbox, halt, self.source.settings.buffer_size),
+                                  daemon=True,
                                   name=f"read-{self.projection.name}-{self.key}")
         self._inbox, self._reader = inbox, (query, reader, halt)
         reader.start()
@@ -136,12 +138,14 @@ class RangeRunner(RangeLogic):
             reader.join(timeout=30)
 
 
-def _read(query: object, inbox: queue.Queue[EventEnvelope | _ReaderFailed], halt: threading.Event) -> None:
+def _read(query: LiveQuery[EventEnvelope], inbox: queue.Queue[list[EventEnvelope] | _ReaderFailed],
+          halt: threading.Event, chunk: int) -> None:
     try:
-        for env in query:  # type: ignore[attr-defined]
+        for env in query:
+            envelopes = [env, *query.ready(chunk - 1)]
             while True:
                 try:
-                    inbox.put(env, timeout=0.1)
+                    inbox.put(envelopes, timeout=0.1)
                     break
                 except queue.Full:
                     if halt.is_set():

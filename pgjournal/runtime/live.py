@@ -157,6 +157,22 @@ class LoopState(Generic[T]):
         self._wakeup = wakeup
         self._unsubscribe = subscribe(wakeup) if subscribe else None
 
+    def ready(self, most: int) -> list[T]:
+        """Up to ``most`` more items of the page being handed out, those there without a poll (a consumer that
+        takes them in chunks: one hand-over between threads or tasks for many items). An item whose making
+        raises ends the list and stays first, raised by the next take."""
+        out: list[T] = []
+        page = self._page
+        try:
+            while len(out) < most:
+                out.append(next(page))
+        except StopIteration:
+            pass
+        except Exception:
+            if not isinstance(page, Made):
+                raise  # not kept: raised now, as a take would
+        return out
+
     def _signalled(self) -> bool:
         """Whether a signal came since the last poll (and forget it)."""
         signalled: bool = self._wakeup.is_set()
