@@ -137,10 +137,32 @@ def _string(field: int, value: str, what: str) -> bytes:
         raise ProtobufError(f"{what} must be valid Unicode (no lone surrogates), got {value!r}") from None
 
 
+# A replica id is encoded the same way in every event of a location, and there are few of them: encoded once.
+_REPLICA_IDS = 4096
+
+
+@functools.lru_cache(maxsize=_REPLICA_IDS)
+def _key_field(key: str) -> bytes:
+    return _string(1, key, "a version vector's key")
+
+
+@functools.lru_cache(maxsize=_REPLICA_IDS)
+def _origin_field(origin: str) -> bytes:
+    return _string(1, origin, "the origin replica")
+
+
+_ENTRY_TAG, _VERSION_TAG, _VECTOR_TAG = _tag(1, _LEN), _tag(2, _VARINT), _tag(3, _LEN)
+_CONCURRENT, _NOT_CONCURRENT = _tag(4, _VARINT) + b"\x01", _tag(4, _VARINT) + b"\x00"
+
+
 def _vector(entries: Iterable[tuple[str, int]]) -> bytes:
-    return b"".join(
-        _bytes(1, _string(1, key, "a version vector's key") + _int64(2, version, "the version", key))
-        for key, version in entries)
+    out = []
+    for key, version in entries:
+        if isinstance(version, bool) or not isinstance(version, int) or not INT64_MIN <= version <= INT64_MAX:
+            _int64(2, version, "the version", key)  # raises, naming the value
+        body = _key_field(key) + _VERSION_TAG + _varint(version)
+        out.append(_ENTRY_TAG + _varint(len(body)) + body)
+    return b"".join(out)
 
 
 def encode_version_vector(entries: Iterable[tuple[str, int]]) -> bytes:
@@ -152,10 +174,11 @@ def encode_event_metadata(fields: EventMetadataFields) -> bytes:
     """``ReplicatedEventMetadata`` (manifest ``RE``), the bytes Akka's serializer writes for the same fields."""
     if not isinstance(fields.concurrent, bool):
         raise ProtobufError(f"concurrent must be a bool, got {fields.concurrent!r}")
-    return (_string(1, fields.origin_replica, "the origin replica")
+    vector = _vector(fields.version)
+    return (_origin_field(fields.origin_replica)
             + _int64(2, fields.origin_sequence_nr, "the origin sequence number")
-            + _bytes(3, _vector(fields.version))
-            + _tag(4, _VARINT) + (b"\x01" if fields.concurrent else b"\x00"))
+            + _VECTOR_TAG + _varint(len(vector)) + vector
+            + (_CONCURRENT if fields.concurrent else _NOT_CONCURRENT))
 
 
 def encode_snapshot_metadata(fields: SnapshotMetadataFields) -> bytes:
