@@ -76,9 +76,11 @@ def lenient(journal: Journal) -> SerializerRegistry:
 
 
 def undecodable(env: EventEnvelope) -> Undecodable | None:
-    for part in (env.event, env.metadata):
-        if isinstance(part, Undecodable):
-            return part
+    """The envelope's event, else its metadata, when it did not decode (asked of every envelope handed out)."""
+    if isinstance(env.event, Undecodable):
+        return env.event
+    if isinstance(env.metadata, Undecodable):
+        return env.metadata
     return None
 
 
