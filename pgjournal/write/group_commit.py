@@ -209,25 +209,35 @@ class Send(Generic[A]):
         #: connection was lost and the members are answered).
         self._sent = 0
         self._synced: bool | None = None
+        #: The connection's loss met inside the pipeline, kept until the pipeline has ended: raised through its
+        #: end, psycopg would log the end's own failure as an error it ignored (a line per group while a link is
+        #: down).
+        self._lost: psycopg.Error | None = None
 
     def pipeline_step(self, pipeline: Any) -> Step[None]:
         """The group's statements and its Sync; an error that is not a lost connection is the group's failure,
-        told by its results (:func:`failing`), and the pipeline is synced again to leave it clean."""
-        for (plan, _answer), cur in zip(self._batch, self._kept, strict=True):
-            self._sent += 1
+        told by its results (:func:`failing`), and the pipeline is synced again to leave it clean. A lost
+        connection ends the step (:meth:`guard` answers the members once the pipeline has ended)."""
+        try:
+            for (plan, _answer), cur in zip(self._batch, self._kept, strict=True):
+                self._sent += 1
+                try:
+                    yield Call(cur.execute, (plan.sql, plan.params), _EXECUTE)
+                except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
+                    if lost(self._conn, exc):
+                        raise
             try:
-                yield Call(cur.execute, (plan.sql, plan.params), _EXECUTE)
-            except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
+                yield Call(pipeline.sync)
+                self._synced = True
+            except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
                 if lost(self._conn, exc):
                     raise
-        try:
-            yield Call(pipeline.sync)
-            self._synced = True
-        except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
-            if lost(self._conn, exc):
+                yield Call(pipeline.sync)
+                self._synced = False
+        except psycopg.Error as exc:
+            if not lost(self._conn, exc):
                 raise
-            yield Call(pipeline.sync)
-            self._synced = False
+            self._lost = exc
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -238,8 +248,14 @@ class Send(Generic[A]):
         except psycopg.Error as exc:
             if not lost(self._conn, exc):
                 raise
-            self._synced = None
-            self._rules.on_lost(self._batch, self._sent, exc)
+            self._on_lost(self._lost or exc)  # the pipeline's end failed too: the loss met first is the cause
+        else:
+            if self._lost is not None:
+                self._on_lost(self._lost)
+
+    def _on_lost(self, exc: psycopg.Error) -> None:
+        self._synced = None
+        self._rules.on_lost(self._batch, self._sent, exc)
 
     def outcome_step(self) -> Step[None]:
         """After the pipeline: each member answered by what the group's results say (nothing to do once the
