@@ -6,7 +6,7 @@ import psycopg
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from pgjournal.admin.migrate import VERSION_TABLE, migration_dialect
+from pgjournal.admin.migrate import VERSION_TABLE, migration_dialect, set_lock_wait
 from pgjournal.store.schema import metadata
 
 config = context.config
@@ -35,9 +35,16 @@ def run_online() -> None:
     from pgjournal.settings import Settings
 
     dsn = _dsn()
-    limits = connection_kwargs(Settings.load())  # no statement timeout: DDL may wait for locks or build indexes
-    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn, **limits),
-                           poolclass=pool.NullPool)
+    limits = connection_kwargs(Settings.load())  # no statement timeout: DDL may build indexes
+    lock_wait = config.attributes.get("lock_wait")  # ...but waits only so long for a lock (admin.migrate)
+
+    def connect() -> psycopg.Connection:
+        conn = psycopg.connect(dsn, autocommit=True, **limits)
+        set_lock_wait(conn, lock_wait)
+        conn.autocommit = False
+        return conn
+
+    engine = create_engine("postgresql+psycopg://", creator=connect, poolclass=pool.NullPool)
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
         with context.begin_transaction():

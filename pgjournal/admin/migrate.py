@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import io
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ import psycopg
 
 from pgjournal.dialects import Dialect, get_dialect
 from pgjournal.errors import DatabaseUnavailable, SchemaNotMigrated
+from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.steps import Statement, run
 from pgjournal.runtime.steps import Step as IOStep
 from pgjournal.server.dsn import mask_dsn
@@ -27,6 +29,14 @@ if TYPE_CHECKING:
 
 VERSION_TABLE = "pgjournal_version"
 MIGRATE_COMMAND = "pgjournal migrate"
+#: Seconds a migration's statement waits for a lock before the migration steps aside (rolled back whole) and tries
+#: again. DDL waiting in a table's lock queue stops every append and read queued behind it for as long as the
+#: session in its way keeps its transaction open (a long export, a transaction a client forgot): it queues
+#: briefly instead, as the key store's rewrite does.
+LOCK_WAIT = 1.0
+#: Seconds :func:`upgrade` tries for, by default, before it gives up naming the sessions in the way.
+MIGRATE_WAIT = 60.0
+MIGRATE_BACKOFF = Backoff(0.2, 2.0, 2.0, jitter=0.5)
 
 
 def _script_location() -> str:
@@ -38,14 +48,22 @@ def _script_location() -> str:
     return str(here)
 
 
-def alembic_config(dsn: str | None = None, dialect: str = "postgres") -> Config:
+def alembic_config(dsn: str | None = None, dialect: str = "postgres", lock_wait: float | None = None) -> Config:
+    """Alembic's configuration for ``dsn``; ``lock_wait``: the migration's ``lock_timeout`` (seconds)."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", _script_location())
     config.attributes["dsn"] = dsn
     config.attributes["dialect"] = dialect
+    config.attributes["lock_wait"] = lock_wait
     return config
+
+
+def set_lock_wait(conn: psycopg.Connection, seconds: float | None) -> None:
+    """A session's ``lock_timeout`` (an autocommit connection's, or one outside a transaction)."""
+    if seconds is not None:
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(seconds * 1000))}ms",))
 
 
 def migration_dialect() -> Dialect:
@@ -58,30 +76,64 @@ def migration_dialect() -> Dialect:
     return get_dialect(name)
 
 
-def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = None) -> list[adoption.Step]:
+def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None = None, *,
+            wait: float = MIGRATE_WAIT) -> list[adoption.Step]:
     """Bring the database at ``dsn`` to the newest schema (idempotent). A database with Akka R2DBC's tables
     and no pgjournal schema is adopted first (:mod:`pgjournal.admin.adopt`; ``shard``: ``(i, n)`` for database
     ``i`` of ``n`` of a sharded journal); the adoption's steps are returned.
 
+    A statement that waits :data:`LOCK_WAIT` for a lock (another session's transaction holds one on its table)
+    rolls the migration back, so the appends and reads queued behind it go on; it is tried again for up to
+    ``wait`` seconds.
+
     Raises :class:`DatabaseUnavailable` when the server cannot be reached and :class:`SchemaNotMigrated`
-    when the migration fails (the database's revision is unknown, or a statement is refused).
+    when the migration fails (the database's revision is unknown, a statement is refused, or the locks it needs
+    stayed held for ``wait`` seconds: the error names the sessions holding them; nothing was changed).
     """
     import sqlalchemy.exc
     from alembic import command
     from alembic.util import CommandError
 
     chosen = get_dialect(dialect)
+    deadline, tries = time.monotonic() + wait, 0
+    while True:
+        tries += 1
+        try:
+            adopted = _adopt_akka(dsn, chosen, shard)
+            command.upgrade(alembic_config(dsn, dialect, LOCK_WAIT), "head")
+            return adopted
+        except (sqlalchemy.exc.DBAPIError, psycopg.errors.LockNotAvailable) as exc:
+            orig = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+            if isinstance(orig, psycopg.errors.LockNotAvailable):
+                pause = MIGRATE_BACKOFF.delay(tries)
+                if time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    continue
+                raise SchemaNotMigrated(
+                    f"cannot migrate {mask_dsn(dsn)}: another session holds a lock on a table the migration "
+                    f"changes ({_lock_holders(dsn) or 'gone since'}), tried for {wait:.0f} s; nothing was "
+                    f"changed; run `{MIGRATE_COMMAND}` again once that transaction ended") from None
+            reason = mask_dsn(" ".join(str(orig).split()) or exc.__class__.__name__)
+            if isinstance(orig, psycopg.OperationalError):
+                raise DatabaseUnavailable(f"cannot migrate {mask_dsn(dsn)}: {reason}") from None
+            raise SchemaNotMigrated(f"migrating {mask_dsn(dsn)} failed: {reason}") from None
+        except CommandError as exc:
+            raise SchemaNotMigrated(f"cannot migrate {mask_dsn(dsn)}: {exc}; {_unknown_hint()}") from None
+
+
+def _lock_holders(dsn: str) -> str:
+    """The sessions holding a lock on the schema's tables, as an error names them (best effort)."""
+    from pgjournal.store.catalog import LOCK_HOLDERS_SQL
+
     try:
-        adopted = _adopt_akka(dsn, chosen, shard)
-        command.upgrade(alembic_config(dsn, dialect), "head")
-    except sqlalchemy.exc.DBAPIError as exc:
-        reason = mask_dsn(" ".join(str(exc.orig).split()) or exc.__class__.__name__)
-        if isinstance(exc.orig, psycopg.OperationalError):
-            raise DatabaseUnavailable(f"cannot migrate {mask_dsn(dsn)}: {reason}") from None
-        raise SchemaNotMigrated(f"migrating {mask_dsn(dsn)} failed: {reason}") from None
-    except CommandError as exc:
-        raise SchemaNotMigrated(f"cannot migrate {mask_dsn(dsn)}: {exc}; {_unknown_hint()}") from None
-    return adopted
+        with _connect(dsn) as conn:
+            found = conn.execute(LOCK_HOLDERS_SQL).fetchall()
+    except (psycopg.Error, DatabaseUnavailable):
+        return ""
+    return ", ".join(("a prepared transaction" if pid is None else f"backend {pid} (role {role!r}")
+                     + ("" if pid is None else ", its transaction open for an unknown time)" if open_s is None
+                        else f", its transaction open for {open_s:.0f} s)")
+                     for pid, role, open_s in found)
 
 
 def _connect(dsn: str) -> psycopg.Connection:
@@ -120,8 +172,11 @@ def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> li
         if schema.problems:
             raise SchemaNotMigrated(f"cannot adopt the Akka R2DBC schema of {mask_dsn(dsn)}: "
                                     + "; ".join(schema.problems))
+        set_lock_wait(conn, LOCK_WAIT)
         try:
             return adoption.adopt(conn, schema, dialect, VERSION_TABLE)
+        except psycopg.errors.LockNotAvailable:
+            raise  # rolled back: upgrade() tries again
         except psycopg.Error as exc:
             raise SchemaNotMigrated(f"adopting the Akka R2DBC schema of {mask_dsn(dsn)} failed (nothing was "
                                     f"changed): {mask_dsn(' '.join(str(exc).split()))}") from None

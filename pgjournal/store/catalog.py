@@ -155,3 +155,15 @@ def table_exists(name: str) -> Read[bool]:
 def has_table_privilege(table: str, privilege: str) -> Read[bool]:
     """One row: whether the current role has ``privilege`` (``SELECT``, ``INSERT``, ...) on ``table``."""
     return scalars("SELECT has_table_privilege(%s, %s)", (table, privilege))
+
+
+#: The other sessions holding a lock on a table of this database's current schema (backend pid, ``None`` for a
+#: prepared transaction; login role; seconds its transaction has been open, ``None`` where this role may not see
+#: it): what a migration's DDL waited for.
+LOCK_HOLDERS_SQL = """
+SELECT DISTINCT l.pid, a.usename, extract(epoch FROM clock_timestamp() - a.xact_start)::float8
+FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND c.relnamespace = current_schema()::regnamespace
+ORDER BY 1"""
