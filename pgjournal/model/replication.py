@@ -45,9 +45,17 @@ _new = object.__new__
 
 def _setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
     """The slots ``names`` of the frozen dataclass ``cls``, each as its descriptor's setter: the rules' results,
-    made once per event of parts already checked, are built with them (no ``__init__``, no checks; a third of
-    ``object.__setattr__``'s cost)."""
+    made once per event of parts already checked, are built with them (:func:`_made`)."""
     return tuple(getattr(cls, name).__set__ for name in names)
+
+
+def _made(cls: type[_T], setters: tuple[Callable[[Any, Any], None], ...], *values: Any) -> _T:
+    """An instance of ``cls`` with its slots set to ``values`` as they are: no ``__init__``, no checks (a third
+    of ``object.__setattr__``'s cost)."""
+    made: _T = _new(cls)
+    for set_slot, value in zip(setters, values, strict=False):  # made together: the same length
+        set_slot(made, value)
+    return made
 
 
 # -- replication ids ------------------------------------------------------------------------------------
@@ -165,10 +173,7 @@ class VersionVector:
     @classmethod
     def _of(cls, entries: tuple[tuple[str, int], ...]) -> VersionVector:
         """A vector of ``entries`` already checked and in Java's key order (the rules' results: no check again)."""
-        made: VersionVector = _new(cls)
-        _VECTOR_ENTRIES(made, entries)
-        _VECTOR_VERSIONS(made, dict(entries))
-        return made
+        return _made(cls, _VECTOR, entries, dict(entries))
 
     def __repr__(self) -> str:
         return f"VersionVector({self._versions!r})"
@@ -255,7 +260,7 @@ class VersionVector:
 
 
 EMPTY = VersionVector()
-_VECTOR_ENTRIES, _VECTOR_VERSIONS = _setters(VersionVector, "entries", "_versions")
+_VECTOR = _setters(VersionVector, "entries", "_versions")
 
 
 # -- metadata -------------------------------------------------------------------------------------------
@@ -327,13 +332,7 @@ _METADATA = _setters(ReplicatedEventMetadata, "origin_replica", "origin_sequence
 
 def _metadata(origin: str, origin_seq_nr: int, version: VersionVector, concurrent: bool) -> ReplicatedEventMetadata:
     """Metadata the rules make of parts already checked (no check again: they run once per event)."""
-    made: ReplicatedEventMetadata = _new(ReplicatedEventMetadata)
-    set_origin, set_seq_nr, set_version, set_concurrent = _METADATA
-    set_origin(made, origin)
-    set_seq_nr(made, origin_seq_nr)
-    set_version(made, version)
-    set_concurrent(made, concurrent)
-    return made
+    return _made(ReplicatedEventMetadata, _METADATA, origin, origin_seq_nr, version, concurrent)
 
 
 def local_event_metadata(replica: str, seq_nr: int) -> ReplicatedEventMetadata:
@@ -534,13 +533,7 @@ def _state(replica: str, seq_nr: int, version: VersionVector, seen: Mapping[str,
         if raised is not None:
             items[raised[0]] = raised[1]
         frozen = _FrozenMap(items)
-    made: ReplicaState = _new(ReplicaState)
-    set_replica, set_seq_nr, set_version, set_seen = _STATE
-    set_replica(made, replica)
-    set_seq_nr(made, seq_nr)
-    set_version(made, version)
-    set_seen(made, frozen)
-    return made
+    return _made(ReplicaState, _STATE, replica, seq_nr, version, frozen)
 
 
 # -- composite metadata and arrival ---------------------------------------------------------------------
