@@ -113,6 +113,8 @@ def url(password: str) -> str:
 
 @given(PASSWORDS)
 @example("battery@horse")
+@example(" /%")  # a space, then what reads as a path: once taken for a message quoting "postgresql://app"
+@example("@/: ")  # an '@' and a space: once taken for a message quoting "postgresql://app:@/"
 @example("a:b/c?d#e@f")
 @example("x@y z@w")
 @example("***:")
