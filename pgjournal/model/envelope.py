@@ -11,6 +11,7 @@ from typing import Any
 from pgjournal.codec.serialization import SerializerRegistry
 from pgjournal.codec.transcoding import Redacted
 from pgjournal.model.offsets import TimestampOffset
+from pgjournal.model.slots import filled, setters
 
 
 class Source(enum.StrEnum):
@@ -96,17 +97,12 @@ def _recast(pid: str, seq_nr: int, slice_: int, entity_type: str, ts: datetime, 
 
 # A reader makes one envelope per event (``python -m bench by-slices``): filling its slots directly spares the
 # frozen dataclass's __init__, which sets each field through object.__setattr__.
-_new = object.__new__
-_SETTERS = tuple(getattr(EventEnvelope, name).__set__ for name in (
-    "persistence_id", "seq_nr", "slice", "entity_type", "db_timestamp", "offset", "event", "tags", "metadata",
-    "source"))
+_SETTERS = setters(EventEnvelope, "persistence_id", "seq_nr", "slice", "entity_type", "db_timestamp", "offset",
+                   "event", "tags", "metadata", "source")
 
 
 def _filled(*fields: Any) -> EventEnvelope:
-    envelope: EventEnvelope = _new(EventEnvelope)
-    for set_, value in zip(_SETTERS, fields, strict=True):
-        set_(envelope, value)
-    return envelope
+    return filled(EventEnvelope, _SETTERS, *fields)
 
 
 def _pick() -> Callable[..., EventEnvelope]:

@@ -34,28 +34,13 @@ from typing import Any, TypeVar
 
 from pgjournal.codec import replicated as wire
 from pgjournal.errors import InvalidArgument, InvalidPersistenceId, SerializationError
+from pgjournal.model.slots import filled, setters
 from pgjournal.validation import check_persistence_id
 
 SEPARATOR = "|"
 _T = TypeVar("_T")
 
 
-_new = object.__new__
-
-
-def _setters(cls: type, *names: str) -> tuple[Callable[[Any, Any], None], ...]:
-    """The slots ``names`` of the frozen dataclass ``cls``, each as its descriptor's setter: the rules' results,
-    made once per event of parts already checked, are built with them (:func:`_made`)."""
-    return tuple(getattr(cls, name).__set__ for name in names)
-
-
-def _made(cls: type[_T], setters: tuple[Callable[[Any, Any], None], ...], *values: Any) -> _T:
-    """An instance of ``cls`` with its slots set to ``values`` as they are: no ``__init__``, no checks (a third
-    of ``object.__setattr__``'s cost)."""
-    made: _T = _new(cls)
-    for set_slot, value in zip(setters, values, strict=False):  # made together: the same length
-        set_slot(made, value)
-    return made
 
 
 # -- replication ids ------------------------------------------------------------------------------------
@@ -173,7 +158,7 @@ class VersionVector:
     @classmethod
     def _of(cls, entries: tuple[tuple[str, int], ...]) -> VersionVector:
         """A vector of ``entries`` already checked and in Java's key order (the rules' results: no check again)."""
-        return _made(cls, _VECTOR, entries, dict(entries))
+        return filled(cls, _VECTOR, entries, dict(entries))
 
     def __repr__(self) -> str:
         return f"VersionVector({self._versions!r})"
@@ -260,7 +245,7 @@ class VersionVector:
 
 
 EMPTY = VersionVector()
-_VECTOR = _setters(VersionVector, "entries", "_versions")
+_VECTOR = setters(VersionVector, "entries", "_versions")
 
 
 # -- metadata -------------------------------------------------------------------------------------------
@@ -327,12 +312,12 @@ class ReplicatedSnapshotMetadata:
         return _decoding(wire.SNAPSHOT_METADATA, decode)
 
 
-_METADATA = _setters(ReplicatedEventMetadata, "origin_replica", "origin_sequence_nr", "version", "concurrent")
+_METADATA = setters(ReplicatedEventMetadata, "origin_replica", "origin_sequence_nr", "version", "concurrent")
 
 
 def _metadata(origin: str, origin_seq_nr: int, version: VersionVector, concurrent: bool) -> ReplicatedEventMetadata:
     """Metadata the rules make of parts already checked (no check again: they run once per event)."""
-    return _made(ReplicatedEventMetadata, _METADATA, origin, origin_seq_nr, version, concurrent)
+    return filled(ReplicatedEventMetadata, _METADATA, origin, origin_seq_nr, version, concurrent)
 
 
 def local_event_metadata(replica: str, seq_nr: int) -> ReplicatedEventMetadata:
@@ -519,7 +504,7 @@ class ReplicaState:
         return ReplicatedSnapshotMetadata(self.version, self.seen)
 
 
-_STATE = _setters(ReplicaState, "replica", "seq_nr", "version", "seen")
+_STATE = setters(ReplicaState, "replica", "seq_nr", "version", "seen")
 
 
 def _state(replica: str, seq_nr: int, version: VersionVector, seen: Mapping[str, int],
@@ -533,7 +518,7 @@ def _state(replica: str, seq_nr: int, version: VersionVector, seen: Mapping[str,
         if raised is not None:
             items[raised[0]] = raised[1]
         frozen = _FrozenMap(items)
-    return _made(ReplicaState, _STATE, replica, seq_nr, version, frozen)
+    return filled(ReplicaState, _STATE, replica, seq_nr, version, frozen)
 
 
 # -- composite metadata and arrival ---------------------------------------------------------------------
