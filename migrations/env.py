@@ -6,7 +6,8 @@ import psycopg
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from pgjournal.admin.migrate import VERSION_TABLE, migration_dialect, set_lock_wait
+from pgjournal.admin.migrate import VERSION_TABLE, migration_dialect
+from pgjournal.store.catalog import lock_timeout
 from pgjournal.store.schema import metadata
 
 config = context.config
@@ -40,7 +41,8 @@ def run_online() -> None:
 
     def connect() -> psycopg.Connection:
         conn = psycopg.connect(dsn, autocommit=True, **limits)
-        set_lock_wait(conn, lock_wait)
+        if lock_wait is not None:
+            conn.execute(*lock_timeout(lock_wait, local=False))
         conn.autocommit = False
         return conn
 

@@ -21,6 +21,7 @@ from pgjournal.runtime.backoff import Backoff
 from pgjournal.runtime.steps import Statement, run
 from pgjournal.runtime.steps import Step as IOStep
 from pgjournal.server.dsn import mask_dsn
+from pgjournal.store.catalog import LOCK_HOLDERS_SQL, lock_timeout
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -58,12 +59,6 @@ def alembic_config(dsn: str | None = None, dialect: str = "postgres", lock_wait:
     config.attributes["dialect"] = dialect
     config.attributes["lock_wait"] = lock_wait
     return config
-
-
-def set_lock_wait(conn: psycopg.Connection, seconds: float | None) -> None:
-    """A session's ``lock_timeout`` (an autocommit connection's, or one outside a transaction)."""
-    if seconds is not None:
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(seconds * 1000))}ms",))
 
 
 def migration_dialect() -> Dialect:
@@ -123,17 +118,19 @@ def upgrade(dsn: str, dialect: str = "postgres", shard: tuple[int, int] | None =
 
 def _lock_holders(dsn: str) -> str:
     """The sessions holding a lock on the schema's tables, as an error names them (best effort)."""
-    from pgjournal.store.catalog import LOCK_HOLDERS_SQL
-
     try:
         with _connect(dsn) as conn:
             found = conn.execute(LOCK_HOLDERS_SQL).fetchall()
     except (psycopg.Error, DatabaseUnavailable):
         return ""
-    return ", ".join(("a prepared transaction" if pid is None else f"backend {pid} (role {role!r}")
-                     + ("" if pid is None else ", its transaction open for an unknown time)" if open_s is None
-                        else f", its transaction open for {open_s:.0f} s)")
-                     for pid, role, open_s in found)
+    return ", ".join(_holder(*row) for row in found)
+
+
+def _holder(pid: int | None, role: str | None, open_s: float | None) -> str:
+    if pid is None:
+        return "a prepared transaction"
+    how_long = "an unknown time" if open_s is None else f"{open_s:.0f} s"
+    return f"backend {pid} (role {role!r}, its transaction open for {how_long})"
 
 
 def _connect(dsn: str) -> psycopg.Connection:
@@ -172,7 +169,7 @@ def _adopt_akka(dsn: str, dialect: Dialect, shard: tuple[int, int] | None) -> li
         if schema.problems:
             raise SchemaNotMigrated(f"cannot adopt the Akka R2DBC schema of {mask_dsn(dsn)}: "
                                     + "; ".join(schema.problems))
-        set_lock_wait(conn, LOCK_WAIT)
+        conn.execute(*lock_timeout(LOCK_WAIT, local=False))
         try:
             return adoption.adopt(conn, schema, dialect, VERSION_TABLE)
         except psycopg.errors.LockNotAvailable:

@@ -40,7 +40,7 @@ from pgjournal.shards.move_plan import (
 )
 from pgjournal.store import shard_guard as sql
 from pgjournal.store import shard_layout
-from pgjournal.store.catalog import writers
+from pgjournal.store.catalog import lock_timeout, writers
 from pgjournal.store.shard_guard import GUARDED_TABLES, Columns, Leaf, MoveRow, leaf_of
 
 Progressed = Callable[[str, int], None]
@@ -529,7 +529,7 @@ class Mover:
             started = time.monotonic()
             try:
                 with database.conn.transaction():
-                    database.conn.execute(*sql.lock_timeout(self.seal_timeout))
+                    database.conn.execute(*lock_timeout(self.seal_timeout))
                     change()
                 if times is not None:
                     times.append(time.monotonic() - started)

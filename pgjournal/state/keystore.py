@@ -50,6 +50,7 @@ from pgjournal.server.connections import connection_kwargs
 from pgjournal.server.dsn import mask_dsn, redact, resolve_dsn
 from pgjournal.settings import Settings
 from pgjournal.store import keys as sql
+from pgjournal.store.catalog import lock_timeout
 from pgjournal.validation import check_persistence_id
 
 
@@ -325,7 +326,7 @@ class PostgresKeyStore:
                     if lock_wait is None:
                         cur = conn.execute(*query)
                         return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()
-                    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(lock_wait * 1000)}ms",))
+                    conn.execute(*lock_timeout(lock_wait, local=False))
                     try:
                         cur = conn.execute(*query)
                         return cur.rowcount if rowcount else cur.fetchone() if one else cur.fetchall()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pgjournal.store import Read, rows, scalars
+from pgjournal.store import Query, Read, rows, scalars
 
 # The journal table and its partitions: the relations a journal writer holds a write lock on (in an adopted
 # Akka journal with data partitions, the tables event_journal_0.. behind the event_journal view).
@@ -167,3 +167,9 @@ WHERE l.locktype = 'relation' AND l.granted AND l.pid IS DISTINCT FROM pg_backen
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND c.relnamespace = current_schema()::regnamespace
 ORDER BY 1"""
+
+
+def lock_timeout(seconds: float, *, local: bool = True) -> Query:
+    """Give up waiting for a lock after ``seconds`` (at least 1 ms; SQLSTATE 55P03), for the transaction
+    (``local``) or the session: what each piece of DDL or rewrite that must not queue long runs first."""
+    return "SELECT set_config('lock_timeout', %s, %s)", (f"{max(1, round(seconds * 1000))}ms", local)

@@ -105,11 +105,6 @@ def try_move_lock() -> Read[bool]:
     return scalars("SELECT pg_try_advisory_lock(hashtext(%s))", (MOVE_LOCK,))
 
 
-def lock_timeout(seconds: float) -> Query:
-    """For the transaction: give up waiting for a lock after ``seconds`` (SQLSTATE 55P03)."""
-    return "SELECT set_config('lock_timeout', %s, true)", (f"{max(1, round(seconds * 1000))}ms",)
-
-
 # -- a move's record ----------------------------------------------------------------------------------------
 
 #: The move's columns of the layout record (added when a move starts: a layout never moved has none).
