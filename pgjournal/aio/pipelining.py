@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgjournal.errors import JournalClosed
-from pgjournal.runtime.steps import arun
+from pgjournal.runtime.steps import apipeline, arun
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan
 from pgjournal.write.group_commit import GroupCommit, Send
@@ -89,6 +89,6 @@ class AppendPipeline(GroupCommit["asyncio.Future[Rows | None]"]):
         """Send ``batch`` as one transaction in one pipeline (:mod:`pgjournal.write.group_commit` has the rules)."""
         send = Send(self, conn, batch)
         with send.guard():
-            async with conn.pipeline() as pipeline:
-                await arun(send.pipeline_step(pipeline), conn)
+            async with apipeline(conn) as opened:
+                await arun(send.pipeline_step(opened), conn)
         await arun(send.outcome_step(), conn)

@@ -76,12 +76,13 @@ class Statement:
 @dataclass(frozen=True, slots=True)
 class Pipelined:
     """Statements sent together and answered together by the blocking driver: one round trip for all of them, run
-    in order in the pipeline's one implicit transaction, under the session's isolation. Each has a snapshot of its
-    own, taken after the one before it ran, only under READ COMMITTED: the caller checks (it may read
-    ``current_setting('transaction_isolation')`` in the first). The asyncio driver runs them one after another,
-    each in a transaction of its own: a pipeline cancelled mid-way (a live query closed, a projection stopped) can
-    leave psycopg's asyncio connection believing it is still in pipeline mode, and the pool would lend it out so.
-    Reads only; none may be streamed."""
+    in order. Outside a transaction they run in the pipeline's one implicit transaction, under the session's
+    isolation: each has a snapshot of its own, taken after the one before it ran, only under READ COMMITTED (the
+    caller checks; it may read ``current_setting('transaction_isolation')`` in the first). Inside a step's own
+    transaction (after its ``BEGIN``) they run in it, exactly as if sent one by one. The asyncio driver runs them
+    one after another (outside a transaction, each in one of its own): a pipeline cancelled mid-way (a live query
+    closed, a projection stopped) can leave psycopg's asyncio connection believing it is still in pipeline mode,
+    and the pool would lend it out so. Reads (advisory locks included) only; none may be streamed."""
 
     statements: tuple[Statement, ...]
 
@@ -254,27 +255,51 @@ class _SyncFetch:
             stream.close()  # psycopg cancels and drains what is left
 
 
-def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
-    """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order. The first
-    error is raised once the pipeline has ended: raised inside it, psycopg would log the pipeline's end, failing
-    too on a lost link, as an error it ignored (a line per failed poll while a peer is cut off). A failed
-    statement aborts the implicit transaction, which the pipeline's end rolls back."""
-    cursors = []
-    sending: psycopg.Error | None = None
+@contextlib.contextmanager
+def pipeline(conn: psycopg.Connection) -> Iterator[psycopg.Pipeline]:
+    """``conn.pipeline()``, with a database error raised inside it held until the pipeline has ended and raised
+    then (the first one, if its end failed too). Raised through the end, psycopg would log the end's own failure
+    (on a lost link it fails as well) as an error it ignored: a line per poll, or per group commit, while a link
+    is down."""
+    held: psycopg.Error | None = None
     try:
-        with conn.pipeline():
+        with conn.pipeline() as opened:
             try:
-                for one in request.statements:
-                    cur = conn.cursor(binary=one.binary, row_factory=one.row)
-                    if one.utc:
-                        utc_timestamps(cur)
-                    cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
+                yield opened
             except psycopg.Error as exc:
-                sending = exc
+                held = exc
     except psycopg.Error as ended:
-        sending = sending or ended
-    if sending is not None:
-        raise sending
+        held = held or ended
+    if held is not None:
+        raise held
+
+
+@contextlib.asynccontextmanager
+async def apipeline(conn: psycopg.AsyncConnection) -> AsyncIterator[psycopg.AsyncPipeline]:
+    """:func:`pipeline` on an asyncio connection."""
+    held: psycopg.Error | None = None
+    try:
+        async with conn.pipeline() as opened:
+            try:
+                yield opened
+            except psycopg.Error as exc:
+                held = exc
+    except psycopg.Error as ended:
+        held = held or ended
+    if held is not None:
+        raise held
+
+
+def _pipelined(conn: psycopg.Connection, request: Pipelined) -> list[Any]:
+    """:class:`Pipelined` on a blocking connection: its statements' rows (or row counts), in order. A failed
+    statement aborts the transaction it runs in (the pipeline's implicit one, which its end rolls back)."""
+    cursors = []
+    with pipeline(conn):
+        for one in request.statements:
+            cur = conn.cursor(binary=one.binary, row_factory=one.row)
+            if one.utc:
+                utc_timestamps(cur)
+            cursors.append(cur.execute(one.sql, one.params, prepare=one.prepare))
     return [cur.fetchall() if cur.description is not None else cur.rowcount for cur in cursors]
 
 

@@ -191,12 +191,12 @@ class GroupCommit(Generic[A]):
 class Send(Generic[A]):
     """One group sent, for both faces: the statements and Syncs as steps of :class:`~pgjournal.runtime.steps.Call`
     (the blocking driver calls the connection's methods, the asyncio driver awaits them), inside the pipeline the
-    face opens (``with``/``async with conn.pipeline()``, so a drain stopped mid-send still leaves it):
+    face opens (``with``/``async with`` :func:`~pgjournal.runtime.steps.pipeline`, so a drain stopped mid-send
+    still leaves it, and a lost connection is raised once it has ended, not logged by psycopg as ignored):
 
         send = Send(rules, conn, batch)
-        with send.guard():
-            with conn.pipeline() as pipeline:
-                run(send.pipeline_step(pipeline), conn)
+        with send.guard(), pipeline(conn) as opened:
+            run(send.pipeline_step(opened), conn)
         run(send.outcome_step(), conn)
     """
 
@@ -209,35 +209,25 @@ class Send(Generic[A]):
         #: connection was lost and the members are answered).
         self._sent = 0
         self._synced: bool | None = None
-        #: The connection's loss met inside the pipeline, kept until the pipeline has ended: raised through its
-        #: end, psycopg would log the end's own failure as an error it ignored (a line per group while a link is
-        #: down).
-        self._lost: psycopg.Error | None = None
 
     def pipeline_step(self, pipeline: Any) -> Step[None]:
         """The group's statements and its Sync; an error that is not a lost connection is the group's failure,
-        told by its results (:func:`failing`), and the pipeline is synced again to leave it clean. A lost
-        connection ends the step (:meth:`guard` answers the members once the pipeline has ended)."""
-        try:
-            for (plan, _answer), cur in zip(self._batch, self._kept, strict=True):
-                self._sent += 1
-                try:
-                    yield Call(cur.execute, (plan.sql, plan.params), _EXECUTE)
-                except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
-                    if lost(self._conn, exc):
-                        raise
+        told by its results (:func:`failing`), and the pipeline is synced again to leave it clean."""
+        for (plan, _answer), cur in zip(self._batch, self._kept, strict=True):
+            self._sent += 1
             try:
-                yield Call(pipeline.sync)
-                self._synced = True
-            except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
+                yield Call(cur.execute, (plan.sql, plan.params), _EXECUTE)
+            except psycopg.Error as exc:  # an earlier statement's error, fetched now: the group failed
                 if lost(self._conn, exc):
                     raise
-                yield Call(pipeline.sync)
-                self._synced = False
-        except psycopg.Error as exc:
-            if not lost(self._conn, exc):
+        try:
+            yield Call(pipeline.sync)
+            self._synced = True
+        except psycopg.Error as exc:  # the first error among the results: sync again to leave it clean
+            if lost(self._conn, exc):
                 raise
-            self._lost = exc
+            yield Call(pipeline.sync)
+            self._synced = False
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
@@ -248,14 +238,8 @@ class Send(Generic[A]):
         except psycopg.Error as exc:
             if not lost(self._conn, exc):
                 raise
-            self._on_lost(self._lost or exc)  # the pipeline's end failed too: the loss met first is the cause
-        else:
-            if self._lost is not None:
-                self._on_lost(self._lost)
-
-    def _on_lost(self, exc: psycopg.Error) -> None:
-        self._synced = None
-        self._rules.on_lost(self._batch, self._sent, exc)
+            self._synced = None
+            self._rules.on_lost(self._batch, self._sent, exc)
 
     def outcome_step(self) -> Step[None]:
         """After the pipeline: each member answered by what the group's results say (nothing to do once the

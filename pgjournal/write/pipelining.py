@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgjournal.errors import JournalClosed
-from pgjournal.runtime.steps import run
+from pgjournal.runtime.steps import pipeline, run
 from pgjournal.write.append_steps import Rows
 from pgjournal.write.event_writer import AppendPlan
 from pgjournal.write.group_commit import BATCH, GroupCommit, Send
@@ -154,6 +154,6 @@ class AppendPipeline(GroupCommit[Answer]):
     def _send(self, conn: psycopg.Connection[Any], batch: list[Queued]) -> None:
         """Send ``batch`` as one transaction in one pipeline (:mod:`pgjournal.write.group_commit` has the rules)."""
         send = Send(self, conn, batch)
-        with send.guard(), conn.pipeline() as pipeline:
-            run(send.pipeline_step(pipeline), conn)
+        with send.guard(), pipeline(conn) as opened:
+            run(send.pipeline_step(opened), conn)
         run(send.outcome_step(), conn)
