@@ -110,9 +110,13 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-@functools.cache
 def _tag(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
+
+
+# The tags of the fields these messages have (1 to 4), made once: every field of every event is written with one.
+_VARINT_TAGS = tuple(_tag(field, _VARINT) for field in range(5))
+_LEN_TAGS = tuple(_tag(field, _LEN) for field in range(5))
 
 
 def _int64(field: int, value: int, what: str, of: str | None = None) -> bytes:
@@ -121,11 +125,11 @@ def _int64(field: int, value: int, what: str, of: str | None = None) -> bytes:
     if isinstance(value, bool) or not isinstance(value, int) or not INT64_MIN <= value <= INT64_MAX:
         named = what if of is None else f"{what} of {of!r}"
         raise ProtobufError(f"{named} must be an int64, got {value!r}")
-    return _tag(field, _VARINT) + _varint(value)
+    return _VARINT_TAGS[field] + _varint(value)
 
 
 def _bytes(field: int, value: bytes) -> bytes:
-    return _tag(field, _LEN) + _varint(len(value)) + value
+    return _LEN_TAGS[field] + _varint(len(value)) + value
 
 
 def _string(field: int, value: str, what: str) -> bytes:
@@ -151,18 +155,11 @@ def _origin_field(origin: str) -> bytes:
     return _string(1, origin, "the origin replica")
 
 
-_ENTRY_TAG, _VERSION_TAG, _VECTOR_TAG = _tag(1, _LEN), _tag(2, _VARINT), _tag(3, _LEN)
-_CONCURRENT, _NOT_CONCURRENT = _tag(4, _VARINT) + b"\x01", _tag(4, _VARINT) + b"\x00"
+_CONCURRENT, _NOT_CONCURRENT = _VARINT_TAGS[4] + b"\x01", _VARINT_TAGS[4] + b"\x00"
 
 
 def _vector(entries: Iterable[tuple[str, int]]) -> bytes:
-    out = []
-    for key, version in entries:
-        if isinstance(version, bool) or not isinstance(version, int) or not INT64_MIN <= version <= INT64_MAX:
-            _int64(2, version, "the version", key)  # raises, naming the value
-        body = _key_field(key) + _VERSION_TAG + _varint(version)
-        out.append(_ENTRY_TAG + _varint(len(body)) + body)
-    return b"".join(out)
+    return b"".join([_bytes(1, _key_field(key) + _int64(2, version, "the version", key)) for key, version in entries])
 
 
 def encode_version_vector(entries: Iterable[tuple[str, int]]) -> bytes:
@@ -174,10 +171,9 @@ def encode_event_metadata(fields: EventMetadataFields) -> bytes:
     """``ReplicatedEventMetadata`` (manifest ``RE``), the bytes Akka's serializer writes for the same fields."""
     if not isinstance(fields.concurrent, bool):
         raise ProtobufError(f"concurrent must be a bool, got {fields.concurrent!r}")
-    vector = _vector(fields.version)
     return (_origin_field(fields.origin_replica)
             + _int64(2, fields.origin_sequence_nr, "the origin sequence number")
-            + _VECTOR_TAG + _varint(len(vector)) + vector
+            + _bytes(3, _vector(fields.version))
             + (_CONCURRENT if fields.concurrent else _NOT_CONCURRENT))
 
 
@@ -196,7 +192,7 @@ def encode_composite(entries: Iterable[MetadataEntry]) -> bytes:
         if isinstance(entry.ser_id, bool) or not isinstance(entry.ser_id, int) or not (
                 INT32_MIN <= entry.ser_id <= INT32_MAX):
             raise ProtobufError(f"a metadata entry's serializer id must be an int32, got {entry.ser_id!r}")
-        body = _tag(1, _VARINT) + _varint(entry.ser_id) + _bytes(2, bytes(entry.payload))
+        body = _VARINT_TAGS[1] + _varint(entry.ser_id) + _bytes(2, bytes(entry.payload))
         if entry.manifest:
             body += _string(3, entry.manifest, "a metadata entry's manifest")
         out += _bytes(1, body)
