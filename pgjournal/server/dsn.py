@@ -61,17 +61,16 @@ def _starts_a_message(text: str) -> bool:
     (``postgresql://h/db?password=x: connection refused``): masked as a message, so what follows the DSN stays."""
     first, _, rest = text.partition(" ")
     # A URL whose password holds a space: ``user: p w@host/db``, ``user: /x@host``, ``user:@: x@host``.
-    spaced = ("@" not in first and "@" in rest.split("/")[0]) or (
-        text.rfind("@") > len(first) and _ends_in_a_host(text))
+    at = text.rfind("@")
+    spaced = ("@" not in first and "@" in rest.split("/")[0]) or (at > len(first) and _a_url_tail(text[at + 1:]))
     if "://" in first and spaced:
         return False
     return first.endswith(":") and bool(rest.strip()) and _parsed(first[:-1]) is not None
 
 
-def _ends_in_a_host(text: str) -> bool:
-    """``text`` ends as a URL does after its password: a last '@', then hosts, database and parameters libpq
-    reads, with no white space (a message's reason has some)."""
-    tail = text[text.rfind("@") + 1:] if "@" in text else ""
+def _a_url_tail(tail: str) -> bool:
+    """``tail`` reads as what follows a URL's last '@': hosts, database and parameters libpq reads, with no white
+    space (a message's reason has some)."""
     return bool(tail) and not any(c.isspace() for c in tail) and _parsed(f"postgresql://u@{tail}") is not None
 
 
