@@ -266,6 +266,33 @@ def test_a_group_with_idle_wait_goes_once_nothing_more_comes_not_after_its_max_w
     assert [n for group in groups for n in group] == [1, 2, 3, 4, 5]
 
 
+def test_a_stop_is_seen_after_each_envelope_of_a_chunk(journal: Journal) -> None:
+    """The reader hands over what one poll read as one chunk (ten envelopes here); a stop asked while the first
+    is handled ends the run after it, and the rest of the chunk is read again by the next run, from the offsets."""
+    journal.append("Cart|e1", [{"n": k} for k in range(10)])
+    handled: list[int] = []
+    runner: list[RangeRunner] = []
+
+    def handle(_conn: Any, env: EventEnvelope) -> None:
+        handled.append(env.seq_nr)
+        runner[0].stop()
+
+    projection = Projection("stop-in-chunk", "Cart", ExactlyOnce(handle), FAST_PROJECTION)
+    runner.append(RangeRunner(journal, projection, 0, 1023))
+    runner[0].start()
+    runner[0].join(30)
+    assert not runner[0].alive and handled == [1]
+    rest = RangeRunner(journal, Projection("stop-in-chunk", "Cart", ExactlyOnce(
+        lambda _conn, env: handled.append(env.seq_nr)), FAST_PROJECTION), 0, 1023)
+    rest.start()
+    try:
+        eventually(lambda: len(handled) == 10, "the rest of the chunk handled by the next run")
+    finally:
+        rest.stop()
+        rest.join(30)
+    assert handled == list(range(1, 11))
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: ProjectionSettings(on_failure="ignore"),
      "on_failure must be one of stop, fail, skip, dead-letter, got 'ignore'"),
